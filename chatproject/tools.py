@@ -1,0 +1,56 @@
+"""The demo site's tools: listed in ``CONVERSATIONS["TOOLS"]``."""
+
+import json
+import re
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from conversations.tools import tool
+
+ZONES = {
+    "utc": "UTC", "london": "Europe/London", "paris": "Europe/Paris", "madrid": "Europe/Madrid",
+    "berlin": "Europe/Berlin", "new york": "America/New_York", "chicago": "America/Chicago",
+    "los angeles": "America/Los_Angeles", "san francisco": "America/Los_Angeles", "toronto": "America/Toronto",
+    "mexico city": "America/Mexico_City", "buenos aires": "America/Argentina/Buenos_Aires",
+    "sao paulo": "America/Sao_Paulo", "tokyo": "Asia/Tokyo", "singapore": "Asia/Singapore",
+    "mumbai": "Asia/Kolkata", "sydney": "Australia/Sydney",
+}
+
+
+@tool
+def current_time(city: str) -> str:
+    """The current local time in a city (e.g. "Tokyo", "New York") or "UTC"."""
+    zone = ZONES.get(city.strip().lower())
+    if zone is None:
+        raise ValueError(f"unknown city {city!r}; known: {', '.join(sorted(z.title() for z in ZONES))}")
+    try:
+        now = datetime.now(ZoneInfo(zone))
+    except ZoneInfoNotFoundError:
+        raise ValueError(f"no time zone data for {zone}") from None
+    return f"{now:%H:%M} on {now:%A %d %B} in {city.strip().title() if city.lower() != 'utc' else 'UTC'}"
+
+
+@lru_cache(maxsize=1)
+def _faq():
+    return json.loads((Path(__file__).with_name("faq.json")).read_text(encoding="utf-8"))
+
+
+def _words(text):
+    return {w for w in re.findall(r"[a-z]{3,}", text.lower())} - {"the", "and", "how", "what", "does", "can", "you"}
+
+
+@tool
+def search_faq(query: str, limit: int = 2) -> str:
+    """Search the site's frequently asked questions; returns the best matching answers."""
+    wanted = _words(query)
+    scored = []
+    for entry in _faq():
+        score = len(wanted & _words(entry["question"] + " " + " ".join(entry.get("keywords", []))))
+        if score:
+            scored.append((score, entry))
+    scored.sort(key=lambda pair: -pair[0])
+    if not scored:
+        return "No FAQ entry matches that question."
+    return "\n\n".join(f"{e['question']}\n{e['answer']}" for _, e in scored[: max(1, min(limit, 5))])

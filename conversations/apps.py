@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class ConversationsConfig(AppConfig):
+    name = "conversations"
+    verbose_name = _("Conversations")
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from . import checks, signals  # noqa: F401  (registers system checks and signal receivers)

@@ -1,0 +1,88 @@
+"""System checks: configurations that cannot work are refused at start-up, each with an id and a hint."""
+
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+
+from .conf import get_config
+
+
+@register()
+def check_config(app_configs=None, **kwargs):
+    try:
+        cfg = get_config()
+    except ValueError as exc:
+        return [Error(str(exc), hint="Use a number for timeouts and limits.", id="conversations.E000")]
+    errors = []
+    job, margin, call = cfg["JOB_TIMEOUT"], cfg["DEADLINE_MARGIN"], cfg["CALL_TIMEOUT"]
+    min_call = cfg["MIN_CALL_BUDGET"]
+    if margin >= job:
+        errors.append(Error(
+            f"DEADLINE_MARGIN ({margin}s) must be smaller than JOB_TIMEOUT ({job}s).",
+            hint="The job's own deadline is JOB_TIMEOUT - DEADLINE_MARGIN; it must leave time for work.",
+            id="conversations.E001"))
+    if min_call >= margin:
+        errors.append(Error(
+            f"MIN_CALL_BUDGET ({min_call}s) must be smaller than DEADLINE_MARGIN ({margin}s).",
+            hint="The margin is what remains for the final write after the last call that may start.",
+            id="conversations.E002"))
+    if call < min_call:
+        errors.append(Error(
+            f"CALL_TIMEOUT ({call}s) is smaller than MIN_CALL_BUDGET ({min_call}s): no call could ever start.",
+            hint="Raise CALL_TIMEOUT or lower MIN_CALL_BUDGET.",
+            id="conversations.E003"))
+    for key in ("JOB_TIMEOUT", "DEADLINE_MARGIN", "CALL_TIMEOUT", "CONNECT_TIMEOUT", "MIN_CALL_BUDGET", "STATE_TTL",
+                "MAX_STEPS", "MAX_ATTEMPTS", "TOOL_TIMEOUT"):
+        if cfg[key] <= 0:
+            errors.append(Error(f"{key} must be positive (it is {cfg[key]}).", hint="Use a positive number.",
+                                id="conversations.E004"))
+    if cfg["STATE_TTL"] < job:
+        errors.append(Error(
+            f"STATE_TTL ({cfg['STATE_TTL']}s) is shorter than JOB_TIMEOUT ({job}s): a turn's state could expire "
+            "while it runs.", hint="Make STATE_TTL at least JOB_TIMEOUT.", id="conversations.E005"))
+    queue = getattr(settings, "RQ_QUEUES", {}).get(cfg["QUEUE"])
+    if queue is None:
+        errors.append(Error(f"RQ_QUEUES has no queue named {cfg['QUEUE']!r}.",
+                            hint="Add it to RQ_QUEUES or set CONVERSATIONS['QUEUE'].", id="conversations.E006"))
+    elif queue.get("DEFAULT_TIMEOUT") not in (None, job):
+        errors.append(Error(
+            f"RQ_QUEUES[{cfg['QUEUE']!r}]['DEFAULT_TIMEOUT'] ({queue.get('DEFAULT_TIMEOUT')}) disagrees with "
+            f"JOB_TIMEOUT ({job}).",
+            hint="Use the same value, so every clock is nested the way the deadline assumes.",
+            id="conversations.E007"))
+    errors += _check_provider(cfg) + _check_tools(cfg)
+    worker_class = getattr(settings, "RQ", {}).get("WORKER_CLASS", "")
+    if worker_class != "conversations.worker.Worker":
+        errors.append(Warning(
+            "The RQ worker class is not conversations.worker.Worker: a killed work horse leaves its turn without "
+            "a final state until a poll notices.",
+            hint='Set RQ = {"WORKER_CLASS": "conversations.worker.Worker"} (or subclass it).',
+            id="conversations.W001"))
+    return errors
+
+
+def _check_provider(cfg):
+    from .providers import get_provider_class
+
+    try:
+        get_provider_class(cfg["PROVIDER"])
+    except (ImportError, TypeError) as exc:
+        return [Error(f"PROVIDER {cfg['PROVIDER']!r} cannot be used: {exc}",
+                      hint="Use 'demo', 'openai', 'anthropic' or the dotted path of a BaseProvider subclass.",
+                      id="conversations.E010")]
+    if cfg["PROVIDER"] not in ("demo",) and not cfg["API_KEY"] and not cfg["BASE_URL"]:
+        return [Warning(f"PROVIDER is {cfg['PROVIDER']!r} but API_KEY is empty.",
+                        hint="Set CONVERSATIONS_API_KEY (or BASE_URL for a local server that needs none).",
+                        id="conversations.W002")]
+    return []
+
+
+def _check_tools(cfg):
+    from .tools import load_tools
+
+    try:
+        load_tools(cfg["TOOLS"])
+    except (ImportError, TypeError, ValueError) as exc:
+        return [Error(f"A tool in TOOLS cannot be loaded: {exc}",
+                      hint="List dotted paths of functions (or @tool objects) with supported type hints.",
+                      id="conversations.E011")]
+    return []

@@ -1,0 +1,80 @@
+"""Every knob of the app lives in one ``CONVERSATIONS`` settings dict, merged over ``DEFAULTS``.
+
+Values may arrive as strings (the demo project copies ``CONVERSATIONS_<KEY>`` environment
+variables in); each is converted to the type of its default. ``get_config()`` is cached and
+cleared when the setting changes (``override_settings`` in tests).
+"""
+
+from functools import lru_cache
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS = {
+    # Which model answers: "demo", "openai", "anthropic" or a dotted path to a BaseProvider subclass.
+    "PROVIDER": "demo",
+    "MODEL": "",
+    "BASE_URL": "",
+    "API_KEY": "",
+    "SYSTEM_PROMPT": "You are a helpful assistant embedded in a website. Answer briefly.",
+    # The three clocks (seconds). The job's own deadline is JOB_TIMEOUT - DEADLINE_MARGIN.
+    "JOB_TIMEOUT": 120,
+    "DEADLINE_MARGIN": 20,
+    "CALL_TIMEOUT": 60,
+    "CONNECT_TIMEOUT": 10,
+    "MIN_CALL_BUDGET": 5,
+    "MAX_ATTEMPTS": 3,
+    "BACKOFF_BASE": 1.0,
+    "BACKOFF_MAX": 20.0,
+    "TOOL_TIMEOUT": 20,
+    # Time kept back from a tool's limit for the round-trip after it.
+    "TOOL_RESERVE": 5,
+    "MAX_STEPS": 8,
+    # Live state in the Django cache.
+    "CACHE_ALIAS": "default",
+    "STATE_TTL": 600,
+    # A running turn whose state has not changed for this long gets its RQ job checked by the poll view.
+    "STALE_AFTER": 45,
+    "QUEUE": "default",
+    "TOOLS": [],
+    "TOOL_RESULT_MAX_CHARS": 4000,
+    "HISTORY_MAX_CHARS": 24000,
+    "MAX_MESSAGE_LENGTH": 4000,
+    # Seconds the demo model pauses per reply, so the widget shows each step land.
+    "DEMO_DELAY": 0.8,
+}
+
+_LIST_KEYS = {"TOOLS"}
+
+
+def _coerce(key, value, default):
+    if key in _LIST_KEYS and isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if isinstance(value, str):
+        if isinstance(default, bool):
+            return value.strip().lower() in {"1", "true", "yes", "on"}
+        if isinstance(default, int):
+            return int(value)
+        if isinstance(default, float):
+            return float(value)
+    return value
+
+
+@lru_cache(maxsize=None)
+def get_config():
+    """Return the merged configuration (a dict); raises ValueError naming a key that cannot be parsed."""
+    user = getattr(settings, "CONVERSATIONS", {}) or {}
+    config = dict(DEFAULTS)
+    for key, value in user.items():
+        try:
+            config[key] = _coerce(key, value, DEFAULTS.get(key))
+        except ValueError:
+            raise ValueError(f"CONVERSATIONS[{key!r}] = {value!r} is not a valid {type(DEFAULTS[key]).__name__}")
+    return config
+
+
+@receiver(setting_changed)
+def _clear_config(*, setting, **kwargs):
+    if setting in {"CONVERSATIONS", "RQ_QUEUES", "RQ"}:
+        get_config.cache_clear()

@@ -1,0 +1,352 @@
+"""The one place that makes a provider HTTP call.
+
+``requests`` only knows per-socket-operation timeouts: a provider that trickles its headers
+or body a byte at a time never trips them. Here every attempt gets a *total* wall-clock
+limit, ``min(CALL_TIMEOUT, remaining)``: a watchdog timer shuts the attempt's sockets down
+when the limit passes, which wakes a blocked ``recv``/``send`` within milliseconds. No
+SIGALRM is used, because that would disarm RQ's own job-timeout alarm.
+
+Retries (connection errors, 408, 429, 5xx) stay inside the same budget: the wait before the
+next attempt honours ``Retry-After`` (seconds, HTTP date) and ``retry-after-ms``, otherwise a
+jittered exponential back-off, and is never taken when the attempt after it could not get
+``MIN_CALL_BUDGET`` seconds.
+
+Not bounded: DNS resolution (``getaddrinfo`` cannot be interrupted); use IP addresses or a
+local resolver cache when that matters.
+"""
+
+import contextvars
+import email.utils
+import json
+import logging
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+from .budget import BudgetExhausted
+
+logger = logging.getLogger("conversations.http")
+
+SKIPPED_MESSAGE = "Skipped call — job budget exhausted"
+
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+_current_watchdog = contextvars.ContextVar("conversations_http_watchdog", default=None)
+
+
+class _Watchdog:
+    """Shuts down every socket an attempt opened once ``limit`` seconds have passed."""
+
+    def __init__(self, limit):
+        self.expired = False
+        self._sockets = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(max(0.0, limit), self._fire)
+        self._timer.daemon = True
+
+    def watch(self, sock):
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:
+                _shutdown(sock)
+
+    def _fire(self):
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _shutdown(sock)
+
+    def __enter__(self):
+        self._token = _current_watchdog.set(self)
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._timer.cancel()
+        _current_watchdog.reset(self._token)
+        return False
+
+
+def _shutdown(sock):
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed, or a socket object whose descriptor moved to its TLS wrapper
+
+
+def _watch(sock):
+    watchdog = _current_watchdog.get()
+    if watchdog is not None and sock is not None:
+        watchdog.watch(sock)
+
+
+class _WatchedConnection:
+    """Hands every socket (plain, then TLS-wrapped; new or reused) to the current watchdog."""
+
+    def _new_conn(self):
+        sock = super()._new_conn()
+        _watch(sock)
+        return sock
+
+    def connect(self):
+        super().connect()
+        _watch(self.sock)
+
+    def request(self, *args, **kwargs):
+        _watch(self.sock)  # a kept-alive connection does not connect again
+        return super().request(*args, **kwargs)
+
+
+class _HTTPConnection(_WatchedConnection, HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_WatchedConnection, HTTPSConnection):
+    pass
+
+
+class _HTTPConnectionPool(HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSConnectionPool(HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
+
+
+_POOL_CLASSES = {"http": _HTTPConnectionPool, "https": _HTTPSConnectionPool}
+
+
+class WatchedAdapter(HTTPAdapter):
+    """A ``requests`` adapter whose connections report their sockets to the attempt's watchdog."""
+
+    def __init__(self):
+        super().__init__(max_retries=0)  # retries are ours, inside the budget
+
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = dict(_POOL_CLASSES)
+
+    def proxy_manager_for(self, *args, **kwargs):
+        manager = super().proxy_manager_for(*args, **kwargs)
+        manager.pool_classes_by_scheme = dict(_POOL_CLASSES)
+        return manager
+
+
+def new_session():
+    session = requests.Session()
+    adapter = WatchedAdapter()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+class CallFailed(Exception):
+    """An attempt (or the last of several) produced no usable response.
+
+    ``outcome`` is one of ``CallRecord.Outcome``'s values; ``status``, ``body`` and ``headers``
+    are set for HTTP errors. The message never contains request headers (where API keys live).
+    """
+
+    def __init__(self, outcome, detail, *, status=None, body="", headers=None, retryable=False):
+        super().__init__(detail)
+        self.outcome = outcome
+        self.detail = detail
+        self.status = status
+        self.body = body
+        self.headers = headers or {}
+        self.retryable = retryable
+
+    def json(self):
+        """The error body parsed as JSON, or ``{}``."""
+        try:
+            value = json.loads(self.body)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+@dataclass
+class Response:
+    status: int
+    data: dict
+    headers: dict = field(default_factory=dict)
+
+
+def parse_retry_after(headers, now=None):
+    """Seconds to wait according to ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date), or None."""
+    lowered = {k.lower(): v for k, v in (headers or {}).items()}
+    value = lowered.get("retry-after-ms")
+    if value:
+        try:
+            return max(0.0, float(value) / 1000.0)
+        except ValueError:
+            pass
+    value = lowered.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def skip_call(budget, *, turn_id="", name="", attempt=1, recorder=None):
+    """Refuse to start a call that could not finish: log at error level, record it, raise BudgetExhausted."""
+    remaining = budget.remaining()
+    logger.error(
+        SKIPPED_MESSAGE,
+        extra={"turn_id": turn_id, "call": name, "attempt": attempt, "remaining": round(remaining, 3)},
+    )
+    if recorder is not None:
+        recorder(
+            kind="model",
+            name=name,
+            attempt=attempt,
+            started_offset=budget.elapsed(),
+            timeout=0,
+            remaining_before=remaining,
+            duration=0,
+            outcome="skipped",
+            detail=SKIPPED_MESSAGE,
+        )
+    raise BudgetExhausted(SKIPPED_MESSAGE)
+
+
+class BudgetedHTTP:
+    """Makes JSON POSTs to a provider within a turn's budget.
+
+    ``recorder(**fields)`` is called once per attempt with the fields of a ``CallRecord``.
+    ``sleep`` and ``random`` are class attributes so tests can replace them.
+    """
+
+    sleep = staticmethod(time.sleep)
+    random = random.Random()
+
+    def __init__(self, budget, config, *, recorder=None, name="", turn_id="", session=None):
+        self.budget = budget
+        self.config = config
+        self.recorder = recorder
+        self.name = name
+        self.turn_id = turn_id
+        self.session = session or new_session()
+
+    def close(self):
+        self.session.close()
+
+    def post_json(self, url, payload, headers):
+        """POST ``payload`` as JSON; return a ``Response`` with the parsed body.
+
+        Raises ``CallFailed`` for an error the retries could not get past (or that is not
+        retried: 4xx other than 408/429, a body that is not JSON), and ``BudgetExhausted``
+        when the next attempt could not have ``MIN_CALL_BUDGET`` seconds.
+        """
+        cfg = self.config
+        max_attempts = max(1, int(cfg["MAX_ATTEMPTS"]))
+        body = json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
+        attempt = 0
+        while True:
+            attempt += 1
+            if not self.budget.can_start(cfg["MIN_CALL_BUDGET"]):
+                skip_call(self.budget, turn_id=self.turn_id, name=self.name, attempt=attempt, recorder=self.recorder)
+            try:
+                return self._attempt(url, body, headers, attempt)
+            except CallFailed as failure:
+                if not failure.retryable or attempt >= max_attempts:
+                    raise
+                wait = parse_retry_after(failure.headers)
+                if wait is None:
+                    wait = self._backoff(attempt)
+                if self.budget.remaining() - wait < cfg["MIN_CALL_BUDGET"]:
+                    logger.warning(
+                        "Not retrying %s: waiting %.1fs would leave less than %ss",
+                        self.name, wait, cfg["MIN_CALL_BUDGET"],
+                        extra={"turn_id": self.turn_id, "attempt": attempt},
+                    )
+                    raise
+                self.sleep(wait)
+
+    def _backoff(self, attempt):
+        base = float(self.config["BACKOFF_BASE"]) * (2 ** (attempt - 1))
+        return min(float(self.config["BACKOFF_MAX"]), base) * (0.5 + self.random.random() / 2)
+
+    def _attempt(self, url, body, headers, attempt):
+        cfg = self.config
+        remaining = self.budget.remaining()
+        limit = self.budget.call_timeout(cfg["CALL_TIMEOUT"])
+        connect = min(float(cfg["CONNECT_TIMEOUT"]), limit)
+        started_offset = self.budget.elapsed()
+        started = time.monotonic()
+        outcome, status, detail = "ok", None, ""
+        try:
+            with _Watchdog(limit) as watchdog:
+                try:
+                    reply = self.session.post(url, data=body, headers=headers, timeout=(connect, limit))
+                    content = reply.content  # read inside the watchdog: the body is what trickles
+                except requests.RequestException as exc:
+                    if watchdog.expired or isinstance(exc, requests.Timeout):
+                        outcome, detail = "timeout", f"no complete response within {limit:.1f}s"
+                    else:
+                        outcome, detail = "connection_error", _describe(exc)
+                    raise CallFailed(outcome, detail, retryable=True) from None
+                if watchdog.expired:  # a body without a length "ends" when its socket is shut down
+                    outcome, detail = "timeout", f"no complete response within {limit:.1f}s"
+                    raise CallFailed(outcome, detail, retryable=True)
+            status = reply.status_code
+            if status >= 400:
+                outcome, detail = "http_error", f"HTTP {status}"
+                raise CallFailed(
+                    outcome, detail, status=status, body=content.decode("utf-8", "replace")[:4000],
+                    headers=dict(reply.headers), retryable=status in RETRY_STATUSES,
+                )
+            try:
+                data = json.loads(content)
+                if not isinstance(data, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as exc:
+                outcome, detail = "bad_response", f"malformed JSON from the provider ({exc})"[:200]
+                raise CallFailed(outcome, detail, status=status, body=content[:4000].decode("utf-8", "replace"))
+            return Response(status=status, data=data, headers=dict(reply.headers))
+        finally:
+            duration = time.monotonic() - started
+            logger.info(
+                "provider call turn=%s name=%s attempt=%d timeout=%.2f remaining=%.2f duration=%.3f outcome=%s status=%s",
+                self.turn_id, self.name, attempt, limit, remaining, duration, outcome, status,
+                extra={
+                    "turn_id": self.turn_id, "attempt": attempt, "timeout": round(limit, 3),
+                    "remaining": round(remaining, 3), "duration": round(duration, 3), "outcome": outcome,
+                },
+            )
+            if self.recorder is not None:
+                self.recorder(
+                    kind="model", name=self.name, attempt=attempt, started_offset=started_offset,
+                    timeout=limit, remaining_before=remaining, duration=duration, outcome=outcome,
+                    status_code=status, detail=detail[:500],
+                )
+
+
+def _describe(exc):
+    """A short, secret-free description of a connection failure (no URL query, no headers)."""
+    name = type(exc).__name__
+    reason = str(exc.args[0]) if exc.args else ""
+    if "Connection refused" in reason:
+        return f"{name}: connection refused"
+    if "reset" in reason.lower():
+        return f"{name}: connection reset"
+    if "IncompleteRead" in reason or "incomplete" in reason.lower():
+        return f"{name}: response cut short"
+    return name

@@ -1,0 +1,161 @@
+"""Enqueueing a turn, the RQ entry point, and the safety nets that make sure a turn always ends.
+
+Defences, innermost first:
+
+1. the runner's own deadline (``JOB_TIMEOUT - DEADLINE_MARGIN``) and per-call budgets;
+2. ``perform_turn`` catches RQ's ``JobTimeoutException``, writes the final state, re-raises;
+3. ``conversations.worker.Worker`` (the worker's parent process) finalises a turn whose work
+   horse died abruptly (SIGKILL, OOM, ``os._exit``), where RQ calls no failure callback;
+4. ``repair_if_dead()``, called by the poll view, finalises a turn whose job is failed, gone
+   or no longer heartbeating;
+5. the widget stops polling after ``JOB_TIMEOUT`` plus a margin whatever the server says.
+"""
+
+import datetime
+import logging
+
+import django_rq
+from django.db import close_old_connections
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from rq import get_current_job
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
+from rq.timeouts import JobTimeoutException
+
+from . import state
+from .budget import TurnClock
+from .conf import get_config
+from .models import Turn
+from .runner import TurnRunner
+
+logger = logging.getLogger("conversations.jobs")
+
+JOB_PREFIX = "conversations-turn-"
+
+
+def job_id_for(turn):
+    return f"{JOB_PREFIX}{turn.id}"
+
+
+def timeout_message():
+    return _("The assistant ran out of time on this answer. Please try again.")
+
+
+def crashed_message():
+    return _("The assistant stopped unexpectedly before finishing. Please try again.")
+
+
+def get_queue():
+    return django_rq.get_queue(get_config()["QUEUE"])
+
+
+def enqueue_turn(turn):
+    """Enqueue ``turn`` with ``job_timeout = JOB_TIMEOUT``.
+
+    The job id is chosen here and saved on the turn, because inside ``transaction.atomic()``
+    django-rq defers the enqueue to the commit and returns None.
+    """
+    cfg = get_config()
+    turn.job_id = job_id_for(turn)
+    turn.job_timeout = cfg["JOB_TIMEOUT"]
+    turn.deadline_margin = cfg["DEADLINE_MARGIN"]
+    turn.save(update_fields=["job_id", "job_timeout", "deadline_margin"])
+    get_queue().enqueue(
+        perform_turn,
+        str(turn.id),
+        job_id=turn.job_id,
+        job_timeout=cfg["JOB_TIMEOUT"],
+        result_ttl=cfg["STATE_TTL"],
+        failure_ttl=max(cfg["STATE_TTL"], 86400),
+        description=f"conversation turn {turn.id}",
+    )
+    return turn.job_id
+
+
+def perform_turn(turn_id):
+    """The RQ job: run one turn under its deadline; always end with a final write."""
+    cfg = get_config()
+    job = get_current_job()
+    job_timeout = job.timeout if job is not None and job.timeout and job.timeout > 0 else cfg["JOB_TIMEOUT"]
+    clock = TurnClock(job_timeout, cfg["DEADLINE_MARGIN"])
+    close_old_connections()
+    try:
+        turn = Turn.objects.select_related("conversation", "conversation__user").get(pk=turn_id)
+    except Turn.DoesNotExist:
+        logger.warning("Turn %s no longer exists; nothing to do", turn_id)
+        return None
+    if turn.done:  # cancelled (or repaired) before a worker picked it up
+        return turn.status
+    runner = TurnRunner(turn, clock=clock, config=cfg)
+    try:
+        runner.run()
+    except JobTimeoutException:
+        logger.error("Turn %s hit the RQ job timeout (%ss)", turn_id, job_timeout)
+        runner.finish(Turn.Status.FAILED, timeout_message())
+        raise
+    except Exception:
+        logger.exception("Turn %s crashed", turn_id)
+        runner.finish(Turn.Status.FAILED, crashed_message())
+        raise
+    return turn.status
+
+
+def finalize(turn, status, error):
+    """Write a final state for ``turn`` from outside its job (worker parent, poll view, admin, cron).
+
+    Only a turn that is not done yet is changed; returns the published state or None.
+    """
+    updated = Turn.objects.filter(pk=turn.pk, status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING]).update(
+        status=status, error=error, finished_at=timezone.now()
+    )
+    turn.refresh_from_db()
+    if not updated and not turn.done:
+        return None
+    data = state.state_from_db(turn)
+    return state.publish(data)
+
+
+def turn_id_from_job(job):
+    if job.id.startswith(JOB_PREFIX):
+        return job.id[len(JOB_PREFIX):]
+    return None
+
+
+def job_problem(turn, connection=None):
+    """Why ``turn``'s RQ job can no longer write a final state, or None if it still may."""
+    if not turn.job_id:
+        return None
+    connection = connection or get_queue().connection
+    try:
+        job = Job.fetch(turn.job_id, connection=connection)
+    except NoSuchJobError:
+        return "job gone"
+    status = job.get_status(refresh=False)
+    if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+        return f"job {status}"
+    if status == JobStatus.FINISHED:
+        return "job finished without a final state"
+    if status == JobStatus.STARTED:
+        heartbeat = job.last_heartbeat
+        timeout = job.timeout if job.timeout and job.timeout > 0 else get_config()["JOB_TIMEOUT"]
+        if job.started_at and (timezone.now() - _aware(job.started_at)).total_seconds() > timeout + 90:
+            return "job overran its timeout"
+        if heartbeat and (timezone.now() - _aware(heartbeat)).total_seconds() > 90:
+            return "job stopped heartbeating"
+    return None
+
+
+def _aware(value):
+    return value if timezone.is_aware(value) else timezone.make_aware(value, datetime.timezone.utc)
+
+
+def repair_if_dead(turn):
+    """If ``turn`` is unfinished but its job cannot finish it, end it ``failed``; return the new state or None."""
+    if turn.done:
+        return None
+    problem = job_problem(turn)
+    if problem is None:
+        return None
+    logger.error("Turn %s repaired: %s", turn.id, problem)
+    return finalize(turn, Turn.Status.FAILED, crashed_message())

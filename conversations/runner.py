@@ -1,0 +1,261 @@
+"""The model/tool loop of one turn, free of RQ and of HTTP views.
+
+``TurnRunner.run()`` calls the model, runs the tools it asks for, and after every model or
+tool round-trip saves the new transcript rows and publishes the turn's state (``done:
+false``); ``finish()`` writes the final state (``done: true``) to the database and the cache.
+"""
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from . import state
+from .budget import BudgetExhausted
+from .http import BudgetedHTTP, skip_call
+from .models import CallRecord, Message, Turn
+from .providers import ProviderError, get_provider_class
+from .tools import ToolContext, load_tools, run_tool
+from .types import ChatMessage, ToolCall
+
+logger = logging.getLogger("conversations.runner")
+
+
+def deadline_message():
+    return _("I ran out of time before I could finish this answer. Please ask again to continue.")
+
+
+def step_limit_message(steps):
+    return _("I stopped after %(steps)d steps without reaching a final answer. Please ask again to continue.") % {
+        "steps": steps}
+
+
+def length_message():
+    return _("The answer was cut short because it reached the length limit.")
+
+
+def chat_message(row):
+    """A ``Message`` row as a ``ChatMessage`` for a provider."""
+    return ChatMessage(
+        role=row.role,
+        content=row.content,
+        tool_calls=[ToolCall(c["id"], c["name"], c.get("arguments") or {}) for c in (row.tool_calls or [])],
+        tool_call_id=row.tool_call_id,
+        name=row.tool_name,
+        is_error=row.is_error,
+    )
+
+
+def _size(message):
+    return len(message.content) + sum(len(str(c.arguments)) + len(c.name) for c in message.tool_calls)
+
+
+def trim_history(messages, max_chars):
+    """Drop the oldest messages until the rest fit in ``max_chars``.
+
+    An assistant message and the tool results that answer it go (or stay) together, and the
+    history never starts with a tool result or an assistant message. The last block (the
+    current question) is always kept.
+    """
+    blocks = []
+    for message in messages:
+        if message.role == "tool" and blocks:
+            blocks[-1].append(message)
+        elif message.role == "assistant" and blocks and blocks[-1][0].role == "user" and len(blocks[-1]) == 1:
+            blocks[-1].append(message)
+        else:
+            blocks.append([message])
+    sizes = [sum(_size(m) for m in block) for block in blocks]
+    total = sum(sizes)
+    start = 0
+    while start < len(blocks) - 1 and total > max_chars:
+        total -= sizes[start]
+        start += 1
+    while start < len(blocks) - 1 and blocks[start][0].role != "user":
+        start += 1
+    return [m for block in blocks[start:] for m in block]
+
+
+class TurnRunner:
+    """Runs one turn. Collaborators are injectable for tests:
+
+    ``clock`` a ``TurnClock``; ``provider`` a ``BaseProvider`` (built from the config when
+    None); ``tools`` {name: Tool}; ``publisher`` the function that writes the live state.
+    """
+
+    publisher = staticmethod(state.publish)
+
+    def __init__(self, turn, *, clock, config, provider=None, tools=None, publisher=None):
+        self.turn = turn
+        self.clock = clock
+        self.budget = clock.budget
+        self.config = config
+        if publisher is not None:
+            self.publisher = publisher
+        self.tools = load_tools(config["TOOLS"]) if tools is None else tools
+        self.http = None
+        if provider is None:
+            cls = get_provider_class(config["PROVIDER"])
+            self.http = BudgetedHTTP(self.budget, config, recorder=self.record, name=config.get("MODEL") or cls.name,
+                                     turn_id=str(turn.id))
+            provider = cls(config, http=self.http, budget=self.budget)
+        self.provider = provider
+        self.rows = list(turn.messages.order_by("id"))
+        self.finished = False
+
+    # -- records -------------------------------------------------------------------------
+
+    def record(self, **fields):
+        """Save one ``CallRecord`` (a provider attempt or a tool run) for this turn."""
+        try:
+            CallRecord.objects.create(turn=self.turn, **fields)
+        except Exception:  # noqa: BLE001 - a lost timeline row must never end the turn
+            logger.exception("Could not record a call of turn %s", self.turn.id)
+
+    def add_message(self, **fields):
+        row = Message.objects.create(conversation_id=self.turn.conversation_id, turn=self.turn, **fields)
+        self.rows.append(row)
+        return row
+
+    def publish(self, *, done=False):
+        data = state.state_from_db(self.turn, self.rows)
+        data["done"] = done
+        return self.publisher(data)
+
+    def cancelled(self):
+        return state.cancel_requested(self.turn.id)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def history(self):
+        earlier = (
+            Message.objects.filter(conversation_id=self.turn.conversation_id, id__lt=self.rows[0].id)
+            .exclude(turn__status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING])
+            .order_by("id")
+        )
+        messages = [chat_message(m) for m in earlier] + [chat_message(m) for m in self.rows]
+        messages = trim_history(messages, self.config["HISTORY_MAX_CHARS"])
+        system = self.config.get("SYSTEM_PROMPT")
+        return ([ChatMessage(role="system", content=system)] if system else []) + messages
+
+    def start(self):
+        turn = self.turn
+        turn.status = Turn.Status.RUNNING
+        turn.started_at = timezone.now()
+        turn.job_timeout = self.clock.job_timeout
+        turn.deadline_margin = self.clock.margin
+        turn.deadline_at = turn.started_at + timezone.timedelta(seconds=self.budget.seconds)
+        turn.provider = self.provider.name
+        turn.model = getattr(self.provider, "model", "") or ""
+        turn.save(update_fields=["status", "started_at", "job_timeout", "deadline_margin", "deadline_at",
+                                 "provider", "model"])
+        self.publish()
+
+    def run(self):
+        """Run the loop to its end and write the final state. Returns the turn."""
+        self.start()
+        try:
+            status, error = self.loop()
+        except BudgetExhausted:
+            status, error = Turn.Status.INCOMPLETE, deadline_message()
+        except ProviderError as exc:
+            logger.error("Turn %s failed: %s", self.turn.id, exc)
+            status, error = Turn.Status.FAILED, exc.message
+        finally:
+            if self.http is not None:
+                self.http.close()
+        self.finish(status, error)
+        return self.turn
+
+    def loop(self):
+        cfg = self.config
+        history = self.history()
+        tools = list(self.tools.values())
+        for _step in range(cfg["MAX_STEPS"]):
+            if self.cancelled():
+                return Turn.Status.CANCELLED, None
+            if not self.budget.can_start(cfg["MIN_CALL_BUDGET"]):
+                skip_call(self.budget, turn_id=str(self.turn.id), name=self.provider.model or self.provider.name,
+                          recorder=self.record)
+            reply = self.provider.complete(history, tools)
+            self.count_model_call(reply)
+            self.add_message(role=Message.Role.ASSISTANT, content=reply.text,
+                             tool_calls=[c.as_dict() for c in reply.tool_calls])
+            history.append(ChatMessage(role="assistant", content=reply.text, tool_calls=list(reply.tool_calls)))
+            self.publish()
+            if reply.finish == "length":
+                return Turn.Status.INCOMPLETE, length_message()
+            if reply.finish == "refused":
+                return Turn.Status.INCOMPLETE, str(ProviderError("refused").message)
+            if not reply.tool_calls:
+                return Turn.Status.COMPLETED, None
+            for call in reply.tool_calls:
+                if self.cancelled():
+                    return Turn.Status.CANCELLED, None
+                result = self.run_tool(call)
+                self.add_message(role=Message.Role.TOOL, content=result.output, tool_call_id=call.id,
+                                 tool_name=call.name, is_error=result.is_error)
+                history.append(ChatMessage(role="tool", content=result.output, tool_call_id=call.id,
+                                           name=call.name, is_error=result.is_error))
+                self.publish()
+        return Turn.Status.INCOMPLETE, step_limit_message(cfg["MAX_STEPS"])
+
+    def count_model_call(self, reply):
+        turn = self.turn
+        turn.model_calls += 1
+        if reply.usage is not None:
+            turn.input_tokens = (turn.input_tokens or 0) + reply.usage.input_tokens
+            turn.output_tokens = (turn.output_tokens or 0) + reply.usage.output_tokens
+        turn.save(update_fields=["model_calls", "input_tokens", "output_tokens"])
+
+    def run_tool(self, call):
+        cfg = self.config
+        t = self.tools.get(call.name)
+        cap = t.timeout if t is not None and t.timeout else cfg["TOOL_TIMEOUT"]
+        remaining = self.budget.remaining()
+        limit = max(0.0, min(float(cap), remaining - cfg["TOOL_RESERVE"]))
+        conversation = self.turn.conversation
+        context = ToolContext(
+            conversation=conversation, turn=self.turn, user=conversation.user,
+            owner_token=conversation.owner_token, deadline=self.budget.clock() + limit, clock=self.budget.clock,
+        )
+        started_offset = self.budget.elapsed()
+        result = run_tool(t, call, context, limit, cfg["TOOL_RESULT_MAX_CHARS"])
+        duration = self.budget.elapsed() - started_offset
+        self.turn.tool_calls += 1
+        self.turn.save(update_fields=["tool_calls"])
+        outcome = "ok"
+        if result.is_error:
+            outcome = "timeout" if "timed out" in result.output else "error"
+        self.record(kind="tool", name=call.name, attempt=1, started_offset=started_offset, timeout=limit,
+                    remaining_before=remaining, duration=duration, outcome=outcome, detail=result.output[:200])
+        return result
+
+    # -- the final write -----------------------------------------------------------------
+
+    def finish(self, status, error=None):
+        """Write the final state: the database row first, then the cache (``done: true``).
+
+        Safe to call from an ``except`` block after RQ's timeout: each half is attempted even
+        if the other fails.
+        """
+        if self.finished:
+            return
+        self.finished = True
+        turn = self.turn
+        turn.status = status
+        turn.error = error or ""
+        turn.finished_at = timezone.now()
+        turn.margin_left = self.clock.margin_left()
+        try:
+            with transaction.atomic():
+                turn.save(update_fields=["status", "error", "finished_at", "margin_left", "model_calls",
+                                         "tool_calls", "input_tokens", "output_tokens"])
+        except Exception:  # noqa: BLE001 - the cache write below must still happen
+            logger.exception("Could not save the final state of turn %s", turn.id)
+        try:
+            self.publish(done=True)
+        except Exception:  # noqa: BLE001
+            logger.exception("Could not publish the final state of turn %s", turn.id)
+        logger.info("turn %s ended %s with %.1fs of margin left", turn.id, status, turn.margin_left)

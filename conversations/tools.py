@@ -1,0 +1,249 @@
+"""Tools the model may call.
+
+``@tool`` turns a plain function into a ``Tool``: its name from the function, its description
+from the docstring, its JSON schema from the type hints. The first parameter may be named
+``context`` to receive a ``ToolContext`` (the conversation, its owner, the time left); it is
+not part of the schema. Tools are listed by dotted path in ``CONVERSATIONS["TOOLS"]``.
+
+A tool never crashes a turn: unknown names, invalid arguments, exceptions and time-outs all
+become error results that go back to the model.
+"""
+
+import inspect
+import json
+import logging
+import threading
+import types
+import typing
+from dataclasses import dataclass, field
+
+from django.db import connections
+from django.utils.module_loading import import_string
+
+from .types import ToolResult
+
+logger = logging.getLogger("conversations.tools")
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+@dataclass
+class ToolContext:
+    """What a tool may know about the turn that runs it.
+
+    ``user`` is the owning user (or None for an anonymous visitor, who is identified by
+    ``owner_token``); scope any data a tool reads to them. ``remaining()`` is the seconds this
+    tool may still take.
+    """
+
+    conversation: object = None
+    turn: object = None
+    user: object = None
+    owner_token: str = ""
+    deadline: float = 0.0  # on the budget's clock
+    clock: typing.Callable = None
+
+    def remaining(self):
+        return max(0.0, self.deadline - self.clock()) if self.clock else 0.0
+
+
+@dataclass
+class Tool:
+    """A function the model can call. ``parameters`` is a JSON schema object."""
+
+    name: str
+    description: str
+    parameters: dict
+    function: typing.Callable
+    takes_context: bool = False
+    timeout: float | None = None
+    required: list = field(default_factory=list)
+
+    def __call__(self, *args, **kwargs):
+        return self.function(*args, **kwargs)
+
+
+class InvalidArguments(ValueError):
+    pass
+
+
+def _schema_for(annotation):
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation in _JSON_TYPES:
+        return {"type": _JSON_TYPES[annotation]}
+    if origin is typing.Literal:
+        values = list(args)
+        kinds = {type(v) for v in values}
+        schema = {"enum": values}
+        if len(kinds) == 1 and next(iter(kinds)) in _JSON_TYPES:
+            schema["type"] = _JSON_TYPES[next(iter(kinds))]
+        return schema
+    if origin in (list, typing.List) or annotation is list:
+        schema = {"type": "array"}
+        if args:
+            schema["items"] = _schema_for(args[0])
+        return schema
+    if origin in (typing.Union, types.UnionType):
+        members = [a for a in args if a is not type(None)]
+        if len(members) == 1:
+            return _schema_for(members[0])
+        return {"anyOf": [_schema_for(a) for a in members]}
+    if annotation is dict or origin is dict:
+        return {"type": "object"}
+    if annotation is inspect.Parameter.empty:
+        return {"type": "string"}
+    raise TypeError(f"unsupported tool parameter type: {annotation!r}")
+
+
+def tool(function=None, *, name=None, description=None, timeout=None):
+    """Decorator: make ``function`` a ``Tool`` (usable bare, ``@tool``, or with options, ``@tool(timeout=5)``)."""
+
+    def wrap(fn):
+        signature = inspect.signature(fn)
+        hints = typing.get_type_hints(fn, include_extras=False)
+        params = list(signature.parameters.values())
+        takes_context = bool(params) and params[0].name == "context"
+        if takes_context:
+            params = params[1:]
+        properties, required = {}, []
+        for param in params:
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise TypeError(f"tool {fn.__name__}: *args/**kwargs are not supported")
+            schema = _schema_for(hints.get(param.name, param.annotation))
+            if param.default is param.empty:
+                required.append(param.name)
+            elif param.default is not None:
+                schema["default"] = param.default
+            properties[param.name] = schema
+        parameters = {"type": "object", "properties": properties, "required": required,
+                      "additionalProperties": False}
+        doc = inspect.getdoc(fn) or ""
+        return Tool(
+            name=name or fn.__name__,
+            description=description or doc.strip(),
+            parameters=parameters,
+            function=fn,
+            takes_context=takes_context,
+            timeout=timeout,
+            required=required,
+        )
+
+    return wrap(function) if function is not None else wrap
+
+
+def load_tools(paths):
+    """Import each dotted path; a plain function is wrapped with ``@tool``. Returns {name: Tool}."""
+    loaded = {}
+    for path in paths:
+        obj = import_string(path)
+        t = obj if isinstance(obj, Tool) else tool(obj)
+        loaded[t.name] = t
+    return loaded
+
+
+def _check_value(name, value, schema):
+    if "enum" in schema:
+        if value not in schema["enum"]:
+            raise InvalidArguments(f"{name} must be one of {schema['enum']}")
+        return value
+    if "anyOf" in schema:
+        for option in schema["anyOf"]:
+            try:
+                return _check_value(name, value, option)
+            except InvalidArguments:
+                pass
+        raise InvalidArguments(f"{name} has the wrong type")
+    kind = schema.get("type")
+    if kind == "string" and not isinstance(value, str):
+        raise InvalidArguments(f"{name} must be a string")
+    if kind == "boolean" and not isinstance(value, bool):
+        raise InvalidArguments(f"{name} must be true or false")
+    if kind == "integer":
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+            raise InvalidArguments(f"{name} must be an integer")
+        return int(value)
+    if kind == "number":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidArguments(f"{name} must be a number")
+    if kind == "array":
+        if not isinstance(value, list):
+            raise InvalidArguments(f"{name} must be a list")
+        items = schema.get("items")
+        return [_check_value(f"{name}[{i}]", v, items) for i, v in enumerate(value)] if items else value
+    if kind == "object" and not isinstance(value, dict):
+        raise InvalidArguments(f"{name} must be an object")
+    return value
+
+
+def validate_arguments(t, arguments):
+    """Return the arguments checked against ``t.parameters`` (ints coerced); raise InvalidArguments."""
+    if not isinstance(arguments, dict) or "__invalid_json__" in arguments:
+        raise InvalidArguments("arguments must be a JSON object")
+    properties = t.parameters.get("properties", {})
+    unknown = sorted(set(arguments) - set(properties))
+    if unknown:
+        raise InvalidArguments(f"unknown argument(s): {', '.join(unknown)}")
+    missing = [n for n in t.required if n not in arguments]
+    if missing:
+        raise InvalidArguments(f"missing argument(s): {', '.join(missing)}")
+    return {n: _check_value(n, v, properties[n]) for n, v in arguments.items()}
+
+
+def _to_text(value):
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def cap(text, limit):
+    """Cut ``text`` to ``limit`` characters, saying so, so the model knows it saw only part."""
+    if len(text) <= limit:
+        return text
+    note = f"… [cut: {len(text) - limit} more characters]"
+    return text[: max(0, limit - len(note))] + note
+
+
+def run_tool(t, call, context, limit, max_chars):
+    """Run tool ``t`` for ``call`` within ``limit`` seconds; always return a ``ToolResult``.
+
+    The tool runs in a thread of its own so that one that hangs can be abandoned: the turn
+    goes on and reaches its final write; the thread is left to finish (or to die with the
+    work horse).
+    """
+    if t is None:
+        return ToolResult(call.id, call.name, f"Error: there is no tool named {call.name!r}.", is_error=True)
+    try:
+        arguments = validate_arguments(t, call.arguments)
+    except InvalidArguments as exc:
+        return ToolResult(call.id, call.name, f"Error: invalid arguments: {exc}.", is_error=True)
+
+    outcome = {}
+
+    def target():
+        try:
+            args = (context,) if t.takes_context else ()
+            outcome["value"] = t.function(*args, **arguments)
+        except BaseException as exc:  # noqa: BLE001 - everything a tool raises goes back to the model
+            outcome["error"] = exc
+        finally:
+            connections.close_all()  # this thread's own database connections
+
+    thread = threading.Thread(target=target, name=f"tool-{t.name}", daemon=True)
+    thread.start()
+    thread.join(max(0.0, limit))
+    if thread.is_alive():
+        logger.warning("Tool %s abandoned after %.1fs", t.name, limit)
+        return ToolResult(call.id, t.name, f"Error: the tool {t.name} timed out after {limit:.0f} seconds.",
+                          is_error=True)
+    if "error" in outcome:
+        exc = outcome["error"]
+        logger.warning("Tool %s raised %s: %s", t.name, type(exc).__name__, exc)
+        return ToolResult(call.id, t.name, cap(f"Error: {type(exc).__name__}: {exc}", max_chars), is_error=True)
+    return ToolResult(call.id, t.name, cap(_to_text(outcome.get("value")), max_chars))
+
+
+__all__ = ["Tool", "ToolContext", "tool", "load_tools", "run_tool", "validate_arguments"]
