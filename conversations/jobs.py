@@ -73,6 +73,37 @@ def enqueue_turn(turn):
     return turn.job_id
 
 
+def create_turn(conversation, content, **fields):
+    """Save a visitor's message and its new turn, then enqueue the turn.
+
+    Call inside ``transaction.atomic()``: the message is saved before the job can run, and
+    django-rq enqueues at commit. Returns the turn.
+    """
+    from .models import Message
+
+    cfg = get_config()
+    turn = Turn.objects.create(conversation=conversation, enqueued_at=timezone.now(),
+                               provider=str(cfg["PROVIDER"]), model=str(cfg["MODEL"]), **fields)
+    Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER, content=content)
+    enqueue_turn(turn)
+    return turn
+
+
+def cancel_turn(turn):
+    """Ask ``turn`` to stop. A queued turn ends ``cancelled`` at once; a running one stops before
+    its next model or tool call (the runner checks). Returns the turn, refreshed."""
+    if turn.done:
+        return turn
+    Turn.objects.filter(pk=turn.pk).update(cancel_requested=True)
+    state.request_cancel(turn.id)
+    updated = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(
+        status=Turn.Status.CANCELLED, finished_at=timezone.now())
+    turn.refresh_from_db()
+    if updated:
+        state.publish(state.state_from_db(turn))
+    return turn
+
+
 def perform_turn(turn_id):
     """The RQ job: run one turn under its deadline; always end with a final write."""
     cfg = get_config()

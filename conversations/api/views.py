@@ -6,7 +6,6 @@ import time
 from django.db import transaction
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 from rest_framework import status
@@ -17,7 +16,7 @@ from rest_framework.views import APIView
 
 from .. import jobs, state
 from ..conf import get_config
-from ..models import Conversation, Message, Turn
+from ..models import Conversation, Turn
 from ..owners import owned_filter, owner_token, owns_state
 from .authentication import CsrfSessionAuthentication
 from .serializers import TurnCreateSerializer
@@ -113,14 +112,9 @@ class TurnListView(APIView):
             if conversation.turns.filter(status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING]).exists():
                 raise Conflict(_("The assistant is still answering your previous message. "
                                  "Wait for it to finish or stop it first."))
-            cfg = get_config()
-            turn = Turn.objects.create(conversation=conversation, enqueued_at=timezone.now(),
-                                       provider=str(cfg["PROVIDER"]), model=str(cfg["MODEL"]))
-            Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER,
-                                   content=serializer.validated_data["content"])
             try:
                 # Inside atomic(): django-rq enqueues at commit, after the message is saved.
-                jobs.enqueue_turn(turn)
+                turn = jobs.create_turn(conversation, serializer.validated_data["content"])
             except RedisError:
                 logger.exception("Could not enqueue turn %s", turn.id)
                 transaction.set_rollback(True)
@@ -174,10 +168,5 @@ class TurnCancelView(APIView):
     def post(self, request, conversation_id, turn_id):
         conversation = owned_conversation(request, conversation_id)
         turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)
-        if not turn.done:
-            Turn.objects.filter(pk=turn.pk).update(cancel_requested=True)
-            state.request_cancel(turn.id)
-            if turn.status == Turn.Status.QUEUED:
-                jobs.finalize(turn, Turn.Status.CANCELLED, "")
-            turn.refresh_from_db()
+        turn = jobs.cancel_turn(turn)
         return Response(turn_summary(turn), status=status.HTTP_202_ACCEPTED)
