@@ -1,0 +1,90 @@
+"""``manage.py repair_turns [--dry-run] [--grace SECONDS]``: end the turns nobody will finish.
+
+Meant for cron (every few minutes). A turn is a candidate when it is still ``queued`` or
+``running`` and either its own deadline (``deadline_at``) has passed, or it was enqueued
+(or started, without a recorded deadline) more than ``--grace`` seconds ago. A candidate is
+repaired only when its RQ job can no longer write a final state (``jobs.job_problem``: the
+job is gone, failed, stopped, finished without a final state, or stopped heartbeating), or
+when it never had a job at all. A turn waiting behind a backlog, or a job still inside its
+``job_timeout``, is reported and left alone, so running this while workers are busy is safe.
+
+Repairing is ``jobs.finalize``: the row is updated only if it is still unfinished, then the
+state is published with ``done: true``; running it twice changes nothing the second time.
+"""
+
+import datetime
+import logging
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Q
+from django.utils import timezone
+from redis.exceptions import RedisError
+
+from conversations import jobs
+from conversations.models import Turn
+
+logger = logging.getLogger("conversations.repair")
+
+
+def candidates(now, grace):
+    """The unfinished turns that should have ended by ``now`` (a queryset, oldest first)."""
+    old = now - datetime.timedelta(seconds=grace)
+    running_late = Q(status=Turn.Status.RUNNING) & (
+        Q(deadline_at__lt=now) | Q(deadline_at__isnull=True, started_at__lt=old)
+        | Q(deadline_at__isnull=True, started_at__isnull=True)
+    )
+    queued_long = Q(status=Turn.Status.QUEUED) & (Q(enqueued_at__lt=old) | Q(enqueued_at__isnull=True))
+    return (Turn.objects.filter(running_late | queued_long)
+            .select_related("conversation").order_by("enqueued_at"))
+
+
+def stuck_reason(turn, connection=None):
+    """Why ``turn`` can never be finished by its job (a short string), or None if it still may be."""
+    if not turn.job_id:
+        return "no job"
+    return jobs.job_problem(turn, connection=connection)
+
+
+class Command(BaseCommand):
+    help = ("Report turns stuck in queued/running past their deadline and end those whose job cannot "
+            "finish them (status failed, final state published with done: true). Safe to run from cron.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--dry-run", action="store_true", help="Report only; change nothing.")
+        parser.add_argument("--grace", type=float, default=300.0,
+                            help="Seconds a queued turn (or a running one with no deadline) may wait before "
+                                 "its job is checked (default: 300).")
+
+    def handle(self, *args, dry_run=False, grace=300.0, **options):
+        if grace < 0:
+            raise CommandError("--grace must be zero or more seconds.")
+        now = timezone.now()
+        try:
+            connection = jobs.get_queue().connection
+            rows = []
+            for turn in candidates(now, grace):
+                reason, status = stuck_reason(turn, connection=connection), turn.status
+                rows.append((turn, status, reason, self.act(turn, reason, dry_run)))
+        except RedisError as exc:
+            raise CommandError(f"Redis is unavailable, nothing was changed after this point: {exc}") from None
+
+        for turn, status, reason, action in rows:
+            since = turn.deadline_at or turn.started_at or turn.enqueued_at
+            late = f"{(now - since).total_seconds():.0f}s" if since else "?"
+            self.stdout.write(f"{turn.id}  {status:<8}  {late:>7}  {reason or 'job still alive'}  -> {action}")
+        repaired = sum(1 for *_, action in rows if action in {"repaired", "would repair"})
+        verb = "would be repaired" if dry_run else "repaired"
+        self.stdout.write(f"{len(rows)} overdue turn(s), {repaired} {verb}, "
+                          f"{len(rows) - repaired} left to their job.")
+
+    def act(self, turn, reason, dry_run):
+        """Repair ``turn`` if ``reason`` says its job cannot; return what was done, for the report."""
+        if reason is None:
+            return "left alone"
+        if dry_run:
+            return "would repair"
+        if jobs.finalize(turn, Turn.Status.FAILED, jobs.crashed_message()) is None:
+            return "already done"
+        logger.error("Turn %s repaired by repair_turns: %s", turn.id, reason,
+                     extra={"turn_id": str(turn.id), "reason": reason})
+        return "repaired"

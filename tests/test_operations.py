@@ -1,0 +1,143 @@
+"""`manage.py repair_turns`, the cron job for stuck turns, as an operator and a visitor see it.
+
+Each test puts a turn in the state a real failure leaves behind (a worker machine that died
+and whose job record was lost, a job still running inside its margin, a backlog) with the real
+Redis and RQ job records, then runs the command.
+"""
+
+import datetime
+import io
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+from rq.job import Job
+
+from conversations import jobs, state
+from conversations.models import Turn
+from tests.conftest import make_client, start_turn
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def repair(*args):
+    out = io.StringIO()
+    call_command("repair_turns", *args, stdout=out)
+    return out.getvalue()
+
+
+def queued_turn():
+    """A visitor's turn, queued with its real RQ job; returns (client, 202 body, Turn, Job)."""
+    client = make_client()
+    body = start_turn(client, "Hello?")
+    turn = Turn.objects.get(pk=body["id"])
+    return client, body, turn, Job.fetch(turn.job_id, connection=jobs.get_queue().connection)
+
+
+def mark_running(turn, *, deadline_ago):
+    """Write what ``TurnRunner.start`` writes, as if a worker had started the turn a while ago."""
+    now = timezone.now()
+    Turn.objects.filter(pk=turn.pk).update(
+        status=Turn.Status.RUNNING, started_at=now - datetime.timedelta(seconds=deadline_ago + 6),
+        deadline_at=now - datetime.timedelta(seconds=deadline_ago))
+
+
+def age(turn, seconds):
+    Turn.objects.filter(pk=turn.pk).update(enqueued_at=timezone.now() - datetime.timedelta(seconds=seconds))
+
+
+def test_running_turn_whose_job_is_gone_is_ended_and_the_visitor_sees_why():
+    client, body, turn, job = queued_turn()
+    mark_running(turn, deadline_ago=120)
+    job.delete()  # the worker's machine died and the job's record is lost
+
+    out = repair()
+
+    assert f"{turn.id}  running" in out and "job gone  -> repaired" in out
+    assert "1 overdue turn(s), 1 repaired" in out
+    turn.refresh_from_db()
+    assert turn.status == "failed" and turn.finished_at is not None
+    assert turn.error == jobs.crashed_message()
+    final = client.get(body["poll_url"]).json()
+    assert final["done"] is True and final["status"] == "failed" and final["error"] == jobs.crashed_message()
+    assert final["messages"][0]["content"] == "Hello?"
+
+
+def test_running_turn_whose_job_is_alive_is_left_alone():
+    client, body, turn, job = queued_turn()
+    # A worker on another machine has started the job and is heartbeating; the turn is past
+    # its own deadline, i.e. inside its margin, writing its final state.
+    connection = jobs.get_queue().connection
+    with connection.pipeline() as pipeline:
+        job.prepare_for_execution("worker-on-another-host", pipeline)
+        pipeline.execute()
+    mark_running(turn, deadline_ago=2)
+    before = state.read(turn.id)
+
+    out = repair()
+
+    assert "job still alive  -> left alone" in out and "1 overdue turn(s), 0 repaired" in out
+    turn.refresh_from_db()
+    assert turn.status == "running" and turn.error == "" and turn.finished_at is None
+    assert state.read(turn.id) == before
+    assert client.get(body["poll_url"]).json()["done"] is False
+
+
+def test_queued_turn_whose_job_vanished_is_ended():
+    client, body, turn, job = queued_turn()
+    age(turn, 600)
+    job.delete()  # e.g. Redis restarted without persistence
+
+    out = repair()
+
+    assert f"{turn.id}  queued" in out and "job gone  -> repaired" in out
+    turn.refresh_from_db()
+    assert turn.status == "failed" and turn.finished_at is not None
+    final = client.get(body["poll_url"]).json()
+    assert final["done"] is True and final["status"] == "failed"
+
+
+def test_queued_turn_waiting_behind_a_backlog_is_left_alone():
+    client, body, turn, job = queued_turn()
+    age(turn, 600)  # old, but its job is still in the queue: a worker will get to it
+
+    out = repair()
+
+    assert "left alone" in out
+    turn.refresh_from_db()
+    assert turn.status == "queued"
+    assert jobs.get_queue().job_ids == [turn.job_id]
+
+
+def test_recent_queued_turn_is_not_even_checked():
+    client, body, turn, job = queued_turn()
+    job.delete()  # just enqueued: inside the grace period nothing is reported
+
+    assert "0 overdue turn(s)" in repair()
+    turn.refresh_from_db()
+    assert turn.status == "queued"
+
+
+def test_dry_run_changes_nothing_and_a_second_run_finds_nothing():
+    client, body, turn, job = queued_turn()
+    mark_running(turn, deadline_ago=120)
+    job.delete()
+    before = state.read(turn.id)
+
+    out = repair("--dry-run")
+
+    assert "job gone  -> would repair" in out and "1 would be repaired" in out
+    turn.refresh_from_db()
+    assert turn.status == "running" and turn.finished_at is None
+    assert state.read(turn.id) == before
+
+    assert "1 repaired" in repair()
+    version = state.read(turn.id)["version"]
+    assert "0 overdue turn(s)" in repair()  # idempotent: cron may run it again and again
+    assert state.read(turn.id)["version"] == version
+
+
+def test_grace_must_not_be_negative():
+    with pytest.raises(CommandError, match="--grace must be zero or more"):
+        repair("--grace", "-1")
