@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import requests
 from requests.adapters import HTTPAdapter
+from urllib3 import exceptions as urllib3_exceptions
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
@@ -298,8 +299,10 @@ class BudgetedHTTP:
                     reply = self.session.post(url, data=body, headers=headers, timeout=(connect, limit))
                     content = reply.content  # read inside the watchdog: the body is what trickles
                 except requests.RequestException as exc:
-                    if watchdog.expired or isinstance(exc, requests.Timeout):
+                    if watchdog.expired:
                         outcome, detail = "timeout", f"no complete response within {limit:.1f}s"
+                    elif _timed_out(exc):  # a socket timeout: connect, or a send the server never read
+                        outcome, detail = "timeout", f"{_describe(exc)}: timed out (connect limit {connect:.1f}s)"
                     else:
                         outcome, detail = "connection_error", _describe(exc)
                     raise CallFailed(outcome, detail, retryable=True) from None
@@ -337,6 +340,29 @@ class BudgetedHTTP:
                     timeout=limit, remaining_before=remaining, duration=duration, outcome=outcome,
                     status_code=status, detail=detail[:500],
                 )
+
+
+def _timed_out(exc):
+    """Whether a socket timeout caused ``exc``.
+
+    ``requests`` raises ``Timeout`` only for some of them: a send that timed out (a server
+    that never reads a large upload) or a read timeout in the body arrives as a plain
+    ``ConnectionError`` or ``ChunkedEncodingError`` wrapping one.
+    """
+    seen = set()
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        # urllib3's NewConnectionError subclasses ConnectTimeoutError even for "connection refused".
+        timeout_types = (requests.Timeout, TimeoutError, urllib3_exceptions.TimeoutError)
+        if isinstance(current, timeout_types) and not isinstance(current, urllib3_exceptions.NewConnectionError):
+            return True
+        pending += [current.__cause__, current.__context__, getattr(current, "reason", None)]
+        pending += [arg for arg in getattr(current, "args", ()) if isinstance(arg, BaseException)]
+    return False
 
 
 def _describe(exc):

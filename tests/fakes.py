@@ -9,9 +9,15 @@ Tests queue what the server does for each request it receives, in order::
 
 A queued item is a dict (sent as a 200 JSON reply), a ``Reply`` (status, body, headers), or
 a callable ``behaviour(handler)`` that writes whatever it likes to the socket (see the fault
-helpers below). When the queue is empty the server answers 500 "script exhausted".
+helpers below). When the queue is empty the server answers with ``default`` (by default a
+500 "script exhausted").
+
+Faults below the HTTP layer are separate servers: ``SilentListener`` (accepts, never reads or
+answers), ``full_accept_queue()`` (a connect that never completes) and ``refused_url()``.
 """
 
+import contextlib
+import email.utils
 import json
 import socket
 import threading
@@ -104,7 +110,8 @@ class _Server(ThreadingHTTPServer):
 class FakeProvider:
     """The server; use as a context manager. ``url`` is its base URL (``http://127.0.0.1:PORT/v1``)."""
 
-    def __init__(self):
+    def __init__(self, default=None):
+        self.default = default
         self._script = deque()
         self._lock = threading.Lock()
         self.requests = []
@@ -127,6 +134,8 @@ class FakeProvider:
         with self._lock:
             if self._script:
                 return self._script.popleft()
+        if self.default is not None:
+            return self.default
         return Reply(500, {"error": {"message": "fake provider: script exhausted", "type": "server_error"}})
 
     def record(self, request):
@@ -212,3 +221,112 @@ def _drip(handler, data, interval):
         except OSError:
             return
     handler.close_connection = True
+
+
+def never_read(handler):
+    """Never read the request body (a large upload blocks the client's send) and never answer."""
+    hang(handler)
+
+
+never_read.reads_body = False
+
+
+def retry_after(seconds, *, status=429):
+    """A 429 (or ``status``) with ``Retry-After: <seconds>``."""
+    return Reply(status, {"error": {"message": "slow down", "type": "rate_limit"}}, {"Retry-After": str(seconds)})
+
+
+def retry_after_date(seconds, *, status=429):
+    """A 429 whose ``Retry-After`` is an HTTP date ``seconds`` from now (computed when it is sent)."""
+    def behaviour(handler):
+        when = email.utils.formatdate(time.time() + seconds, usegmt=True)
+        handler.send_json(status, {"error": {"message": "slow down"}}, {"Retry-After": when})
+    return behaviour
+
+
+def retry_after_ms(milliseconds, *, status=429):
+    """A 429 with OpenAI's ``retry-after-ms`` header."""
+    return Reply(status, {"error": {"message": "slow down"}}, {"retry-after-ms": str(milliseconds)})
+
+
+def unavailable(status=503):
+    """A 5xx without ``Retry-After``."""
+    return Reply(status, {"error": {"message": "overloaded", "type": "server_error"}})
+
+
+def http_error(status, message="error", code=None):
+    """An OpenAI-style error reply."""
+    return Reply(status, {"error": {"message": message, "type": "invalid_request_error", "code": code}})
+
+
+class SilentListener:
+    """A TCP server that accepts connections and then neither reads nor answers."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.05)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.accepted = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.accepted.append(conn)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(1)
+        for conn in self.accepted:
+            conn.close()
+        self.sock.close()
+
+
+@contextlib.contextmanager
+def full_accept_queue():
+    """Yield the URL of a listening socket whose accept queue is full: a connect to it never completes.
+
+    ``listen(0)`` and nobody calling ``accept()``: once the queue holds what it can, Linux
+    drops further SYNs and the client's ``connect()`` waits for ever.
+    """
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    address = server.getsockname()
+    fillers = []
+    try:
+        for _ in range(16):
+            client = socket.socket()
+            client.settimeout(0.2)
+            try:
+                client.connect(address)
+            except OSError:
+                client.close()
+                break
+            fillers.append(client)
+        else:
+            raise RuntimeError("could not fill the accept queue")
+        yield f"http://{address[0]}:{address[1]}/v1"
+    finally:
+        for client in fillers:
+            client.close()
+        server.close()
+
+
+def refused_url():
+    """The URL of a port nothing listens on (connection refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
