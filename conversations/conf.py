@@ -40,7 +40,17 @@ DEFAULTS = {
     "TOOLS": [],
     "TOOL_RESULT_MAX_CHARS": 4000,
     "HISTORY_MAX_CHARS": 24000,
+    # The longest answer one model call may write, in tokens (required by Anthropic's API).
+    "MAX_TOKENS": 1024,
     "MAX_MESSAGE_LENGTH": 4000,
+    # Abuse and cost limits (see SECURITY.md). Rates are DRF rate strings; "" switches one off.
+    "TURN_RATE_PER_OWNER": "10/min",
+    "TURN_RATE_PER_IP": "30/min",
+    # Turns one conversation may have, and tokens (input + output) one owner may use per day; 0 = no limit.
+    "MAX_TURNS_PER_CONVERSATION": 50,
+    "DAILY_TOKEN_BUDGET": 200000,
+    # Larger API request bodies are refused (413) before they are read.
+    "MAX_REQUEST_BYTES": 65536,
     # Seconds the demo model pauses per reply, so the widget shows each step land.
     "DEMO_DELAY": 0.8,
 }

@@ -51,30 +51,61 @@ def _size(message):
     return len(message.content) + sum(len(str(c.arguments)) + len(c.name) for c in message.tool_calls)
 
 
-def trim_history(messages, max_chars):
-    """Drop the oldest messages until the rest fit in ``max_chars``.
+def interrupted_message():
+    return "Error: this tool call was not run (the turn ended first)."
 
-    An assistant message and the tool results that answer it go (or stay) together, and the
-    history never starts with a tool result or an assistant message. The last block (the
-    current question) is always kept.
+
+def _paired(messages):
+    """``messages`` with every tool call answered by exactly one result right after it.
+
+    A turn that was cancelled or ran out of time between a tool call and its result leaves a
+    call without a result (or, rarer, a result without its call) in the transcript; both APIs
+    refuse such a history, so a missing result becomes an error result and a stray one goes.
     """
-    blocks = []
+    paired, pending = [], {}
     for message in messages:
-        if message.role == "tool" and blocks:
-            blocks[-1].append(message)
-        elif message.role == "assistant" and blocks and blocks[-1][0].role == "user" and len(blocks[-1]) == 1:
-            blocks[-1].append(message)
+        if message.role == "tool":
+            if message.tool_call_id in pending:
+                pending.pop(message.tool_call_id)
+                paired.append(message)
+            continue
+        paired += _answer(pending)
+        pending = {}
+        paired.append(message)
+        if message.role == "assistant":
+            pending = {c.id: c for c in message.tool_calls}
+    return paired + _answer(pending)
+
+
+def _answer(pending):
+    return [ChatMessage(role="tool", content=interrupted_message(), tool_call_id=c.id, name=c.name, is_error=True)
+            for c in pending.values()]
+
+
+def trim_history(messages, max_chars):
+    """Called before each model call: the newest ``messages`` that fit in ``max_chars``.
+
+    The history is cut into exchanges, each a user message with the assistant messages and
+    tool results that followed it, and the oldest exchanges are dropped first: a tool call and
+    its result always go (or stay) together, and the history always starts with a user message
+    (Anthropic requires it). The last exchange — the question being answered and the steps
+    taken for it so far — is always kept whole, even when it alone is larger than the budget.
+    """
+    exchanges = []
+    for message in _paired(messages):
+        if message.role == "user" or not exchanges:
+            exchanges.append([message])
         else:
-            blocks.append([message])
-    sizes = [sum(_size(m) for m in block) for block in blocks]
-    total = sum(sizes)
-    start = 0
-    while start < len(blocks) - 1 and total > max_chars:
+            exchanges[-1].append(message)
+    sizes = [sum(_size(m) for m in exchange) for exchange in exchanges]
+    total, start = sum(sizes), 0
+    while start < len(exchanges) - 1 and total > max_chars:
         total -= sizes[start]
         start += 1
-    while start < len(blocks) - 1 and blocks[start][0].role != "user":
-        start += 1
-    return [m for block in blocks[start:] for m in block]
+    kept = [m for exchange in exchanges[start:] for m in exchange]
+    while kept and kept[0].role != "user" and any(m.role == "user" for m in kept):
+        kept.pop(0)  # only an unanswerable transcript (no user message at all) keeps its head
+    return kept
 
 
 class TurnRunner:
@@ -129,14 +160,16 @@ class TurnRunner:
     # -- the loop ------------------------------------------------------------------------
 
     def history(self):
+        """The messages for the model: the system prompt, then the conversation's earlier finished
+        turns and this turn's rows, trimmed to ``HISTORY_MAX_CHARS`` (the prompt counts too)."""
         earlier = (
             Message.objects.filter(conversation_id=self.turn.conversation_id, id__lt=self.rows[0].id)
             .exclude(turn__status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING])
             .order_by("id")
         )
         messages = [chat_message(m) for m in earlier] + [chat_message(m) for m in self.rows]
-        messages = trim_history(messages, self.config["HISTORY_MAX_CHARS"])
         system = self.config.get("SYSTEM_PROMPT")
+        messages = trim_history(messages, self.config["HISTORY_MAX_CHARS"] - len(system or ""))
         return ([ChatMessage(role="system", content=system)] if system else []) + messages
 
     def start(self):

@@ -12,6 +12,7 @@ become error results that go back to the model.
 import inspect
 import json
 import logging
+import re
 import threading
 import types
 import typing
@@ -44,7 +45,13 @@ class ToolContext:
     clock: typing.Callable = None
 
     def remaining(self):
+        """Seconds this tool may still take (its limit counts down while it runs)."""
         return max(0.0, self.deadline - self.clock()) if self.clock else 0.0
+
+    @property
+    def owner(self):
+        """The conversation's owner: the user if signed in, else the anonymous visitor's token."""
+        return self.user if self.user is not None else self.owner_token
 
 
 @dataclass
@@ -64,7 +71,7 @@ class Tool:
 
 
 class InvalidArguments(ValueError):
-    pass
+    """The model's arguments do not match the tool's schema; the message says how, for the model."""
 
 
 def _schema_for(annotation):
@@ -132,12 +139,24 @@ def tool(function=None, *, name=None, description=None, timeout=None):
     return wrap(function) if function is not None else wrap
 
 
+# What OpenAI and Anthropic both accept as a tool name.
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
 def load_tools(paths):
-    """Import each dotted path; a plain function is wrapped with ``@tool``. Returns {name: Tool}."""
+    """Import each dotted path; a plain function is wrapped with ``@tool``. Returns {name: Tool}.
+
+    Called by the runner at the start of every turn and by the system check at start-up;
+    raises ImportError, TypeError (an unsupported type hint) or ValueError (a bad or repeated name).
+    """
     loaded = {}
     for path in paths:
         obj = import_string(path)
         t = obj if isinstance(obj, Tool) else tool(obj)
+        if not _NAME.match(t.name):
+            raise ValueError(f"{path}: tool name {t.name!r} must be 1-64 letters, digits, '_' or '-'")
+        if t.name in loaded:
+            raise ValueError(f"{path}: two tools are named {t.name!r}")
         loaded[t.name] = t
     return loaded
 
@@ -166,6 +185,7 @@ def _check_value(name, value, schema):
     if kind == "number":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InvalidArguments(f"{name} must be a number")
+        return float(value)
     if kind == "array":
         if not isinstance(value, list):
             raise InvalidArguments(f"{name} must be a list")
@@ -184,7 +204,9 @@ def validate_arguments(t, arguments):
     unknown = sorted(set(arguments) - set(properties))
     if unknown:
         raise InvalidArguments(f"unknown argument(s): {', '.join(unknown)}")
-    missing = [n for n in t.required if n not in arguments]
+    # Models often send null for an optional argument they mean to leave out: the default applies.
+    arguments = {n: v for n, v in arguments.items() if not (v is None and n not in t.required)}
+    missing = [n for n in t.required if arguments.get(n) is None]
     if missing:
         raise InvalidArguments(f"missing argument(s): {', '.join(missing)}")
     return {n: _check_value(n, v, properties[n]) for n, v in arguments.items()}

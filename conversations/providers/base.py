@@ -1,6 +1,20 @@
-"""The provider interface: subclass ``BaseProvider`` and implement ``complete()``."""
+"""The provider interface: subclass ``BaseProvider`` and implement ``complete()``.
+
+A provider translates between the project's own types (``ChatMessage``, ``ToolCall``,
+``ModelReply``, ``Usage`` in ``conversations.types``; ``Tool`` in ``conversations.tools``) and
+one vendor's wire format. It makes its HTTP calls through ``self.post()`` (the turn's
+``BudgetedHTTP``), which bounds every attempt by the turn's budget, records it, and maps
+failures to ``ProviderError``.
+"""
+
+import logging
+import re
 
 from django.utils.translation import gettext_lazy as _
+
+from ..http import CallFailed
+
+logger = logging.getLogger("conversations.providers")
 
 
 class ProviderError(Exception):
@@ -8,8 +22,9 @@ class ProviderError(Exception):
 
     ``code`` names the kind (``auth``, ``unknown_model``, ``context_length``, ``refused``,
     ``bad_response``, ``rate_limited``, ``unavailable``, ``timeout``, ``connection``,
-    ``bad_request``); ``message`` is a sentence for the visitor; ``detail`` is for the
-    operator's log and the turn's error text. Neither may contain a secret.
+    ``bad_request``); ``message`` is a sentence for the visitor (it becomes the turn's error);
+    ``detail`` is for the operator's log. Neither may contain a secret: build ``detail`` with
+    ``redact()`` when it quotes the provider.
     """
 
     MESSAGES = {
@@ -32,12 +47,30 @@ class ProviderError(Exception):
         super().__init__(f"{code}: {detail}" if detail else code)
 
 
+# Things in a provider's error text that look like credentials: OpenAI echoes a masked key
+# ("Incorrect API key provided: sk-abc***xyz"), others quote tokens.
+_SECRETISH = re.compile(r"(?i)(\b(?:sk|pk|rk|key|api|ant)[-_][\w*.\-]{4,}|\b[A-Za-z0-9_\-]{32,}\b|key provided:\s*\S+)")
+
+
+def redact(text, *secrets, limit=300):
+    """``text`` shortened to ``limit`` characters with ``secrets`` and anything key-like removed."""
+    text = str(text or "")
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    text = _SECRETISH.sub("[redacted]", text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class BaseProvider:
-    """One LLM API. An instance serves one turn.
+    """One LLM API. An instance serves one turn; the runner builds it from the ``PROVIDER`` setting.
 
     ``config`` is the merged ``CONVERSATIONS`` dict; ``http`` is the turn's ``BudgetedHTTP``
     (every HTTP call must go through it, so that it is bounded by the turn's budget and
     recorded); ``budget`` is the turn's ``Budget``.
+
+    Subclasses set ``name`` and ``default_model`` and implement ``complete()``; most only need
+    ``self.post()`` and, for their own error bodies, ``error_from_failure()``.
     """
 
     name = "base"
@@ -50,18 +83,51 @@ class BaseProvider:
 
     @property
     def model(self):
+        """The model asked for: the ``MODEL`` setting, else the provider's default."""
         return self.config.get("MODEL") or self.default_model
 
+    @property
+    def api_key(self):
+        return self.config.get("API_KEY") or ""
+
     def complete(self, messages, tools):
-        """Call the model once with ``messages`` (``ChatMessage`` list) and ``tools`` (``Tool`` list).
+        """Called once per model round-trip with ``messages`` (``ChatMessage`` list, the history
+        already trimmed, possibly starting with a ``system`` message) and ``tools`` (``Tool`` list).
 
         Returns a ``ModelReply``. Raises ``ProviderError`` for failures, ``BudgetExhausted``
         when no call could be started in the time left.
         """
         raise NotImplementedError(".complete() must be overridden")
 
+    def post(self, url, payload, headers, parse):
+        """POST ``payload`` through the turn's ``BudgetedHTTP`` and return ``parse(data)``.
+
+        A failed call becomes the ``ProviderError`` from ``error_from_failure()``; a reply that
+        ``parse`` cannot read (a missing key, a wrong type) becomes ``bad_response``. Both are
+        logged for the operator, without the key.
+        """
+        try:
+            response = self.http.post_json(url, payload, headers)
+        except CallFailed as failure:
+            error = self.error_from_failure(failure)
+            logger.error("%s call failed (%s): %s", self.name, error.code, error.detail)
+            raise error from None
+        try:
+            return parse(response.data)
+        except ProviderError as error:
+            logger.error("%s reply unusable (%s): %s", self.name, error.code, error.detail)
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            error = ProviderError("bad_response", f"unexpected reply shape: {type(exc).__name__}: {redact(exc)}")
+            logger.error("%s reply unusable (%s): %s", self.name, error.code, error.detail)
+            raise error from None
+
     def error_from_failure(self, failure):
-        """Map a ``CallFailed`` from the HTTP layer to a ``ProviderError``. Providers refine this."""
+        """Map a ``CallFailed`` from the HTTP layer to a ``ProviderError``.
+
+        Called by ``post()``; providers override it to read their own error bodies and fall
+        back to this mapping by status code.
+        """
         if failure.outcome == "timeout":
             return ProviderError("timeout", failure.detail)
         if failure.outcome == "connection_error":
@@ -73,6 +139,8 @@ class BaseProvider:
             return ProviderError("auth", f"HTTP {status}")
         if status == 404:
             return ProviderError("unknown_model", f"HTTP 404 for model {self.model!r}")
+        if status == 413:
+            return ProviderError("context_length", "HTTP 413 request too large")
         if status == 429:
             return ProviderError("rate_limited", "HTTP 429")
         if status >= 500 or status == 408:

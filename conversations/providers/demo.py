@@ -1,9 +1,10 @@
 """The offline demo model: no key, no network, deterministic.
 
 It recognises questions its tools can serve (the demo site's ``current_time`` and
-``search_faq``), asks for those tools, sometimes several at once, and answers from their
-results; otherwise it explains what it is. It pauses ``DEMO_DELAY`` seconds per reply so the
-widget shows each step land.
+``search_faq``), asks for those tools, several at once when a question asks several things,
+and answers from their results, errors included; otherwise it says what it is and what it can
+do. It pauses ``DEMO_DELAY`` seconds per reply (never past the turn's budget) so the widget
+shows each step land.
 """
 
 import re
@@ -15,21 +16,26 @@ from .base import BaseProvider
 CITIES = ("london", "paris", "madrid", "new york", "tokyo", "sydney", "berlin", "buenos aires", "mexico city",
           "los angeles", "san francisco", "chicago", "toronto", "sao paulo", "mumbai", "singapore", "utc")
 TIME_WORDS = re.compile(r"\b(time|clock|hour|hora)\b", re.I)
-FAQ_WORDS = re.compile(r"\b(how|what|why|can|does|do|refund|return|shipping|ship|deliver|price|pricing|cost|"
-                       r"account|password|support|contact|open|hours|widget|install|deadline|timeout)\b", re.I)
+# "in Atlantis", "in New York": a place the visitor named, known to the demo or not.
+PLACE = re.compile(r"\bin ([A-Z][\w'-]*(?: [A-Z][\w'-]*)*)")
+FAQ_WORDS = re.compile(r"\b(how|what|why|can|does|do|refund|refunds|return|shipping|ship|deliver|delivery|price|"
+                       r"pricing|cost|account|password|support|contact|open|hours|widget|install|deadline|"
+                       r"timeout)\b", re.I)
+GREETING = re.compile(r"^\s*(hi|hello|hey|hola|good (morning|afternoon|evening))\b", re.I)
+ABOUT_ME = re.compile(r"\b(who are you|what are you|what can you do|about you|yourself|help me|are you (a|an) )",
+                      re.I)
+MAX_CITIES = 3
 
 
 class DemoProvider(BaseProvider):
+    """The default provider: answers every turn offline, so the demo runs with no key."""
+
     name = "demo"
     default_model = "demo"
     sleep = staticmethod(time.sleep)
 
     def complete(self, messages, tools):
-        delay = float(self.config.get("DEMO_DELAY", 0))
-        if delay and self.budget is not None:
-            delay = min(delay, max(0.0, self.budget.remaining() - 1))
-        if delay:
-            self.sleep(delay)
+        self.pause()
         available = {t.name for t in tools}
         last_user = next((m for m in reversed(messages) if m.role == "user"), None)
         question = last_user.content if last_user else ""
@@ -42,52 +48,87 @@ class DemoProvider(BaseProvider):
         if results:
             reply = self.answer_from(results)
         else:
-            calls = self.plan(question, available)
+            step = sum(1 for m in messages if m.role == "assistant") + 1
+            calls = self.plan(question, available, step)
             if calls:
+                usage.output_tokens = sum(len(str(c.arguments)) for c in calls) // 4
                 return ModelReply(text="", tool_calls=calls, finish="tool_calls", usage=usage)
             reply = self.about_me(question, available)
         usage.output_tokens = len(reply) // 4
         return ModelReply(text=reply, finish="stop", usage=usage)
 
-    def plan(self, question, available):
+    def pause(self):
+        delay = float(self.config.get("DEMO_DELAY", 0))
+        if delay and self.budget is not None:
+            delay = min(delay, max(0.0, self.budget.remaining() - 1))
+        if delay:
+            self.sleep(delay)
+
+    def plan(self, question, available, step=1):
+        """The tool calls a question asks for (possibly several), or [] to answer directly."""
+        if ABOUT_ME.search(question) or (GREETING.search(question) and len(question) < 40):
+            return []
         calls = []
-        lowered = question.lower()
+
+        def call(name, **arguments):
+            calls.append(ToolCall(id=f"demo_{step}_{len(calls) + 1}", name=name, arguments=arguments))
+
         if "current_time" in available and TIME_WORDS.search(question):
-            cities = [c for c in CITIES if c in lowered] or ["UTC"]
-            for city in cities[:3]:
-                calls.append(ToolCall(id=f"call_{len(calls) + 1}", name="current_time",
-                                      arguments={"city": city.title() if city != "utc" else "UTC"}))
-        if "search_faq" in available and FAQ_WORDS.search(question) and not (calls and not self._faq_part(question)):
-            calls.append(ToolCall(id=f"call_{len(calls) + 1}", name="search_faq",
-                                  arguments={"query": self._faq_part(question) or question[:200]}))
+            for city in self.places(question)[:MAX_CITIES]:
+                call("current_time", city=city)
+        faq_part = self._faq_part(question)
+        if "search_faq" in available and FAQ_WORDS.search(question) and (faq_part or not calls):
+            call("search_faq", query=(faq_part or question)[:200])
         return calls
+
+    @staticmethod
+    def places(question):
+        """The cities a question names, in its order; a capitalised unknown place too (so the tool
+        can say it does not know it); UTC when it names none."""
+        lowered = question.lower()
+        found = sorted((lowered.index(c), c) for c in CITIES if re.search(rf"\b{c}\b", lowered))
+        names = [("UTC" if c == "utc" else c.title()) for _, c in found]
+        for place in PLACE.findall(question):
+            if place.lower() not in CITIES and not any(place.lower().startswith(c) for c in CITIES):
+                names.append(place)
+        return names or ["UTC"]
 
     @staticmethod
     def _faq_part(question):
         """The part of a question that is not about time, for a question that asks two things."""
         parts = re.split(r"\band\b|[?;]", question, flags=re.I)
-        rest = [p.strip() for p in parts if p.strip() and not TIME_WORDS.search(p) and FAQ_WORDS.search(p)]
+        rest = [p.strip(" ,.") for p in parts if p.strip() and not TIME_WORDS.search(p) and FAQ_WORDS.search(p)]
         return " ".join(rest)
 
     @staticmethod
     def answer_from(results):
+        """The final answer, written from the tool results (errors included) of the last step."""
         lines = []
         for result in results:
             if result.is_error:
-                lines.append(f"I tried {result.name or 'a tool'}, but it failed: {result.content}")
+                reason = re.sub(r"^Error: (\w+Error: )?", "", result.content)
+                lines.append(f"I asked the {result.name or 'tool'} tool, but it could not help: {reason}")
             elif result.name == "current_time":
-                lines.append(f"The time is {result.content}.")
+                lines.append(f"It is {result.content}.")
+            elif result.name == "search_faq":
+                if result.content.startswith("No FAQ entry"):
+                    lines.append("I searched the FAQ but found nothing on that. Try asking about refunds, shipping, "
+                                 "prices, passwords, support or the chat widget.")
+                else:
+                    lines.append(f"Here is what the FAQ says:\n\n{result.content}")
             else:
-                lines.append(result.content)
+                lines.append(f"{result.name} says: {result.content}")
         return "\n\n".join(lines) if lines else "I have nothing to add."
 
     @staticmethod
     def about_me(question, available):
+        """The answer when no tool fits: a greeting, or what the demo model is and can do."""
         tools = ", ".join(sorted(available)) or "no tools"
-        if not question.strip():
-            return "Hello! Ask me something."
-        return (
-            "I am the demo model of this site: I run offline, with no API key. "
-            f"I can use these tools: {tools}. Try \"What time is it in Tokyo?\" or "
-            "\"How do refunds work?\", or both in one message."
-        )
+        examples = "Try \"What time is it in Tokyo?\" or \"How do refunds work?\", or both in one message."
+        if not question.strip() or GREETING.search(question):
+            return f"Hello! I am the demo assistant of this site. {examples}"
+        if ABOUT_ME.search(question):
+            return ("I am the demo model of this site: I run offline, with no API key, and answer by calling the "
+                    f"site's tools ({tools}). {examples} Set CONVERSATIONS_PROVIDER to use a real model.")
+        return (f"I am only the demo model, so I cannot answer that myself: I can use these tools: {tools}. "
+                f"{examples}")

@@ -1,11 +1,17 @@
-"""OpenAI-compatible Chat Completions (OpenAI, Azure-style base URLs, Ollama, vLLM, llama.cpp, OpenRouter, Groq…)."""
+"""OpenAI-compatible Chat Completions: OpenAI, Azure OpenAI, Ollama, vLLM, llama.cpp server,
+OpenRouter, Groq and the like.
+
+``BASE_URL`` is the API root (``https://api.openai.com/v1``, ``http://localhost:11434/v1``…);
+``/chat/completions`` is appended unless already there, and a query string is kept, so an Azure
+deployment URL with ``?api-version=…`` works as is. The key goes in ``Authorization: Bearer``,
+or in ``api-key`` for Azure (an Azure host, or a URL with ``api-version``).
+"""
 
 import json
 from urllib.parse import urlsplit, urlunsplit
 
-from ..http import CallFailed
 from ..types import ModelReply, ToolCall, Usage
-from .base import BaseProvider, ProviderError
+from .base import BaseProvider, ProviderError, redact
 
 FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls", "length": "length",
           "content_filter": "refused"}
@@ -24,16 +30,22 @@ class OpenAIProvider(BaseProvider):
             path += "/chat/completions"
         return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
+    def is_azure(self):
+        """Azure hosts, and any URL carrying Azure's ``api-version`` query, take the key in ``api-key``."""
+        parts = urlsplit(self.url())
+        host = parts.hostname or ""
+        return "api-version=" in parts.query or host.endswith(
+            (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com"))
+
     def headers(self):
-        key = self.config.get("API_KEY")
-        if not key:
-            return {}
-        if "azure" in urlsplit(self.url()).netloc:
-            return {"api-key": key}
-        return {"Authorization": f"Bearer {key}"}
+        if not self.api_key:
+            return {}  # local servers (Ollama, llama.cpp) need none
+        if self.is_azure():
+            return {"api-key": self.api_key}
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     def payload(self, messages, tools):
-        body = {"model": self.model, "messages": [self._message(m) for m in messages]}
+        body = {"model": self.model, "messages": [self.message(m) for m in messages]}
         if tools:
             body["tools"] = [
                 {"type": "function",
@@ -43,7 +55,8 @@ class OpenAIProvider(BaseProvider):
         return body
 
     @staticmethod
-    def _message(message):
+    def message(message):
+        """One ``ChatMessage`` as a Chat Completions message dict."""
         if message.role == "tool":
             return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
         if message.role == "assistant" and message.tool_calls:
@@ -59,48 +72,66 @@ class OpenAIProvider(BaseProvider):
         return {"role": message.role, "content": message.content}
 
     def complete(self, messages, tools):
-        try:
-            response = self.http.post_json(self.url(), self.payload(messages, tools), self.headers())
-        except CallFailed as failure:
-            raise self.error_from_failure(failure) from None
-        return self.parse(response.data)
+        return self.post(self.url(), self.payload(messages, tools), self.headers(), self.parse)
 
     def parse(self, data):
-        try:
-            choice = data["choices"][0]
-            message = choice["message"]
-        except (KeyError, IndexError, TypeError):
-            raise ProviderError("bad_response", "no choices[0].message in the reply") from None
+        """A Chat Completions reply as a ``ModelReply``; ``bad_response`` if it has no message."""
+        choices = data.get("choices")
+        if not choices or not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
+            raise ProviderError("bad_response", "no choices[0].message in the reply")
+        choice = choices[0]
+        message = choice["message"]
         calls = []
         for raw in message.get("tool_calls") or []:
             function = raw.get("function") or {}
-            try:
-                arguments = json.loads(function.get("arguments") or "{}")
-            except ValueError:
-                arguments = {"__invalid_json__": function.get("arguments", "")}
-            calls.append(ToolCall(id=raw.get("id") or "", name=function.get("name") or "", arguments=arguments))
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments or "{}")
+                except ValueError:
+                    # Handed to the tool runner, which turns it into an error result for the model.
+                    arguments = {"__invalid_json__": arguments}
+            calls.append(ToolCall(id=raw.get("id") or f"call_{len(calls) + 1}", name=function.get("name") or "",
+                                  arguments=arguments if arguments is not None else {}))
         usage = None
         if isinstance(data.get("usage"), dict):
             usage = Usage(input_tokens=int(data["usage"].get("prompt_tokens") or 0),
                           output_tokens=int(data["usage"].get("completion_tokens") or 0))
-        finish = FINISH.get(choice.get("finish_reason") or "stop", "stop")
+        text = message.get("content") or ""
+        if not isinstance(text, str):  # some servers send a list of content parts
+            text = "".join(part.get("text", "") for part in text if isinstance(part, dict))
         if message.get("refusal"):
             return ModelReply(text=message["refusal"], finish="refused", usage=usage)
-        if calls:
+        finish = FINISH.get(choice.get("finish_reason") or "stop", "stop")
+        if calls and finish != "length":
             finish = "tool_calls"
-        return ModelReply(text=message.get("content") or "", tool_calls=calls, finish=finish, usage=usage)
+        elif finish == "tool_calls":
+            finish = "stop"  # announced tool calls that never came: take the text as the answer
+        return ModelReply(text=text, tool_calls=calls if finish == "tool_calls" else [], finish=finish, usage=usage)
 
     def error_from_failure(self, failure):
-        error = failure.json().get("error") if failure.status else None
-        if isinstance(error, dict):
-            code = str(error.get("code") or "")
-            kind = str(error.get("type") or "")
-            if code == "context_length_exceeded" or "context length" in str(error.get("message", "")).lower():
-                return ProviderError("context_length", f"HTTP {failure.status} {code}")
-            if code == "model_not_found" or (failure.status == 404 and "model" in str(error.get("message", ""))):
-                return ProviderError("unknown_model", f"HTTP {failure.status} model {self.model!r} not found")
-            if code == "content_filter" or kind == "content_filter":
-                return ProviderError("refused", f"HTTP {failure.status} content filter")
-            if code == "invalid_api_key" or failure.status == 401:
-                return ProviderError("auth", f"HTTP {failure.status} {code}".strip())
-        return super().error_from_failure(failure)
+        """Read OpenAI's ``{"error": {"code", "type", "message"}}`` (or Ollama's ``{"error": "..."}``)."""
+        body = failure.json() if failure.status else {}
+        error = body.get("error")
+        if isinstance(error, str):
+            error = {"message": error}
+        if not isinstance(error, dict):
+            return super().error_from_failure(failure)
+        status = failure.status
+        code = str(error.get("code") or "")
+        kind = str(error.get("type") or "")
+        text = str(error.get("message") or "")
+        lowered = text.lower()
+        detail = f"HTTP {status} {code or kind}: {redact(text, self.api_key)}".strip()
+        if code == "context_length_exceeded" or "context length" in lowered or "context window" in lowered \
+                or "maximum context" in lowered or status == 413:
+            return ProviderError("context_length", detail)
+        if code in ("model_not_found", "DeploymentNotFound") or (status == 404 and "model" in lowered):
+            return ProviderError("unknown_model", detail)
+        if code in ("content_filter", "content_policy_violation") or kind == "content_filter" \
+                or "content management policy" in lowered:
+            return ProviderError("refused", detail)
+        if code == "invalid_api_key" or status in (401, 403):
+            return ProviderError("auth", detail)
+        fallback = super().error_from_failure(failure)
+        return ProviderError(fallback.code, detail)

@@ -1,0 +1,143 @@
+"""Anthropic Messages API (``POST /v1/messages``).
+
+``BASE_URL`` defaults to ``https://api.anthropic.com``; ``/v1/messages`` is appended (or just
+``/messages`` when the URL already ends in ``/v1``). The key goes in ``x-api-key``. The system
+prompt is a top-level field, ``max_tokens`` (the ``MAX_TOKENS`` setting) is required, tool
+results travel as ``tool_result`` blocks in a user message, and the first message must be the
+user's.
+"""
+
+from urllib.parse import urlsplit, urlunsplit
+
+from ..types import ModelReply, ToolCall, Usage
+from .base import BaseProvider, ProviderError, redact
+
+API_VERSION = "2023-06-01"
+
+STOP = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "tool_use": "tool_calls",
+        "max_tokens": "length", "model_context_window_exceeded": "length", "refusal": "refused"}
+
+
+class AnthropicProvider(BaseProvider):
+    name = "anthropic"
+    default_model = "claude-sonnet-4-5"
+    default_base_url = "https://api.anthropic.com"
+
+    def url(self):
+        parts = urlsplit(self.config.get("BASE_URL") or self.default_base_url)
+        path = parts.path.rstrip("/")
+        if not path.endswith("/v1/messages"):
+            path += "/messages" if path.endswith("/v1") else "/v1/messages"
+        return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+    def headers(self):
+        headers = {"anthropic-version": API_VERSION}
+        if self.api_key:
+            headers["x-api-key"] = self.api_key
+        return headers
+
+    def payload(self, messages, tools):
+        system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
+        body = {"model": self.model, "max_tokens": int(self.config.get("MAX_TOKENS") or 1024),
+                "messages": self.wire_messages([m for m in messages if m.role != "system"])}
+        if system:
+            body["system"] = system
+        if tools:
+            body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters}
+                             for t in tools]
+        return body
+
+    @staticmethod
+    def blocks(message):
+        """One ``ChatMessage`` as ``(role, content blocks)``; a tool result is a user's ``tool_result``."""
+        if message.role == "tool":
+            block = {"type": "tool_result", "tool_use_id": message.tool_call_id, "content": message.content}
+            if message.is_error:
+                block["is_error"] = True
+            return "user", [block]
+        # The API refuses empty text blocks, so an empty text is left out.
+        blocks = [{"type": "text", "text": message.content}] if message.content else []
+        if message.role == "assistant":
+            blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}
+                       for c in message.tool_calls]
+        return message.role, blocks
+
+    def wire_messages(self, messages):
+        """Consecutive messages of one role merged into one message (so the results of one
+        assistant turn's tool calls share a user message), starting with a user message."""
+        wire = []
+        for message in messages:
+            role, blocks = self.blocks(message)
+            if not blocks:
+                continue
+            if wire and wire[-1]["role"] == role:
+                # tool_result blocks must come first in a user message.
+                wire[-1]["content"] = sorted(wire[-1]["content"] + blocks, key=lambda b: b["type"] != "tool_result")
+            else:
+                wire.append({"role": role, "content": blocks})
+        while wire and wire[0]["role"] != "user":
+            wire.pop(0)
+        for message in wire:
+            content = message["content"]
+            if len(content) == 1 and content[0]["type"] == "text":
+                message["content"] = content[0]["text"]  # the plain form, as most examples show it
+        return wire
+
+    def complete(self, messages, tools):
+        return self.post(self.url(), self.payload(messages, tools), self.headers(), self.parse)
+
+    def parse(self, data):
+        """A Messages reply as a ``ModelReply``: text blocks joined, ``tool_use`` blocks as calls."""
+        if data.get("type") == "error":
+            raise ProviderError("bad_response", "an error object in a 200 reply")
+        content = data.get("content")
+        if not isinstance(content, list):
+            raise ProviderError("bad_response", "no content list in the reply")
+        texts, calls = [], []
+        for block in content:
+            if block.get("type") == "text":
+                texts.append(block.get("text") or "")
+            elif block.get("type") == "tool_use":
+                arguments = block.get("input")
+                calls.append(ToolCall(id=block.get("id") or f"toolu_{len(calls) + 1}", name=block.get("name") or "",
+                                      arguments=arguments if isinstance(arguments, dict) else
+                                      {"__invalid_json__": arguments}))
+        usage = None
+        if isinstance(data.get("usage"), dict):
+            raw = data["usage"]
+            # input_tokens excludes prompt-cache reads and writes; the turn records all input.
+            usage = Usage(
+                input_tokens=sum(int(raw.get(k) or 0) for k in
+                                 ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")),
+                output_tokens=int(raw.get("output_tokens") or 0))
+        finish = STOP.get(data.get("stop_reason") or "end_turn", "stop")
+        if finish == "tool_calls" and not calls:
+            finish = "stop"
+        return ModelReply(text="\n\n".join(t for t in texts if t), tool_calls=calls if finish == "tool_calls" else [],
+                          finish=finish, usage=usage)
+
+    def error_from_failure(self, failure):
+        """Read Anthropic's ``{"type": "error", "error": {"type", "message"}}``."""
+        error = (failure.json() if failure.status else {}).get("error")
+        if not isinstance(error, dict):
+            return super().error_from_failure(failure)
+        status = failure.status
+        kind = str(error.get("type") or "")
+        text = str(error.get("message") or "")
+        lowered = text.lower()
+        detail = f"HTTP {status} {kind}: {redact(text, self.api_key)}"
+        if kind == "authentication_error" or status == 401:
+            return ProviderError("auth", detail)
+        if kind == "permission_error" or status == 403:
+            return ProviderError("auth", detail)
+        if kind == "not_found_error" or (status == 404 and "model" in lowered):
+            return ProviderError("unknown_model", detail)
+        if kind == "request_too_large" or status == 413 or "prompt is too long" in lowered \
+                or "context window" in lowered or "context length" in lowered:
+            return ProviderError("context_length", detail)
+        if kind == "rate_limit_error":
+            return ProviderError("rate_limited", detail)
+        if kind in ("overloaded_error", "api_error"):
+            return ProviderError("unavailable", detail)
+        fallback = super().error_from_failure(failure)
+        return ProviderError(fallback.code, detail)
