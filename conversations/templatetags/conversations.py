@@ -1,22 +1,60 @@
+"""``{% load conversations %}{% chat_widget %}``: the chat widget on any Django page."""
+
 from django import template
 from django.middleware.csrf import get_token
 from django.urls import reverse
+from django.utils.translation import gettext as _
 
 from ..conf import get_config
 
 register = template.Library()
 
 
+def widget_strings():
+    """Every string the widget shows, in the active language (keys match STRINGS in widget.js)."""
+    return {
+        "title": _("Assistant"),
+        "region": _("Chat with the assistant"),
+        "log": _("Conversation"),
+        "label": _("Your message"),
+        "hint": _("Enter sends, Shift+Enter adds a line."),
+        "send": _("Send"),
+        "stop": _("Stop"),
+        "thinking": _("The assistant is thinking…"),
+        # Translators: a step of the answer; name is a tool's name and its arguments.
+        "using_tool": _("Using %(name)s…"),
+        "tool_result": _("%(name)s: %(result)s"),
+        "tool_failed": _("%(name)s failed: %(result)s"),
+        "stopping": _("Stopping…"),
+        "stopped": _("You stopped this answer."),
+        "reconnecting": _("Connection lost. Reconnecting…"),
+        "timed_out": _("The assistant did not finish in time. Please try again."),
+        "failed": _("Something went wrong and the assistant could not answer. Please try again."),
+        "incomplete": _("This answer is incomplete."),
+        "send_failed": _("Your message could not be sent. Check your connection and try again."),
+        "busy": _("The assistant is still answering. Wait for it to finish or press Stop."),
+        "gone": _("This conversation is no longer available. Send your message again to start a new one."),
+    }
+
+
 @register.inclusion_tag("conversations/widget.html", takes_context=True)
 def chat_widget(context, title=""):
-    """Render the chat widget: ``{% load conversations %}{% chat_widget %}``."""
+    """Render the widget (its element, CSS and script) with every string translated.
+
+    ``title`` replaces the header text. Called once per ``{% chat_widget %}``; returns the
+    template context of ``conversations/widget.html``.
+    """
     request = context.get("request")
-    if request is not None:
-        get_token(request)  # make sure the csrftoken cookie is set for the widget's POSTs
+    # Also sets the csrftoken cookie for the widget's POSTs.
+    csrf_token = get_token(request) if request is not None else ""
     cfg = get_config()
+    strings = widget_strings()
+    if title:
+        strings["title"] = str(title)
     return {
         "api_url": reverse("conversations:conversation-list"),
         "job_timeout": cfg["JOB_TIMEOUT"],
         "max_length": cfg["MAX_MESSAGE_LENGTH"],
-        "title": title,
+        "csrf_token": csrf_token,
+        "strings": strings,
     }

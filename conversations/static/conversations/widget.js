@@ -1,31 +1,200 @@
 /* The conversations chat widget: plain JavaScript, no build step.
- * Posts the visitor's message, then polls the turn's state until `done`, drawing each step
- * as it lands. Model and tool text is only ever set with textContent: never parsed as HTML. */
+ *
+ * Embed: an element with `data-conversations-widget` (options in data-* attributes, see
+ * docs/widget.md), plus this script and widget.css. The widget posts the visitor's message,
+ * then polls the turn's state with a setTimeout chain until `done`, drawing each step as it
+ * lands. Model and tool text is only ever put in the page with textContent and createElement:
+ * it is never parsed as HTML. */
 (function () {
   "use strict";
 
-  function csrfToken() {
-    var match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+  // English defaults; the {% chat_widget %} tag passes every string translated.
+  var STRINGS = {
+    title: "Assistant",
+    region: "Chat with the assistant",
+    log: "Conversation",
+    label: "Your message",
+    hint: "Enter sends, Shift+Enter adds a line.",
+    send: "Send",
+    stop: "Stop",
+    thinking: "The assistant is thinking…",
+    using_tool: "Using %(name)s…",
+    tool_result: "%(name)s: %(result)s",
+    tool_failed: "%(name)s failed: %(result)s",
+    stopping: "Stopping…",
+    stopped: "You stopped this answer.",
+    reconnecting: "Connection lost. Reconnecting…",
+    timed_out: "The assistant did not finish in time. Please try again.",
+    failed: "Something went wrong and the assistant could not answer. Please try again.",
+    incomplete: "This answer is incomplete.",
+    send_failed: "Your message could not be sent. Check your connection and try again.",
+    busy: "The assistant is still answering. Wait for it to finish or press Stop.",
+    gone: "This conversation is no longer available. Send your message again to start a new one."
+  };
+  var FIRST_DELAY = 300;      // ms before the first poll, and again after every change
+  var GROWTH = 1.5;           // back off while nothing changes …
+  var MAX_DELAY = 3000;       // … up to this
+  var MAX_RETRY_DELAY = 8000; // network errors back off up to this
+  var REQUEST_TIMEOUT = 15000;
+  var RESULT_CHARS = 160;     // a tool result is shown compactly
+  var widgets = 0;
+
+  function fmt(text, values) {
+    return text.replace(/%\((\w+)\)s/g, function (all, key) { return key in values ? values[key] : all; });
+  }
+
+  function el(tag, className, text) {
+    var node = document.createElement(tag);
+    if (className) { node.className = className; }
+    if (text !== undefined) { node.textContent = text; }
+    return node;
+  }
+
+  function readCookie(name) {
+    var match = document.cookie.match(new RegExp("(?:^|;\\s*)" + name + "=([^;]+)"));
     return match ? decodeURIComponent(match[1]) : "";
   }
 
+  // -- safe rendering: a small markdown subset built with DOM APIs -------------------------
+
+  var INLINE = /`([^`\n]+)`|\*\*([^*\n]+)\*\*|\*([^*\s][^*\n]*)\*|\[([^\]\n]+)\]\(([^)\s]+)\)|(https?:\/\/[^\s<>()"]+[^\s<>()".,;:!?])/g;
+
+  function safeUrl(url) {
+    try {
+      var parsed = new URL(url);
+      return parsed.protocol === "http:" || parsed.protocol === "https:" ? parsed.href : null;
+    } catch (e) {
+      return null;
+    }
+  }
+
+  function link(href, text) {
+    var a = el("a", "", text);
+    a.href = href;
+    a.target = "_blank";
+    a.rel = "noopener noreferrer";
+    return a;
+  }
+
+  function inline(text, into) {
+    var last = 0, match;
+    INLINE.lastIndex = 0;
+    while ((match = INLINE.exec(text))) {
+      into.appendChild(document.createTextNode(text.slice(last, match.index)));
+      var href = match[5] ? safeUrl(match[5]) : match[6] ? safeUrl(match[6]) : null;
+      if (match[1]) { into.appendChild(el("code", "", match[1])); }
+      else if (match[2]) { into.appendChild(el("strong", "", match[2])); }
+      else if (match[3]) { into.appendChild(el("em", "", match[3])); }
+      else if (href) { into.appendChild(link(href, match[4] || match[6])); }
+      else { into.appendChild(document.createTextNode(match[0])); } // a link that is not http(s): inert text
+      last = INLINE.lastIndex;
+    }
+    into.appendChild(document.createTextNode(text.slice(last)));
+  }
+
+  var ITEM = /^\s*([-*+]|\d{1,3}[.)])\s+(.*)$/;
+
+  function renderMarkdown(text, into) {
+    var lines = text.replace(/\r\n?/g, "\n").split("\n");
+    var para = [], i = 0, match;
+    function flush() {
+      if (para.length) { var p = el("p"); inline(para.join("\n"), p); into.appendChild(p); para = []; }
+    }
+    while (i < lines.length) {
+      if (/^\s*```/.test(lines[i])) {
+        flush();
+        var code = [];
+        for (i++; i < lines.length && !/^\s*```/.test(lines[i]); i++) { code.push(lines[i]); }
+        var pre = el("pre");
+        pre.appendChild(el("code", "", code.join("\n")));
+        into.appendChild(pre);
+        i++;
+      } else if ((match = ITEM.exec(lines[i]))) {
+        flush();
+        var ordered = /\d/.test(match[1]);
+        var list = el(ordered ? "ol" : "ul");
+        while (i < lines.length && (match = ITEM.exec(lines[i])) && /\d/.test(match[1]) === ordered) {
+          var item = el("li");
+          inline(match[2], item);
+          list.appendChild(item);
+          i++;
+        }
+        into.appendChild(list);
+      } else {
+        if (lines[i].trim()) { para.push(lines[i]); } else { flush(); }
+        i++;
+      }
+    }
+    flush();
+  }
+
+  function compact(text) {
+    text = String(text || "").replace(/\s+/g, " ").trim();
+    return text.length > RESULT_CHARS ? text.slice(0, RESULT_CHARS - 1) + "…" : text;
+  }
+
+  // -- the widget ---------------------------------------------------------------------------
+
+  /* One widget per element; created by start() for each [data-conversations-widget]. */
   function Widget(root) {
+    var data = root.dataset;
+    var given = root.querySelector("script[type='application/json']");
     this.root = root;
-    this.apiUrl = root.dataset.apiUrl;
-    this.jobTimeout = Number(root.dataset.jobTimeout || 120);
-    this.log = root.querySelector(".cvw-log");
-    this.status = root.querySelector(".cvw-status");
-    this.form = root.querySelector(".cvw-form");
-    this.input = root.querySelector(".cvw-input");
-    this.send = root.querySelector(".cvw-send");
-    this.stop = root.querySelector(".cvw-stop");
-    this.storageKey = "conversations:" + this.apiUrl;
-    this.conversationId = sessionStorage.getItem(this.storageKey);
+    this.strings = Object.assign({}, STRINGS, given ? JSON.parse(given.textContent) : {},
+                                 data.strings ? JSON.parse(data.strings) : {});
+    this.apiUrl = (data.apiUrl || "/api/conversations/").replace(/\/?$/, "/");
+    this.jobTimeout = Number(data.jobTimeout || 120);
+    this.giveUpMargin = Number(data.giveUpMargin || 30);
+    this.maxLength = Number(data.maxLength || 4000);
+    this.csrf = data.csrfToken || "";
+    this.csrfCookie = data.csrfCookie || "csrftoken";
+    this.storageKey = "cvw:" + this.apiUrl;
+    this.conversationId = null;
     this.turn = null;
-    this.shown = {};
+    this.sending = false;
+    this.nodes = {};
+    this.build();
     this.bind();
     this.restore();
   }
+
+  Widget.prototype.build = function () {
+    var s = this.strings, n = ++widgets, root = this.root;
+    root.classList.add("cvw");
+    root.setAttribute("role", "region");
+    root.setAttribute("aria-label", s.region);
+    root.appendChild(el("div", "cvw-header", s.title));
+    // role="log" for its meaning; aria-live off because steps land every poll: only finished
+    // answers and endings are read out, through the separate announcer below.
+    this.log = el("ol", "cvw-log");
+    this.log.setAttribute("role", "log");
+    this.log.setAttribute("aria-live", "off");
+    this.log.setAttribute("aria-label", s.log);
+    this.log.tabIndex = 0;
+    this.status = el("p", "cvw-status");
+    this.announcer = el("div", "cvw-sr");
+    this.announcer.setAttribute("aria-live", "polite");
+    this.form = el("form", "cvw-form");
+    var label = el("label", "cvw-label", s.label);
+    label.htmlFor = "cvw-input-" + n;
+    this.input = el("textarea", "cvw-input");
+    this.input.id = label.htmlFor;
+    this.input.rows = 2;
+    this.input.maxLength = this.maxLength;
+    this.input.setAttribute("aria-describedby", "cvw-hint-" + n);
+    var hint = el("span", "cvw-hint", s.hint);
+    hint.id = "cvw-hint-" + n;
+    var actions = el("div", "cvw-actions");
+    this.sendButton = el("button", "cvw-send", s.send);
+    this.sendButton.type = "submit";
+    this.stopButton = el("button", "cvw-stop", s.stop);
+    this.stopButton.type = "button";
+    this.stopButton.hidden = true;
+    actions.appendChild(this.sendButton);
+    actions.appendChild(this.stopButton);
+    [label, this.input, actions, hint].forEach(function (node) { this.form.appendChild(node); }, this);
+    [this.log, this.status, this.announcer, this.form].forEach(function (node) { root.appendChild(node); });
+  };
 
   Widget.prototype.bind = function () {
     var self = this;
@@ -33,37 +202,82 @@
     this.input.addEventListener("keydown", function (event) {
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); self.submit(); }
     });
-    this.stop.addEventListener("click", function () { self.cancel(); });
+    this.stopButton.addEventListener("click", function () { self.cancel(); });
+    document.addEventListener("visibilitychange", function () {
+      var turn = self.turn;
+      if (turn && !document.hidden && turn.paused) { turn.paused = false; self.poll(); }
+    });
   };
 
+  // -- storage: the conversation (and running turn) survive a reload in this tab ------------
+
+  Widget.prototype.save = function (turn) {
+    try {
+      sessionStorage.setItem(this.storageKey, JSON.stringify({
+        conversation: this.conversationId, turn: turn ? turn.id : null, since: turn ? turn.since : null }));
+    } catch (e) { /* storage disabled: the conversation just does not survive a reload */ }
+  };
+
+  Widget.prototype.load = function () {
+    try { return JSON.parse(sessionStorage.getItem(this.storageKey)) || {}; } catch (e) { return {}; }
+  };
+
+  // -- HTTP ---------------------------------------------------------------------------------
+
+  Widget.prototype.token = function () {
+    // data-csrf-token (the template tag sets it), else Django's cookie.
+    return Promise.resolve(this.csrf || readCookie(this.csrfCookie));
+  };
+
+  /* Resolves with the JSON body; rejects with an Error whose message is the server's sentence. */
   Widget.prototype.request = function (method, url, body) {
-    var options = { method: method, credentials: "same-origin", headers: { "Accept": "application/json" } };
-    if (body !== undefined) {
-      options.headers["Content-Type"] = "application/json";
-      options.headers["X-CSRFToken"] = csrfToken();
-      options.body = JSON.stringify(body);
-    }
-    return fetch(url, options).then(function (response) {
+    var self = this;
+    var ready = method === "GET" ? Promise.resolve("") : this.token();
+    return ready.then(function (token) {
+      var options = { method: method, credentials: "same-origin", headers: { "Accept": "application/json" } };
+      if (method !== "GET") {
+        options.headers["Content-Type"] = "application/json";
+        options.headers["X-CSRFToken"] = token;
+        options.body = JSON.stringify(body || {});
+      }
+      return fetch(url, options).catch(function () { throw new Error(self.strings.send_failed); });
+    }).then(function (response) {
       return response.json().catch(function () { return {}; }).then(function (data) {
-        if (!response.ok) {
-          var message = data.detail || (data.content && data.content[0]) || ("HTTP " + response.status);
-          throw new Error(message);
-        }
-        return data;
+        if (response.ok) { return data; }
+        var error = new Error(self.problem(data));
+        error.status = response.status;
+        throw error;
       });
     });
   };
 
+  Widget.prototype.problem = function (data) {
+    if (data && typeof data.detail === "string") { return data.detail; }
+    for (var key in data || {}) {
+      if (Array.isArray(data[key]) && typeof data[key][0] === "string") { return data[key][0]; }
+    }
+    return this.strings.send_failed;
+  };
+
+  // -- conversation and turns --------------------------------------------------------------
+
   Widget.prototype.restore = function () {
-    var self = this;
-    if (!this.conversationId) { return; }
-    this.request("GET", this.apiUrl + this.conversationId + "/").then(function (data) {
-      data.messages.forEach(function (m) { self.draw(m); });
-      if (data.active_turn) { self.follow(data.active_turn); }
-    }).catch(function () {
-      sessionStorage.removeItem(self.storageKey);
-      self.conversationId = null;
+    var self = this, saved = this.load();
+    if (!saved.conversation) { return; }
+    this.conversationId = saved.conversation;
+    this.request("GET", this.apiUrl + saved.conversation + "/").then(function (data) {
+      data.messages.forEach(function (m) { self.draw(m, m.turn); });
+      var active = data.active_turn;
+      if (active) { self.follow(active, active.id === saved.turn && saved.since ? saved.since : Date.now()); }
+      else { self.save(null); }
+    }).catch(function (error) {
+      if (error.status === 404 || error.status === 403) { self.forget(); }
     });
+  };
+
+  Widget.prototype.forget = function () {
+    this.conversationId = null;
+    try { sessionStorage.removeItem(this.storageKey); } catch (e) { /* nothing kept */ }
   };
 
   Widget.prototype.ensureConversation = function () {
@@ -71,113 +285,211 @@
     if (this.conversationId) { return Promise.resolve(this.conversationId); }
     return this.request("POST", this.apiUrl, {}).then(function (data) {
       self.conversationId = data.id;
-      sessionStorage.setItem(self.storageKey, data.id);
+      self.save(null);
       return data.id;
     });
   };
 
   Widget.prototype.submit = function () {
-    var self = this;
-    var content = this.input.value.trim();
-    if (!content || this.turn) { return; }
-    this.busy(true);
-    this.ensureConversation().then(function (id) {
-      return self.request("POST", self.apiUrl + id + "/turns/", { content: content });
-    }).then(function (turn) {
-      self.input.value = "";
-      self.follow(turn);
+    var self = this, content = this.input.value.trim();
+    if (!content) { return; }
+    if (this.turn || this.sending) { this.setStatus(this.strings.busy); return; }
+    this.sending = true;
+    this.setBusy(true);
+    this.setStatus("");
+    // Shown at once; replaced by the saved message when the turn's state arrives.
+    var pending = this.bubble("user", content);
+    pending.classList.add("cvw-pending");
+    this.pending = pending;
+    this.input.value = "";
+    var post = function (retry) {
+      return self.ensureConversation().then(function (id) {
+        return self.request("POST", self.apiUrl + id + "/turns/", { content: content });
+      }).catch(function (error) {
+        // The kept conversation is gone (session expired): start a new one, once.
+        if (error.status === 404 && retry) { self.forget(); return post(false); }
+        throw error;
+      });
+    };
+    post(true).then(function (turn) {
+      self.sending = false;
+      pending.classList.remove("cvw-pending");
+      self.follow(turn, Date.now());
     }).catch(function (error) {
-      self.busy(false);
-      self.setStatus(error.message);
+      // Nothing the visitor wrote is lost: the text goes back into the box, with the reason.
+      self.sending = false;
+      self.pending = null;
+      pending.remove();
+      if (!self.input.value) { self.input.value = content; }
+      self.setBusy(false);
+      self.setStatus(error.message, true);
+      self.announce(error.message);
+      self.input.focus();
     });
   };
 
-  Widget.prototype.follow = function (turn) {
-    this.turn = { id: turn.id, pollUrl: turn.poll_url, cancelUrl: turn.cancel_url, etag: null, delay: 300,
-                  giveUpAt: Date.now() + (this.jobTimeout + 30) * 1000 };
-    this.busy(true);
-    this.setStatus("The assistant is thinking…");
-    this.poll();
+  Widget.prototype.follow = function (summary, since) {
+    this.turn = { id: summary.id, pollUrl: summary.poll_url, cancelUrl: summary.cancel_url, etag: null,
+                  delay: FIRST_DELAY, errors: 0, since: since, timer: null, paused: false,
+                  giveUpAt: since + (this.jobTimeout + this.giveUpMargin) * 1000 };
+    this.save(this.turn);
+    this.setBusy(true);
+    this.setStatus(this.strings.thinking);
+    this.schedule(FIRST_DELAY);
+  };
+
+  Widget.prototype.schedule = function (delay) {
+    var self = this, turn = this.turn;
+    if (!turn) { return; }
+    if (document.hidden) { turn.paused = true; return; } // resumed by visibilitychange
+    turn.timer = setTimeout(function () { turn.timer = null; self.poll(); }, delay);
   };
 
   Widget.prototype.poll = function () {
-    var self = this;
-    var turn = this.turn;
-    if (!turn) { return; }
-    if (Date.now() > turn.giveUpAt) {
-      this.end({ status: "failed", error: "The assistant did not finish in time. Please try again." });
-      return;
-    }
+    var self = this, turn = this.turn;
+    if (!turn || turn.timer) { return; }
+    if (Date.now() >= turn.giveUpAt) { this.end(turn, { status: "timeout" }); return; }
     var headers = { "Accept": "application/json" };
     if (turn.etag) { headers["If-None-Match"] = turn.etag; }
-    fetch(turn.pollUrl, { credentials: "same-origin", headers: headers }).then(function (response) {
+    var controller = window.AbortController ? new AbortController() : null;
+    var abort = controller && setTimeout(function () { controller.abort(); }, REQUEST_TIMEOUT);
+    turn.timer = -1; // a request is in flight
+    fetch(turn.pollUrl, { credentials: "same-origin", cache: "no-store", headers: headers,
+                          signal: controller && controller.signal }).then(function (response) {
       if (response.status === 304) { return null; }
+      if (response.status === 404 || response.status === 403) { return { done: true, status: "gone" }; }
       if (!response.ok) { throw new Error("HTTP " + response.status); }
       turn.etag = response.headers.get("ETag");
       return response.json();
     }).then(function (state) {
+      clearTimeout(abort);
+      turn.timer = null;
       if (self.turn !== turn) { return; }
-      if (state) {
-        state.messages.forEach(function (m) { self.draw(m); });
-        turn.delay = 300;
-        if (state.done) { self.end(state); return; }
+      if (turn.errors) { turn.errors = 0; self.setStatus(turn.stopping ? self.strings.stopping : self.strings.thinking); }
+      if (!state) {
+        turn.delay = Math.min(turn.delay * GROWTH, MAX_DELAY);
       } else {
-        turn.delay = Math.min(turn.delay * 1.5, 3000);
+        (state.messages || []).forEach(function (m) { self.draw(m, turn.id); });
+        if (state.done) { self.end(turn, state); return; }
+        turn.delay = FIRST_DELAY;
       }
-      setTimeout(function () { self.poll(); }, turn.delay);
+      self.schedule(turn.delay);
     }).catch(function () {
+      clearTimeout(abort);
+      turn.timer = null;
       if (self.turn !== turn) { return; }
-      self.setStatus("Reconnecting…");
-      turn.delay = Math.min(turn.delay * 2, 5000);
-      setTimeout(function () { self.poll(); }, turn.delay);
+      turn.errors += 1;
+      self.setStatus(self.strings.reconnecting, true);
+      self.schedule(Math.min(FIRST_DELAY * Math.pow(2, turn.errors), MAX_RETRY_DELAY));
     });
   };
 
-  Widget.prototype.end = function (state) {
+  Widget.prototype.end = function (turn, state) {
+    var s = this.strings;
+    if (turn.timer > 0) { clearTimeout(turn.timer); }
     this.turn = null;
-    this.busy(false);
-    if (state.error) { this.draw({ id: "error-" + Date.now(), role: "error", content: state.error }); }
-    else if (state.status === "cancelled") { this.draw({ id: "cancel-" + Date.now(), role: "error", content: "Stopped." }); }
+    this.save(null);
+    var endings = { cancelled: s.stopped, failed: state.error || s.failed, incomplete: state.error || s.incomplete,
+                    timeout: s.timed_out, gone: s.gone };
+    var ending = endings[state.status] || state.error;
+    if (state.status === "gone") { this.forget(); }
+    if (ending) { this.notice(ending); }
+    var answer = null;
+    (state.messages || []).forEach(function (m) { if (m.role === "assistant" && m.content) { answer = m.content; } });
+    this.announce([answer && state.status === "completed" ? answer : "", ending || ""].join(" ").trim());
+    var hadFocus = this.root.contains(document.activeElement);
+    this.setBusy(false);
     this.setStatus("");
-    this.input.focus();
+    if (hadFocus) { this.input.focus(); }
   };
 
   Widget.prototype.cancel = function () {
-    if (!this.turn) { return; }
-    this.setStatus("Stopping…");
-    this.request("POST", this.turn.cancelUrl, {}).catch(function () {});
+    var self = this, turn = this.turn;
+    if (!turn || turn.stopping) { return; }
+    turn.stopping = true;
+    this.setStatus(this.strings.stopping);
+    this.request("POST", turn.cancelUrl, {}).then(function () {
+      // Look at once rather than after the current back-off: the turn may already be over.
+      if (self.turn !== turn) { return; }
+      turn.delay = FIRST_DELAY;
+      if (turn.timer > 0) { clearTimeout(turn.timer); turn.timer = null; self.poll(); }
+    }, function (error) {
+      turn.stopping = false;
+      if (self.turn === turn) { self.setStatus(error.message, true); }
+    });
   };
 
-  Widget.prototype.draw = function (message) {
-    if (this.shown[message.id]) { return; }
-    if (message.role === "assistant" && !message.content && !(message.tool_calls || []).length) { return; }
-    this.shown[message.id] = true;
-    var item = document.createElement("li");
-    item.className = "cvw-msg cvw-msg-" + message.role;
-    if (message.role === "assistant" && !message.content) {
-      item.className = "cvw-msg cvw-msg-tool";
-      item.textContent = "Using " + message.tool_calls.map(function (c) { return c.name; }).join(", ") + "…";
+  // -- drawing ------------------------------------------------------------------------------
+
+  Widget.prototype.bubble = function (role, text) {
+    var item = el("li", "cvw-msg cvw-msg-" + role);
+    if (role === "assistant") { renderMarkdown(text, item); } else { item.textContent = text; }
+    this.log.appendChild(item);
+    this.log.scrollTop = this.log.scrollHeight;
+    return item;
+  };
+
+  /* Draw one message of the transcript (once per id); `turnId` scopes its tool call ids. */
+  Widget.prototype.draw = function (message, turnId) {
+    var self = this, key = "m" + message.id;
+    if (this.nodes[key]) { return; }
+    this.nodes[key] = true;
+    if (message.role === "user") {
+      if (this.pending && this.turn && turnId === this.turn.id) { this.pending = null; return; }
+      this.bubble("user", message.content);
+    } else if (message.role === "assistant") {
+      if (message.content) { this.bubble("assistant", message.content); }
+      (message.tool_calls || []).forEach(function (call) {
+        var args = Object.keys(call.arguments || {}).map(function (k) { return String(call.arguments[k]); });
+        var name = call.name + (args.length ? " (" + compact(args.join(", ")) + ")" : "");
+        var item = el("li", "cvw-msg cvw-step", fmt(self.strings.using_tool, { name: name }));
+        self.nodes["c" + turnId + call.id] = item;
+        self.log.appendChild(item);
+      });
     } else if (message.role === "tool") {
-      item.textContent = (message.name || "tool") + ": " + (message.content || "").slice(0, 300);
-    } else {
-      item.textContent = message.content;
+      var step = this.nodes["c" + turnId + message.tool_call_id];
+      if (!step) { step = el("li", "cvw-msg cvw-step"); this.log.appendChild(step); }
+      var text = fmt(message.is_error ? this.strings.tool_failed : this.strings.tool_result,
+                     { name: message.name || "", result: compact(message.content) });
+      step.appendChild(el("span", "cvw-result" + (message.is_error ? " cvw-result-error" : ""), text));
+      step.classList.add("cvw-step-done");
     }
+    this.log.scrollTop = this.log.scrollHeight;
+  };
+
+  Widget.prototype.notice = function (text) {
+    var item = el("li", "cvw-msg cvw-notice", text);
     this.log.appendChild(item);
     this.log.scrollTop = this.log.scrollHeight;
   };
 
-  Widget.prototype.busy = function (busy) {
-    this.send.disabled = busy;
-    this.stop.hidden = !busy;
+  Widget.prototype.announce = function (text) {
+    var announcer = this.announcer;
+    // Markdown marks are noise when read aloud.
+    announcer.textContent = text.replace(/```|[*`#]/g, "");
   };
 
-  Widget.prototype.setStatus = function (text) { this.status.textContent = text; };
+  Widget.prototype.setBusy = function (busy) {
+    var stopHadFocus = document.activeElement === this.stopButton;
+    this.sendButton.disabled = busy;
+    this.stopButton.hidden = !busy;
+    this.log.setAttribute("aria-busy", busy ? "true" : "false");
+    this.root.classList.toggle("cvw-busy", busy);
+    if (stopHadFocus && !busy) { this.input.focus(); }
+  };
+
+  Widget.prototype.setStatus = function (text, problem) {
+    this.status.textContent = text;
+    this.status.classList.toggle("cvw-status-problem", !!problem);
+  };
 
   function start() {
-    document.querySelectorAll("[data-conversations-widget]").forEach(function (root) {
+    var roots = document.querySelectorAll("[data-conversations-widget]");
+    Array.prototype.forEach.call(roots, function (root) {
       if (!root.conversationsWidget) { root.conversationsWidget = new Widget(root); }
     });
   }
 
+  window.ConversationsWidget = { start: start, renderMarkdown: renderMarkdown };
   if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", start); } else { start(); }
 })();
