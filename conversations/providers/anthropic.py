@@ -30,8 +30,11 @@ class AnthropicProvider(BaseProvider):
             path += "/messages" if path.endswith("/v1") else "/v1/messages"
         return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
+    api_version = API_VERSION
+
     def headers(self):
-        headers = {"anthropic-version": API_VERSION}
+        """``anthropic-version`` and the key in ``x-api-key``; a subclass may send others (a gateway's)."""
+        headers = {"anthropic-version": self.api_version}
         if self.api_key:
             headers["x-api-key"] = self.api_key
         return headers
