@@ -28,6 +28,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "django_rq",
     "conversations",
     "chatproject",
@@ -71,6 +72,13 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The web server and the worker write the same file: wait for the lock instead of failing.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # BEGIN IMMEDIATE: a transaction that reads then writes (posting a turn) would otherwise
+    # fail at once with "database is locked" when a worker writes, instead of waiting.
+    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
+    # Take the write lock when a transaction begins: a deferred transaction that reads, then
+    # writes, fails at once with "database is locked" when another writer got in between
+    # (two visitors posting at the same moment), where IMMEDIATE simply waits its turn.
+    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
     # Tests fork a real RQ work horse, which cannot see an in-memory database.
     DATABASES["default"]["TEST"] = {"NAME": os.environ.get("TEST_SQLITE_PATH", str(BASE_DIR / "test-db.sqlite3"))}
 
@@ -99,6 +107,11 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
+def _env_int(name, default):
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
@@ -109,12 +122,33 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Behind N reverse proxies the client's address is the Nth from the right of
+    # X-Forwarded-For; without it, the per-IP throttle sees every visitor as the proxy.
+    "NUM_PROXIES": _env_int("NUM_PROXIES", None),
 }
 
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Conversations API",
+    "DESCRIPTION": "The chat widget's API: start a conversation, send a message (a turn), poll it until done. "
+                   "Session cookie authentication; every POST needs the csrftoken cookie and an X-CSRFToken header.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/",
+    # The schema view itself is public (it describes public endpoints); Swagger UI only in DEBUG.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+}
 
-def _env_int(name, default):
-    value = os.environ.get(name)
-    return int(value) if value not in (None, "") else default
+# Django refuses larger non-file bodies (the API's own limit, MAX_REQUEST_BYTES, is lower).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 256 * 1024
+# Cookies only over HTTPS when not in DEBUG (set SECURE_COOKIES=0 to test a production-like
+# setup over plain HTTP); SameSite=Lax keeps other sites from sending them on POSTs.
+SECURE_COOKIES = os.environ.get("SECURE_COOKIES", "0" if DEBUG else "1") == "1"
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_COOKIES
+SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+if os.environ.get("SECURE_PROXY_SSL_HEADER") == "1":
+    # Only behind a proxy that sets X-Forwarded-Proto itself (and strips the client's).
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 
 CONVERSATIONS = {

@@ -1,3 +1,5 @@
+from django.conf import settings
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import SessionAuthentication
 
 
@@ -14,3 +16,16 @@ class CsrfSessionAuthentication(SessionAuthentication):
         if result is None:
             self.enforce_csrf(request)
         return result
+
+
+class CsrfSessionScheme(OpenApiAuthenticationExtension):
+    """Describes ``CsrfSessionAuthentication`` in the OpenAPI schema: the session cookie."""
+
+    target_class = CsrfSessionAuthentication
+    name = "sessionCookie"
+
+    def get_security_definition(self, auto_schema):
+        """The OpenAPI security scheme: an API key in the session cookie."""
+        return {"type": "apiKey", "in": "cookie", "name": settings.SESSION_COOKIE_NAME,
+                "description": "Django's session cookie. Every POST also needs the csrftoken cookie and the "
+                               "same value in an X-CSRFToken header."}

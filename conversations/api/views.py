@@ -1,25 +1,30 @@
 """The chat API. Every conversation and turn the caller does not own answers 404."""
 
 import logging
+import re
 import time
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import APIException, NotFound
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied, Throttled, ValidationError
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import jobs, state
+from .. import jobs, limits, state
 from ..conf import get_config
-from ..models import Conversation, Turn
+from ..models import Conversation, Message, Turn
 from ..owners import owned_filter, owner_token, owns_state
+from . import serializers
 from .authentication import CsrfSessionAuthentication
-from .serializers import TurnCreateSerializer
+from .parsers import LimitedJSONParser, check_content_length
+from .throttling import TurnIPThrottle, TurnOwnerThrottle
 
 logger = logging.getLogger("conversations.api")
 
@@ -34,6 +39,24 @@ class Conflict(APIException):
 class ServiceUnavailable(APIException):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_code = "unavailable"
+
+
+class IdempotencyMismatch(APIException):
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_code = "idempotency_mismatch"
+
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+# Visible ASCII only, as long as the model field: the key is stored and compared as is.
+IDEMPOTENCY_PATTERN = r"^[!-~]{1,200}$"
+_IDEMPOTENCY_RE = re.compile(IDEMPOTENCY_PATTERN)
+
+ERROR = serializers.ErrorSerializer
+NOT_FOUND = OpenApiResponse(ERROR, description="Not found, or not yours (the API never says which).")
+CSRF_FAILED = OpenApiResponse(ERROR, description="CSRF check failed: send the csrftoken cookie and X-CSRFToken.")
+TOO_LARGE = OpenApiResponse(ERROR, description="The body is larger than MAX_REQUEST_BYTES; it was not read.")
+RETRY_AFTER = OpenApiParameter("Retry-After", OpenApiTypes.INT, OpenApiParameter.HEADER, response=[429],
+                               description="Seconds to wait before trying again.")
 
 
 def poll_url(turn):
@@ -62,16 +85,30 @@ def owned_conversation(request, conversation_id, *, for_update=False):
     return get_object_or_404(queryset, pk=conversation_id)
 
 
-class ConversationListView(APIView):
-    """``POST``: start a conversation owned by the caller. ``GET``: the caller's conversations."""
+class ConversationAPIView(APIView):
+    """Base of the API views: session authentication with CSRF for everyone, JSON bodies only,
+    and a body over ``MAX_REQUEST_BYTES`` refused (413) before anything reads it."""
 
     authentication_classes = [CsrfSessionAuthentication]
     permission_classes = [AllowAny]
+    parser_classes = [LimitedJSONParser]
 
+    def initial(self, request, *args, **kwargs):
+        check_content_length(request)
+        super().initial(request, *args, **kwargs)
+
+
+class ConversationListView(ConversationAPIView):
+    """``POST``: start a conversation owned by the caller. ``GET``: the caller's conversations."""
+
+    @extend_schema(responses={200: serializers.ConversationSerializer(many=True)},
+                   summary="The caller's 50 most recent conversations")
     def get(self, request):
         conversations = Conversation.objects.filter(owned_filter(request)).order_by("-created_at")[:50]
         return Response([{"id": str(c.id), "created_at": c.created_at} for c in conversations])
 
+    @extend_schema(request=None, responses={201: serializers.ConversationSerializer, 403: CSRF_FAILED, 413: TOO_LARGE},
+                   summary="Start a conversation owned by the caller (user, or anonymous session)")
     def post(self, request):
         user = request.user if request.user.is_authenticated else None
         token = owner_token(request, create=True)
@@ -80,12 +117,11 @@ class ConversationListView(APIView):
                         status=status.HTTP_201_CREATED)
 
 
-class ConversationDetailView(APIView):
+class ConversationDetailView(ConversationAPIView):
     """The whole transcript, and the turn still running if there is one (to resume polling)."""
 
-    authentication_classes = [CsrfSessionAuthentication]
-    permission_classes = [AllowAny]
-
+    @extend_schema(responses={200: serializers.ConversationDetailSerializer, 404: NOT_FOUND},
+                   summary="A conversation's transcript and its active turn")
     def get(self, request, conversation_id):
         conversation = owned_conversation(request, conversation_id)
         messages = list(conversation.messages.order_by("id"))
@@ -98,25 +134,73 @@ class ConversationDetailView(APIView):
         })
 
 
-class TurnListView(APIView):
-    """``POST {"content": "…"}``: save the visitor's message, enqueue the turn, answer 202 with its poll URL."""
+class TurnListView(ConversationAPIView):
+    """``POST {"content": "…"}``: save the visitor's message, enqueue the turn, answer 202 with its poll URL.
 
-    authentication_classes = [CsrfSessionAuthentication]
-    permission_classes = [AllowAny]
+    Refusals, in the order they are checked: 413 (body too large), 429 (rate limits), 400
+    (bad ``Idempotency-Key`` or message), 404 (not the caller's conversation), 409 (a turn is
+    still running), 403 (conversation full), 429 (daily token budget spent). A request whose
+    ``Idempotency-Key`` was already used in this conversation gets the first turn back (200).
+    """
 
+    throttle_classes = [TurnOwnerThrottle, TurnIPThrottle]
+
+    def throttled(self, request, wait):
+        wait = max(1, round(wait)) if wait is not None else None
+        raise Throttled(wait, detail=_("You are sending messages too quickly. Please wait a moment and try again."))
+
+    @extend_schema(
+        request=serializers.TurnCreateSerializer,
+        parameters=[
+            OpenApiParameter(IDEMPOTENCY_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+                             pattern=IDEMPOTENCY_PATTERN,
+                             description="Retrying a POST with the same key returns the same turn (200) "
+                                         "instead of starting a second one."),
+            RETRY_AFTER,
+        ],
+        responses={
+            202: serializers.TurnSummarySerializer,
+            200: OpenApiResponse(serializers.TurnSummarySerializer, description="A retry: the turn this Idempotency-Key "
+                                                                      "already started."),
+            400: serializers.ValidationErrorSerializer,
+            403: OpenApiResponse(ERROR, description="CSRF check failed, or the conversation reached "
+                                                    "MAX_TURNS_PER_CONVERSATION."),
+            404: NOT_FOUND,
+            409: OpenApiResponse(ERROR, description="A turn of this conversation is still queued or running."),
+            413: TOO_LARGE,
+            422: OpenApiResponse(ERROR, description="The Idempotency-Key was used for a different message."),
+            429: OpenApiResponse(ERROR, description="Too many turns (per owner or per IP), or the owner's "
+                                                    "DAILY_TOKEN_BUDGET is spent; see Retry-After."),
+            503: OpenApiResponse(ERROR, description="The queue (Redis) is unreachable."),
+        },
+        summary="Send a message: starts a turn and answers with its poll URL",
+    )
     def post(self, request, conversation_id):
-        serializer = TurnCreateSerializer(data=request.data)
+        key = self.idempotency_key(request)
+        serializer = serializers.TurnCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
+        content = serializer.validated_data["content"]
         with transaction.atomic():
             conversation = owned_conversation(request, conversation_id, for_update=True)
+            replayed = self.replay(conversation, key, content)
+            if replayed is not None:
+                return replayed
             if conversation.turns.filter(status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING]).exists():
                 raise Conflict(_("The assistant is still answering your previous message. "
                                  "Wait for it to finish or stop it first."))
+            self.check_limits(conversation)
             try:
-                # Inside atomic(): django-rq enqueues at commit, after the message is saved.
-                turn = jobs.create_turn(conversation, serializer.validated_data["content"])
+                # A savepoint: a concurrent request with the same key loses the unique
+                # constraint race here, and then gets the winner's turn back.
+                with transaction.atomic():
+                    # Inside atomic(): django-rq enqueues at commit, after the message is saved.
+                    turn = jobs.create_turn(conversation, content, idempotency_key=key)
+            except IntegrityError:
+                if not key:
+                    raise
+                return self.replay(conversation, key, content)
             except RedisError:
-                logger.exception("Could not enqueue turn %s", turn.id)
+                logger.exception("Could not enqueue a turn of conversation %s", conversation.id)
                 transaction.set_rollback(True)
                 raise ServiceUnavailable(_("The assistant is unavailable right now. Please try again in a minute."))
         try:
@@ -124,6 +208,39 @@ class TurnListView(APIView):
         except RedisError:
             logger.exception("Could not publish the queued state of turn %s", turn.id)
         return Response(turn_summary(turn), status=status.HTTP_202_ACCEPTED)
+
+    @staticmethod
+    def idempotency_key(request):
+        """The request's ``Idempotency-Key`` ("" when absent); 400 when it is not 1-200 visible ASCII characters."""
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is None:
+            return ""
+        if not _IDEMPOTENCY_RE.match(key):
+            raise ValidationError({"detail": _("The Idempotency-Key header must be 1 to 200 visible ASCII "
+                                               "characters (no spaces).")})
+        return key
+
+    @staticmethod
+    def replay(conversation, key, content):
+        """The 200 response for a key already used in ``conversation``, or None."""
+        if not key:
+            return None
+        turn = conversation.turns.select_related("conversation").filter(idempotency_key=key).first()
+        if turn is None:
+            return None
+        first = turn.messages.filter(role=Message.Role.USER).order_by("id").first()
+        if first is not None and first.content != content:
+            raise IdempotencyMismatch(_("This Idempotency-Key was already used for a different message."))
+        return Response(turn_summary(turn), status=status.HTTP_200_OK, headers={"Idempotent-Replayed": "true"})
+
+    @staticmethod
+    def check_limits(conversation):
+        refusal = limits.check_new_turn(conversation)
+        if refusal is None:
+            return
+        if refusal.retry_after is not None:
+            raise Throttled(refusal.retry_after, detail=refusal.message)
+        raise PermissionDenied(refusal.message)
 
 
 class TurnDetailView(APIView):
@@ -133,6 +250,14 @@ class TurnDetailView(APIView):
     authentication_classes = []  # the owner is read from the session; see owners.owns_state
     permission_classes = [AllowAny]
 
+    @extend_schema(
+        parameters=[OpenApiParameter("If-None-Match", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+                                     description="The ETag of the state the client already has.")],
+        responses={200: serializers.TurnStateSerializer,
+                   304: OpenApiResponse(description="The state has not changed since the ETag sent."),
+                   404: NOT_FOUND},
+        summary="Poll a turn until done is true",
+    )
     def get(self, request, conversation_id, turn_id):
         data = state.read(turn_id)
         if data is None or self.is_stale(data):
@@ -159,12 +284,12 @@ class TurnDetailView(APIView):
         return cached if cached is not None else state.publish(state.state_from_db(turn))
 
 
-class TurnCancelView(APIView):
+class TurnCancelView(ConversationAPIView):
     """``POST``: stop a turn. A queued turn ends at once; a running one stops before its next call."""
 
-    authentication_classes = [CsrfSessionAuthentication]
-    permission_classes = [AllowAny]
-
+    @extend_schema(request=None, responses={202: serializers.TurnSummarySerializer, 403: CSRF_FAILED, 404: NOT_FOUND,
+                                            413: TOO_LARGE},
+                   summary="Stop a turn")
     def post(self, request, conversation_id, turn_id):
         conversation = owned_conversation(request, conversation_id)
         turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)

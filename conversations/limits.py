@@ -1,0 +1,74 @@
+"""Cost limits checked before a turn is created: turns per conversation and tokens per owner per day.
+
+Each check returns None when the turn may go ahead, or a ``Refusal`` saying why not. The
+API turns a refusal into a response: a limit that time lifts (the daily budget) answers
+429 with ``Retry-After``; one that it does not (a full conversation) answers 403.
+"""
+
+import datetime
+from dataclasses import dataclass
+
+from django.db.models import Q, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from .conf import get_config
+from .models import Turn
+
+
+@dataclass
+class Refusal:
+    """Why a new turn is refused: ``code``, a visitor-readable ``message``, and for limits that
+    lift with time ``retry_after`` (seconds)."""
+
+    code: str
+    message: str
+    retry_after: int | None = None
+
+
+def owner_q(conversation, prefix=""):
+    """A Q selecting everything owned by the owner of ``conversation`` (its user, else its token)."""
+    if conversation.user_id is not None:
+        return Q(**{f"{prefix}user_id": conversation.user_id})
+    return Q(**{f"{prefix}user__isnull": True, f"{prefix}owner_token": conversation.owner_token})
+
+
+def start_of_day(now=None):
+    """Midnight today in the current time zone (the budget resets then)."""
+    now = timezone.localtime(now)
+    return now.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def tokens_used_today(conversation, now=None):
+    """Input plus output tokens of every turn of this conversation's owner since midnight."""
+    totals = Turn.objects.filter(owner_q(conversation, "conversation__"), enqueued_at__gte=start_of_day(now)).aggregate(
+        used=Coalesce(Sum("input_tokens"), 0) + Coalesce(Sum("output_tokens"), 0))
+    return totals["used"]
+
+
+def check_conversation_length(conversation):
+    """Refuse a turn past ``MAX_TURNS_PER_CONVERSATION`` (0 = no limit)."""
+    limit = get_config()["MAX_TURNS_PER_CONVERSATION"]
+    if limit and conversation.turns.count() >= limit:
+        return Refusal("conversation_full", _(
+            "This conversation has reached its limit of %(limit)d messages. Please start a new conversation."
+        ) % {"limit": limit})
+    return None
+
+
+def check_daily_budget(conversation, now=None):
+    """Refuse a turn once the owner has used ``DAILY_TOKEN_BUDGET`` tokens today (0 = no limit)."""
+    budget = get_config()["DAILY_TOKEN_BUDGET"]
+    if not budget or tokens_used_today(conversation, now) < budget:
+        return None
+    now = timezone.localtime(now)
+    tomorrow = start_of_day(now) + datetime.timedelta(days=1)
+    return Refusal("budget_exhausted", _(
+        "You have reached today's limit for the assistant. Please come back tomorrow."
+    ), retry_after=max(1, int((tomorrow - now).total_seconds())))
+
+
+def check_new_turn(conversation, now=None):
+    """Run every cost check; return the first ``Refusal`` or None."""
+    return check_conversation_length(conversation) or check_daily_budget(conversation, now)

@@ -1,0 +1,209 @@
+"""Abuse and cost limits: throttles on turn creation, a cap per conversation, a daily token
+budget per owner, and input limits (message length, control characters, body size)."""
+
+import datetime
+import io
+import json
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from conversations.api.parsers import LimitedJSONParser, RequestTooLarge
+from conversations.models import Message, Turn
+from tests.conftest import api_post, make_client, start_turn
+from tests.fakes import FakeProvider, openai_text
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def new_conversation(client, **extra):
+    return api_post(client, "/api/conversations/", **extra).json()["id"]
+
+
+def send(client, conversation, content="Hello", **extra):
+    return api_post(client, f"/api/conversations/{conversation}/turns/", {"content": content}, **extra)
+
+
+def finish_all_turns():
+    """Mark every turn done, so the next message is not refused as 'still answering' (409)."""
+    Turn.objects.update(status=Turn.Status.COMPLETED, finished_at=timezone.now())
+
+
+# -- rate limits ------------------------------------------------------------------------------
+
+def test_too_many_turns_per_owner_get_429_with_retry_after(conversations_settings):
+    conversations_settings.update(TURN_RATE_PER_OWNER="2/min")
+    client = make_client()
+    conversation = new_conversation(client)
+    for _ in range(2):
+        assert send(client, conversation).status_code == 202
+        finish_all_turns()
+    response = send(client, conversation)
+
+    assert response.status_code == 429
+    assert 1 <= int(response["Retry-After"]) <= 60
+    assert "too quickly" in response.json()["detail"]
+    assert Turn.objects.count() == 2
+    # Another visitor is not slowed down by this one.
+    other = make_client()
+    assert send(other, new_conversation(other)).status_code == 202
+
+
+def test_too_many_turns_per_ip_get_429_across_owners(conversations_settings):
+    conversations_settings.update(TURN_RATE_PER_IP="2/min")
+    for _ in range(2):
+        client = make_client()
+        assert send(client, new_conversation(client)).status_code == 202
+    client = make_client()  # a fresh session (cookies thrown away) from the same address
+    response = send(client, new_conversation(client))
+    assert response.status_code == 429 and int(response["Retry-After"]) >= 1
+    assert send(client, new_conversation(client), REMOTE_ADDR="10.1.2.3").status_code == 202
+
+
+def test_behind_a_proxy_num_proxies_makes_x_forwarded_for_the_client_address(conversations_settings, settings):
+    conversations_settings.update(TURN_RATE_PER_IP="1/min")
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    for address in ("203.0.113.1", "203.0.113.2"):
+        client = make_client()
+        assert send(client, new_conversation(client), HTTP_X_FORWARDED_FOR=address).status_code == 202
+    client = make_client()
+    assert send(client, new_conversation(client), HTTP_X_FORWARDED_FOR="203.0.113.1").status_code == 429
+
+
+def test_rest_framework_throttle_rates_override_the_defaults(settings):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK,
+                               "DEFAULT_THROTTLE_RATES": {"conversations_turns_owner": "1/min"}}
+    client = make_client()
+    conversation = new_conversation(client)
+    assert send(client, conversation).status_code == 202
+    finish_all_turns()
+    assert send(client, conversation).status_code == 429
+
+
+def test_an_empty_rate_switches_a_throttle_off(conversations_settings):
+    conversations_settings.update(TURN_RATE_PER_OWNER="", TURN_RATE_PER_IP="")
+    client = make_client()
+    conversation = new_conversation(client)
+    for _ in range(12):
+        assert send(client, conversation).status_code == 202
+        finish_all_turns()
+
+
+# -- cost limits ------------------------------------------------------------------------------
+
+def test_a_full_conversation_refuses_more_turns_with_403(conversations_settings):
+    conversations_settings.update(MAX_TURNS_PER_CONVERSATION=2)
+    client = make_client()
+    conversation = new_conversation(client)
+    for _ in range(2):
+        assert send(client, conversation).status_code == 202
+        finish_all_turns()
+    response = send(client, conversation)
+
+    assert response.status_code == 403
+    assert response.json()["detail"] == ("This conversation has reached its limit of 2 messages. "
+                                         "Please start a new conversation.")
+    assert send(client, new_conversation(client)).status_code == 202
+
+
+def test_daily_token_budget_refuses_with_429_until_midnight(conversations_settings, worker):
+    with FakeProvider() as fake:
+        fake.add(openai_text("One.", prompt_tokens=20, completion_tokens=10),
+                 openai_text("Two.", prompt_tokens=20, completion_tokens=10))
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="k", DAILY_TOKEN_BUDGET=60)
+        client = make_client()
+        conversation = new_conversation(client)
+        for _ in range(2):
+            assert send(client, conversation).status_code == 202
+            worker()
+        assert sum(t.input_tokens + t.output_tokens for t in Turn.objects.all()) == 60
+
+        response = send(client, new_conversation(client))  # the budget is the owner's, not the conversation's
+        assert response.status_code == 429
+        assert "today's limit" in response.json()["detail"]
+        now = timezone.localtime()
+        midnight = (now + datetime.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+        assert abs(int(response["Retry-After"]) - (midnight - now).total_seconds()) < 60
+
+        other = make_client()  # someone else still has their budget
+        assert send(other, new_conversation(other)).status_code == 202
+
+        Turn.objects.update(enqueued_at=timezone.now() - datetime.timedelta(days=1))
+        assert send(client, conversation).status_code == 202  # a new day
+
+
+def test_a_users_budget_counts_all_their_sessions(conversations_settings):
+    conversations_settings.update(DAILY_TOKEN_BUDGET=100)
+    user = get_user_model().objects.create_user("spender", password="pw-123456789")
+    first = make_client()
+    first.force_login(user)
+    first.get("/")
+    first.csrf = first.cookies["csrftoken"].value
+    start_turn(first)
+    Turn.objects.update(status=Turn.Status.COMPLETED, input_tokens=80, output_tokens=20)
+
+    second = make_client()
+    second.force_login(user)
+    second.get("/")
+    second.csrf = second.cookies["csrftoken"].value
+    assert send(second, new_conversation(second)).status_code == 429
+
+
+def test_zero_means_no_cost_limit(conversations_settings):
+    conversations_settings.update(DAILY_TOKEN_BUDGET=0, MAX_TURNS_PER_CONVERSATION=0, TURN_RATE_PER_OWNER="")
+    client = make_client()
+    conversation = new_conversation(client)
+    start = send(client, conversation)
+    Turn.objects.update(status=Turn.Status.COMPLETED, input_tokens=10 ** 9, output_tokens=10 ** 9)
+    assert start.status_code == 202
+    assert send(client, conversation).status_code == 202
+
+
+# -- input limits -----------------------------------------------------------------------------
+
+def test_too_long_message_gets_a_clear_400(conversations_settings):
+    conversations_settings.update(MAX_MESSAGE_LENGTH=10)
+    client = make_client()
+    response = send(client, new_conversation(client), "x" * 11)
+    assert response.status_code == 400
+    assert response.json() == {"content": ["The message is too long: 11 characters, at most 10 allowed."]}
+    assert Turn.objects.count() == 0
+
+
+def test_control_characters_are_stripped_and_an_empty_result_is_refused():
+    client = make_client()
+    conversation = new_conversation(client)
+    assert send(client, conversation, "Hi\x00\x07 there\x1b[31m\u009b").status_code == 202
+    assert Message.objects.get().content == "Hi there[31m"
+    finish_all_turns()
+    response = send(client, conversation, "\x00\x01\x02")
+    assert response.status_code == 400 and response.json() == {"content": ["Write a message first."]}
+
+
+def test_oversized_body_is_refused_with_413_before_it_is_parsed(conversations_settings):
+    conversations_settings.update(MAX_REQUEST_BYTES=1000)
+    client = make_client()
+    conversation = new_conversation(client)
+    # Not even JSON: a parsed body would have been a 400, so this 413 came before parsing.
+    response = client.post(f"/api/conversations/{conversation}/turns/", data=b"{" * 5000,
+                           content_type="application/json", HTTP_X_CSRFTOKEN=client.csrf)
+    assert response.status_code == 413
+    assert response.json() == {"detail": "The request is too large: at most 1000 bytes are accepted."}
+    assert api_post(client, "/api/conversations/", {"padding": "x" * 2000}).status_code == 413
+    assert Turn.objects.count() == 0
+
+
+def test_a_body_longer_than_declared_or_undeclared_is_cut_off_at_the_limit(conversations_settings):
+    """Chunked bodies have no Content-Length; the parser itself stops reading past the limit."""
+    conversations_settings.update(MAX_REQUEST_BYTES=100)
+    with pytest.raises(RequestTooLarge):
+        LimitedJSONParser().parse(io.BytesIO(json.dumps({"content": "x" * 200}).encode()))
+    assert LimitedJSONParser().parse(io.BytesIO(b'{"content": "short"}')) == {"content": "short"}
+
+
+def test_django_refuses_huge_form_bodies_outside_the_api_too():
+    client = make_client()
+    response = client.post("/admin/login/", data="username=" + "x" * 300_000,
+                           content_type="application/x-www-form-urlencoded")
+    assert response.status_code == 400

@@ -1,0 +1,145 @@
+"""Conversations belong to a user or an anonymous session: everyone else gets 404, on every endpoint."""
+
+import uuid
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from conversations import state
+from conversations.models import Conversation, Turn
+from tests.conftest import api_post, make_client, poll_until_done, start_turn
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def urls(started):
+    conversation = started["conversation"]
+    return {
+        "detail": f"/api/conversations/{conversation}/",
+        "turns": f"/api/conversations/{conversation}/turns/",
+        "poll": started["poll_url"],
+        "cancel": started["cancel_url"],
+    }
+
+
+def try_every_endpoint(client, started):
+    """Status code of every endpoint of someone else's conversation, for ``client``."""
+    u = urls(started)
+    return {
+        "detail": client.get(u["detail"]).status_code,
+        "turns": api_post(client, u["turns"], {"content": "Let me in"}).status_code,
+        "poll": client.get(u["poll"]).status_code,
+        "cancel": api_post(client, u["cancel"]).status_code,
+    }
+
+
+def logged_in_client(username):
+    user = get_user_model().objects.create_user(username, password="pw-123456789")
+    client = make_client()
+    client.force_login(user)
+    client.get("/")  # login rotates the CSRF token
+    client.csrf = client.cookies["csrftoken"].value
+    return client, user
+
+
+def test_ids_are_random_uuid4():
+    started = start_turn(make_client())
+    assert uuid.UUID(started["conversation"]).version == 4
+    assert uuid.UUID(started["id"]).version == 4
+
+
+def test_anonymous_stranger_gets_404_on_every_endpoint():
+    owner = make_client()
+    started = start_turn(owner)
+    stranger = make_client()
+
+    assert try_every_endpoint(stranger, started) == {"detail": 404, "turns": 404, "poll": 404, "cancel": 404}
+    assert stranger.get("/api/conversations/").json() == []
+    # Nothing the stranger did reached the owner's turn.
+    turn = Turn.objects.get(pk=started["id"])
+    assert turn.status == Turn.Status.QUEUED and not turn.cancel_requested
+    assert Turn.objects.count() == 1
+
+
+def test_logged_in_stranger_gets_404_on_every_endpoint_of_a_users_conversation():
+    owner, _ = logged_in_client("owner")
+    started = start_turn(owner)
+    stranger, _ = logged_in_client("stranger")
+
+    assert try_every_endpoint(stranger, started) == {"detail": 404, "turns": 404, "poll": 404, "cancel": 404}
+    assert owner.get(urls(started)["detail"]).status_code == 200
+
+
+def test_logged_in_stranger_gets_404_on_an_anonymous_visitors_conversation():
+    started = start_turn(make_client())
+    stranger, _ = logged_in_client("stranger")
+
+    assert try_every_endpoint(stranger, started) == {"detail": 404, "turns": 404, "poll": 404, "cancel": 404}
+
+
+def test_stranger_gets_404_when_the_poll_is_rebuilt_from_the_database(worker):
+    owner = make_client()
+    started = start_turn(owner, "Hello")
+    worker()
+    from django.core.cache import cache
+
+    cache.delete(state.state_key(started["id"]))  # evicted: the poll view must check ownership in SQL
+    assert make_client().get(started["poll_url"]).status_code == 404
+    assert owner.get(started["poll_url"]).json()["done"] is True
+
+
+def test_unknown_and_malformed_ids_get_404():
+    client = make_client()
+    conversation = api_post(client, "/api/conversations/").json()["id"]
+    assert client.get(f"/api/conversations/{uuid.uuid4()}/").status_code == 404
+    assert client.get(f"/api/conversations/{conversation}/turns/{uuid.uuid4()}/").status_code == 404
+    assert client.get("/api/conversations/1/").status_code == 404
+
+
+def test_visitor_keeps_anonymous_conversation_after_logging_in(worker):
+    user = get_user_model().objects.create_user("visitor", password="pw-123456789")
+    client = make_client()
+    started = start_turn(client, "Hello before login")
+    worker()
+    poll_until_done(client, started["poll_url"])
+
+    assert client.login(username="visitor", password="pw-123456789")
+    client.get("/")
+    client.csrf = client.cookies["csrftoken"].value
+
+    assert Conversation.objects.get(pk=started["conversation"]).user == user
+    assert client.get(urls(started)["detail"]).status_code == 200
+    assert client.get(started["poll_url"]).status_code == 200
+    assert api_post(client, urls(started)["turns"], {"content": "And after"}).status_code == 202
+    # The conversation is the user's now, not the browser's: another browser of theirs sees it too,
+    # including the turn whose state was cached before the login.
+    other = make_client()
+    other.force_login(user)
+    assert other.get(urls(started)["detail"]).status_code == 200
+    assert other.get(started["poll_url"]).json()["id"] == started["id"]
+
+
+def test_login_through_the_admin_login_view_claims_the_conversation():
+    staff = get_user_model().objects.create_user("staff", password="pw-123456789", is_staff=True)
+    client = make_client()
+    started = start_turn(client)
+    client.get("/admin/login/")
+    response = client.post("/admin/login/?next=/admin/", {
+        "username": "staff", "password": "pw-123456789", "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
+    })
+    assert response.status_code == 302, response.content[:500]
+
+    assert Conversation.objects.get(pk=started["conversation"]).user == staff
+    assert client.get(urls(started)["detail"]).json()["active_turn"]["id"] == started["id"]
+
+
+def test_logging_out_ends_access_to_the_conversation():
+    user = get_user_model().objects.create_user("leaver", password="pw-123456789")
+    client = make_client()
+    started = start_turn(client)
+    client.login(username="leaver", password="pw-123456789")
+    assert client.get(urls(started)["detail"]).status_code == 200
+    client.logout()
+    assert client.get(urls(started)["detail"]).status_code == 404
+    assert client.get(started["poll_url"]).status_code == 404
+    assert Conversation.objects.get(pk=started["conversation"]).user == user

@@ -1,0 +1,116 @@
+"""One turn at a time per conversation, and Idempotency-Key: a retried POST never pays twice."""
+
+import threading
+
+import pytest
+from django.db import connections
+
+from conversations.models import Turn
+from tests.conftest import api_post, make_client, poll_until_done
+from tests.fakes import FakeProvider, openai_text
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def new_conversation(client):
+    return api_post(client, "/api/conversations/").json()["id"]
+
+
+def send(client, conversation, content="Hello", key=None):
+    extra = {"HTTP_IDEMPOTENCY_KEY": key} if key is not None else {}
+    return api_post(client, f"/api/conversations/{conversation}/turns/", {"content": content}, **extra)
+
+
+def test_a_second_message_while_one_is_answered_gets_409_then_goes_through(worker):
+    client = make_client()
+    conversation = new_conversation(client)
+    first = send(client, conversation, "First")
+    assert first.status_code == 202
+
+    busy = send(client, conversation, "Second")
+    assert busy.status_code == 409
+    assert busy.json()["detail"] == ("The assistant is still answering your previous message. "
+                                     "Wait for it to finish or stop it first.")
+    worker()
+    poll_until_done(client, first.json()["poll_url"])
+    assert send(client, conversation, "Second").status_code == 202
+
+
+def test_a_cancelled_turn_frees_the_conversation():
+    client = make_client()
+    conversation = new_conversation(client)
+    first = send(client, conversation).json()
+    api_post(client, first["cancel_url"])
+    assert send(client, conversation, "Again").status_code == 202
+
+
+def test_a_retried_post_with_the_same_key_returns_the_same_turn_and_runs_once(conversations_settings, worker):
+    with FakeProvider() as fake:
+        fake.add(openai_text("Only once."))
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="k")
+        client = make_client()
+        conversation = new_conversation(client)
+
+        first = send(client, conversation, key="retry-abc-1")
+        again = send(client, conversation, key="retry-abc-1")  # e.g. the first response was lost
+        assert first.status_code == 202
+        assert again.status_code == 200 and again["Idempotent-Replayed"] == "true"
+        assert again.json() == first.json()
+
+        worker()
+        final = poll_until_done(client, first.json()["poll_url"])
+        after = send(client, conversation, key="retry-abc-1")  # even once it is done
+        assert after.status_code == 200 and after.json()["id"] == first.json()["id"]
+
+    assert final["status"] == "completed"
+    assert len(fake.requests) == 1
+    assert Turn.objects.count() == 1
+
+
+def test_the_same_key_with_another_message_is_refused_with_422():
+    client = make_client()
+    conversation = new_conversation(client)
+    assert send(client, conversation, "Hello", key="k-1").status_code == 202
+    response = send(client, conversation, "Something else", key="k-1")
+    assert response.status_code == 422
+    assert response.json()["detail"] == "This Idempotency-Key was already used for a different message."
+
+
+def test_keys_are_scoped_to_their_conversation():
+    client = make_client()
+    one, two = new_conversation(client), new_conversation(client)
+    first = send(client, one, key="same").json()
+    second = send(client, two, key="same").json()
+    assert first["id"] != second["id"]
+
+
+@pytest.mark.parametrize("key", ["", "has space", "x" * 201, "tab\there"])
+def test_a_malformed_key_gets_a_clear_400(key):
+    client = make_client()
+    response = send(client, new_conversation(client), key=key)
+    assert response.status_code == 400
+    assert "Idempotency-Key" in response.json()["detail"]
+    assert Turn.objects.count() == 0
+
+
+def test_concurrent_retries_with_one_key_create_one_turn():
+    client = make_client()
+    conversation = new_conversation(client)
+    results, barrier = [], threading.Barrier(4)
+
+    def post():
+        try:
+            barrier.wait()
+            results.append(send(client, conversation, "Same", key="race-1"))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=post) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert sorted(r.status_code for r in results) == [200, 200, 200, 202]
+    assert len({r.json()["id"] for r in results}) == 1
+    assert Turn.objects.count() == 1
