@@ -103,6 +103,6 @@ def test_the_official_clients_post_where_our_providers_post(fake):
 
     first, second = fake.requests
     assert (first["path"], second["path"]) == ("/v1/chat/completions", "/v1/messages")
-    assert first["headers"]["Authorization"] == "Bearer sk-test"
+    assert {k.lower(): v for k, v in first["headers"].items()}["authorization"] == "Bearer sk-test"
     assert second["json"] == {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
-    assert "anthropic-version" in second["headers"]
+    assert "anthropic-version" in {k.lower() for k in second["headers"]}
