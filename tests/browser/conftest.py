@@ -78,8 +78,8 @@ class Chat:
         self.page.locator(".cvw-input").fill(text)
         self.page.locator(".cvw-input").press("Enter")
 
-    def locator(self, selector):
-        return self.page.locator(selector)
+    def locator(self, selector, **options):
+        return self.page.locator(selector, **options)
 
     def batches(self):
         return self.page.evaluate("window.__batches")

@@ -47,3 +47,156 @@ def test_tool_step_appears_before_the_final_answer(chat_page, worker_process):
     assert any("if-none-match" in headers for _, headers in chat.polls)
     assert 304 in {status for _, status in chat.responses}
     assert Turn.objects.get().status == "completed"
+
+
+def test_reload_mid_turn_restores_the_conversation_and_the_turn_continues(chat_page, worker_process):
+    worker_process(DEMO_DELAY=2)
+    chat = chat_page().open()
+    chat.send(QUESTION)
+    expect(chat.locator(".cvw-step")).to_be_visible()
+    assert Turn.objects.get().done is False
+
+    chat.page.reload()
+    # Restored from GET /api/conversations/<id>/, and still following the running turn.
+    expect(chat.locator(".cvw-msg-user")).to_have_text(QUESTION)
+    expect(chat.locator(".cvw-step")).to_contain_text("current_time")
+    expect(chat.locator(".cvw-stop")).to_be_visible()
+    expect(chat.locator(".cvw-msg-assistant")).to_contain_text("in Tokyo")
+    expect(chat.locator(".cvw-stop")).to_be_hidden()
+    assert chat.locator(".cvw-msg-user").count() == 1
+    assert chat.locator(".cvw-step").count() == 1
+    assert chat.locator(".cvw-msg-assistant").count() == 1
+    assert Turn.objects.get().status == "completed"
+
+
+def test_stop_cancels_the_running_turn_and_polling_stops(chat_page, worker_process):
+    worker_process(DEMO_DELAY=2)
+    chat = chat_page().open()
+    chat.send(QUESTION)
+    wait_for_turn("running")  # the first model call is under way
+    chat.locator(".cvw-stop").click()
+
+    expect(chat.locator(".cvw-notice")).to_have_text("You stopped this answer.")
+    expect(chat.locator(".cvw-stop")).to_be_hidden()
+    expect(chat.locator(".cvw-send")).to_be_enabled()
+    expect(chat.locator(".cvw-input")).to_be_focused()
+    polls_at_end = len(chat.polls)
+    chat.page.wait_for_timeout(2000)
+    assert len(chat.polls) == polls_at_end  # no request after done
+    turn = Turn.objects.get()
+    # The job stopped before the tool call it was about to make, and made no further model call.
+    assert (turn.status, turn.model_calls, turn.tool_calls) == ("cancelled", 1, 0)
+    assert chat.locator(".cvw-msg-assistant").count() == 0
+
+
+EVIL = (
+    'Hi <img src=x onerror="window.__pwned=1;alert(1)"> there\n\n'
+    '<script>window.__pwned=2</script>\n\n'
+    '- [click me](javascript:window.__pwned=3)\n'
+    '- [docs](https://example.com/docs) and **bold** `<b>code</b>`\n'
+)
+
+
+def test_html_and_script_in_a_model_reply_stay_inert_text(chat_page, worker_process, conversations_settings):
+    with FakeProvider() as fake:
+        fake.add(openai_text(EVIL))
+        provider = {"PROVIDER": "openai", "BASE_URL": fake.url, "API_KEY": "sk-test", "MODEL": "fake-model"}
+        conversations_settings.update(**provider)
+        worker_process(**provider)
+        chat = chat_page().open()
+        chat.send("Say something nasty")
+        answer = chat.locator(".cvw-msg-assistant")
+        expect(answer).to_contain_text('<img src=x onerror="window.__pwned=1;alert(1)">')
+
+    expect(answer).to_contain_text("<script>window.__pwned=2</script>")
+    expect(answer).to_contain_text("[click me](javascript:window.__pwned=3)")
+    chat.locator(".cvw-msg-assistant li", has_text="click me").click()
+    chat.page.wait_for_timeout(300)
+    assert chat.page.evaluate("window.__pwned") is None
+    assert chat.dialogs == []
+    log = chat.locator(".cvw-log")
+    assert log.locator("img, script, iframe, b").count() == 0
+    links = log.locator("a")
+    assert links.count() == 1  # only the http(s) link is a link
+    assert links.get_attribute("href") == "https://example.com/docs"
+    assert links.get_attribute("rel") == "noopener noreferrer"
+    assert links.get_attribute("target") == "_blank"
+    expect(log.locator("strong")).to_have_text("bold")
+    expect(log.locator("code")).to_have_text("<b>code</b>")
+
+
+PLAIN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8">
+<link rel="stylesheet" href="/static/conversations/widget.css"></head><body>
+<div data-conversations-widget data-api-url="/api/conversations/" data-job-timeout="1" data-give-up-margin="1"
+     data-strings='{"title": "Help desk"}'></div>
+<script src="/static/conversations/widget.js"></script></body></html>"""
+
+
+def test_widget_gives_up_with_a_message_when_the_server_never_says_done(chat_page):
+    # No worker runs: the turn stays queued, and the server never says done.
+    chat = chat_page()
+    chat.page.goto(chat.base_url + "/")  # the visitor has Django's csrftoken cookie from the site
+    chat.page.route("**/plain-page/", lambda route: route.fulfill(content_type="text/html", body=PLAIN_PAGE))
+    chat.open("/plain-page/")
+    expect(chat.locator(".cvw-header")).to_have_text("Help desk")
+    chat.send("Anyone there?")
+    expect(chat.locator(".cvw-notice")).to_have_text("The assistant did not finish in time. Please try again.")
+    expect(chat.locator(".cvw-sr")).to_have_text("The assistant did not finish in time. Please try again.")
+    expect(chat.locator(".cvw-send")).to_be_enabled()
+    polls_at_end = len(chat.polls)
+    assert polls_at_end >= 2
+    chat.page.wait_for_timeout(1500)
+    assert len(chat.polls) == polls_at_end
+    assert Turn.objects.get().status == "queued"
+
+
+def test_network_errors_show_reconnecting_and_the_turn_still_finishes(chat_page, worker_process):
+    worker_process(DEMO_DELAY=0.8)
+    chat = chat_page()
+    seen = []
+
+    def flaky(route):
+        seen.append(route.request.url)
+        if len(seen) in (2, 3, 4):
+            route.abort("connectionreset")
+        else:
+            route.continue_()
+
+    chat.page.route("**/turns/*/", flaky)
+    chat.open()
+    chat.send(QUESTION)
+    expect(chat.locator(".cvw-status")).to_have_text("Connection lost. Reconnecting…")
+    expect(chat.locator(".cvw-msg-assistant")).to_contain_text("in Tokyo")
+    expect(chat.locator(".cvw-status")).to_have_text("")
+    assert Turn.objects.get().status == "completed"
+
+
+def test_a_refused_message_stays_in_the_box_with_the_servers_reason(chat_page, conversations_settings):
+    conversations_settings.update(MAX_MESSAGE_LENGTH=10)
+    chat = chat_page().open()
+    text = "This message is longer than ten characters."
+    chat.locator(".cvw-input").evaluate("(box, text) => { box.maxLength = 1000; box.value = text; }", text)
+    chat.locator(".cvw-input").press("Enter")
+    expect(chat.locator(".cvw-status")).to_have_text(
+        "The message is too long: 43 characters, at most 10 allowed.")
+    expect(chat.locator(".cvw-input")).to_have_value(text)
+    expect(chat.locator(".cvw-msg-user")).to_have_count(0)
+    expect(chat.locator(".cvw-send")).to_be_enabled()
+
+
+def test_shift_enter_adds_a_line_and_enter_sends(chat_page, worker_process):
+    worker_process(DEMO_DELAY=0.05)
+    chat = chat_page().open()
+    box = chat.locator(".cvw-input")
+    box.focus()
+    chat.page.keyboard.type("first line")
+    chat.page.keyboard.press("Shift+Enter")
+    chat.page.keyboard.type("second line")
+    expect(box).to_have_value("first line\nsecond line")
+    chat.page.keyboard.press("Enter")
+    expect(chat.locator(".cvw-msg-user")).to_have_text("first line\nsecond line")
+    expect(box).to_have_value("")
+    expect(chat.locator(".cvw-msg-assistant")).to_be_visible()
+    expect(box).to_be_focused()
+    # The input is labelled, and the label is what a screen reader announces for it.
+    expect(chat.page.get_by_label("Your message")).to_be_visible()
