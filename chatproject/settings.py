@@ -72,9 +72,6 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The web server and the worker write the same file: wait for the lock instead of failing.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
-    # BEGIN IMMEDIATE: a transaction that reads then writes (posting a turn) would otherwise
-    # fail at once with "database is locked" when a worker writes, instead of waiting.
-    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
     # Take the write lock when a transaction begins: a deferred transaction that reads, then
     # writes, fails at once with "database is locked" when another writer got in between
     # (two visitors posting at the same moment), where IMMEDIATE simply waits its turn.
