@@ -225,8 +225,11 @@ def cap(text, limit):
     """Cut ``text`` to ``limit`` characters, saying so, so the model knows it saw only part."""
     if len(text) <= limit:
         return text
-    note = f"… [cut: {len(text) - limit} more characters]"
-    return text[: max(0, limit - len(note))] + note
+    kept = limit
+    for _ in range(2):  # the note's own length depends on the number it states
+        note = f"… [cut: {len(text) - kept} more characters]"
+        kept = max(0, limit - len(note))
+    return text[:kept] + note
 
 
 def run_tool(t, call, context, limit, max_chars):
