@@ -26,6 +26,12 @@ from tests.fakes import FakeProvider, openai_text, openai_tool_calls
 CHANGELIST = "/admin/conversations/turn/"
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    """The admin users log in with passwords; hashing them at full strength would cost seconds per test."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 def turn_url(turn):
     return reverse("admin:conversations_turn_change", args=[turn.pk])
 
@@ -128,7 +134,7 @@ def table_rows(html):
 
 def staff_client(*codenames):
     """A logged-in staff member (not superuser) with the given conversations permissions."""
-    user = User.objects.create_user(f"staff-{'-'.join(codenames) or 'none'}", password="pw", is_staff=True)
+    user = User.objects.create_user(f"staff-{'-'.join(codenames) or 'none'}", is_staff=True)
     user.user_permissions.set(Permission.objects.filter(content_type__app_label="conversations",
                                                         codename__in=codenames))
     client = Client()
