@@ -1,0 +1,47 @@
+"""A poll whose state is cached costs no SQL query, for anonymous visitors and logged-in users:
+the session is in the cache and ownership is checked against the cached state."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from tests.conftest import make_client, poll_until_done, start_turn
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def logged_in_client():
+    client = make_client()
+    client.force_login(get_user_model().objects.create_user("poller", password="pw-123456789"))
+    client.get("/")
+    client.csrf = client.cookies["csrftoken"].value
+    return client
+
+
+@pytest.fixture(params=["anonymous", "logged_in"])
+def client(request):
+    return make_client() if request.param == "anonymous" else logged_in_client()
+
+
+def test_polling_a_queued_turn_makes_no_sql_query(client, django_assert_num_queries):
+    started = start_turn(client)
+    with django_assert_num_queries(0):
+        response = client.get(started["poll_url"])
+    assert response.status_code == 200 and response.json()["status"] == "queued"
+
+
+def test_polling_a_finished_turn_and_a_304_make_no_sql_query(client, worker, django_assert_num_queries):
+    started = start_turn(client, "Hello")
+    worker()
+    poll_until_done(client, started["poll_url"])
+    with django_assert_num_queries(0):
+        response = client.get(started["poll_url"])
+        not_modified = client.get(started["poll_url"], HTTP_IF_NONE_MATCH=response["ETag"])
+    assert response.json()["done"] is True
+    assert not_modified.status_code == 304
+
+
+def test_a_strangers_poll_of_a_cached_turn_is_refused_without_sql(client, django_assert_num_queries):
+    started = start_turn(client)
+    stranger = make_client()
+    with django_assert_num_queries(0):
+        assert stranger.get(started["poll_url"]).status_code == 404

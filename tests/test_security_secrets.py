@@ -1,0 +1,151 @@
+"""The provider API key never lands anywhere but the provider's Authorization header: not in
+the cache (Redis), the database, the admin or the RQ dashboard, the logs, or what the
+visitor sees, even when the provider quotes the key back in its error messages."""
+
+import logging
+import zlib
+
+import pytest
+from django.apps import apps
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.core.cache import cache
+from django.urls import reverse
+
+from conversations.models import Turn
+from tests.conftest import api_post, make_client, poll_until_done
+from tests.fakes import FakeProvider, Reply, openai_text
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# One key that looks like a key, one that no pattern would recognise.
+KEYS = ["sk-SECRET-123", "plainword-Zq81"]
+
+
+def echoing(status, key):
+    """A provider error whose message quotes the key, as OpenAI's 401 does (partly masked there)."""
+    return Reply(status, {"error": {"message": f"Incorrect API key provided: {key}. Key {key} is not valid.",
+                                    "type": "invalid_request_error", "code": "invalid_api_key" if status == 401
+                                    else None, "param": key}},
+                 headers={"X-Echo": key})
+
+
+def redis_values():
+    """Every value in Redis as raw bytes, plus the zlib-decompressed form of compressed ones (RQ jobs)."""
+    client = cache._cache.get_client(write=True)
+    for key in client.scan_iter():
+        yield key
+        kind = client.type(key).decode()
+        if kind == "string":
+            values = [client.get(key)]
+        elif kind == "hash":
+            values = [v for pair in client.hgetall(key).items() for v in pair]
+        elif kind == "list":
+            values = client.lrange(key, 0, -1)
+        elif kind == "set":
+            values = list(client.smembers(key))
+        elif kind == "zset":
+            values = client.zrange(key, 0, -1)
+        elif kind == "stream":
+            values = [repr(entry).encode() for entry in client.xrange(key)]
+        else:
+            values = []
+        for value in values:
+            yield value
+            try:
+                yield zlib.decompress(value)
+            except (zlib.error, TypeError):
+                pass
+
+
+def database_rows():
+    """Every row of every table, as text."""
+    for model in apps.get_models(include_auto_created=True):
+        if not model._meta.managed:  # django-rq's dashboard placeholder has no table
+            continue
+        for row in model.objects.values_list():
+            yield f"{model._meta.db_table}: {row!r}"
+
+
+def admin_pages(client):
+    """Every admin changelist and change page, and every page of the RQ dashboard about our jobs."""
+    for model in admin.site._registry:
+        if not model._meta.managed:  # django-rq's link to its dashboard, visited below
+            continue
+        info = model._meta.app_label, model._meta.model_name
+        yield client.get(reverse(f"admin:{info[0]}_{info[1]}_changelist"))
+        for pk in model.objects.values_list("pk", flat=True)[:20]:
+            yield client.get(reverse(f"admin:{info[0]}_{info[1]}_change", args=[pk]))
+    yield client.get(reverse("django_rq:home"))
+    for name in ("jobs", "finished_jobs", "failed_jobs", "started_jobs"):
+        yield client.get(reverse(f"django_rq:{name}", args=[0]))
+    for job_id in Turn.objects.values_list("job_id", flat=True):
+        yield client.get(reverse("django_rq:job_detail", args=[0, job_id]))
+
+
+@pytest.fixture
+def log_file(tmp_path):
+    """Every log record of this process and of the forked work horses, at DEBUG, in one file."""
+    path = tmp_path / "all.log"
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s %(args)s"))
+    handler.setLevel(logging.DEBUG)
+    root = logging.getLogger()
+    levels = {name: logging.getLogger(name).level for name in ("", "conversations", "rq", "urllib3")}
+    root.addHandler(handler)
+    for name in levels:
+        logging.getLogger(name).setLevel(logging.DEBUG)
+    yield path
+    root.removeHandler(handler)
+    handler.close()
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+@pytest.mark.parametrize("api_key", KEYS)
+def test_the_api_key_is_nowhere_after_failed_and_successful_turns(api_key, conversations_settings, worker, log_file,
+                                                                 caplog, capfd):
+    caplog.set_level(logging.DEBUG)
+    client = make_client()
+    seen = []
+    with FakeProvider() as fake:
+        fake.add(echoing(401, api_key),                             # turn 1: rejected credentials
+                 echoing(500, api_key), echoing(500, api_key), echoing(500, api_key),  # turn 2: provider down
+                 echoing(400, api_key),                             # turn 3: a request the provider refuses
+                 Reply(200, f"not an object {api_key}"),            # turn 4: an unreadable reply
+                 openai_text("All good."))                          # turn 5: success
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY=api_key, MAX_ATTEMPTS=3)
+        conversation = api_post(client, "/api/conversations/").json()["id"]
+        for number in range(5):
+            started = api_post(client, f"/api/conversations/{conversation}/turns/", {"content": f"Question {number}"})
+            seen.append(started.content)
+            worker()
+            final = poll_until_done(client, started.json()["poll_url"])
+            seen.append(repr(final).encode())
+        seen.append(client.get(f"/api/conversations/{conversation}/").content)
+        sent = [request["headers"].get("Authorization") for request in fake.requests]
+
+    # The key was really in play: every request carried it.
+    assert sent == [f"Bearer {api_key}"] * 7
+    statuses = list(Turn.objects.order_by("enqueued_at").values_list("status", flat=True))
+    assert statuses == ["failed", "failed", "failed", "failed", "completed"]
+
+    secret = api_key.encode()
+    assert [v for v in redis_values() if v and secret in v] == []
+    assert [row for row in database_rows() if api_key in row] == []
+    assert [body for body in seen if secret in body] == []
+
+    superuser = get_user_model().objects.create_superuser("root", "root@example.com", "pw-123456789")
+    staff = make_client()
+    staff.force_login(superuser)
+    pages = list(admin_pages(staff))
+    assert pages and all(page.status_code == 200 for page in pages), [(p.request["PATH_INFO"], p.status_code)
+                                                                       for p in pages if p.status_code != 200]
+    assert [page.request["PATH_INFO"] for page in pages if secret in page.content] == []
+
+    logged = log_file.read_text()
+    assert "provider call" in logged  # the work horses' records did reach the file
+    assert api_key not in logged
+    assert [r.getMessage() for r in caplog.records if api_key in r.getMessage() or api_key in str(r.__dict__)] == []
+    out, err = capfd.readouterr()
+    assert api_key not in out and api_key not in err
