@@ -1,0 +1,119 @@
+"""The demo model, the default provider: offline and deterministic, it calls the site's tools
+when a question needs them (several at once when it asks several things), answers from their
+results, and otherwise says what it is and what to try."""
+
+import pytest
+
+from conversations.budget import Budget
+from conversations.conf import DEFAULTS
+from conversations.models import Message, Turn
+from conversations.providers.demo import DemoProvider
+from conversations.tools import load_tools
+from conversations.types import ChatMessage
+from tests.conftest import make_client, poll_until_done, start_turn
+from tests.fake_wire import run_turn_here
+
+
+def transcript(turn):
+    return list(Message.objects.filter(turn=turn).order_by("id"))
+
+
+def test_the_demo_model_is_the_default_provider():
+    assert DEFAULTS["PROVIDER"] == "demo"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_cities_are_looked_up_in_one_reply_in_the_worker(worker):
+    client = make_client()
+    turn = start_turn(client, "What time is it in Tokyo and in Paris?")
+    worker()
+    final = poll_until_done(client, turn["poll_url"])
+
+    assert final["status"] == "completed"
+    assert [m["role"] for m in final["messages"]] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert [c["arguments"] for c in final["messages"][1]["tool_calls"]] == [{"city": "Tokyo"}, {"city": "Paris"}]
+    answer = final["messages"][-1]["content"]
+    assert answer.startswith("It is ") and answer.index("Tokyo") < answer.index("Paris")
+    assert Turn.objects.get(pk=turn["id"]).model_calls == 2
+
+
+@pytest.mark.django_db
+def test_a_question_for_both_tools_calls_both_and_answers_from_both():
+    turn = run_turn_here("What time is it in London, and how long does shipping take?")
+    rows = transcript(turn)
+
+    assert [(c["name"], c["arguments"]) for c in rows[1].tool_calls] == [
+        ("current_time", {"city": "London"}), ("search_faq", {"query": "how long does shipping take"})]
+    answer = rows[-1].content
+    assert "in London" in answer
+    assert "Here is what the FAQ says:" in answer and "Orders ship within one working day" in answer
+    assert turn.status == "completed" and turn.tool_calls == 2 and turn.input_tokens > 0 and turn.output_tokens > 0
+
+
+@pytest.mark.django_db
+def test_a_place_the_tool_does_not_know_gets_the_tools_error_explained():
+    turn = run_turn_here("What time is it in Atlantis?")
+    rows = transcript(turn)
+
+    assert rows[1].tool_calls[0]["arguments"] == {"city": "Atlantis"}
+    assert rows[2].is_error
+    assert rows[-1].content.startswith("I asked the current_time tool, but it could not help: unknown city "
+                                       "'Atlantis'; known: Berlin")
+    assert turn.status == "completed"
+
+
+@pytest.mark.django_db
+def test_a_faq_question_without_an_entry_gets_a_helpful_answer():
+    turn = run_turn_here("Why is the sky blue?")
+    assert transcript(turn)[-1].content.startswith("I searched the FAQ but found nothing on that.")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("question, start", [
+    ("Hello!", "Hello! I am the demo assistant of this site."),
+    ("Who are you?", "I am the demo model of this site: I run offline, with no API key"),
+    ("Tell me a joke", "I am only the demo model, so I cannot answer that myself"),
+])
+def test_other_messages_get_an_answer_about_the_demo_itself(question, start):
+    turn = run_turn_here(question)
+    rows = transcript(turn)
+    assert [r.role for r in rows] == ["user", "assistant"]
+    assert rows[-1].content.startswith(start)
+    assert "What time is it in Tokyo?" in rows[-1].content
+
+
+def test_without_tools_it_explains_itself():
+    reply = DemoProvider({"DEMO_DELAY": 0}).complete([ChatMessage("user", "What time is it?")], [])
+    assert reply.tool_calls == [] and "I can use these tools: no tools" in reply.text
+
+
+def test_the_same_question_always_gets_the_same_reply():
+    tools = list(load_tools(["chatproject.tools.current_time", "chatproject.tools.search_faq"]).values())
+    provider = DemoProvider({"DEMO_DELAY": 0})
+    question = [ChatMessage("user", "What time is it in Sydney and Mumbai, and can I get a refund?")]
+    first, second = provider.complete(question, tools), provider.complete(question, tools)
+    assert first == second
+    assert [c.id for c in first.tool_calls] == ["demo_1_1", "demo_1_2", "demo_1_3"]
+
+
+class TimedDemo(DemoProvider):
+    """Records the pauses instead of sleeping."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pauses = []
+        self.sleep = self.pauses.append
+
+
+def test_each_reply_pauses_demo_delay_but_never_past_the_budget():
+    now = [0.0]
+    budget = Budget(10, clock=lambda: now[0])
+    demo = TimedDemo({"DEMO_DELAY": 0.8}, budget=budget)
+    demo.complete([ChatMessage("user", "hi")], [])
+    now[0] = 9.5  # half a second left: pausing would eat the time kept for the final write
+    demo.complete([ChatMessage("user", "hi")], [])
+    no_delay = TimedDemo({"DEMO_DELAY": 0}, budget=budget)
+    no_delay.complete([ChatMessage("user", "hi")], [])
+
+    assert demo.pauses == [0.8]
+    assert no_delay.pauses == []
