@@ -7,9 +7,10 @@ false``); ``finish()`` writes the final state (``done: true``) to the database a
 
 import logging
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from redis.exceptions import RedisError
 
 from . import state
 from .budget import BudgetExhausted
@@ -17,7 +18,7 @@ from .http import BudgetedHTTP, skip_call
 from .models import CallRecord, Message, Turn
 from .providers import ProviderError, get_provider_class
 from .tools import ToolContext, load_tools, run_tool
-from .types import ChatMessage, ToolCall
+from .types import ChatMessage, ToolCall, ToolResult
 
 logger = logging.getLogger("conversations.runner")
 
@@ -141,7 +142,7 @@ class TurnRunner:
         """Save one ``CallRecord`` (a provider attempt or a tool run) for this turn."""
         try:
             CallRecord.objects.create(turn=self.turn, **fields)
-        except Exception:  # noqa: BLE001 - a lost timeline row must never end the turn
+        except DatabaseError:  # a lost timeline row must never end the turn (but RQ's timeout must get through)
             logger.exception("Could not record a call of turn %s", self.turn.id)
 
     def add_message(self, **fields):
@@ -248,6 +249,11 @@ class TurnRunner:
         cap = t.timeout if t is not None and t.timeout else cfg["TOOL_TIMEOUT"]
         remaining = self.budget.remaining()
         limit = max(0.0, min(float(cap), remaining - cfg["TOOL_RESERVE"]))
+        if limit <= 0:  # never start what cannot finish: a tool thread cannot be stopped once started
+            self.record(kind="tool", name=call.name, attempt=1, started_offset=self.budget.elapsed(), timeout=0,
+                        remaining_before=remaining, duration=0, outcome="skipped", detail="no time left")
+            return ToolResult(call.id, call.name, "Error: the tool was not run because the time for this answer "
+                              "ran out.", is_error=True)
         conversation = self.turn.conversation
         context = ToolContext(
             conversation=conversation, turn=self.turn, user=conversation.user,
@@ -275,20 +281,31 @@ class TurnRunner:
         """
         if self.finished:
             return
-        self.finished = True
         turn = self.turn
         turn.status = status
         turn.error = error or ""
         turn.finished_at = timezone.now()
         turn.margin_left = self.clock.margin_left()
+        # RQ's job timeout may interrupt either half; the other half is still attempted, then the
+        # interruption is re-raised and the caller's handler runs finish() again (hence no
+        # ``finished`` flag until both halves have landed).
+        interrupted = None
         try:
             with transaction.atomic():
                 turn.save(update_fields=["status", "error", "finished_at", "margin_left", "model_calls",
                                          "tool_calls", "input_tokens", "output_tokens"])
-        except Exception:  # noqa: BLE001 - the cache write below must still happen
+        except DatabaseError:
             logger.exception("Could not save the final state of turn %s", turn.id)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            interrupted = exc
         try:
             self.publish(done=True)
-        except Exception:  # noqa: BLE001
+        except (RedisError, OSError):  # the row is saved; the poll view rebuilds the state from it
             logger.exception("Could not publish the final state of turn %s", turn.id)
-        logger.info("turn %s ended %s with %.1fs of margin left", turn.id, status, turn.margin_left)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
+        self.finished = True
+        logger.info("turn %s ended %s with %.1fs of margin left", turn.id, status, turn.margin_left,
+                    extra={"turn_id": str(turn.id), "status": status, "margin_left": round(turn.margin_left, 3)})

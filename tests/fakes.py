@@ -81,7 +81,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             raw, body = b"", None
         fake.record({"method": "POST", "path": self.path, "headers": dict(self.headers), "json": body,
-                     "raw": raw, "at": time.monotonic()})
+                     "raw": raw, "at": time.monotonic(), "client": self.client_address})
         if callable(behaviour):
             behaviour(self)
             return
