@@ -366,9 +366,10 @@
       turn.timer = null;
       if (self.turn !== turn) { return; }
       if (turn.errors) { turn.errors = 0; self.setStatus(turn.stopping ? self.strings.stopping : self.strings.thinking); }
-      if (!state) {
+      if (!state || state.version === turn.version) { // nothing new (a 304, or a server that ignores ETags)
         turn.delay = Math.min(turn.delay * GROWTH, MAX_DELAY);
       } else {
+        turn.version = state.version;
         (state.messages || []).forEach(function (m) { self.draw(m, turn.id); });
         if (state.done) { self.end(turn, state); return; }
         turn.delay = FIRST_DELAY;
