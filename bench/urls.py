@@ -1,0 +1,28 @@
+"""The project's URLs plus a bare view: the baseline the poll view is measured against.
+
+``bare_poll`` returns the same cached state, serialised to the same JSON bytes, with nothing
+else: no DRF, no session, no ownership check, no ETag. Whatever the poll view costs beyond it
+is the price of those.
+"""
+
+import json
+
+from django.http import HttpResponse
+from django.urls import include, path
+
+from conversations import state
+from conversations.api.views import public_state
+
+
+def bare_poll(request, turn_id):
+    data = state.read(turn_id)
+    if data is None:
+        return HttpResponse(status=404)
+    body = json.dumps(public_state(data), separators=(",", ":"), ensure_ascii=False).encode()
+    return HttpResponse(body, content_type="application/json")
+
+
+urlpatterns = [
+    path("bench/bare/<uuid:turn_id>/", bare_poll),
+    path("", include("chatproject.urls")),
+]
