@@ -200,3 +200,65 @@ def test_shift_enter_adds_a_line_and_enter_sends(chat_page, worker_process):
     expect(box).to_be_focused()
     # The input is labelled, and the label is what a screen reader announces for it.
     expect(chat.page.get_by_label("Your message")).to_be_visible()
+
+
+def test_polling_pauses_while_the_tab_is_hidden_and_resumes_when_shown(chat_page, worker_process):
+    chat = chat_page().open()
+    chat.send(QUESTION)  # no worker yet: the turn waits in the queue
+    expect(chat.locator(".cvw-status")).to_have_text("The assistant is thinking…")
+    chat.page.evaluate("""() => {
+        Object.defineProperty(document, "hidden", {configurable: true, get: () => true});
+        document.dispatchEvent(new Event("visibilitychange"));
+    }""")
+    chat.page.wait_for_timeout(3500)  # longer than the longest poll delay (3 s)
+    polls_while_hidden = len(chat.polls)
+    chat.page.wait_for_timeout(3500)
+    assert len(chat.polls) == polls_while_hidden  # nothing polled while hidden
+
+    worker_process(DEMO_DELAY=0.05)
+    chat.page.evaluate("""() => {
+        Object.defineProperty(document, "hidden", {configurable: true, get: () => false});
+        document.dispatchEvent(new Event("visibilitychange"));
+    }""")
+    expect(chat.locator(".cvw-msg-assistant")).to_contain_text("in Tokyo")
+
+
+def test_an_incomplete_ending_reads_as_a_sentence(chat_page, worker_process, conversations_settings):
+    with FakeProvider() as fake:
+        fake.add(openai_text("The first half of an answer", finish_reason="length"))
+        provider = {"PROVIDER": "openai", "BASE_URL": fake.url, "API_KEY": "sk-test", "MODEL": "fake-model"}
+        conversations_settings.update(**provider)
+        worker_process(**provider)
+        chat = chat_page().open()
+        chat.send("Tell me a long story")
+        expect(chat.locator(".cvw-notice")).to_have_text(
+            "The answer was cut short because it reached the length limit.")
+    expect(chat.locator(".cvw-msg-assistant")).to_have_text("The first half of an answer")
+    expect(chat.locator(".cvw-sr")).to_have_text("The answer was cut short because it reached the length limit.")
+    assert "incomplete" not in chat.locator(".cvw").inner_text()
+
+
+def test_markdown_subset_is_built_from_elements_and_only_http_links_are_links(chat_page):
+    chat = chat_page().open()
+    html = chat.page.evaluate("""() => {
+        const box = document.createElement("div");
+        ConversationsWidget.renderMarkdown([
+          "Intro with *em*, **strong** and `a < b`.", "",
+          "1. one", "2. two", "",
+          "- [ok](http://example.com/a?b=1&c=2)", "- [bad]( javascript:alert(1))", "- [upper](JAVASCRIPT:alert(1))",
+          "- [data](data:text/html,<script>alert(1)</script>)", "- see https://example.org/x.",
+          "```", "<script>alert(1)</script>", "```",
+        ].join("\\n"), box);
+        return box.innerHTML;
+    }""")
+    assert html == (
+        '<p>Intro with <em>em</em>, <strong>strong</strong> and <code>a &lt; b</code>.</p>'
+        '<ol><li>one</li><li>two</li></ol>'
+        '<ul><li><a href="http://example.com/a?b=1&amp;c=2" target="_blank" rel="noopener noreferrer">ok</a></li>'
+        '<li>[bad]( javascript:alert(1))</li>'
+        '<li>[upper](JAVASCRIPT:alert(1))</li>'
+        '<li>[data](data:text/html,&lt;script&gt;alert(1)&lt;/script&gt;)</li>'
+        '<li>see <a href="https://example.org/x" target="_blank" rel="noopener noreferrer">https://example.org/x</a>.</li>'
+        '</ul>'
+        '<pre><code>&lt;script&gt;alert(1)&lt;/script&gt;</code></pre>'
+    )
