@@ -295,6 +295,8 @@
     if (!content) { return; }
     if (this.turn || this.sending) { this.setStatus(this.strings.busy); return; }
     this.sending = true;
+    // The Send button is about to be disabled: keep focus where the next message is typed.
+    if (document.activeElement === this.sendButton) { this.input.focus(); }
     this.setBusy(true);
     this.setStatus("");
     // Shown at once; replaced by the saved message when the turn's state arrives.
