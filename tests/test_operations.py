@@ -141,3 +141,33 @@ def test_dry_run_changes_nothing_and_a_second_run_finds_nothing():
 def test_grace_must_not_be_negative():
     with pytest.raises(CommandError, match="--grace must be zero or more"):
         repair("--grace", "-1")
+
+
+def test_each_provider_call_logs_a_json_line_an_operator_can_filter(caplog):
+    """The production JSON formatter (deploy/json_logging.py) turns every provider call and every
+    skipped call into one JSON object carrying the turn id, attempt, timeout, time left and outcome."""
+    import json
+
+    from conversations.budget import Budget, BudgetExhausted
+    from conversations.conf import get_config
+    from conversations.http import BudgetedHTTP
+    from deploy.json_logging import JsonFormatter
+    from tests.fakes import FakeProvider, Reply, openai_text
+
+    formatter = JsonFormatter()
+    with FakeProvider() as fake, caplog.at_level("INFO", logger="conversations.http"):
+        fake.add(Reply(503, {"error": "busy"}, {"Retry-After": "0"}), openai_text("hi"))
+        http = BudgetedHTTP(Budget(6), get_config(), name="openai", turn_id="turn-42")
+        http.post_json(fake.url + "/chat/completions", {"messages": []}, {"Authorization": "Bearer sk-secret"})
+        with pytest.raises(BudgetExhausted):
+            BudgetedHTTP(Budget(0.5), get_config(), name="openai", turn_id="turn-43").post_json(
+                fake.url + "/chat/completions", {}, {})
+
+    lines = [json.loads(formatter.format(record)) for record in caplog.records if record.name == "conversations.http"]
+    calls = [line for line in lines if line["message"].startswith("provider call")]
+    assert [(c["turn_id"], c["attempt"], c["outcome"]) for c in calls] == [("turn-42", 1, "http_error"),
+                                                                           ("turn-42", 2, "ok")]
+    assert all(0 < c["timeout"] <= 5 and 0 < c["remaining"] <= 6 and c["duration"] >= 0 for c in calls)
+    skipped = [line for line in lines if line["message"] == "Skipped call — job budget exhausted"]
+    assert skipped == [{**skipped[0], "level": "ERROR", "turn_id": "turn-43", "attempt": 1}]
+    assert "sk-secret" not in json.dumps(lines)
