@@ -24,7 +24,8 @@ def current_time(city: str) -> str:
     """The current local time in a city (e.g. "Tokyo", "New York") or "UTC"."""
     zone = ZONES.get(city.strip().lower())
     if zone is None:
-        raise ValueError(f"unknown city {city!r}; known: {', '.join(sorted('UTC' if z == 'utc' else z.title() for z in ZONES))}")
+        known = sorted("UTC" if name == "utc" else name.title() for name in ZONES)
+        raise ValueError(f"unknown city {city!r}; known: {', '.join(known)}")
     try:
         now = datetime.now(ZoneInfo(zone))
     except ZoneInfoNotFoundError:

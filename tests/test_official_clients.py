@@ -37,7 +37,8 @@ def test_openai_client_reads_a_text_reply_and_its_usage(fake):
 
 
 def test_openai_client_reads_parallel_tool_calls(fake):
-    fake.add(openai_tool_calls(("call_a", "current_time", {"city": "Tokyo"}), ("call_b", "search_faq", {"query": "x"})))
+    fake.add(openai_tool_calls(("call_a", "current_time", {"city": "Tokyo"}),
+                               ("call_b", "search_faq", {"query": "x"})))
     completion = openai_client(fake).chat.completions.create(
         model="gpt-test", messages=[{"role": "user", "content": "hi"}])
 
@@ -72,15 +73,16 @@ def test_anthropic_client_reads_a_text_reply_and_its_usage(fake):
 
 
 def test_anthropic_client_reads_parallel_tool_uses(fake):
-    fake.add(anthropic_tool_use(("toolu_1", "current_time", {"city": "Tokyo"}), ("toolu_2", "search_faq", {"query": "x"}),
-                                text="Checking."))
+    fake.add(anthropic_tool_use(("toolu_1", "current_time", {"city": "Tokyo"}),
+                                ("toolu_2", "search_faq", {"query": "x"}), text="Checking."))
     message = anthropic_client(fake).messages.create(
         model="claude-test", max_tokens=100, messages=[{"role": "user", "content": "hi"}])
 
     assert message.stop_reason == "tool_use"
     assert message.content[0].text == "Checking."
     assert [(b.type, b.id, b.name, b.input) for b in message.content[1:]] == [
-        ("tool_use", "toolu_1", "current_time", {"city": "Tokyo"}), ("tool_use", "toolu_2", "search_faq", {"query": "x"})]
+        ("tool_use", "toolu_1", "current_time", {"city": "Tokyo"}),
+        ("tool_use", "toolu_2", "search_faq", {"query": "x"})]
 
 
 def test_anthropic_client_reads_the_error_bodies(fake):
