@@ -1,17 +1,26 @@
 from django.conf import settings
 from django.contrib import admin
+from django.http import Http404
 from django.urls import include, path
 from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+_swagger_ui = SpectacularSwaggerView.as_view(url_name="api-schema")
+
+
+def api_docs(request):
+    """Swagger UI for the API schema, only while DEBUG is on (it loads its scripts from a CDN)."""
+    if not settings.DEBUG:
+        raise Http404
+    return _swagger_ui(request)
+
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="index.html"), name="home"),
     path("admin/", admin.site.urls),
     path("django-rq/", include("django_rq.urls")),
     path("api/", include("conversations.api.urls", namespace="conversations")),
-    # The OpenAPI schema of the API (YAML; ?format=json for JSON). Swagger UI only while developing.
+    # The OpenAPI schema of the API (YAML; ?format=json for JSON).
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/schema/ui/", api_docs, name="api-docs"),
 ]
-
-if settings.DEBUG:
-    urlpatterns.append(path("api/schema/ui/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"))

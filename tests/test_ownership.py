@@ -93,7 +93,10 @@ def test_unknown_and_malformed_ids_get_404():
     conversation = api_post(client, "/api/conversations/").json()["id"]
     assert client.get(f"/api/conversations/{uuid.uuid4()}/").status_code == 404
     assert client.get(f"/api/conversations/{conversation}/turns/{uuid.uuid4()}/").status_code == 404
-    assert client.get("/api/conversations/1/").status_code == 404
+    for malformed in ("/api/conversations/1/", f"/api/conversations/{conversation}/turns/not-a-uuid/",
+                      f"/api/conversations/{conversation}/turns/1/cancel/"):
+        response = client.get(malformed) if not malformed.endswith("cancel/") else api_post(client, malformed)
+        assert response.status_code == 404 and response["Content-Type"] == "application/json", malformed
 
 
 def test_visitor_keeps_anonymous_conversation_after_logging_in(worker):

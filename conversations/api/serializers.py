@@ -1,6 +1,7 @@
 import re
 
 from django.utils.translation import gettext_lazy as _
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import serializers
 
 from ..conf import get_config
@@ -8,19 +9,42 @@ from ..models import Turn
 
 # C0 and C1 control characters except tab and newline, plus DEL.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# A message must contain one character that is neither whitespace nor a control character
+# (the OpenAPI schema states the same rule, for clients and fuzzers).
+NOT_BLANK_PATTERN = r"[^\s\x00-\x1f\x7f-\x9f]"
 
 
 class MessageField(serializers.CharField):
-    """Text with control characters (but tab and newline) removed before any other check."""
-
-    def to_internal_value(self, data):
-        value = super().to_internal_value(data)
-        return _CONTROL.sub("", value.replace("\r\n", "\n")).strip()
+    """A visitor's message: a string of at most ``MAX_MESSAGE_LENGTH`` characters as sent; control
+    characters (but tab and newline) are then removed and the ends trimmed. Numbers, lists and
+    other JSON values are refused rather than turned into text."""
 
     def run_validation(self, data=serializers.empty):
-        if isinstance(data, str):
+        if data is not serializers.empty and data is not None:
+            if not isinstance(data, str):
+                self.fail("invalid")
+            limit = get_config()["MAX_MESSAGE_LENGTH"]
+            if len(data) > limit:
+                raise serializers.ValidationError(
+                    _("The message is too long: %(length)d characters, at most %(limit)d allowed.")
+                    % {"length": len(data), "limit": limit}
+                )
             data = _CONTROL.sub("", data)
         return super().run_validation(data)
+
+    def to_internal_value(self, data):
+        return super().to_internal_value(data).strip()
+
+
+class MessageFieldSchema(OpenApiSerializerFieldExtension):
+    """Describes ``MessageField`` in the OpenAPI schema with the limits in force when it is generated."""
+
+    target_class = MessageField
+
+    def map_serializer_field(self, auto_schema, direction):
+        """The JSON schema of a message."""
+        return {"type": "string", "minLength": 1, "maxLength": get_config()["MAX_MESSAGE_LENGTH"],
+                "pattern": NOT_BLANK_PATTERN}
 
 
 class TurnCreateSerializer(serializers.Serializer):
@@ -33,15 +57,6 @@ class TurnCreateSerializer(serializers.Serializer):
             "null": _("Write a message first."),
         },
     )
-
-    def validate_content(self, value):
-        limit = get_config()["MAX_MESSAGE_LENGTH"]
-        if len(value) > limit:
-            raise serializers.ValidationError(
-                _("The message is too long: %(length)d characters, at most %(limit)d allowed.")
-                % {"length": len(value), "limit": limit}
-            )
-        return value
 
 
 # -- Response shapes. The views build plain dicts; these describe them in the OpenAPI schema. --

@@ -1,15 +1,40 @@
-from django.urls import path
+import uuid
+
+from django.urls import path, register_converter
 
 from . import views
+
+
+class AnyUUIDConverter:
+    """Matches any path segment; a valid UUID becomes a ``uuid.UUID``, anything else None.
+
+    Django's own ``uuid`` converter makes a malformed id fall through to the site's HTML 404
+    page; with this one the view answers it as it answers an unknown id, with the API's JSON 404.
+    """
+
+    regex = "[^/]+"
+
+    def to_python(self, value):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            return None
+
+    def to_url(self, value):
+        return str(value)
+
+
+register_converter(AnyUUIDConverter, "anyuuid")
 
 app_name = "conversations"
 
 urlpatterns = [
     path("conversations/", views.ConversationListView.as_view(), name="conversation-list"),
-    path("conversations/<uuid:conversation_id>/", views.ConversationDetailView.as_view(), name="conversation-detail"),
-    path("conversations/<uuid:conversation_id>/turns/", views.TurnListView.as_view(), name="turn-list"),
-    path("conversations/<uuid:conversation_id>/turns/<uuid:turn_id>/", views.TurnDetailView.as_view(),
+    path("conversations/<anyuuid:conversation_id>/", views.ConversationDetailView.as_view(),
+         name="conversation-detail"),
+    path("conversations/<anyuuid:conversation_id>/turns/", views.TurnListView.as_view(), name="turn-list"),
+    path("conversations/<anyuuid:conversation_id>/turns/<anyuuid:turn_id>/", views.TurnDetailView.as_view(),
          name="turn-detail"),
-    path("conversations/<uuid:conversation_id>/turns/<uuid:turn_id>/cancel/", views.TurnCancelView.as_view(),
+    path("conversations/<anyuuid:conversation_id>/turns/<anyuuid:turn_id>/cancel/", views.TurnCancelView.as_view(),
          name="turn-cancel"),
 ]

@@ -55,6 +55,8 @@ ERROR = serializers.ErrorSerializer
 NOT_FOUND = OpenApiResponse(ERROR, description="Not found, or not yours (the API never says which).")
 CSRF_FAILED = OpenApiResponse(ERROR, description="CSRF check failed: send the csrftoken cookie and X-CSRFToken.")
 TOO_LARGE = OpenApiResponse(ERROR, description="The body is larger than MAX_REQUEST_BYTES; it was not read.")
+CONVERSATION_ID = OpenApiParameter("conversation_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+TURN_ID = OpenApiParameter("turn_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 RETRY_AFTER = OpenApiParameter("Retry-After", OpenApiTypes.INT, OpenApiParameter.HEADER, response=[429],
                                description="Seconds to wait before trying again.")
 
@@ -79,6 +81,9 @@ def public_state(data):
 
 
 def owned_conversation(request, conversation_id, *, for_update=False):
+    """The caller's conversation ``conversation_id`` (a UUID, or None for a malformed id), else 404."""
+    if conversation_id is None:
+        raise NotFound()
     queryset = Conversation.objects.filter(owned_filter(request))
     if for_update:
         queryset = queryset.select_for_update()
@@ -120,7 +125,8 @@ class ConversationListView(ConversationAPIView):
 class ConversationDetailView(ConversationAPIView):
     """The whole transcript, and the turn still running if there is one (to resume polling)."""
 
-    @extend_schema(responses={200: serializers.ConversationDetailSerializer, 404: NOT_FOUND},
+    @extend_schema(parameters=[CONVERSATION_ID],
+                   responses={200: serializers.ConversationDetailSerializer, 404: NOT_FOUND},
                    summary="A conversation's transcript and its active turn")
     def get(self, request, conversation_id):
         conversation = owned_conversation(request, conversation_id)
@@ -152,6 +158,7 @@ class TurnListView(ConversationAPIView):
     @extend_schema(
         request=serializers.TurnCreateSerializer,
         parameters=[
+            CONVERSATION_ID,
             OpenApiParameter(IDEMPOTENCY_HEADER, OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
                              pattern=IDEMPOTENCY_PATTERN,
                              description="Retrying a POST with the same key returns the same turn (200) "
@@ -251,7 +258,8 @@ class TurnDetailView(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(
-        parameters=[OpenApiParameter("If-None-Match", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+        parameters=[CONVERSATION_ID, TURN_ID,
+                    OpenApiParameter("If-None-Match", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
                                      description="The ETag of the state the client already has.")],
         responses={200: serializers.TurnStateSerializer,
                    304: OpenApiResponse(description="The state has not changed since the ETag sent."),
@@ -259,6 +267,8 @@ class TurnDetailView(APIView):
         summary="Poll a turn until done is true",
     )
     def get(self, request, conversation_id, turn_id):
+        if conversation_id is None or turn_id is None:  # not a UUID (see urls.AnyUUIDConverter)
+            raise NotFound()
         data = state.read(turn_id)
         if data is None or self.is_stale(data):
             data = self.rebuild(request, conversation_id, turn_id)
@@ -287,7 +297,8 @@ class TurnDetailView(APIView):
 class TurnCancelView(ConversationAPIView):
     """``POST``: stop a turn. A queued turn ends at once; a running one stops before its next call."""
 
-    @extend_schema(request=None, responses={202: serializers.TurnSummarySerializer, 403: CSRF_FAILED, 404: NOT_FOUND,
+    @extend_schema(parameters=[CONVERSATION_ID, TURN_ID],
+                   request=None, responses={202: serializers.TurnSummarySerializer, 403: CSRF_FAILED, 404: NOT_FOUND,
                                             413: TOO_LARGE},
                    summary="Stop a turn")
     def post(self, request, conversation_id, turn_id):

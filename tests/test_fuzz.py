@@ -1,0 +1,91 @@
+"""Fuzz the whole API from its own OpenAPI schema (schemathesis) against a live server with a
+real RQ worker: no 5xx, and every answer conforms to the schema (status code, content type,
+headers, body). Bounded: at most MAX_EXAMPLES generated requests per operation."""
+
+import itertools
+
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis.config import SchemathesisConfig
+from schemathesis.generation import GenerationMode
+
+pytestmark = [pytest.mark.slow]
+
+MAX_EXAMPLES = 30
+
+# Valid requests may still be refused for the state they meet, as documented: 409 (a turn is
+# running), 403 (conversation full), 422 (an Idempotency-Key reused for another message), 429.
+CONFIG = SchemathesisConfig.from_dict({
+    "checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "3xx", 403, 404, 409, 422, 429]}},
+})
+
+
+class Visitor:
+    """A browser-like session on the live server: session and csrftoken cookies, the X-CSRFToken
+    header on every request, and a conversation and a turn of its own, so that about half of
+    the generated requests hit resources it owns (the rest get 404 for random ids)."""
+
+    def __init__(self, base_url):
+        self.base_url = base_url
+        self.session = requests.Session()
+        self.session.get(f"{base_url}/").raise_for_status()
+        self.headers = {"X-CSRFToken": self.session.cookies["csrftoken"], "Referer": f"{base_url}/"}
+        self.conversation = self.post("/api/conversations/").json()["id"]
+        self.turn = self.post(f"/api/conversations/{self.conversation}/turns/", {"content": "Hello"}).json()["id"]
+        self._counter = itertools.count()
+        self.seen = set()  # (operation, status code) pairs answered
+
+    def post(self, path, data=None):
+        response = self.session.post(f"{self.base_url}{path}", json=data or {}, headers=self.headers, timeout=10)
+        response.raise_for_status()
+        return response
+
+    def aim(self, case):
+        """Point every other case at this visitor's own conversation and turn."""
+        if next(self._counter) % 2:
+            return
+        if "conversation_id" in (case.path_parameters or {}):
+            case.path_parameters["conversation_id"] = self.conversation
+        if "turn_id" in (case.path_parameters or {}):
+            case.path_parameters["turn_id"] = self.turn
+
+
+@pytest.fixture
+def visitor(live_server, worker_process, conversations_settings):
+    # The fuzzer sends far more than a visitor would: throttles would answer most requests 429.
+    conversations_settings.update(TURN_RATE_PER_OWNER="10000/min", TURN_RATE_PER_IP="10000/min", DEMO_DELAY=0.0)
+    worker_process(1)
+    return Visitor(live_server.url)
+
+
+def fuzz(operation, mode, visitor):
+    """Send up to MAX_EXAMPLES generated requests to ``operation``; every response must pass all checks."""
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
+              phases=[Phase.explicit, Phase.generate], database=None)
+    def run(case):
+        visitor.aim(case)
+        response = case.call_and_validate(base_url=visitor.base_url, session=visitor.session,
+                                          headers=visitor.headers)
+        visitor.seen.add((operation.label, response.status_code))
+
+    run()
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_the_api_survives_fuzzing_and_matches_its_schema(mode, visitor):
+    schema = schemathesis.openapi.from_url(f"{visitor.base_url}/api/schema/?format=json", config=CONFIG)
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) == 6
+    for operation in operations:
+        if mode == GenerationMode.NEGATIVE and not (any(operation.iter_parameters()) or operation.body):
+            continue  # nothing in the request to get wrong (e.g. GET /api/conversations/)
+        fuzz(operation, mode, visitor)
+    if mode == GenerationMode.POSITIVE:
+        # The fuzzer reached real resources, not only 404s for random ids.
+        turns, poll = "POST /api/conversations/{conversation_id}/turns/", \
+            "GET /api/conversations/{conversation_id}/turns/{turn_id}/"
+        assert {(turns, 202), (poll, 200), ("GET /api/conversations/{conversation_id}/", 200)} <= visitor.seen
