@@ -86,12 +86,18 @@ def _answer(pending):
 def trim_history(messages, max_chars):
     """Called before each model call: the newest ``messages`` that fit in ``max_chars``.
 
-    The history is cut into exchanges, each a user message with the assistant messages and
-    tool results that followed it, and the oldest exchanges are dropped first: a tool call and
-    its result always go (or stay) together, and the history always starts with a user message
-    (Anthropic requires it). The last exchange — the question being answered and the steps
-    taken for it so far — is always kept whole, even when it alone is larger than the budget.
+    Leading system messages are always kept and count against ``max_chars``. The rest is cut
+    into exchanges, each a user message with the assistant messages and tool results that
+    followed it, and the oldest exchanges are dropped first: a tool call and its result always
+    go (or stay) together, and the conversation always starts with a user message (Anthropic
+    requires it). The last exchange — the question being answered and the steps taken for it
+    so far — is always kept whole, even when it alone is larger than the budget.
     """
+    head = 0
+    while head < len(messages) and messages[head].role == "system":
+        head += 1
+    system, messages = list(messages[:head]), messages[head:]
+    max_chars -= sum(_size(m) for m in system)
     exchanges = []
     for message in _paired(messages):
         if message.role == "user" or not exchanges:
@@ -106,7 +112,7 @@ def trim_history(messages, max_chars):
     kept = [m for exchange in exchanges[start:] for m in exchange]
     while kept and kept[0].role != "user" and any(m.role == "user" for m in kept):
         kept.pop(0)  # only an unanswerable transcript (no user message at all) keeps its head
-    return kept
+    return system + kept
 
 
 class TurnRunner:
@@ -168,10 +174,10 @@ class TurnRunner:
             .exclude(turn__status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING])
             .order_by("id")
         )
-        messages = [chat_message(m) for m in earlier] + [chat_message(m) for m in self.rows]
         system = self.config.get("SYSTEM_PROMPT")
-        messages = trim_history(messages, self.config["HISTORY_MAX_CHARS"] - len(system or ""))
-        return ([ChatMessage(role="system", content=system)] if system else []) + messages
+        messages = ([ChatMessage(role="system", content=system)] if system else [])
+        messages += [chat_message(m) for m in earlier] + [chat_message(m) for m in self.rows]
+        return trim_history(messages, self.config["HISTORY_MAX_CHARS"])
 
     def start(self):
         turn = self.turn
@@ -212,7 +218,7 @@ class TurnRunner:
             if not self.budget.can_start(cfg["MIN_CALL_BUDGET"]):
                 skip_call(self.budget, turn_id=str(self.turn.id), name=self.provider.model or self.provider.name,
                           recorder=self.record)
-            reply = self.provider.complete(history, tools)
+            reply = self.provider.complete(trim_history(history, cfg["HISTORY_MAX_CHARS"]), tools)
             self.count_model_call(reply)
             self.add_message(role=Message.Role.ASSISTANT, content=reply.text,
                              tool_calls=[c.as_dict() for c in reply.tool_calls])

@@ -8,7 +8,7 @@ from conversations.providers.anthropic import AnthropicProvider
 from conversations.runner import trim_history
 from conversations.types import ChatMessage, ToolCall
 from tests.fake_wire import anthropic_message, run_turn_here
-from tests.fakes import FakeProvider, openai_text
+from tests.fakes import FakeProvider, openai_text, openai_tool_calls
 
 
 def user(text):
@@ -115,3 +115,23 @@ def test_anthropic_gets_a_user_message_first_after_trimming(conversations_settin
     assert "system" not in body
     assert body["messages"][0] == {"role": "user", "content": "q1"}
     assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
+
+
+@pytest.mark.django_db
+def test_the_history_is_trimmed_again_before_each_call_of_a_turn(conversations_settings):
+    with FakeProvider() as fake:
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="k", SYSTEM_PROMPT="",
+                                      TOOLS=["chatproject.tools.search_faq"], HISTORY_MAX_CHARS=600)
+        fake.add(openai_text("earlier answer " + "." * 100),
+                 openai_tool_calls(("search_faq", {"query": "refunds shipping price password support widget",
+                                                   "limit": 5})),
+                 openai_text("Here is everything."))
+        conversation = Conversation.objects.create(owner_token="visitor")
+        run_turn_here("earlier question " + "?" * 100, conversation=conversation)
+        run_turn_here("Tell me everything", conversation=conversation)
+
+    first_call, second_call = (r["json"]["messages"] for r in fake.requests[1:])
+    # The earlier exchange fitted before the tool ran; the long tool result pushed it out.
+    assert [m["content"][:14] for m in first_call] == ["earlier questi", "earlier answer", "Tell me everyt"]
+    assert [m["role"] for m in second_call] == ["user", "assistant", "tool"]
+    assert second_call[0]["content"] == "Tell me everything" and len(second_call[2]["content"]) > 600
