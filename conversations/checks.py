@@ -1,7 +1,13 @@
-"""System checks: configurations that cannot work are refused at start-up, each with an id and a hint."""
+"""System checks: configurations that cannot work are refused at start-up, each with an id and a hint.
+
+The clocks must nest: every call fits in the job's own deadline, which fits in RQ's job
+timeout, with a margin left for the final write. ``check_config()`` is run by Django's check
+framework (``manage.py check``, ``runserver``, ``rqworker``); it returns a list of messages.
+"""
 
 from django.conf import settings
 from django.core.checks import Error, Warning, register
+from django.utils.module_loading import import_string
 
 from .conf import get_config
 
@@ -30,8 +36,27 @@ def check_config(app_configs=None, **kwargs):
             f"CALL_TIMEOUT ({call}s) is smaller than MIN_CALL_BUDGET ({min_call}s): no call could ever start.",
             hint="Raise CALL_TIMEOUT or lower MIN_CALL_BUDGET.",
             id="conversations.E003"))
+    if margin < job and job - margin < min_call:
+        errors.append(Error(
+            f"JOB_TIMEOUT - DEADLINE_MARGIN ({job - margin}s) is less than MIN_CALL_BUDGET ({min_call}s): no model "
+            "call could ever start.",
+            hint="The job's own deadline must leave room for at least one call: raise JOB_TIMEOUT or lower "
+                 "DEADLINE_MARGIN or MIN_CALL_BUDGET.",
+            id="conversations.E008"))
+    if cfg["CONNECT_TIMEOUT"] > call:
+        errors.append(Warning(
+            f"CONNECT_TIMEOUT ({cfg['CONNECT_TIMEOUT']}s) is longer than CALL_TIMEOUT ({call}s); a connect never gets "
+            "more than the call's total limit.",
+            hint="Set CONNECT_TIMEOUT to at most CALL_TIMEOUT (a few seconds is usual).",
+            id="conversations.W003"))
+    if cfg["TOOL_RESERVE"] < min_call:
+        errors.append(Warning(
+            f"TOOL_RESERVE ({cfg['TOOL_RESERVE']}s) is smaller than MIN_CALL_BUDGET ({min_call}s): a tool that uses "
+            "its whole limit late in a turn leaves too little time for the model to read its result.",
+            hint="Make TOOL_RESERVE at least MIN_CALL_BUDGET.",
+            id="conversations.W004"))
     for key in ("JOB_TIMEOUT", "DEADLINE_MARGIN", "CALL_TIMEOUT", "CONNECT_TIMEOUT", "MIN_CALL_BUDGET", "STATE_TTL",
-                "MAX_STEPS", "MAX_ATTEMPTS", "TOOL_TIMEOUT"):
+                "MAX_STEPS", "MAX_ATTEMPTS", "TOOL_TIMEOUT", "STALE_AFTER"):
         if cfg[key] <= 0:
             errors.append(Error(f"{key} must be positive (it is {cfg[key]}).", hint="Use a positive number.",
                                 id="conversations.E004"))
@@ -50,14 +75,24 @@ def check_config(app_configs=None, **kwargs):
             hint="Use the same value, so every clock is nested the way the deadline assumes.",
             id="conversations.E007"))
     errors += _check_provider(cfg) + _check_tools(cfg)
-    worker_class = getattr(settings, "RQ", {}).get("WORKER_CLASS", "")
-    if worker_class != "conversations.worker.Worker":
+    if not _final_writing_worker(getattr(settings, "RQ", {}).get("WORKER_CLASS", "")):
         errors.append(Warning(
             "The RQ worker class is not conversations.worker.Worker: a killed work horse leaves its turn without "
             "a final state until a poll notices.",
             hint='Set RQ = {"WORKER_CLASS": "conversations.worker.Worker"} (or subclass it).',
             id="conversations.W001"))
     return errors
+
+
+def _final_writing_worker(worker_class):
+    """Whether the configured RQ worker class is (a subclass of) ours."""
+    from .worker import Worker
+
+    try:
+        cls = import_string(worker_class) if isinstance(worker_class, str) else worker_class
+    except ImportError:
+        return False
+    return isinstance(cls, type) and issubclass(cls, Worker)
 
 
 def _check_provider(cfg):
