@@ -81,8 +81,9 @@ def test_rest_framework_throttle_rates_override_the_defaults(settings):
     assert send(client, conversation).status_code == 429
 
 
-def test_an_empty_rate_switches_a_throttle_off(conversations_settings):
-    conversations_settings.update(TURN_RATE_PER_OWNER="", TURN_RATE_PER_IP="")
+@pytest.mark.parametrize("off", ["", "0"])
+def test_an_empty_or_zero_rate_switches_a_throttle_off(off, conversations_settings):
+    conversations_settings.update(TURN_RATE_PER_OWNER=off, TURN_RATE_PER_IP=off)
     client = make_client()
     conversation = new_conversation(client)
     for _ in range(12):

@@ -3,7 +3,7 @@
 Two throttles apply to ``POST …/turns/``: one per owner (the logged-in user, or the
 anonymous visitor's owner token) and one per client IP address (which also catches a
 visitor who throws their cookies away). Rates come from ``CONVERSATIONS["TURN_RATE_PER_OWNER"]``
-and ``["TURN_RATE_PER_IP"]`` ("10/min", "30/min"; "" turns a throttle off), or from
+and ``["TURN_RATE_PER_IP"]`` ("10/min", "30/min"; "" or "0" turns a throttle off), or from
 ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` under the throttle's ``scope`` when set there.
 History lives in the default cache (Redis), so every web process shares it. Behind a
 reverse proxy set ``REST_FRAMEWORK["NUM_PROXIES"]``, or every visitor shares the proxy's IP.
@@ -23,11 +23,10 @@ class ConfiguredRateThrottle(SimpleRateThrottle):
     config_key = None
 
     def get_rate(self):
-        """The rate string ("10/min"), or None (no limit) when the setting is empty."""
+        """The rate string ("10/min"), or None (no limit) when the setting is empty or "0"."""
         rates = api_settings.DEFAULT_THROTTLE_RATES or {}
-        if self.scope in rates:
-            return rates[self.scope] or None
-        return get_config()[self.config_key] or None
+        rate = rates[self.scope] if self.scope in rates else get_config()[self.config_key]
+        return rate if rate and str(rate).strip() != "0" else None
 
 
 class TurnOwnerThrottle(ConfiguredRateThrottle):
