@@ -17,6 +17,8 @@ from django.db.models import Count, DurationField, ExpressionWrapper, F, Q
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import NoReverseMatch, path, reverse
+from django.utils import timezone
+from django.utils.formats import date_format
 from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -305,7 +307,7 @@ class ConversationAdmin(ReadOnlyMixin, admin.ModelAdmin):
 class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
     """The turn list and the turn page (timeline, transcript, RQ job), with re-run and cancel."""
 
-    list_display = ("short_id", "status_badge", "conversation", "owner", "started_at", "duration_text",
+    list_display = ("short_id", "status_badge", "conversation_short", "owner_short", "started", "duration_text",
                     "model_calls", "tool_calls", "tokens", "margin_left_text")
     list_display_links = ("short_id",)
     list_filter = ("status", NearDeadlineFilter, "provider", "model")
@@ -315,12 +317,12 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
     search_help_text = gettext_lazy("A turn or conversation id, a username or email, or words of a message.")
     actions = ["rerun_selected", "cancel_selected"]
     fieldsets = [
-        (None, {"fields": ("status_badge", "conversation_link", "owner", ("provider", "model"))}),
+        (None, {"fields": ("status_badge", "error_text", "conversation_link", "owner", ("provider", "model"))}),
         (gettext_lazy("Clocks"), {"fields": (("enqueued_at", "started_at", "finished_at"), "duration_text",
                                              ("job_timeout", "deadline_margin", "deadline_at"),
                                              "margin_left_text")}),
         (gettext_lazy("Work"), {"fields": (("model_calls", "tool_calls"), ("input_tokens", "output_tokens"),
-                                           "cancel_requested", "error_text")}),
+                                           "cancel_requested")}),
         (gettext_lazy("RQ job"), {"fields": ("job_id", "rq_status")}),
     ]
     readonly_fields = ("status_badge", "conversation_link", "owner", "provider", "model", "enqueued_at",
@@ -362,6 +364,24 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
     @admin.display(description=gettext_lazy("owner"))
     def owner(self, obj):
         return owner_label(obj.conversation)
+
+    @admin.display(description=gettext_lazy("owner"), ordering="conversation__user__username")
+    def owner_short(self, obj):
+        user = obj.conversation.user
+        if user is None:
+            return _("anonymous visitor")
+        return format_html('<span title="{}">{}</span>', owner_label(obj.conversation), user.get_username())
+
+    @admin.display(description=gettext_lazy("started"), ordering="started_at")
+    def started(self, obj):
+        if obj.started_at is None:
+            return "—"
+        return date_format(timezone.localtime(obj.started_at), "SHORT_DATETIME_FORMAT")
+
+    @admin.display(description=gettext_lazy("conversation"))
+    def conversation_short(self, obj):
+        url = reverse(f"admin:{self.opts.app_label}_conversation_change", args=[obj.conversation_id])
+        return format_html('<a href="{}" title="{}">{}</a>', url, obj.conversation_id, str(obj.conversation_id)[:8])
 
     @admin.display(description=gettext_lazy("conversation"))
     def conversation_link(self, obj):
@@ -502,9 +522,13 @@ class MessageAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_filter = ("role",)
     list_select_related = ("turn",)
     search_fields = ("content",)
-    fields = ("turn", "role", "content", "tool_calls", "tool_call_id", "tool_name", "is_error", "created_at")
+    fields = ("turn", "role", "content_text", "tool_calls", "tool_call_id", "tool_name", "is_error", "created_at")
     readonly_fields = fields
 
     @admin.display(description=gettext_lazy("content"))
     def excerpt(self, obj):
         return redact(obj.content)[:80]
+
+    @admin.display(description=gettext_lazy("content"))
+    def content_text(self, obj):
+        return redact(obj.content)
