@@ -1,5 +1,7 @@
 """The budget arithmetic on a fake clock: no network, no sleeping.
 
+The last test drives the runner's loop the same way (it saves rows, so it needs the database).
+
 ``BudgetedHTTP`` is driven through a subclass whose attempts are scripted (each one advances
 the fake clock by the time it "took"), so what is tested is the arithmetic of ``post_json``:
 which attempt gets which limit, which call is skipped, which retry wait is taken.
@@ -13,6 +15,10 @@ import pytest
 
 from conversations.budget import Budget, BudgetExhausted, TurnClock
 from conversations.http import SKIPPED_MESSAGE, BudgetedHTTP, CallFailed, Response, parse_retry_after
+from conversations.models import CallRecord, Conversation, Message, Turn
+from conversations.providers import BaseProvider
+from conversations.runner import TurnRunner, deadline_message
+from conversations.types import ModelReply, ToolCall
 
 
 class FakeClock:
@@ -186,3 +192,46 @@ def test_parse_retry_after_http_date():
     earlier = email.utils.formatdate(now - 42, usegmt=True)
     assert parse_retry_after({"Retry-After": later}, now=now) == 42
     assert parse_retry_after({"Retry-After": earlier}, now=now) == 0
+
+
+class ToolHungryModel(BaseProvider):
+    """Asks for a tool on every call; each call takes ``seconds`` of fake time."""
+
+    name = "scripted"
+
+    def __init__(self, clock, seconds):
+        super().__init__({})
+        self.clock, self.seconds, self.calls = clock, seconds, 0
+
+    def complete(self, messages, tools):
+        self.calls += 1
+        self.clock.advance(self.seconds)
+        return ModelReply(text="", tool_calls=[ToolCall(f"c{self.calls}", "lookup", {})], finish="tool_calls")
+
+
+@pytest.mark.django_db
+def test_loop_stops_starting_round_trips_near_the_deadline(conversations_settings, caplog):
+    from conversations.conf import get_config
+
+    conversation = Conversation.objects.create(owner_token="t")
+    turn = Turn.objects.create(conversation=conversation)
+    Message.objects.create(conversation=conversation, turn=turn, role="user", content="Loop for ever?")
+    clock = FakeClock()
+    model = ToolHungryModel(clock, 2.5)  # JOB_TIMEOUT 10, margin 4: 6 s, MIN_CALL_BUDGET 1
+    published = []
+    runner = TurnRunner(turn, clock=TurnClock(10, 4, clock=clock), config={**get_config(), "MAX_STEPS": 100},
+                        provider=model, tools={}, publisher=published.append)
+    with caplog.at_level(logging.ERROR, logger="conversations.http"):
+        runner.run()
+
+    # Calls at 0 and 2.5 s; at 5 s only 1 s is left... which is exactly MIN_CALL_BUDGET: a third
+    # call starts; at 7.5 s nothing is left and the fourth is skipped.
+    assert model.calls == 3
+    turn.refresh_from_db()
+    assert (turn.status, turn.error) == ("incomplete", deadline_message())
+    assert turn.margin_left == 10 - 7.5
+    skipped = CallRecord.objects.get(turn=turn, kind="model")
+    assert (skipped.outcome, skipped.started_offset, skipped.remaining_before) == ("skipped", 7.5, 0)
+    assert [r.getMessage() for r in caplog.records] == [SKIPPED_MESSAGE]
+    assert published[-1]["done"] is True and published[-1]["status"] == "incomplete"
+    assert all(not state["done"] for state in published[:-1])
