@@ -386,6 +386,37 @@ def test_turn_run_by_the_worker_shows_its_recorded_calls_and_links_to_django_rq(
     assert admin_client.get(job_url).status_code == 200
 
 
+@pytest.mark.django_db
+def test_queued_turn_page_offers_cancel_and_shows_the_queued_job(admin_client, django_capture_on_commit_callbacks):
+    conversation = Conversation.objects.create(owner_token="tok")
+    with django_capture_on_commit_callbacks(execute=True):  # django-rq enqueues at commit
+        turn = jobs.create_turn(conversation, "Hello")
+
+    html = admin_client.get(turn_url(turn)).content.decode()
+
+    assert "No provider call or tool run was recorded for this turn." in html
+    assert f'queued · <a href="/django-rq/queues/0/{turn.job_id}/">' in html
+    assert "Cancel this turn" in html
+    assert re.search(r'<button type="submit" disabled[^>]*>Re-run this message</button>', html)
+    # No final write yet: the deadline and job timeout markers, but no final-write marker.
+    assert 'timeline-key-deadline">deadline 6.0 s' in html and "timeline-key-final-write" not in html
+
+
+@pytest.mark.django_db
+def test_message_list_is_read_only_and_escaped(admin_client):
+    completed_turn()
+    Message.objects.update(content="<b>bold</b> reply")
+
+    html = admin_client.get("/admin/conversations/message/").content.decode()
+
+    assert "&lt;b&gt;bold&lt;/b&gt; reply" in html and "<b>bold</b>" not in html
+    assert admin_client.get("/admin/conversations/message/add/").status_code == 403
+    message = Message.objects.first()
+    assert admin_client.post(f"/admin/conversations/message/{message.pk}/change/",
+                             {"content": "edited"}).status_code == 403
+    assert Message.objects.filter(content="edited").count() == 0
+
+
 # -- conversation page ---------------------------------------------------------------------
 
 
