@@ -205,7 +205,9 @@
     this.stopButton.addEventListener("click", function () { self.cancel(); });
     document.addEventListener("visibilitychange", function () {
       var turn = self.turn;
-      if (turn && !document.hidden && turn.paused) { turn.paused = false; self.poll(); }
+      if (!turn) { return; }
+      if (document.hidden && turn.timer > 0) { clearTimeout(turn.timer); turn.timer = null; turn.paused = true; }
+      else if (!document.hidden && turn.paused) { turn.paused = false; self.poll(); }
     });
   };
 
@@ -350,6 +352,7 @@
   Widget.prototype.poll = function () {
     var self = this, turn = this.turn;
     if (!turn || turn.timer) { return; }
+    if (document.hidden) { turn.paused = true; return; }
     if (Date.now() >= turn.giveUpAt) { this.end(turn, { status: "timeout" }); return; }
     var headers = { "Accept": "application/json" };
     if (turn.etag) { headers["If-None-Match"] = turn.etag; }
