@@ -75,6 +75,8 @@ class Stack:
             "DEBUG": "0",
             "SECURE_COOKIES": "0",
             "LOG_LEVEL": "WARNING",
+            # As docs/deployment.md recommends: gunicorn workers keep their database connection.
+            "CONN_MAX_AGE": "60",
             "PYTHONPATH": str(ROOT),
         })
         self.env["DATABASE_URL"] = self.database_url()
