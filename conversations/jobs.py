@@ -33,6 +33,10 @@ logger = logging.getLogger("conversations.jobs")
 
 JOB_PREFIX = "conversations-turn-"
 
+# RQ's parent process refreshes a running job's heartbeat every 30 s (job_monitoring_interval);
+# three missed beats mean no process is looking after the job any more.
+HEARTBEAT_GRACE = 90
+
 
 def job_id_for(turn):
     return f"{JOB_PREFIX}{turn.id}"
@@ -118,7 +122,12 @@ def perform_turn(turn_id):
         return None
     if turn.done:  # cancelled (or repaired) before a worker picked it up
         return turn.status
-    runner = TurnRunner(turn, clock=clock, config=cfg)
+    try:
+        runner = TurnRunner(turn, clock=clock, config=cfg)
+    except Exception:  # e.g. a PROVIDER or TOOLS path that cannot be imported: still end the turn
+        logger.exception("Turn %s could not start", turn_id)
+        finalize(turn, Turn.Status.FAILED, crashed_message())
+        raise
     try:
         runner.run()
     except JobTimeoutException:
@@ -170,9 +179,9 @@ def job_problem(turn, connection=None):
     if status == JobStatus.STARTED:
         heartbeat = job.last_heartbeat
         timeout = job.timeout if job.timeout and job.timeout > 0 else get_config()["JOB_TIMEOUT"]
-        if job.started_at and (timezone.now() - _aware(job.started_at)).total_seconds() > timeout + 90:
+        if job.started_at and (timezone.now() - _aware(job.started_at)).total_seconds() > timeout + HEARTBEAT_GRACE:
             return "job overran its timeout"
-        if heartbeat and (timezone.now() - _aware(heartbeat)).total_seconds() > 90:
+        if heartbeat and (timezone.now() - _aware(heartbeat)).total_seconds() > HEARTBEAT_GRACE:
             return "job stopped heartbeating"
     return None
 

@@ -233,3 +233,14 @@ def test_poll_view_ends_a_turn_whose_whole_worker_died(worker_process, conversat
 
     assert (data["done"], data["status"], data["error"]) == (True, "failed", crashed_message())
     assert saved(summary).status == "failed"
+
+
+def test_a_provider_that_cannot_be_loaded_still_ends_the_turn(worker, conversations_settings):
+    conversations_settings.update(PROVIDER=f"{__name__}.NoSuchProvider")
+    client = make_client()
+    summary = start_turn(client, "Hello?")
+    worker()
+    data = client.get(summary["poll_url"]).json()
+
+    assert (data["done"], data["status"], data["error"]) == (True, "failed", crashed_message())
+    assert (saved(summary).status, saved(summary).error) == ("failed", crashed_message())
