@@ -18,6 +18,12 @@ from tests.fakes import FakeProvider, Reply, openai_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    """Logins in these tests need not resist brute force; the default hasher costs a second per user here."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
 # One key that looks like a key, one that no pattern would recognise.
 KEYS = ["sk-SECRET-123", "plainword-Zq81"]
 
