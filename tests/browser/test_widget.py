@@ -262,3 +262,28 @@ def test_markdown_subset_is_built_from_elements_and_only_http_links_are_links(ch
         '</ul>'
         '<pre><code>&lt;script&gt;alert(1)&lt;/script&gt;</code></pre>'
     )
+
+
+def test_sending_again_after_a_lost_answer_does_not_start_a_second_turn(chat_page, worker_process):
+    worker_process(DEMO_DELAY=0.05)
+    chat = chat_page()
+    lost = []
+
+    def lose_first_answer(route):
+        if route.request.method == "POST" and not lost:
+            route.fetch()  # the server saves the message and starts the turn …
+            lost.append(route.request.url)
+            route.abort("connectionreset")  # … but the visitor never hears back
+        else:
+            route.continue_()
+
+    chat.page.route("**/turns/", lose_first_answer)
+    chat.open()
+    chat.send(QUESTION)
+    expect(chat.locator(".cvw-status")).to_have_text(
+        "Your message could not be sent. Check your connection and try again.")
+    expect(chat.locator(".cvw-input")).to_have_value(QUESTION)
+    chat.locator(".cvw-input").press("Enter")  # the visitor sends the same text again
+    expect(chat.locator(".cvw-msg-assistant")).to_contain_text("in Tokyo")
+    assert Turn.objects.count() == 1
+    assert chat.locator(".cvw-msg-user").count() == 1

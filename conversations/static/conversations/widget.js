@@ -142,7 +142,9 @@
     this.root = root;
     this.strings = Object.assign({}, STRINGS, given ? JSON.parse(given.textContent) : {},
                                  data.strings ? JSON.parse(data.strings) : {});
-    this.apiUrl = (data.apiUrl || "/api/conversations/").replace(/\/?$/, "/");
+    this.apiUrl = new URL((data.apiUrl || "/api/conversations/").replace(/\/?$/, "/"), location.href).href;
+    // An API on another origin (see SECURITY.md) needs its cookies sent cross-origin.
+    this.credentials = new URL(this.apiUrl).origin === location.origin ? "same-origin" : "include";
     this.jobTimeout = Number(data.jobTimeout || 120);
     this.giveUpMargin = Number(data.giveUpMargin || 30);
     this.maxLength = Number(data.maxLength || 4000);
@@ -232,16 +234,17 @@
   };
 
   /* Resolves with the JSON body; rejects with an Error whose message is the server's sentence. */
-  Widget.prototype.request = function (method, url, body) {
+  Widget.prototype.request = function (method, url, body, extraHeaders) {
     var self = this;
     var ready = method === "GET" ? Promise.resolve("") : this.token();
     return ready.then(function (token) {
-      var options = { method: method, credentials: "same-origin", headers: { "Accept": "application/json" } };
+      var options = { method: method, credentials: self.credentials, headers: { "Accept": "application/json" } };
       if (method !== "GET") {
         options.headers["Content-Type"] = "application/json";
         options.headers["X-CSRFToken"] = token;
         options.body = JSON.stringify(body || {});
       }
+      Object.assign(options.headers, extraHeaders || {});
       return fetch(url, options).catch(function () { throw new Error(self.strings.send_failed); });
     }).then(function (response) {
       return response.json().catch(function () { return {}; }).then(function (data) {
@@ -302,13 +305,19 @@
     this.setBusy(true);
     this.setStatus("");
     // Shown at once; replaced by the saved message when the turn's state arrives.
+    // The same text sent again after a failure reuses its key: if the first POST did reach the
+    // server, the API answers with that turn instead of starting a second one.
+    if (!this.retry || this.retry.content !== content) {
+      this.retry = { content: content, key: "cvw-" + Date.now().toString(36) + "-" + Math.random().toString(36).slice(2) };
+    }
+    var key = this.retry.key;
     var pending = this.bubble("user", content);
     pending.classList.add("cvw-pending");
     this.pending = pending;
     this.input.value = "";
     var post = function (retry) {
       return self.ensureConversation().then(function (id) {
-        return self.request("POST", self.apiUrl + id + "/turns/", { content: content });
+        return self.request("POST", self.apiUrl + id + "/turns/", { content: content }, { "Idempotency-Key": key });
       }).catch(function (error) {
         // The kept conversation is gone (session expired): start a new one, once.
         if (error.status === 404 && retry) { self.forget(); return post(false); }
@@ -317,6 +326,7 @@
     };
     post(true).then(function (turn) {
       self.sending = false;
+      self.retry = null;
       pending.classList.remove("cvw-pending");
       self.follow(turn, Date.now());
     }).catch(function (error) {
@@ -333,7 +343,8 @@
   };
 
   Widget.prototype.follow = function (summary, since) {
-    this.turn = { id: summary.id, pollUrl: summary.poll_url, cancelUrl: summary.cancel_url, etag: null,
+    this.turn = { id: summary.id, pollUrl: this.resolve(summary.poll_url), cancelUrl: this.resolve(summary.cancel_url),
+                  etag: null,
                   delay: FIRST_DELAY, errors: 0, since: since, timer: null, paused: false,
                   giveUpAt: since + (this.jobTimeout + this.giveUpMargin) * 1000 };
     this.save(this.turn);
@@ -341,6 +352,8 @@
     this.setStatus(this.strings.thinking);
     this.schedule(FIRST_DELAY);
   };
+
+  Widget.prototype.resolve = function (path) { return new URL(path, this.apiUrl).href; };
 
   Widget.prototype.schedule = function (delay) {
     var self = this, turn = this.turn;
@@ -359,7 +372,7 @@
     var controller = window.AbortController ? new AbortController() : null;
     var abort = controller && setTimeout(function () { controller.abort(); }, REQUEST_TIMEOUT);
     turn.timer = -1; // a request is in flight
-    fetch(turn.pollUrl, { credentials: "same-origin", cache: "no-store", headers: headers,
+    fetch(turn.pollUrl, { credentials: this.credentials, cache: "no-store", headers: headers,
                           signal: controller && controller.signal }).then(function (response) {
       if (response.status === 304) { return null; }
       if (response.status === 404 || response.status === 403) { return { done: true, status: "gone" }; }
