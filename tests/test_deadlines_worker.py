@@ -130,8 +130,8 @@ def test_every_fault_ends_the_turn_failed_with_a_readable_message_before_the_job
     # A 16 MiB request, so that a server that never reads it blocks the upload.
     prompt = "x" * (16 << 20) if fault == "upload never read" else "Answer briefly."
     with serve() as url:
-        # Two attempts of 2 s each keep the suite fast; bench/deadlines.py runs full budgets.
-        openai(url, CALL_TIMEOUT=2, MAX_ATTEMPTS=2, SYSTEM_PROMPT=prompt)
+        # Two attempts of 1.5 s each keep the suite fast; bench/deadlines.py runs full budgets.
+        openai(url, CALL_TIMEOUT=1.5, MAX_ATTEMPTS=2, SYSTEM_PROMPT=prompt)
         final, elapsed, turn = run_turn(worker)
 
     assert final["done"] is True and final["status"] == "failed"
@@ -143,7 +143,7 @@ def test_every_fault_ends_the_turn_failed_with_a_readable_message_before_the_job
     assert [c.outcome for c in calls] == outcomes
     assert [c.attempt for c in calls] == list(range(1, len(outcomes) + 1))
     for call in calls:
-        assert call.timeout == pytest.approx(2.0, abs=0.01)
+        assert call.timeout == pytest.approx(1.5, abs=0.01)
         assert call.duration <= call.timeout + 1
         assert 0 < call.remaining_before <= JOB_TIMEOUT - MARGIN
 

@@ -20,7 +20,7 @@ from tests.fakes import (
     trickle_headers, unavailable,
 )
 
-LIMIT = 1.5
+LIMIT = 1.0
 SLACK = 1.0
 
 CONFIG = {
@@ -157,7 +157,7 @@ def test_call_after_an_aborted_one_succeeds_on_a_fresh_connection():
 
 
 def test_parallel_calls_each_end_at_their_own_limit():
-    calls = {limit: Call(budget=limit, CALL_TIMEOUT=60) for limit in (1.0, 2.0, 3.0)}
+    calls = {limit: Call(budget=limit, CALL_TIMEOUT=60, MIN_CALL_BUDGET=0.2) for limit in (0.5, 1.0, 1.5)}
     with FakeProvider() as fake:
         fake.repeat(hang, 3)
         threads = [threading.Thread(target=call.post, args=(fake.url,)) for call in calls.values()]
