@@ -53,7 +53,9 @@ class Visitor:
 
 
 @pytest.fixture
-def visitor(live_server, worker_process, conversations_settings):
+def visitor(live_server, worker_process, conversations_settings, settings):
+    # The live server speaks plain HTTP; requests would not send Secure cookies over it.
+    settings.SESSION_COOKIE_SECURE = settings.CSRF_COOKIE_SECURE = False
     # The fuzzer sends far more than a visitor would: throttles would answer most requests 429.
     conversations_settings.update(TURN_RATE_PER_OWNER="10000/min", TURN_RATE_PER_IP="10000/min", DEMO_DELAY=0.0)
     worker_process(1)

@@ -188,6 +188,14 @@ def test_control_characters_are_stripped_and_an_empty_result_is_refused():
     assert response.status_code == 400 and response.json() == {"content": ["Write a message first."]}
 
 
+def test_a_body_that_is_not_json_gets_415():
+    client = make_client()
+    response = client.post(f"/api/conversations/{new_conversation(client)}/turns/", data={"content": "Hi"},
+                           HTTP_X_CSRFTOKEN=client.csrf)  # a form post
+    assert response.status_code == 415
+    assert "Unsupported media type" in response.json()["detail"]
+
+
 def test_oversized_body_is_refused_with_413_before_it_is_parsed(conversations_settings):
     conversations_settings.update(MAX_REQUEST_BYTES=1000)
     client = make_client()

@@ -39,7 +39,8 @@ def test_the_schema_lists_every_endpoint_and_only_the_api(schema):
 
 
 def test_the_schema_documents_every_answer(schema):
-    assert statuses(schema, TURNS, "post") == {"200", "202", "400", "403", "404", "409", "413", "422", "429", "503"}
+    assert statuses(schema, TURNS, "post") == {"200", "202", "400", "403", "404", "409", "413", "415", "422",
+                                                    "429", "503"}
     assert statuses(schema, POLL, "get") == {"200", "304", "404"}
     assert statuses(schema, CANCEL, "post") == {"202", "403", "404", "413"}
     assert statuses(schema, CONVERSATION, "get") == {"200", "404"}

@@ -175,6 +175,7 @@ class TurnListView(ConversationAPIView):
             404: NOT_FOUND,
             409: OpenApiResponse(ERROR, description="A turn of this conversation is still queued or running."),
             413: TOO_LARGE,
+            415: OpenApiResponse(ERROR, description="The body is not application/json."),
             422: OpenApiResponse(ERROR, description="The Idempotency-Key was used for a different message."),
             429: OpenApiResponse(ERROR, description="Too many turns (per owner or per IP), or the owner's "
                                                     "DAILY_TOKEN_BUDGET is spent; see Retry-After."),
