@@ -114,3 +114,27 @@ def test_concurrent_retries_with_one_key_create_one_turn():
     assert sorted(r.status_code for r in results) == [200, 200, 200, 202]
     assert len({r.json()["id"] for r in results}) == 1
     assert Turn.objects.count() == 1
+
+
+def test_a_request_that_loses_the_race_to_the_unique_constraint_gets_the_winners_turn():
+    """What a request that passed the replay check just before another committed the same key meets."""
+    from django.db import transaction
+
+    from conversations.api.views import TurnListView
+    from conversations.jobs import get_queue
+    from conversations.models import Conversation
+
+    client = make_client()
+    conversation_id = new_conversation(client)
+    winner = send(client, conversation_id, "Same", key="race-2").json()
+    queued = get_queue().count
+
+    with transaction.atomic():
+        conversation = Conversation.objects.get(pk=conversation_id)
+        turn, created = TurnListView.create(conversation, "Same", "race-2")
+        # The outer transaction is still usable after the losing insert.
+        assert conversation.turns.count() == 1
+
+    assert (str(turn.id), created) == (winner["id"], False)
+    assert Turn.objects.count() == 1
+    assert get_queue().count == queued  # no second job

@@ -198,19 +198,13 @@ class TurnListView(ConversationAPIView):
                                  "Wait for it to finish or stop it first."))
             self.check_limits(conversation)
             try:
-                # A savepoint: a concurrent request with the same key loses the unique
-                # constraint race here, and then gets the winner's turn back.
-                with transaction.atomic():
-                    # Inside atomic(): django-rq enqueues at commit, after the message is saved.
-                    turn = jobs.create_turn(conversation, content, idempotency_key=key)
-            except IntegrityError:
-                if not key:
-                    raise
-                return self.replay(conversation, key, content)
+                turn, created = self.create(conversation, content, key)
             except RedisError:
                 logger.exception("Could not enqueue a turn of conversation %s", conversation.id)
                 transaction.set_rollback(True)
                 raise ServiceUnavailable(_("The assistant is unavailable right now. Please try again in a minute."))
+            if not created:
+                return self.replay(conversation, key, content)
         try:
             state.publish(state.state_from_db(turn))
         except RedisError:
@@ -227,6 +221,24 @@ class TurnListView(ConversationAPIView):
             raise ValidationError({"detail": _("The Idempotency-Key header must be 1 to 200 visible ASCII "
                                                "characters (no spaces).")})
         return key
+
+    @staticmethod
+    def create(conversation, content, key):
+        """Save and enqueue a new turn; returns ``(turn, True)``. Call inside ``transaction.atomic()``.
+
+        When another request with the same ``key`` got its turn in first (the row lock on the
+        conversation normally prevents it; the unique constraint is the last word), returns
+        ``(that turn, False)`` and nothing is enqueued.
+        """
+        try:
+            # A savepoint, so that the losing insert leaves the outer transaction usable, and
+            # the enqueue django-rq deferred to the commit is dropped with it.
+            with transaction.atomic():
+                return jobs.create_turn(conversation, content, idempotency_key=key), True
+        except IntegrityError:
+            if not key:
+                raise
+            return conversation.turns.get(idempotency_key=key), False
 
     @staticmethod
     def replay(conversation, key, content):
