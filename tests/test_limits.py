@@ -128,7 +128,8 @@ def test_daily_token_budget_refuses_with_429_until_midnight(conversations_settin
 
         response = send(client, new_conversation(client))  # the budget is the owner's, not the conversation's
         assert response.status_code == 429
-        assert "today's limit" in response.json()["detail"]
+        assert response.json() == {"detail": "You have reached today's limit for the assistant. "
+                                             "Please come back tomorrow."}
         now = timezone.localtime()
         midnight = (now + datetime.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
         assert abs(int(response["Retry-After"]) - (midnight - now).total_seconds()) < 60

@@ -41,6 +41,17 @@ class ServiceUnavailable(APIException):
     default_code = "unavailable"
 
 
+class LimitReached(APIException):
+    """429 for a cost limit that lifts with time; ``wait`` becomes the ``Retry-After`` header."""
+
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_code = "limit_reached"
+
+    def __init__(self, detail, wait):
+        super().__init__(detail)
+        self.wait = wait
+
+
 class IdempotencyMismatch(APIException):
     status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
     default_code = "idempotency_mismatch"
@@ -259,7 +270,7 @@ class TurnListView(ConversationAPIView):
         if refusal is None:
             return
         if refusal.retry_after is not None:
-            raise Throttled(refusal.retry_after, detail=refusal.message)
+            raise LimitReached(refusal.message, refusal.retry_after)
         raise PermissionDenied(refusal.message)
 
 
