@@ -180,6 +180,7 @@ class TurnRunner:
         return trim_history(messages, self.config["HISTORY_MAX_CHARS"])
 
     def start(self):
+        """Mark the turn running with its clocks (row, then a first ``done: false`` state)."""
         turn = self.turn
         turn.status = Turn.Status.RUNNING
         turn.started_at = timezone.now()
@@ -209,6 +210,12 @@ class TurnRunner:
         return self.turn
 
     def loop(self):
+        """The model/tool round-trips. Returns ``(status, error)`` for the final write.
+
+        Before every model call: the cancel flag, then the budget (a call that could not get
+        ``MIN_CALL_BUDGET`` seconds is skipped, raising ``BudgetExhausted``). Before every tool:
+        the cancel flag. After every round-trip: the new rows are published.
+        """
         cfg = self.config
         history = self.history()
         tools = list(self.tools.values())
@@ -250,6 +257,8 @@ class TurnRunner:
         turn.save(update_fields=["model_calls", "input_tokens", "output_tokens"])
 
     def run_tool(self, call):
+        """Run one tool call within ``min(TOOL_TIMEOUT, remaining − TOOL_RESERVE)``, record it, and
+        return its ``ToolResult`` (an error result when it raised, timed out or had no time at all)."""
         cfg = self.config
         t = self.tools.get(call.name)
         cap = t.timeout if t is not None and t.timeout else cfg["TOOL_TIMEOUT"]

@@ -16,13 +16,21 @@ logger = logging.getLogger("conversations.worker")
 
 
 class Worker(rq.Worker):
+    """RQ's forking worker, plus a final write for a turn whose work horse died abruptly."""
+
     def execute_job(self, job, queue):
+        """Called in the parent for each job, before it forks the work horse; returns what RQ's does."""
         # The parent may have opened database connections (see below); a forked child must
         # never share one with it.
         connections.close_all()
         return super().execute_job(job, queue)
 
     def handle_work_horse_killed(self, job, retpid, ret_val, rusage):
+        """Called by RQ in the parent when the horse ended by a signal or a non-zero ``os._exit``.
+
+        Ends the job's turn ``failed`` (database row, then the cached ``done: true`` state)
+        unless it already has a final state. Returns None; never raises.
+        """
         super().handle_work_horse_killed(job, retpid, ret_val, rusage)
         from .jobs import crashed_message, finalize, turn_id_from_job
         from .models import Turn
