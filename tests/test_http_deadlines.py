@@ -5,6 +5,7 @@ does, and record what happened. Bounds are generous (limit + 1 s); the measured 
 in ``bench/deadlines.py`` and ``docs/deadlines.md``.
 """
 
+import contextlib
 import logging
 import socket
 import threading
@@ -299,3 +300,19 @@ def test_retries_stop_when_the_next_attempt_could_not_get_its_minimum():
     assert call.error.outcome == "timeout"
     assert call.outcomes == ["timeout", "timeout"]
     assert call.elapsed <= 2.8
+
+
+@pytest.mark.parametrize("fault", ["upload never read", "connect never completes"])
+def test_socket_timeout_before_the_total_limit_is_recorded_as_a_timeout(fault):
+    """With CONNECT_TIMEOUT under the limit, the connect (and the send of the request) end first,
+    on the socket's own timeout; that is still a timeout, not a connection error."""
+    with contextlib.ExitStack() as stack:
+        if fault == "upload never read":
+            url = stack.enter_context(served_by(never_read)).url
+        else:
+            url = stack.enter_context(full_accept_queue())
+        call = Call(CONNECT_TIMEOUT=0.5).post(url, BIG_UPLOAD)
+
+    assert call.error.outcome == "timeout" and call.error.retryable
+    assert call.error.detail.endswith("timed out (connect limit 0.5s)")
+    assert 0.45 <= call.records[0]["duration"] <= 0.5 + SLACK
