@@ -270,6 +270,9 @@ class ScriptedProvider:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # http.server writes the headers and the body separately; with Nagle's algorithm on,
+            # the body waits for the client's delayed ACK of the headers (about 30-40 ms a reply).
+            disable_nagle_algorithm = True
 
             def log_message(self, *args):
                 pass

@@ -8,6 +8,8 @@ package) drives each in turn with 50 keep-alive connections on loopback, round-r
 ``--rounds`` rounds so that drift in the machine's load hits all three alike:
 
 - ``bare``: ``bench.urls.bare_poll`` - cache read + the same JSON bytes, nothing else;
+- ``bare + session``: the same, after reading the visitor's session (a second Redis read),
+  to show what the poll view's gap is made of;
 - ``poll 200``: the real poll view (session, ownership from the cached state, ETag);
 - ``poll 304``: the real poll view with ``If-None-Match`` set to the current ETag.
 """
@@ -118,6 +120,7 @@ def main():
         etag, size = check(base, poll, bare, cookie)
         targets = {
             "bare view (same cached bytes)": (bare, {}),
+            "bare view + session read": (bare.replace("/bare/", "/bare-session/"), {"Cookie": cookie}),
             "poll view, 200": (poll, {"Cookie": cookie}),
             "poll view, 304 (If-None-Match)": (poll, {"Cookie": cookie, "If-None-Match": etag}),
         }

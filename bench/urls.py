@@ -22,7 +22,14 @@ def bare_poll(request, turn_id):
     return HttpResponse(body, content_type="application/json")
 
 
+def bare_poll_with_session(request, turn_id):
+    """The bare view plus the one thing the poll view cannot skip: reading the visitor's session."""
+    request.session.get("conversations_owner")
+    return bare_poll(request, turn_id)
+
+
 urlpatterns = [
     path("bench/bare/<uuid:turn_id>/", bare_poll),
+    path("bench/bare-session/<uuid:turn_id>/", bare_poll_with_session),
     path("", include("chatproject.urls")),
 ]
