@@ -1,6 +1,6 @@
 """Poll endpoint throughput: the poll view beside a bare Django view serving the same cached bytes.
 
-    .venv/bin/python -m bench.poll [--connections 50] [--duration 10] [--rounds 3] [--web-workers 2]
+    .venv/bin/python -m bench.poll [--connections 50] [--duration 5] [--rounds 6] [--web-workers 2]
 
 One finished turn (a realistic tool-using transcript) is published to the cache; a visitor's
 session owns it. gunicorn (sync workers, a fixed count) serves both views; ``wrk`` (Debian
@@ -105,8 +105,9 @@ def wrk(url, headers, *, connections, duration, threads=2):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--connections", type=int, default=50)
-    parser.add_argument("--duration", type=int, default=10, help="seconds per target per round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=int, default=5, help="seconds per target per round")
+    # Many short rounds: on a shared machine, load drifts; interleaving finely spreads it evenly.
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--web-workers", type=int, default=2, help="gunicorn sync workers")
     parser.add_argument("--database", default="postgres", help='"postgres", "sqlite" or a DATABASE_URL')
     args = parser.parse_args()
