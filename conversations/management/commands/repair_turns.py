@@ -46,6 +46,9 @@ def stuck_reason(turn, connection=None):
 
 
 class Command(BaseCommand):
+    """Run by cron or a systemd timer; prints one line per overdue turn and a summary, exits 0
+    (non-zero only when Redis or the database cannot be reached)."""
+
     help = ("Report turns stuck in queued/running past their deadline and end those whose job cannot "
             "finish them (status failed, final state published with done: true). Safe to run from cron.")
 
