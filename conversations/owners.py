@@ -21,11 +21,11 @@ def owner_token(request, *, create=False):
     return token
 
 
-def session_user_id(request):
-    """The logged-in user's id read from the session alone (no SQL), as a string, or None."""
+def session_user_id(session):
+    """The logged-in user's id read from the session data alone (no SQL), as a string, or None."""
     from django.contrib.auth import SESSION_KEY as AUTH_SESSION_KEY
 
-    value = request.session.get(AUTH_SESSION_KEY)
+    value = session.get(AUTH_SESSION_KEY)
     return str(value) if value is not None else None
 
 
@@ -41,9 +41,10 @@ def owned_filter(request):
     return condition
 
 
-def owns_state(request, owner):
-    """Whether the caller owns a cached state's ``owner`` dict, from the session alone."""
+def owns_state(session, owner):
+    """Whether the holder of ``session`` (session data: a dict or ``request.session``) owns a cached
+    state's ``owner`` dict. No SQL."""
     if owner.get("user") is not None:
-        return session_user_id(request) == str(owner["user"])
+        return session_user_id(session) == str(owner["user"])
     token = owner.get("token")
-    return bool(token) and secrets.compare_digest(token, owner_token(request) or "")
+    return bool(token) and secrets.compare_digest(token, session.get(SESSION_KEY) or "")
