@@ -140,19 +140,31 @@ class TurnRunner:
             provider = cls(config, http=self.http, budget=self.budget)
         self.provider = provider
         self.rows = list(turn.messages.order_by("id"))
+        self.pending_records = []
         self.finished = False
 
     # -- records -------------------------------------------------------------------------
 
     def record(self, **fields):
-        """Save one ``CallRecord`` (a provider attempt or a tool run) for this turn."""
-        try:
-            CallRecord.objects.create(turn=self.turn, **fields)
-        except DatabaseError:  # a lost timeline row must never end the turn (but RQ's timeout must get through)
-            logger.exception("Could not record a call of turn %s", self.turn.id)
+        """Keep one ``CallRecord`` (a provider attempt or a tool run); it is saved with the
+        round-trip's other rows (``save_step``) or at the final write."""
+        self.pending_records.append(CallRecord(turn=self.turn, **fields))
 
-    def add_message(self, **fields):
-        row = Message.objects.create(conversation_id=self.turn.conversation_id, turn=self.turn, **fields)
+    def save_records(self):
+        try:
+            with transaction.atomic():  # a savepoint: a failure here leaves the caller's transaction usable
+                CallRecord.objects.bulk_create(self.pending_records)
+        except DatabaseError:  # a lost timeline row must never end the turn (but RQ's timeout must get through)
+            logger.exception("Could not record the calls of turn %s", self.turn.id)
+        self.pending_records = []
+
+    def save_step(self, turn_fields, **message_fields):
+        """Save one round-trip in one transaction (one commit): its call records, the turn's
+        counters (``turn_fields``) and its new transcript row. Returns the ``Message``."""
+        with transaction.atomic():
+            self.save_records()
+            self.turn.save(update_fields=turn_fields)
+            row = Message.objects.create(conversation_id=self.turn.conversation_id, turn=self.turn, **message_fields)
         self.rows.append(row)
         return row
 
@@ -227,8 +239,8 @@ class TurnRunner:
                           recorder=self.record)
             reply = self.provider.complete(trim_history(history, cfg["HISTORY_MAX_CHARS"]), tools)
             self.count_model_call(reply)
-            self.add_message(role=Message.Role.ASSISTANT, content=reply.text,
-                             tool_calls=[c.as_dict() for c in reply.tool_calls])
+            self.save_step(["model_calls", "input_tokens", "output_tokens"], role=Message.Role.ASSISTANT,
+                           content=reply.text, tool_calls=[c.as_dict() for c in reply.tool_calls])
             history.append(ChatMessage(role="assistant", content=reply.text, tool_calls=list(reply.tool_calls)))
             self.publish()
             if reply.finish == "length":
@@ -241,20 +253,20 @@ class TurnRunner:
                 if self.cancelled():
                     return Turn.Status.CANCELLED, None
                 result = self.run_tool(call)
-                self.add_message(role=Message.Role.TOOL, content=result.output, tool_call_id=call.id,
-                                 tool_name=call.name, is_error=result.is_error)
+                self.save_step(["tool_calls"], role=Message.Role.TOOL, content=result.output, tool_call_id=call.id,
+                               tool_name=call.name, is_error=result.is_error)
                 history.append(ChatMessage(role="tool", content=result.output, tool_call_id=call.id,
                                            name=call.name, is_error=result.is_error))
                 self.publish()
         return Turn.Status.INCOMPLETE, step_limit_message(cfg["MAX_STEPS"])
 
     def count_model_call(self, reply):
+        """Add one model call and its usage to the turn (saved by the round-trip's ``save_step``)."""
         turn = self.turn
         turn.model_calls += 1
         if reply.usage is not None:
             turn.input_tokens = (turn.input_tokens or 0) + reply.usage.input_tokens
             turn.output_tokens = (turn.output_tokens or 0) + reply.usage.output_tokens
-        turn.save(update_fields=["model_calls", "input_tokens", "output_tokens"])
 
     def run_tool(self, call):
         """Run one tool call within ``min(TOOL_TIMEOUT, remaining − TOOL_RESERVE)``, record it, and
@@ -278,7 +290,6 @@ class TurnRunner:
         result = run_tool(t, call, context, limit, cfg["TOOL_RESULT_MAX_CHARS"])
         duration = self.budget.elapsed() - started_offset
         self.turn.tool_calls += 1
-        self.turn.save(update_fields=["tool_calls"])
         outcome = "ok"
         if result.is_error:
             outcome = "timeout" if "timed out" in result.output else "error"
@@ -307,6 +318,7 @@ class TurnRunner:
         interrupted = None
         try:
             with transaction.atomic():
+                self.save_records()
                 turn.save(update_fields=["status", "error", "finished_at", "margin_left", "model_calls",
                                          "tool_calls", "input_tokens", "output_tokens"])
         except DatabaseError:
