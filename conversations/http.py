@@ -37,7 +37,8 @@ logger = logging.getLogger("conversations.http")
 
 SKIPPED_MESSAGE = "Skipped call — job budget exhausted"
 
-RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# 529: Anthropic's "overloaded".
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
 
 _current_watchdog = contextvars.ContextVar("conversations_http_watchdog", default=None)
 

@@ -174,10 +174,20 @@ def test_a_follow_up_turn_sends_the_earlier_exchange_starting_with_the_user(fake
 
 @pytest.mark.django_db
 def test_a_question_after_a_failed_turn_is_merged_into_one_user_message(fake):
-    fake.add(anthropic_error(529, "overloaded_error", "Overloaded"), anthropic_message("Hi again."))
+    fake.add(anthropic_error(400, "invalid_request_error", "Bad request"), anthropic_message("Hi again."))
     conversation = Conversation.objects.create(owner_token="visitor")
     assert run_turn_here("First try", conversation=conversation).status == "failed"
     assert run_turn_here("Second try", conversation=conversation).status == "completed"
 
     assert fake.requests[-1]["json"]["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "First try"}, {"type": "text", "text": "Second try"}]}]
+
+
+@pytest.mark.django_db
+def test_overloaded_529_is_retried_within_the_budget(fake):
+    fake.add(anthropic_error(529, "overloaded_error", "Overloaded"), anthropic_message("Here I am."))
+    turn = run_turn_here("Are you there?")
+
+    assert turn.status == "completed"
+    outcomes = list(CallRecord.objects.filter(turn=turn).order_by("attempt").values_list("attempt", "status_code"))
+    assert outcomes == [(1, 529), (2, 200)]
