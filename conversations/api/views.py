@@ -5,6 +5,7 @@ import re
 import time
 
 from django.db import IntegrityError, transaction
+from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.translation import gettext as _
@@ -120,6 +121,7 @@ class ConversationListView(ConversationAPIView):
     @extend_schema(responses={200: serializers.ConversationSerializer(many=True)},
                    summary="The caller's 50 most recent conversations")
     def get(self, request):
+        get_token(request)  # sets the csrftoken cookie, for a widget on a page Django did not render
         conversations = Conversation.objects.filter(owned_filter(request)).order_by("-created_at")[:50]
         return Response([{"id": str(c.id), "created_at": c.created_at} for c in conversations])
 
@@ -293,10 +295,11 @@ class TurnDetailView(APIView):
     def get(self, request, conversation_id, turn_id):
         if conversation_id is None or turn_id is None:  # not a UUID (see urls.AnyUUIDConverter)
             raise NotFound()
-        data = state.read(turn_id)
+        data, session = state.read_with_session(turn_id, request)
         if data is None or self.is_stale(data):
             data = self.rebuild(request, conversation_id, turn_id)
-        if data["conversation"] != str(conversation_id) or not owns_state(request, data["owner"]):
+            session = request.session
+        if data["conversation"] != str(conversation_id) or not owns_state(session, data["owner"]):
             raise NotFound()
         etag = f'"{data["id"]}-{data["version"]}"'
         headers = {"ETag": etag, "Cache-Control": "private, no-cache"}

@@ -134,8 +134,8 @@ PLAIN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8">
 
 def test_widget_gives_up_with_a_message_when_the_server_never_says_done(chat_page):
     # No worker runs: the turn stays queued, and the server never says done.
+    # The plain page is the visitor's first page of the site: no csrftoken cookie yet.
     chat = chat_page()
-    chat.page.goto(chat.base_url + "/")  # the visitor has Django's csrftoken cookie from the site
     chat.page.route("**/plain-page/", lambda route: route.fulfill(content_type="text/html", body=PLAIN_PAGE))
     chat.open("/plain-page/")
     expect(chat.locator(".cvw-header")).to_have_text("Help desk")

@@ -229,8 +229,14 @@
   // -- HTTP ---------------------------------------------------------------------------------
 
   Widget.prototype.token = function () {
-    // data-csrf-token (the template tag sets it), else Django's cookie.
-    return Promise.resolve(this.csrf || readCookie(this.csrfCookie));
+    // data-csrf-token (the template tag sets it), else Django's cookie; on a page Django did
+    // not render the visitor may have none yet, and the API's GET sets it.
+    var self = this;
+    var known = this.csrf || readCookie(this.csrfCookie);
+    if (known) { return Promise.resolve(known); }
+    return fetch(this.apiUrl, { credentials: this.credentials, headers: { "Accept": "application/json" } })
+      .catch(function () { return null; })
+      .then(function () { return readCookie(self.csrfCookie); });
   };
 
   /* Resolves with the JSON body; rejects with an Error whose message is the server's sentence. */
