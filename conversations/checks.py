@@ -74,7 +74,7 @@ def check_config(app_configs=None, **kwargs):
             f"JOB_TIMEOUT ({job}).",
             hint="Use the same value, so every clock is nested the way the deadline assumes.",
             id="conversations.E007"))
-    errors += _check_provider(cfg) + _check_tools(cfg)
+    errors += _check_provider(cfg) + _check_tools(cfg) + _check_rates(cfg)
     if not _final_writing_worker(getattr(settings, "RQ", {}).get("WORKER_CLASS", "")):
         errors.append(Warning(
             "The RQ worker class is not conversations.worker.Worker: a killed work horse leaves its turn without "
@@ -121,3 +121,21 @@ def _check_tools(cfg):
                       hint="List dotted paths of functions (or @tool objects) with supported type hints.",
                       id="conversations.E011")]
     return []
+
+
+def _check_rates(cfg):
+    """A rate DRF cannot parse would only fail (500) on the first turn posted; refuse it at start-up."""
+    from rest_framework.throttling import SimpleRateThrottle
+
+    errors = []
+    for key in ("TURN_RATE_PER_OWNER", "TURN_RATE_PER_IP"):
+        rate = cfg[key]
+        if not rate or str(rate).strip() == "0":
+            continue
+        try:
+            SimpleRateThrottle.parse_rate(None, str(rate))
+        except (ValueError, KeyError, IndexError, AttributeError):
+            errors.append(Error(f"{key} {rate!r} is not a rate.",
+                                hint='Use "<number>/<sec|min|hour|day>", e.g. "10/min", or "" for no limit.',
+                                id="conversations.E012"))
+    return errors

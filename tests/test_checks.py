@@ -112,3 +112,14 @@ class ChatWorker(conversations.worker.Worker):
 def test_a_subclass_of_our_worker_class_is_fine(settings):
     settings.RQ = {"WORKER_CLASS": f"{__name__}.ChatWorker"}
     assert check_config() == []
+
+
+def test_a_throttle_rate_drf_cannot_parse_is_refused_at_start_up(conversations_settings):
+    conversations_settings.update(TURN_RATE_PER_OWNER="ten a minute", TURN_RATE_PER_IP="10/fortnight")
+    hint = 'Use "<number>/<sec|min|hour|day>", e.g. "10/min", or "" for no limit.'
+    assert check_config() == [
+        Error("TURN_RATE_PER_OWNER 'ten a minute' is not a rate.", hint=hint, id="conversations.E012"),
+        Error("TURN_RATE_PER_IP '10/fortnight' is not a rate.", hint=hint, id="conversations.E012"),
+    ]
+    conversations_settings.update(TURN_RATE_PER_OWNER="", TURN_RATE_PER_IP="5/minute")
+    assert check_config() == []
