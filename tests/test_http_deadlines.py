@@ -158,10 +158,15 @@ def test_call_after_an_aborted_one_succeeds_on_a_fresh_connection():
 
 
 def test_parallel_calls_each_end_at_their_own_limit():
-    calls = {limit: Call(budget=limit, CALL_TIMEOUT=60, MIN_CALL_BUDGET=0.2) for limit in (0.5, 1.0, 1.5)}
+    calls = {}
+
+    def call_with_budget(limit, url):
+        # The budget starts in the thread: on a loaded machine a thread can start late.
+        calls[limit] = Call(budget=limit, CALL_TIMEOUT=60, MIN_CALL_BUDGET=0.2).post(url)
+
     with FakeProvider() as fake:
         fake.repeat(hang, 3)
-        threads = [threading.Thread(target=call.post, args=(fake.url,)) for call in calls.values()]
+        threads = [threading.Thread(target=call_with_budget, args=(limit, fake.url)) for limit in (0.5, 1.0, 1.5)]
         for thread in threads:
             thread.start()
         for thread in threads:
