@@ -290,12 +290,17 @@ class TurnDetailView(APIView):
         """Every widget polls here, so the common case — a fresh cached state that the caller
         owns — is answered with plain Django (one Redis round trip, no DRF machinery). Anything
         else (a missing, stale or foreign state, a malformed id) takes DRF's path through ``get``."""
+        self.cached = None  # (state, session data) read here, used again by ``get``
         if request.method == "GET" and conversation_id is not None and turn_id is not None:
-            data, session = state.read_with_session(turn_id, request)
-            if (data is not None and not self.is_stale(data) and data["conversation"] == str(conversation_id)
-                    and owns_state(session, data["owner"])):
+            self.cached = data, session = state.read_with_session(turn_id, request)
+            if data is not None and not self.is_stale(data) and self.serves(data, session, conversation_id):
                 return self.respond(request, data)
         return super().dispatch(request, conversation_id=conversation_id, turn_id=turn_id, **kwargs)
+
+    @staticmethod
+    def serves(data, session, conversation_id):
+        """Whether ``data`` is a state of ``conversation_id`` owned by the holder of ``session``."""
+        return data["conversation"] == str(conversation_id) and owns_state(session, data["owner"])
 
     @staticmethod
     def respond(request, data):
@@ -322,11 +327,10 @@ class TurnDetailView(APIView):
     def get(self, request, conversation_id, turn_id):
         if conversation_id is None or turn_id is None:  # not a UUID (see urls.AnyUUIDConverter)
             raise NotFound()
-        data, session = state.read_with_session(turn_id, request)
+        data, session = self.cached or state.read_with_session(turn_id, request)
         if data is None or self.is_stale(data):
-            data = self.rebuild(request, conversation_id, turn_id)
-            session = request.session
-        if data["conversation"] != str(conversation_id) or not owns_state(session, data["owner"]):
+            data, session = self.rebuild(request, conversation_id, turn_id, data), request.session
+        if not self.serves(data, session, conversation_id):
             raise NotFound()
         return self.respond(request, data)
 
@@ -334,13 +338,14 @@ class TurnDetailView(APIView):
     def is_stale(data):
         return not data["done"] and time.time() - data.get("updated_at", 0) > get_config()["STALE_AFTER"]
 
-    def rebuild(self, request, conversation_id, turn_id):
+    def rebuild(self, request, conversation_id, turn_id, cached):
+        """For a missing or stale ``cached`` state: 404 unless the caller owns the turn; end the
+        turn if its job died; else the cached state, or one rebuilt from the database."""
         conversation = owned_conversation(request, conversation_id)
         turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)
         repaired = jobs.repair_if_dead(turn)
         if repaired is not None:
             return repaired
-        cached = state.read(turn_id)
         return cached if cached is not None else state.publish(state.state_from_db(turn))
 
 
