@@ -180,7 +180,7 @@ class TurnRunner:
 
     def history(self):
         """The messages for the model: the system prompt, then the conversation's earlier finished
-        turns and this turn's rows, trimmed to ``HISTORY_MAX_CHARS`` (the prompt counts too)."""
+        turns and this turn's rows, whole (``loop`` trims them before every call)."""
         earlier = (
             Message.objects.filter(conversation_id=self.turn.conversation_id, id__lt=self.rows[0].id)
             .exclude(turn__status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING])
@@ -188,8 +188,7 @@ class TurnRunner:
         )
         system = self.config.get("SYSTEM_PROMPT")
         messages = ([ChatMessage(role="system", content=system)] if system else [])
-        messages += [chat_message(m) for m in earlier] + [chat_message(m) for m in self.rows]
-        return trim_history(messages, self.config["HISTORY_MAX_CHARS"])
+        return messages + [chat_message(m) for m in earlier] + [chat_message(m) for m in self.rows]
 
     def start(self):
         """Mark the turn running with its clocks (row, then a first ``done: false`` state)."""
