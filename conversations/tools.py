@@ -16,7 +16,7 @@ import re
 import threading
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from django.db import connections
 from django.utils.module_loading import import_string
@@ -64,7 +64,11 @@ class Tool:
     function: typing.Callable
     takes_context: bool = False
     timeout: float | None = None
-    required: list = field(default_factory=list)
+
+    @property
+    def required(self):
+        """The names of the parameters without a default."""
+        return self.parameters.get("required", [])
 
     def __call__(self, *args, **kwargs):
         return self.function(*args, **kwargs)
@@ -133,7 +137,6 @@ def tool(function=None, *, name=None, description=None, timeout=None):
             function=fn,
             takes_context=takes_context,
             timeout=timeout,
-            required=required,
         )
 
     return wrap(function) if function is not None else wrap
