@@ -24,8 +24,6 @@ from django.core.cache import cache
 from django.db import connections
 from rq.job import Job, JobStatus
 
-from django.core.cache import cache
-
 from conversations import state
 from conversations.jobs import crashed_message, timeout_message
 from conversations.models import CallRecord, Message, Turn
