@@ -3,21 +3,22 @@ beside a bare RQ job that makes the same three HTTP calls.
 
     .venv/bin/python -m bench.turn_overhead [--turns 30] [--database postgres|sqlite|URL]
 
-Both run in the same ``manage.py rqworker`` (our Worker class), against the same instant
-OpenAI-compatible server, one at a time, alternating, so drift in the machine's load hits both:
+All run in the same ``manage.py rqworker`` (our Worker class), against the same instant
+OpenAI-compatible server, one at a time, in turn, so drift in the machine's load hits all:
 
 - ``turn``: ``POST …/turns/`` through gunicorn (session, CSRF, rows, enqueue at commit) →
   job → model asks for ``current_time`` → tool runs → model asks for ``search_faq`` → tool
   runs → model answers → final write. Ends at the ``updated_at`` of the ``done: true`` state.
-- ``bare job``: ``queue.enqueue(bare_job)`` → job → the same three POSTs with the same
+- ``bare job, POSTed to a bare view`` (the baseline): a POST through the same gunicorn to a
+  view that only enqueues ``bench.bare.bare_job`` → job → the same three POSTs with the same
   growing message lists through one ``requests`` session → writes ``time.time()`` to Redis.
+- ``bare job, enqueued in-process``: the same job, enqueued by this process (no web request).
 
 Overhead = end - start - the time the provider spent answering (measured in the server).
 """
 
 import argparse
 import datetime
-import json
 import time
 
 import requests
@@ -25,24 +26,6 @@ import requests
 from bench.common import ScriptedProvider, Stack, machine, median, percentile, table, visitor
 
 RESULT_KEY = "bench:bare:{}"
-
-
-def bare_job(url, key, turn_number):
-    """The baseline: three provider calls, each with the conversation so far, then one Redis write."""
-    from rq import get_current_job
-
-    session = requests.Session()
-    messages = [{"role": "system", "content": "You are a helpful assistant embedded in a website. Answer briefly."},
-                {"role": "user", "content": f"What time is it in Tokyo, and how do refunds work? ({turn_number})"}]
-    for _ in range(3):
-        reply = session.post(url + "/chat/completions", data=json.dumps({"model": "bench", "messages": messages}),
-                             headers={"Content-Type": "application/json", "Authorization": "Bearer bench"},
-                             timeout=(10, 60))
-        message = reply.json()["choices"][0]["message"]
-        messages.append(message)
-        for call in message.get("tool_calls") or []:
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "result"})
-    get_current_job().connection.set(key, repr(time.time()), ex=600)
 
 
 def run_turn(base, provider):
@@ -73,10 +56,16 @@ def run_turn(base, provider):
     return ended - started, provider.time_between(started, ended), turn_started - started
 
 
-def run_bare(queue, provider, number):
+def run_bare(queue, provider, number, base=None):
+    """One bare job, enqueued in-process, or (with ``base``) by a POST to the bare view."""
     key = RESULT_KEY.format(number)
     started = time.time()
-    job = queue.enqueue("bench.turn_overhead.bare_job", provider.url, key, number, job_timeout=120)
+    if base is None:
+        job = queue.enqueue("bench.bare.bare_job", provider.url, key, number, job_timeout=120)
+    else:
+        response = requests.post(base + "/bench/bare-job/", json={"url": provider.url, "key": key, "number": number})
+        assert response.status_code == 202, response.text
+        job = queue.fetch_job(response.json()["job"])
     deadline = time.monotonic() + 60
     while (value := queue.connection.get(key)) is None:
         if time.monotonic() > deadline:
@@ -103,17 +92,17 @@ def main():
             base = stack.gunicorn(2)
             stack.workers(1)
             queue = get_queue()
-            results = {"turn": [], "bare job": []}
+            results = {"turn": [], "bare job, POSTed to a bare view": [], "bare job, enqueued in-process": []}
             for number in range(args.turns + 3):
-                turn = run_turn(base, provider)
-                bare = run_bare(queue, provider, number)
-                if number >= 3:  # the first pairs warm up imports, connections, caches
-                    results["turn"].append(turn)
-                    results["bare job"].append(bare)
+                runs = [run_turn(base, provider), run_bare(queue, provider, 2 * number, base),
+                        run_bare(queue, provider, 2 * number + 1)]
+                if number >= 3:  # the first rounds warm up imports, connections, caches
+                    for name, run in zip(results, runs):
+                        results[name].append(run)
 
-    print(f"\n{args.turns} turns of each kind, alternating; 1 rqworker, gunicorn 2 sync workers, "
+    print(f"\n{args.turns} runs of each kind, in turn; 1 rqworker, gunicorn 2 sync workers, "
           f"{stack.database_label}; medians per turn in ms\n")
-    bare_overhead = median([total - spent for total, spent, _ in results["bare job"]])
+    bare_overhead = median([total - spent for total, spent, _ in results["bare job, POSTed to a bare view"]])
     rows = []
     for name, runs in results.items():
         overheads = [total - spent for total, spent, _ in runs]
@@ -122,7 +111,7 @@ def main():
                      f"{median([r[1] for r in runs]) * 1000:.2f}", ms(overheads),
                      f"{percentile(overheads, 0.9) * 1000:.1f}", f"{median(overheads) / bare_overhead:.2f}"])
     table(["path", "start to done", "of which: until the job starts", "job start to done", "in provider",
-           "overhead (median)", "overhead p90", "vs bare job"], rows)
+           "overhead (median)", "overhead p90", "vs bare job (POSTed)"], rows)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 ``bare_poll`` returns the same cached state, serialised to the same JSON bytes, with nothing
 else: no DRF, no session, no ownership check, no ETag. Whatever the poll view costs beyond it
 is the price of those.
+
+``bare_enqueue`` (in ``bench.bare``) is the turn-overhead benchmark's baseline for the POST
+that starts a turn: it only enqueues the bare job.
 """
 
 import json
@@ -10,6 +13,7 @@ import json
 from django.http import HttpResponse
 from django.urls import include, path
 
+from bench.bare import bare_enqueue
 from conversations import state
 from conversations.api.views import public_state
 
@@ -31,5 +35,6 @@ def bare_poll_with_session(request, turn_id):
 urlpatterns = [
     path("bench/bare/<uuid:turn_id>/", bare_poll),
     path("bench/bare-session/<uuid:turn_id>/", bare_poll_with_session),
+    path("bench/bare-job/", bare_enqueue),
     path("", include("chatproject.urls")),
 ]
