@@ -169,6 +169,7 @@ def rerun_turn(turn):
     message = turn.messages.filter(role=Message.Role.USER).order_by("id").first()
     if message is None:
         return None, _("it has no visitor message to send again")
+    new = None
     try:
         with transaction.atomic():
             # The lock serialises this with the API, which refuses a second active turn the same way.
@@ -176,10 +177,12 @@ def rerun_turn(turn):
             if conversation.turns.filter(status__in=ACTIVE).exists():
                 return None, _("its conversation is still answering a message; wait for it or cancel it first")
             new = jobs.create_turn(conversation, message.content)
-    except RedisError:
+    except RedisError:  # django-rq enqueues at the commit: the new turn's row may exist without a job
+        if new is not None:
+            jobs.end_unqueued(new)
         return None, _("the job queue is unreachable")
     try:
-        state.publish(state.state_from_db(new))
+        state.publish(state.state_from_db(new, new.created_messages))
     except RedisError:
         pass  # the poll view rebuilds a missing state from the database
     return new, None

@@ -142,11 +142,26 @@ class WatchedAdapter(HTTPAdapter):
 
 
 def new_session():
+    """A ``requests`` session whose sockets the watchdog can reach. It does not read the
+    environment on each call (see ``environment_settings``)."""
     session = requests.Session()
+    session.trust_env = False
     adapter = WatchedAdapter()
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session
+
+
+def environment_settings(url):
+    """The proxies (``HTTPS_PROXY``, ``NO_PROXY``…) and CA bundle (``REQUESTS_CA_BUNDLE``) the
+    environment sets for ``url``, as ``requests.Session.request`` keyword arguments.
+
+    ``requests`` looks these up on every call, scanning the whole environment each time, and
+    also reads ``~/.netrc``, whose credentials it would send as an ``Authorization`` header
+    over the API key's; a turn looks the environment up once per URL and never reads netrc.
+    """
+    found = requests.Session().merge_environment_settings(url, {}, None, None, None)
+    return {"proxies": found["proxies"], "verify": found["verify"]}
 
 
 class CallFailed(Exception):
@@ -245,6 +260,7 @@ class BudgetedHTTP:
         self.name = name
         self.turn_id = turn_id
         self.session = session or new_session()
+        self._environment = {}
 
     def close(self):
         self.session.close()
@@ -297,7 +313,10 @@ class BudgetedHTTP:
         try:
             with _Watchdog(limit) as watchdog:
                 try:
-                    reply = self.session.post(url, data=body, headers=headers, timeout=(connect, limit))
+                    if url not in self._environment:
+                        self._environment[url] = environment_settings(url)
+                    reply = self.session.post(url, data=body, headers=headers, timeout=(connect, limit),
+                                              **self._environment[url])
                     content = reply.content  # read inside the watchdog: the body is what trickles
                 except requests.RequestException as exc:
                     if watchdog.expired:

@@ -18,6 +18,7 @@ import django_rq
 from django.db import close_old_connections
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from redis.exceptions import RedisError
 from rq import get_current_job
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
@@ -50,21 +51,48 @@ def crashed_message():
     return _("The assistant stopped unexpectedly before finishing. Please try again.")
 
 
+_connections = {}
+
+
+def unavailable_message():
+    return _("The assistant is unavailable right now. Please try again in a minute.")
+
+
 def get_queue():
-    return django_rq.get_queue(get_config()["QUEUE"])
+    """The turns' queue, on a Redis client made once per process (and queue configuration).
 
-
-def enqueue_turn(turn):
-    """Enqueue ``turn`` with ``job_timeout = JOB_TIMEOUT``.
-
-    The job id is chosen here and saved on the turn, because inside ``transaction.atomic()``
-    django-rq defers the enqueue to the commit and returns None.
+    ``django_rq.get_queue()`` builds a new client, with a new connection pool, on every call,
+    so every POST would open (and handshake) a fresh connection to Redis. The client's pool
+    starts afresh in a forked child, as redis-py pools do.
     """
+    from django_rq.settings import QUEUES
+
+    name = get_config()["QUEUE"]
+    key = (name, repr(sorted(QUEUES[name].items())))
+    connection = _connections.get(key)
+    if connection is None:
+        connection = _connections[key] = django_rq.get_connection(name)
+    return django_rq.get_queue(name, connection=connection)
+
+
+def job_fields(turn):
+    """Set the job's id and clocks on ``turn`` (not saved). The job id is ours, not RQ's, because
+    inside ``transaction.atomic()`` django-rq defers the enqueue to the commit and returns None."""
     cfg = get_config()
     turn.job_id = job_id_for(turn)
     turn.job_timeout = cfg["JOB_TIMEOUT"]
     turn.deadline_margin = cfg["DEADLINE_MARGIN"]
-    turn.save(update_fields=["job_id", "job_timeout", "deadline_margin"])
+    return ["job_id", "job_timeout", "deadline_margin"]
+
+
+def enqueue_turn(turn, *, saved=False):
+    """Enqueue ``turn`` with ``job_timeout = JOB_TIMEOUT``; returns the job id.
+
+    ``saved``: the turn's row already holds ``job_fields()`` (``create_turn`` inserts them).
+    """
+    cfg = get_config()
+    if not saved:
+        turn.save(update_fields=job_fields(turn))
     get_queue().enqueue(
         perform_turn,
         str(turn.id),
@@ -81,15 +109,19 @@ def create_turn(conversation, content, **fields):
     """Save a visitor's message and its new turn, then enqueue the turn.
 
     Call inside ``transaction.atomic()``: the message is saved before the job can run, and
-    django-rq enqueues at commit. Returns the turn.
+    django-rq enqueues at commit. Returns the turn; ``turn.created_messages`` holds the new
+    message row, so its first state can be built without reading it back.
     """
     from .models import Message
 
     cfg = get_config()
-    turn = Turn.objects.create(conversation=conversation, enqueued_at=timezone.now(),
-                               provider=str(cfg["PROVIDER"]), model=str(cfg["MODEL"]), **fields)
-    Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER, content=content)
-    enqueue_turn(turn)
+    turn = Turn(conversation=conversation, enqueued_at=timezone.now(),
+                provider=str(cfg["PROVIDER"]), model=str(cfg["MODEL"]), **fields)
+    job_fields(turn)
+    turn.save(force_insert=True)
+    message = Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER, content=content)
+    enqueue_turn(turn, saved=True)
+    turn.created_messages = [message]
     return turn
 
 
@@ -154,6 +186,18 @@ def finalize(turn, status, error):
         return None
     data = state.state_from_db(turn)
     return state.publish(data)
+
+
+def end_unqueued(turn):
+    """End ``turn`` failed because its job could not be enqueued (Redis unreachable).
+
+    The row is what counts: the cache is most likely unreachable too, and the poll view
+    rebuilds a missing state from the row.
+    """
+    try:
+        finalize(turn, Turn.Status.FAILED, unavailable_message())
+    except RedisError:
+        pass
 
 
 def turn_id_from_job(job):

@@ -8,6 +8,7 @@ false``); ``finish()`` writes the final state (``done: true``) to the database a
 import logging
 
 from django.db import DatabaseError, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
@@ -139,7 +140,7 @@ class TurnRunner:
                                      turn_id=str(turn.id))
             provider = cls(config, http=self.http, budget=self.budget)
         self.provider = provider
-        self.rows = list(turn.messages.order_by("id"))
+        self.earlier, self.rows = self.transcript()
         self.pending_records = []
         self.finished = False
 
@@ -147,15 +148,15 @@ class TurnRunner:
 
     def record(self, **fields):
         """Keep one ``CallRecord`` (a provider attempt or a tool run); it is saved with the
-        round-trip's other rows (``save_step``) or at the final write."""
+        round-trip's other rows (``save_step``) or at the final write. Its text fields are cut
+        to their columns' lengths here, so that saving it cannot fail on them."""
+        for name in ("name", "detail"):
+            fields[name] = str(fields.get(name) or "")[:CallRecord._meta.get_field(name).max_length]
         self.pending_records.append(CallRecord(turn=self.turn, **fields))
 
     def save_records(self):
-        try:
-            with transaction.atomic():  # a savepoint: a failure here leaves the caller's transaction usable
-                CallRecord.objects.bulk_create(self.pending_records)
-        except DatabaseError:  # a lost timeline row must never end the turn (but RQ's timeout must get through)
-            logger.exception("Could not record the calls of turn %s", self.turn.id)
+        """Insert the kept ``CallRecord`` rows; call inside the transaction that saves the rest."""
+        CallRecord.objects.bulk_create(self.pending_records)
         self.pending_records = []
 
     def save_step(self, turn_fields, **message_fields):
@@ -178,17 +179,27 @@ class TurnRunner:
 
     # -- the loop ------------------------------------------------------------------------
 
+    def transcript(self):
+        """``(earlier, rows)``: the conversation's messages from its earlier finished turns, and
+        this turn's own, each in order, read in one query."""
+        active = [Turn.Status.QUEUED, Turn.Status.RUNNING]
+        messages = Message.objects.filter(
+            Q(turn_id=self.turn.id) | ~Q(turn__status__in=active), conversation_id=self.turn.conversation_id,
+        ).order_by("id")
+        earlier, rows = [], []
+        for message in messages:
+            if message.turn_id == self.turn.id:
+                rows.append(message)
+            elif not rows:  # a later turn's messages are never part of this one's history
+                earlier.append(message)
+        return earlier, rows
+
     def history(self):
         """The messages for the model: the system prompt, then the conversation's earlier finished
         turns and this turn's rows, whole (``loop`` trims them before every call)."""
-        earlier = (
-            Message.objects.filter(conversation_id=self.turn.conversation_id, id__lt=self.rows[0].id)
-            .exclude(turn__status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING])
-            .order_by("id")
-        )
         system = self.config.get("SYSTEM_PROMPT")
         messages = ([ChatMessage(role="system", content=system)] if system else [])
-        return messages + [chat_message(m) for m in earlier] + [chat_message(m) for m in self.rows]
+        return messages + [chat_message(m) for m in self.earlier] + [chat_message(m) for m in self.rows]
 
     def start(self):
         """Mark the turn running with its clocks (row, then a first ``done: false`` state)."""

@@ -560,6 +560,19 @@ def test_rerun_is_refused_politely_while_the_conversation_has_a_running_turn(adm
     assert Turn.objects.filter(conversation=old.conversation).count() == 2
 
 
+@pytest.mark.django_db(transaction=True)
+def test_rerun_while_the_queue_is_unreachable_says_so_and_leaves_no_turn_waiting(admin_client, settings):
+    old = failed_turn()
+    settings.RQ_QUEUES = {"default": {**settings.RQ_QUEUES["default"], "URL": "redis://127.0.0.1:9/0"}}
+
+    response = admin_client.post(CHANGELIST, {"action": "rerun_selected", "_selected_action": [old.pk]},
+                                 follow=True)
+
+    assert "the job queue is unreachable" in response.content.decode()
+    new = Turn.objects.exclude(pk=old.pk).get()
+    assert new.status == "failed" and new.error == "The assistant is unavailable right now. Please try again in a minute."
+
+
 @pytest.mark.django_db
 def test_rerun_button_only_accepts_post(admin_client):
     old = completed_turn()

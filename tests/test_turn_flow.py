@@ -97,3 +97,26 @@ def test_second_message_continues_the_conversation(worker):
     assert transcript["messages"][-1]["role"] == "assistant"
     assert transcript["active_turn"] is None
     assert Turn.objects.filter(conversation_id=conversation, status="completed").count() == 2
+
+
+def test_a_message_sent_while_the_queue_is_unreachable_is_kept_and_its_turn_ends_with_a_clear_error(settings):
+    client = make_client()
+    conversation = api_post(client, "/api/conversations/").json()["id"]
+    reachable = settings.RQ_QUEUES
+    settings.RQ_QUEUES = {"default": {**reachable["default"], "URL": "redis://127.0.0.1:9/0"}}  # nothing listens
+
+    response = api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "Are you there?"})
+
+    assert response.status_code == 503
+    assert response.json()["detail"] == "The assistant is unavailable right now. Please try again in a minute."
+    turn = Turn.objects.get()
+    assert Message.objects.get(turn=turn).content == "Are you there?"
+    assert turn.status == "failed" and turn.done
+    # The widget, polling the turn, is told it ended and why; the next message is accepted.
+    settings.RQ_QUEUES = reachable
+    state = client.get(f"/api/conversations/{conversation}/turns/{turn.id}/").json()
+    assert state["done"] is True and state["status"] == "failed"
+    assert state["error"] == "The assistant is unavailable right now. Please try again in a minute."
+    assert [m["content"] for m in state["messages"]] == ["Are you there?"]
+    again = api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "Are you there?"})
+    assert again.status_code == 202

@@ -204,25 +204,29 @@ class TurnListView(ConversationAPIView):
         serializer = serializers.TurnCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         content = serializer.validated_data["content"]
-        with transaction.atomic():
-            conversation = owned_conversation(request, conversation_id, for_update=True)
-            replayed = self.replay(conversation, key, content)
-            if replayed is not None:
-                return replayed
-            if conversation.turns.filter(status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING]).exists():
-                raise Conflict(_("The assistant is still answering your previous message. "
-                                 "Wait for it to finish or stop it first."))
-            self.check_limits(conversation)
-            try:
-                turn, created = self.create(conversation, content, key)
-            except RedisError:
-                logger.exception("Could not enqueue a turn of conversation %s", conversation.id)
-                transaction.set_rollback(True)
-                raise ServiceUnavailable(_("The assistant is unavailable right now. Please try again in a minute."))
-            if not created:
-                return self.replay(conversation, key, content)
+        turn = None
         try:
-            state.publish(state.state_from_db(turn))
+            with transaction.atomic():
+                conversation = owned_conversation(request, conversation_id, for_update=True)
+                replayed = self.replay(conversation, key, content)
+                if replayed is not None:
+                    return replayed
+                if conversation.turns.filter(status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING]).exists():
+                    raise Conflict(_("The assistant is still answering your previous message. "
+                                     "Wait for it to finish or stop it first."))
+                self.check_limits(conversation)
+                turn, created = self.create(conversation, content, key)
+                if not created:
+                    return self.replay(conversation, key, content)
+        except RedisError:
+            # django-rq enqueues at the commit, so the visitor's message is saved by now but the
+            # job may not be: the turn ends failed, and the visitor is told to try again.
+            logger.exception("Could not enqueue a turn of conversation %s", conversation_id)
+            if turn is not None:
+                jobs.end_unqueued(turn)
+            raise ServiceUnavailable(jobs.unavailable_message())
+        try:
+            state.publish(state.state_from_db(turn, turn.created_messages))
         except RedisError:
             logger.exception("Could not publish the queued state of turn %s", turn.id)
         return Response(turn_summary(turn), status=status.HTTP_202_ACCEPTED)
@@ -246,14 +250,14 @@ class TurnListView(ConversationAPIView):
         conversation normally prevents it; the unique constraint is the last word), returns
         ``(that turn, False)`` and nothing is enqueued.
         """
+        if not key:
+            return jobs.create_turn(conversation, content), True
         try:
             # A savepoint, so that the losing insert leaves the outer transaction usable, and
             # the enqueue django-rq deferred to the commit is dropped with it.
             with transaction.atomic():
                 return jobs.create_turn(conversation, content, idempotency_key=key), True
         except IntegrityError:
-            if not key:
-                raise
             return conversation.turns.get(idempotency_key=key), False
 
     @staticmethod
