@@ -173,6 +173,36 @@ def perform_turn(turn_id):
     return turn.status
 
 
+def warm_up():
+    """Do, once in an RQ worker's parent process, the first-time work of a turn that each work
+    horse would otherwise repeat: every horse is a fresh fork of the parent and inherits only
+    what the parent has already done. Imports the provider and the tools; runs the turn's
+    queries once (finding nothing), which builds Django's lazy model metadata and the database
+    driver's adapters; reads the cache once. Then closes the database connection, which a
+    forked horse must not share. Never raises.
+    """
+    import uuid
+
+    from django.db import connections
+
+    from .models import Message
+    from .providers import get_provider_class
+    from .tools import load_tools
+
+    cfg = get_config()
+    try:
+        get_provider_class(cfg["PROVIDER"])
+        load_tools(cfg["TOOLS"])
+        missing = uuid.uuid4()
+        Turn.objects.select_related("conversation", "conversation__user").filter(pk=missing).first()
+        list(Message.objects.filter(turn_id=missing).order_by("id"))
+        state.read(missing)
+    except Exception:  # noqa: BLE001 - a worker that cannot warm up still works, only slower
+        logger.warning("Could not warm up the worker", exc_info=True)
+    finally:
+        connections.close_all()
+
+
 def finalize(turn, status, error):
     """Write a final state for ``turn`` from outside its job (worker parent, poll view, admin, cron).
 

@@ -16,7 +16,15 @@ logger = logging.getLogger("conversations.worker")
 
 
 class Worker(rq.Worker):
-    """RQ's forking worker, plus a final write for a turn whose work horse died abruptly."""
+    """RQ's forking worker, warmed up before its first job, plus a final write for a turn whose
+    work horse died abruptly."""
+
+    def work(self, *args, **kwargs):
+        """RQ's loop, after ``jobs.warm_up()``: every work horse forks from this process."""
+        from .jobs import warm_up
+
+        warm_up()
+        return super().work(*args, **kwargs)
 
     def execute_job(self, job, queue):
         """Called in the parent for each job, before it forks the work horse; returns what RQ's does."""

@@ -128,3 +128,15 @@ def test_rqworker_pool_runs_our_worker_class(transactional_db, conversations_set
                 pool.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 pool.kill()
+
+
+def test_a_worker_whose_warm_up_fails_still_starts_and_shares_no_database_connection(conversations_settings,
+                                                                                     caplog):
+    from django.db import connections
+
+    conversations_settings.update(TOOLS=["no.such.tool"])
+
+    jobs.warm_up()  # what Worker.work() does once, before the first fork
+
+    assert "Could not warm up the worker" in caplog.text
+    assert all(connection.connection is None for connection in connections.all())
