@@ -4,7 +4,8 @@ beside a bare RQ job that makes the same three HTTP calls.
     .venv/bin/python -m bench.turn_overhead [--turns 30] [--database postgres|sqlite|URL]
 
 All run in the same ``manage.py rqworker`` (our Worker class), against the same instant
-OpenAI-compatible server, one at a time, in turn, so drift in the machine's load hits all:
+OpenAI-compatible server, one at a time, in turn (each once the worker is idle again), so
+drift in the machine's load hits all:
 
 - ``turn``: ``POST …/turns/`` through gunicorn (session, CSRF, rows, enqueue at commit) →
   job → model asks for ``current_time`` → tool runs → model asks for ``search_faq`` → tool
@@ -28,9 +29,26 @@ from bench.common import ScriptedProvider, Stack, machine, median, percentile, t
 RESULT_KEY = "bench:bare:{}"
 
 
-def run_turn(base, provider):
-    """One real turn; returns (seconds from POST to the done state, provider seconds, seconds until
-    the job started the turn)."""
+def wait_idle(queue):
+    """Wait until the worker has finished with the last job (RQ's own bookkeeping after the job
+    function returns, the work horse reaped), so that no run pays for the one before it."""
+    from rq import Worker
+
+    deadline = time.monotonic() + 60
+    while any(worker.get_state() != "idle" for worker in Worker.all(connection=queue.connection)):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the worker is still busy after 60s")
+        time.sleep(0.002)
+
+
+def job_started(queue, job_id):
+    """The wall-clock time RQ's worker started ``job_id`` (stamped in the parent, before the fork)."""
+    job = queue.fetch_job(job_id)
+    return job.started_at.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def run_turn(base, provider, queue):
+    """One real turn; returns its timings in seconds (see ``PHASES``)."""
     from conversations import state
     from conversations.models import Turn
 
@@ -39,6 +57,7 @@ def run_turn(base, provider):
     started = time.time()
     response = session.post(f"{base}/api/conversations/{conversation}/turns/",
                             json={"content": "What time is it in Tokyo, and how do refunds work?"})
+    answered = time.time()
     assert response.status_code == 202, response.text
     turn_id = response.json()["id"]
     deadline = time.monotonic() + 60
@@ -52,8 +71,15 @@ def run_turn(base, provider):
     assert data["status"] == "completed", data
     assert [m["role"] for m in data["messages"]] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
     ended = data["updated_at"]
-    turn_started = Turn.objects.get(pk=turn_id).started_at.timestamp()
-    return ended - started, provider.time_between(started, ended), turn_started - started
+    turn = Turn.objects.get(pk=turn_id)
+    calls = list(turn.calls.all())
+    model = sum(c.duration for c in calls if c.kind == "model")
+    tools = sum(c.duration for c in calls if c.kind == "tool")
+    running = turn.started_at.timestamp()
+    return {"total": ended - started, "provider": provider.time_between(started, ended),
+            "answered": answered - started, "job start": job_started(queue, turn.job_id) - started,
+            "running": running - started, "model calls": model, "tools": tools,
+            "rows and states": ended - running - model - tools}
 
 
 def run_bare(queue, provider, number, base=None):
@@ -61,25 +87,25 @@ def run_bare(queue, provider, number, base=None):
     key = RESULT_KEY.format(number)
     started = time.time()
     if base is None:
-        job = queue.enqueue("bench.bare.bare_job", provider.url, key, number, job_timeout=120)
+        job_id = queue.enqueue("bench.bare.bare_job", provider.url, key, number, job_timeout=120).id
     else:
         response = requests.post(base + "/bench/bare-job/", json={"url": provider.url, "key": key, "number": number})
         assert response.status_code == 202, response.text
-        job = queue.fetch_job(response.json()["job"])
+        job_id = response.json()["job"]
+    answered = time.time()
     deadline = time.monotonic() + 60
     while (value := queue.connection.get(key)) is None:
         if time.monotonic() > deadline:
             raise RuntimeError("bare job not done after 60s")
         time.sleep(0.002)
     ended = float(value)
-    job.refresh()
-    job_started = job.started_at.replace(tzinfo=datetime.timezone.utc).timestamp()
-    return ended - started, provider.time_between(started, ended), job_started - started
+    return {"total": ended - started, "provider": provider.time_between(started, ended),
+            "answered": answered - started, "job start": job_started(queue, job_id) - started}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=30, help="turns of each kind (after 3 warm-up pairs)")
+    parser.add_argument("--turns", type=int, default=30, help="runs of each kind (after 3 warm-up rounds)")
     parser.add_argument("--database", default="postgres", help='"postgres", "sqlite" or a DATABASE_URL')
     args = parser.parse_args()
 
@@ -94,24 +120,49 @@ def main():
             queue = get_queue()
             results = {"turn": [], "bare job, POSTed to a bare view": [], "bare job, enqueued in-process": []}
             for number in range(args.turns + 3):
-                runs = [run_turn(base, provider), run_bare(queue, provider, 2 * number, base),
-                        run_bare(queue, provider, 2 * number + 1)]
+                runs = []
+                for run in (lambda: run_turn(base, provider, queue),
+                            lambda: run_bare(queue, provider, 2 * number, base),
+                            lambda: run_bare(queue, provider, 2 * number + 1)):
+                    wait_idle(queue)
+                    runs.append(run())
                 if number >= 3:  # the first rounds warm up imports, connections, caches
                     for name, run in zip(results, runs):
                         results[name].append(run)
 
+    ms = lambda runs, key: f"{median([r[key] for r in runs]) * 1000:.1f}"  # noqa: E731
     print(f"\n{args.turns} runs of each kind, in turn; 1 rqworker, gunicorn 2 sync workers, "
-          f"{stack.database_label}; medians per turn in ms\n")
-    bare_overhead = median([total - spent for total, spent, _ in results["bare job, POSTed to a bare view"]])
+          f"{stack.database_label}; medians in ms\n")
+    overhead = {name: [r["total"] - r["provider"] for r in runs] for name, runs in results.items()}
+    baseline = median(overhead["bare job, POSTed to a bare view"])
     rows = []
     for name, runs in results.items():
-        overheads = [total - spent for total, spent, _ in runs]
-        ms = lambda values: f"{median(values) * 1000:.1f}"  # noqa: E731
-        rows.append([name, ms([r[0] for r in runs]), ms([r[2] for r in runs]), ms([r[0] - r[2] for r in runs]),
-                     f"{median([r[1] for r in runs]) * 1000:.2f}", ms(overheads),
-                     f"{percentile(overheads, 0.9) * 1000:.1f}", f"{median(overheads) / bare_overhead:.2f}"])
-    table(["path", "start to done", "of which: until the job starts", "job start to done", "in provider",
+        for r in runs:
+            r["after job start"] = r["total"] - r["job start"]
+        rows.append([name, ms(runs, "total"), ms(runs, "job start"), ms(runs, "after job start"),
+                     f"{median([r['provider'] for r in runs]) * 1000:.2f}", f"{median(overhead[name]) * 1000:.1f}",
+                     f"{percentile(overhead[name], 0.9) * 1000:.1f}", f"{median(overhead[name]) / baseline:.2f}"])
+    table(["path", "start to done", "until RQ starts the job", "job start to done", "in provider",
            "overhead (median)", "overhead p90", "vs bare job (POSTed)"], rows)
+
+    print("\nWhere the time goes, from the start of the POST (medians in ms; the turn's phases come from its "
+          "row and call records)\n")
+    turns, bare = results["turn"], results["bare job, POSTed to a bare view"]
+    for r in turns:
+        r["start to running"] = r["running"] - r["job start"]
+        r["job start"] -= r["answered"]
+    for r in bare:
+        r["job start"] -= r["answered"]
+    table(["phase", "turn", "bare job (POSTed)"], [
+        ["POST answered (202)", ms(turns, "answered"), ms(bare, "answered")],
+        ["then until RQ starts the job", ms(turns, "job start"), ms(bare, "job start")],
+        ["then fork, DB connection, turn loaded, marked running", ms(turns, "start to running"), "-"],
+        ["model calls (client side, provider included)", ms(turns, "model calls"), "-"],
+        ["tools", ms(turns, "tools"), "-"],
+        ["rows saved and states published (the rest)", ms(turns, "rows and states"), "-"],
+        ["job start to done", ms(turns, "after job start"), ms(bare, "after job start")],
+        ["start to done", ms(turns, "total"), ms(bare, "total")],
+    ])
 
 
 if __name__ == "__main__":
