@@ -79,12 +79,6 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Tests fork a real RQ work horse, which cannot see an in-memory database.
     DATABASES["default"]["TEST"] = {"NAME": os.environ.get("TEST_SQLITE_PATH", str(BASE_DIR / "test-db.sqlite3"))}
 
-elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    # Ask for UTC (TIME_ZONE) when connecting. A server whose default zone is spelled
-    # differently ("Etc/UTC", as Debian's is) otherwise costs every new connection an extra
-    # SET TIME ZONE round trip, and every RQ work horse opens a new connection.
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("options", "-c timezone=UTC")
-
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 CACHES = {
