@@ -188,13 +188,21 @@ def rerun_turn(turn):
     return new, None
 
 
+UNREACHABLE = "unreachable"  # stop_turn(): a running turn that the request to stop could not reach
+
+
 def stop_turn(turn):
-    """Cancel ``turn``. Returns its status afterwards.
+    """Cancel ``turn``. Returns its status afterwards, or ``UNREACHABLE`` when it is still
+    running and Redis, which carries the request to stop, is unreachable.
 
     A queued turn ends ``cancelled`` at once and a running one before its next model or tool
     call. A turn whose RQ job is gone or dead would never see the request, so it is ended here.
     """
-    turn = jobs.cancel_turn(turn)
+    try:
+        turn = jobs.cancel_turn(turn)
+    except RedisError:
+        turn.refresh_from_db()
+        return turn.status if turn.done else UNREACHABLE
     if not turn.done:
         try:
             problem = jobs.job_problem(turn)
@@ -514,7 +522,13 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
                 "%d running turn asked to stop: it ends cancelled before its next model or tool call.",
                 "%d running turns asked to stop: they end cancelled before their next model or tool call.",
                 stopping) % stopping, messages.SUCCESS)
-        if not ended and not stopping:
+        unreachable = sum(1 for _turn, status in results if status == UNREACHABLE)
+        if unreachable:
+            self.message_user(request, ngettext(
+                "%d running turn could not be asked to stop: Redis is unreachable.",
+                "%d running turns could not be asked to stop: Redis is unreachable.",
+                unreachable) % unreachable, messages.ERROR)
+        if not ended and not stopping and not unreachable:
             self.message_user(request, _("No running or queued turn was selected; nothing to cancel."),
                               messages.WARNING)
 

@@ -127,15 +127,21 @@ def create_turn(conversation, content, **fields):
 
 def cancel_turn(turn):
     """Ask ``turn`` to stop. A queued turn ends ``cancelled`` at once; a running one stops before
-    its next model or tool call (the runner checks). Returns the turn, refreshed."""
+    its next model or tool call (the runner checks the flag in the cache). Returns the turn,
+    refreshed.
+
+    The rows come first, so a ``RedisError`` (raised to the caller) leaves a queued turn
+    cancelled all the same: its job, when a worker picks it up, finds it done.
+    """
     if turn.done:
         return turn
     Turn.objects.filter(pk=turn.pk).update(cancel_requested=True)
-    state.request_cancel(turn.id)
     updated = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(
         status=Turn.Status.CANCELLED, finished_at=timezone.now())
     turn.refresh_from_db()
-    if updated:
+    if not updated:
+        state.request_cancel(turn.id)  # a running turn; one that ended meanwhile ignores it
+    else:
         state.publish(state.state_from_db(turn))
     return turn
 

@@ -574,6 +574,22 @@ def test_rerun_while_the_queue_is_unreachable_says_so_and_leaves_no_turn_waiting
 
 
 @pytest.mark.django_db
+def test_cancel_while_redis_is_down_says_the_running_turn_could_not_be_reached(admin_client, settings,
+                                                                               conversations_settings):
+    running = make_turn("running", finished_at=None)
+    settings.CACHES = {**settings.CACHES, "down": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:9/0"}}
+    conversations_settings.update(CACHE_ALIAS="down")
+
+    response = admin_client.post(CHANGELIST, {"action": "cancel_selected", "_selected_action": [running.pk]},
+                                 follow=True)
+
+    assert response.status_code == 200
+    assert "1 running turn could not be asked to stop: Redis is unreachable." in response.content.decode()
+    running.refresh_from_db()
+    assert running.status == "running" and running.cancel_requested
+
+
+@pytest.mark.django_db
 def test_rerun_button_only_accepts_post(admin_client):
     old = completed_turn()
 

@@ -120,3 +120,50 @@ def test_a_message_sent_while_the_queue_is_unreachable_is_kept_and_its_turn_ends
     assert [m["content"] for m in state["messages"]] == ["Are you there?"]
     again = api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "Are you there?"})
     assert again.status_code == 202
+
+
+@pytest.fixture
+def unreachable_cache(settings, conversations_settings):
+    """Sessions in the database (as a site may keep them), and the app's cache on a Redis that is
+    down: call the returned function to take the cache down, and again with False to bring it back."""
+    settings.SESSION_ENGINE = "django.contrib.sessions.backends.db"
+    settings.CACHES = {**settings.CACHES, "down": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:9/0"}}
+
+    def down(is_down=True):
+        conversations_settings.update(CACHE_ALIAS="down" if is_down else "default")
+
+    return down
+
+
+def test_cancelling_a_queued_turn_while_redis_is_down_still_cancels_it(worker, unreachable_cache,
+                                                                      conversations_settings):
+    client = make_client()
+    turn = start_turn(client)
+    unreachable_cache()
+
+    response = api_post(client, turn["cancel_url"])
+
+    assert response.status_code == 202
+    assert response.json()["status"] == "cancelled" and response.json()["done"] is True
+    unreachable_cache(False)
+    worker()  # the job finds its turn already ended and leaves it alone
+    saved = Turn.objects.get(pk=turn["id"])
+    assert saved.status == "cancelled" and saved.model_calls == 0
+    assert [m.role for m in saved.messages.all()] == ["user"]
+    # The cache still holds the "queued" state; once it is stale, the poll serves the row's end.
+    conversations_settings.update(STALE_AFTER=0)
+    state = client.get(turn["poll_url"]).json()
+    assert state["done"] is True and state["status"] == "cancelled"
+
+
+def test_stopping_a_running_turn_while_redis_is_down_answers_503(unreachable_cache):
+    client = make_client()
+    turn = start_turn(client)
+    Turn.objects.filter(pk=turn["id"]).update(status="running")
+    unreachable_cache()
+
+    response = api_post(client, turn["cancel_url"])
+
+    assert response.status_code == 503
+    assert response.json()["detail"] == "The assistant is unavailable right now. Please try again in a minute."
+    assert Turn.objects.get(pk=turn["id"]).cancel_requested is True

@@ -344,13 +344,16 @@ class TurnDetailView(APIView):
 
     def rebuild(self, request, conversation_id, turn_id, cached):
         """For a missing or stale ``cached`` state: 404 unless the caller owns the turn; end the
-        turn if its job died; else the cached state, or one rebuilt from the database."""
+        turn if its job died; else the cached state, or one rebuilt from the database when there
+        is none or the row says the turn ended and the cache does not (a write the cache missed)."""
         conversation = owned_conversation(request, conversation_id)
         turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)
         repaired = jobs.repair_if_dead(turn)
         if repaired is not None:
             return repaired
-        return cached if cached is not None else state.publish(state.state_from_db(turn))
+        if cached is None or (turn.done and not cached["done"]):  # once a turn is done, its row is the truth
+            return state.publish(state.state_from_db(turn))
+        return cached
 
 
 class TurnCancelView(ConversationAPIView):
@@ -363,5 +366,11 @@ class TurnCancelView(ConversationAPIView):
     def post(self, request, conversation_id, turn_id):
         conversation = owned_conversation(request, conversation_id)
         turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)
-        turn = jobs.cancel_turn(turn)
+        try:
+            turn = jobs.cancel_turn(turn)
+        except RedisError:
+            logger.exception("Could not ask turn %s to stop", turn.id)
+            turn.refresh_from_db()
+            if not turn.done:  # running, and the request to stop cannot reach it
+                raise ServiceUnavailable(jobs.unavailable_message())
         return Response(turn_summary(turn), status=status.HTTP_202_ACCEPTED)
