@@ -228,8 +228,11 @@ def end_unqueued(turn):
     """End ``turn`` failed because its job could not be enqueued (Redis unreachable).
 
     The row is what counts: the cache is most likely unreachable too, and the poll view
-    rebuilds a missing state from the row.
+    rebuilds a missing state from the row. The turn gives up its ``Idempotency-Key``: the
+    client was told the request failed (503), so the same request sent again must start a new
+    turn, not replay this one.
     """
+    Turn.objects.filter(pk=turn.pk).update(idempotency_key="")
     try:
         finalize(turn, Turn.Status.FAILED, unavailable_message())
     except RedisError:

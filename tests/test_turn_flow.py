@@ -105,7 +105,8 @@ def test_a_message_sent_while_the_queue_is_unreachable_is_kept_and_its_turn_ends
     reachable = settings.RQ_QUEUES
     settings.RQ_QUEUES = {"default": {**reachable["default"], "URL": "redis://127.0.0.1:9/0"}}  # nothing listens
 
-    response = api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "Are you there?"})
+    response = api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "Are you there?"},
+                        HTTP_IDEMPOTENCY_KEY="first-try")
 
     assert response.status_code == 503
     assert response.json()["detail"] == "The assistant is unavailable right now. Please try again in a minute."
@@ -118,8 +119,10 @@ def test_a_message_sent_while_the_queue_is_unreachable_is_kept_and_its_turn_ends
     assert state["done"] is True and state["status"] == "failed"
     assert state["error"] == "The assistant is unavailable right now. Please try again in a minute."
     assert [m["content"] for m in state["messages"]] == ["Are you there?"]
-    again = api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "Are you there?"})
-    assert again.status_code == 202
+    # The widget sends the same text again with the same key: a new turn starts (no replay of the failed one).
+    again = api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "Are you there?"},
+                     HTTP_IDEMPOTENCY_KEY="first-try")
+    assert again.status_code == 202 and again.json()["id"] != str(turn.id) and again.json()["status"] == "queued"
 
 
 @pytest.fixture

@@ -195,7 +195,8 @@ class TurnListView(ConversationAPIView):
             422: OpenApiResponse(ERROR, description="The Idempotency-Key was used for a different message."),
             429: OpenApiResponse(ERROR, description="Too many turns (per owner or per IP), or the owner's "
                                                     "DAILY_TOKEN_BUDGET is spent; see Retry-After."),
-            503: OpenApiResponse(ERROR, description="The queue (Redis) is unreachable."),
+            503: OpenApiResponse(ERROR, description="Redis is unreachable. If the message was saved before the "
+                                                    "enqueue failed, its turn ended failed with this message."),
         },
         summary="Send a message: starts a turn and answers with its poll URL",
     )
@@ -361,7 +362,9 @@ class TurnCancelView(ConversationAPIView):
 
     @extend_schema(parameters=[CONVERSATION_ID, TURN_ID],
                    request=None, responses={202: serializers.TurnSummarySerializer, 403: CSRF_FAILED, 404: NOT_FOUND,
-                                            413: TOO_LARGE},
+                                            413: TOO_LARGE,
+                                            503: OpenApiResponse(ERROR, description="Redis is unreachable and "
+                                                                 "the turn is running: it cannot be asked to stop.")},
                    summary="Stop a turn")
     def post(self, request, conversation_id, turn_id):
         conversation = owned_conversation(request, conversation_id)
