@@ -139,9 +139,10 @@ def cancel_turn(turn):
     updated = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(
         status=Turn.Status.CANCELLED, finished_at=timezone.now())
     turn.refresh_from_db()
-    if not updated:
-        state.request_cancel(turn.id)  # a running turn; one that ended meanwhile ignores it
-    else:
+    # Also for a turn that was queued: a work horse may have loaded it a moment before, and will
+    # mark it running; the flag still stops it before its first call.
+    state.request_cancel(turn.id)
+    if updated:
         state.publish(state.state_from_db(turn))
     return turn
 
