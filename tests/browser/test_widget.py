@@ -150,6 +150,27 @@ def test_widget_gives_up_with_a_message_when_the_server_never_says_done(chat_pag
     assert Turn.objects.get().status == "queued"
 
 
+def test_a_turn_the_server_no_longer_knows_ends_at_once_with_a_clear_message(chat_page):
+    # No worker runs; every poll is answered 404, as when the visitor's session has expired.
+    chat = chat_page()
+    polls = []
+
+    def gone(route):
+        if route.request.method != "GET":
+            return route.continue_()
+        polls.append(route.request.url)
+        route.fulfill(status=404, content_type="application/json", body='{"detail": "Not found."}')
+
+    chat.page.route("**/turns/*/", gone)
+    chat.open()
+    chat.send(QUESTION)
+    expect(chat.locator(".cvw-notice")).to_have_text(
+        "This conversation is no longer available. Send your message again to start a new one.")
+    expect(chat.locator(".cvw-send")).to_be_enabled()
+    chat.page.wait_for_timeout(1500)
+    assert len(polls) == 1
+
+
 def test_network_errors_show_reconnecting_and_the_turn_still_finishes(chat_page, worker_process):
     worker_process(DEMO_DELAY=0.8)
     chat = chat_page()

@@ -390,7 +390,9 @@
       turn.timer = null;
       if (self.turn !== turn) { return; }
       if (turn.errors) { turn.errors = 0; self.setStatus(turn.stopping ? self.strings.stopping : self.strings.thinking); }
-      if (!state || state.version === turn.version) { // nothing new (a 304, or a server that ignores ETags)
+      // Nothing new: a 304, or a server that ignores ETags. An ending is always new (a "gone"
+      // turn has no version, and neither has a turn before its first state).
+      if (!state || (!state.done && state.version === turn.version)) {
         turn.delay = Math.min(turn.delay * GROWTH, MAX_DELAY);
       } else {
         turn.version = state.version;
