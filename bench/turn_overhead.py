@@ -42,7 +42,8 @@ def wait_idle(queue):
 
 
 def job_started(queue, job_id):
-    """The wall-clock time RQ's worker started ``job_id`` (stamped in the parent, before the fork)."""
+    """The wall-clock time RQ started ``job_id``: stamped in the work horse, after the fork and
+    RQ's own preparation, just before the job function is called."""
     job = queue.fetch_job(job_id)
     return job.started_at.replace(tzinfo=datetime.timezone.utc).timestamp()
 
@@ -155,8 +156,8 @@ def main():
         r["job start"] -= r["answered"]
     table(["phase", "turn", "bare job (POSTed)"], [
         ["POST answered (202)", ms(turns, "answered"), ms(bare, "answered")],
-        ["then until RQ starts the job", ms(turns, "job start"), ms(bare, "job start")],
-        ["then fork, DB connection, turn loaded, marked running", ms(turns, "start to running"), "-"],
+        ["then until RQ starts the job (the fork included)", ms(turns, "job start"), ms(bare, "job start")],
+        ["then DB connection, turn and transcript loaded, marked running", ms(turns, "start to running"), "-"],
         ["model calls (client side, provider included)", ms(turns, "model calls"), "-"],
         ["tools", ms(turns, "tools"), "-"],
         ["rows saved and states published (the rest)", ms(turns, "rows and states"), "-"],
