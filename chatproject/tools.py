@@ -22,7 +22,8 @@ ZONES = {
 @tool
 def current_time(city: str) -> str:
     """The current local time in a city (e.g. "Tokyo", "New York") or "UTC"."""
-    zone = ZONES.get(city.strip().lower())
+    key = city.strip().lower()
+    zone = ZONES.get(key)
     if zone is None:
         known = sorted("UTC" if name == "utc" else name.title() for name in ZONES)
         raise ValueError(f"unknown city {city!r}; known: {', '.join(known)}")
@@ -30,16 +31,18 @@ def current_time(city: str) -> str:
         now = datetime.now(ZoneInfo(zone))
     except ZoneInfoNotFoundError:
         raise ValueError(f"no time zone data for {zone}") from None
-    return f"{now:%H:%M} on {now:%A %d %B} in {city.strip().title() if city.lower() != 'utc' else 'UTC'}"
-
-
-@lru_cache(maxsize=1)
-def _faq():
-    return json.loads((Path(__file__).with_name("faq.json")).read_text(encoding="utf-8"))
+    return f"{now:%H:%M} on {now:%A %d %B} in {'UTC' if key == 'utc' else key.title()}"
 
 
 def _words(text):
     return {w for w in re.findall(r"[a-z]{3,}", text.lower())} - {"the", "and", "how", "what", "does", "can", "you"}
+
+
+@lru_cache(maxsize=1)
+def _faq():
+    """The FAQ entries, each with the set of words a query is matched against."""
+    entries = json.loads((Path(__file__).with_name("faq.json")).read_text(encoding="utf-8"))
+    return [(_words(e["question"] + " " + " ".join(e.get("keywords", []))), e) for e in entries]
 
 
 @tool
@@ -47,8 +50,8 @@ def search_faq(query: str, limit: int = 2) -> str:
     """Search the site's frequently asked questions; returns the best matching answers."""
     wanted = _words(query)
     scored = []
-    for entry in _faq():
-        score = len(wanted & _words(entry["question"] + " " + " ".join(entry.get("keywords", []))))
+    for words, entry in _faq():
+        score = len(wanted & words)
         if score:
             scored.append((score, entry))
     scored.sort(key=lambda pair: -pair[0])

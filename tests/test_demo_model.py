@@ -117,3 +117,17 @@ def test_each_reply_pauses_demo_delay_but_never_past_the_budget():
 
     assert demo.pauses == [0.8]
     assert no_delay.pauses == []
+
+
+def test_the_demo_tools_answer_in_the_words_a_visitor_would_read():
+    from chatproject.tools import current_time, search_faq
+
+    assert current_time(" UTC ").endswith(" in UTC")
+    assert current_time("new york ").endswith(" in New York")
+    assert search_faq("how do refunds work").startswith("How do refunds work?")
+
+
+@pytest.mark.django_db
+def test_the_demo_page_is_marked_in_the_visitors_language(client):
+    assert '<html lang="es">' in client.get("/", HTTP_ACCEPT_LANGUAGE="es").content.decode()
+    assert '<html lang="en">' in client.get("/", HTTP_ACCEPT_LANGUAGE="en").content.decode()
