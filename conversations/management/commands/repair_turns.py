@@ -62,23 +62,22 @@ class Command(BaseCommand):
         if grace < 0:
             raise CommandError("--grace must be zero or more seconds.")
         now = timezone.now()
+        overdue = repaired = 0
         try:
             connection = jobs.get_queue().connection
-            rows = []
             for turn in candidates(now, grace):
-                reason, status = stuck_reason(turn, connection=connection), turn.status
-                rows.append((turn, status, reason, self.act(turn, reason, dry_run)))
+                status, reason = turn.status, stuck_reason(turn, connection=connection)
+                action = self.act(turn, reason, dry_run)
+                overdue += 1
+                repaired += action in {"repaired", "would repair"}
+                since = turn.deadline_at or turn.started_at or turn.enqueued_at
+                late = f"{(now - since).total_seconds():.0f}s" if since else "?"
+                # One line per turn as it is handled, so an interruption still reports what was done.
+                self.stdout.write(f"{turn.id}  {status:<8}  {late:>7}  {reason or 'job still alive'}  -> {action}")
         except RedisError as exc:
             raise CommandError(f"Redis is unavailable, nothing was changed after this point: {exc}") from None
-
-        for turn, status, reason, action in rows:
-            since = turn.deadline_at or turn.started_at or turn.enqueued_at
-            late = f"{(now - since).total_seconds():.0f}s" if since else "?"
-            self.stdout.write(f"{turn.id}  {status:<8}  {late:>7}  {reason or 'job still alive'}  -> {action}")
-        repaired = sum(1 for *_, action in rows if action in {"repaired", "would repair"})
         verb = "would be repaired" if dry_run else "repaired"
-        self.stdout.write(f"{len(rows)} overdue turn(s), {repaired} {verb}, "
-                          f"{len(rows) - repaired} left to their job.")
+        self.stdout.write(f"{overdue} overdue turn(s), {repaired} {verb}, {overdue - repaired} left to their job.")
 
     def act(self, turn, reason, dry_run):
         """Repair ``turn`` if ``reason`` says its job cannot; return what was done, for the report."""
