@@ -31,9 +31,6 @@ from . import jobs, state
 from .conf import get_config
 from .models import CallRecord, Conversation, Message, Turn
 
-ACTIVE = (Turn.Status.QUEUED, Turn.Status.RUNNING)
-
-
 def redact(text):
     """``text`` with the provider API key blanked out, should a provider have echoed it back."""
     text = "" if text is None else str(text)
@@ -174,7 +171,7 @@ def rerun_turn(turn):
         with transaction.atomic():
             # The lock serialises this with the API, which refuses a second active turn the same way.
             conversation = Conversation.objects.select_for_update().get(pk=turn.conversation_id)
-            if conversation.turns.filter(status__in=ACTIVE).exists():
+            if conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES).exists():
                 return None, _("its conversation is still answering a message; wait for it or cancel it first")
             new = jobs.create_turn(conversation, message.content)
     except RedisError:  # django-rq enqueues at the commit: the new turn's row may exist without a job
@@ -441,7 +438,7 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
                 "transcript": build_transcript(obj, list(obj.messages.order_by("id"))),
                 "turn_error": redact(obj.error),
                 "can_operate": self.has_operate_permission(request, obj),
-                "is_active": obj.status in ACTIVE,
+                "is_active": obj.status in Turn.ACTIVE_STATUSES,
             })
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
@@ -509,11 +506,12 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.action(description=gettext_lazy("Cancel selected turns"), permissions=["operate"])
     def cancel_selected(self, request, queryset):
-        self._report_cancel(request, [(turn, stop_turn(turn)) for turn in queryset if turn.status in ACTIVE])
+        active = queryset.filter(status__in=Turn.ACTIVE_STATUSES)
+        self._report_cancel(request, [(turn, stop_turn(turn)) for turn in active])
 
     def _report_cancel(self, request, results):
         ended = sum(1 for _turn, status in results if status == Turn.Status.CANCELLED)
-        stopping = sum(1 for _turn, status in results if status in ACTIVE)
+        stopping = sum(1 for _turn, status in results if status in Turn.ACTIVE_STATUSES)
         if ended:
             self.message_user(request, ngettext("%d turn cancelled.", "%d turns cancelled.", ended) % ended,
                               messages.SUCCESS)

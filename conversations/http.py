@@ -358,7 +358,7 @@ class BudgetedHTTP:
                 self.recorder(
                     kind="model", name=self.name, attempt=attempt, started_offset=started_offset,
                     timeout=limit, remaining_before=remaining, duration=duration, outcome=outcome,
-                    status_code=status, detail=detail[:500],
+                    status_code=status, detail=detail,
                 )
 
 

@@ -215,7 +215,7 @@ def finalize(turn, status, error):
 
     Only a turn that is not done yet is changed; returns the published state or None.
     """
-    updated = Turn.objects.filter(pk=turn.pk, status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING]).update(
+    updated = Turn.objects.filter(pk=turn.pk, status__in=Turn.ACTIVE_STATUSES).update(
         status=status, error=error, finished_at=timezone.now()
     )
     turn.refresh_from_db()

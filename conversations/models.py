@@ -44,6 +44,7 @@ class Turn(models.Model):
         FAILED = "failed", _("failed")
         CANCELLED = "cancelled", _("cancelled")
 
+    ACTIVE_STATUSES = frozenset({Status.QUEUED, Status.RUNNING})
     DONE_STATUSES = frozenset({Status.COMPLETED, Status.INCOMPLETE, Status.FAILED, Status.CANCELLED})
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)

@@ -182,9 +182,9 @@ class TurnRunner:
     def transcript(self):
         """``(earlier, rows)``: the conversation's messages from its earlier finished turns, and
         this turn's own, each in order, read in one query."""
-        active = [Turn.Status.QUEUED, Turn.Status.RUNNING]
         messages = Message.objects.filter(
-            Q(turn_id=self.turn.id) | ~Q(turn__status__in=active), conversation_id=self.turn.conversation_id,
+            Q(turn_id=self.turn.id) | ~Q(turn__status__in=Turn.ACTIVE_STATUSES),
+            conversation_id=self.turn.conversation_id,
         ).order_by("id")
         earlier, rows = [], []
         for message in messages:

@@ -147,7 +147,7 @@ class ConversationDetailView(ConversationAPIView):
     def get(self, request, conversation_id):
         conversation = owned_conversation(request, conversation_id)
         messages = list(conversation.messages.order_by("id"))
-        active = conversation.turns.filter(status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING]).first()
+        active = conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES).first()
         return Response({
             "id": str(conversation.id),
             "created_at": conversation.created_at,
@@ -212,7 +212,7 @@ class TurnListView(ConversationAPIView):
                 replayed = self.replay(conversation, key, content)
                 if replayed is not None:
                     return replayed
-                if conversation.turns.filter(status__in=[Turn.Status.QUEUED, Turn.Status.RUNNING]).exists():
+                if conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES).exists():
                     raise Conflict(_("The assistant is still answering your previous message. "
                                      "Wait for it to finish or stop it first."))
                 self.check_limits(conversation)
