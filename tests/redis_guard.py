@@ -1,7 +1,7 @@
 """Refuse to run the suite on a Redis database that holds data (it is flushed between tests).
 
-`python3 dev.py test` starts a private, empty Redis server, so this only stops a run of plain
-`pytest` pointed at a Redis that is in use.
+`python3 dev.py test` starts a private, empty Redis server unless REDIS_URL is set, so this
+only stops a run pointed (by REDIS_URL) at a Redis that is in use.
 """
 
 import os
