@@ -16,6 +16,7 @@ import os
 import shutil
 import statistics
 import time
+from urllib.parse import urlsplit
 
 from playwright.sync_api import sync_playwright
 
@@ -56,8 +57,10 @@ def one_turn(browser, url, *, etags, screenshot=None):
     rows = []
     for response in polls:
         body = len(response.body()) if response.status == 200 else 0
-        rows.append((response.status, header_bytes(response.request.headers_array(), "GET / HTTP/1.1")
-                     + header_bytes(response.headers_array(), "HTTP/1.1 200 OK") + body, body))
+        request_line = f"GET {urlsplit(response.url).path} HTTP/1.1"
+        status_line = f"HTTP/1.1 {response.status} {response.status_text}"
+        rows.append((response.status, header_bytes(response.request.headers_array(), request_line)
+                     + header_bytes(response.headers_array(), status_line) + body, body))
     context.close()
     return elapsed, rows
 
