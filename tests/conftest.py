@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,12 @@ def _clean_redis():
 
 
 @pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    """Logins in tests need not resist brute force; the default hasher costs about a second per user here."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
 def conversations_settings(settings):
     """The merged CONVERSATIONS dict for this test; change it with ``conversations_settings.update(...)``."""
     from conversations.conf import get_config
@@ -60,6 +67,64 @@ def conversations_settings(settings):
     live.update({**settings.CONVERSATIONS, **FAST})
     yield live
     get_config.cache_clear()
+
+
+# A Redis URL where nothing listens.
+NOWHERE = "redis://127.0.0.1:9/0"
+
+
+@pytest.fixture
+def unreachable_cache(settings, conversations_settings):
+    """A cache alias ``down`` on a Redis that is not there: call the returned function to put the
+    app's state there (``CACHE_ALIAS``), and again with False to bring it back. Sessions stay where
+    the test keeps them."""
+    settings.CACHES = {**settings.CACHES, "down": {**settings.CACHES["default"], "LOCATION": NOWHERE}}
+
+    def down(is_down=True):
+        conversations_settings.update(CACHE_ALIAS="down" if is_down else "default")
+
+    return down
+
+
+@pytest.fixture
+def unreachable_queue(settings):
+    """Call the returned function to point the RQ queue at a Redis that is not there, and again with
+    False to bring it back."""
+    url = settings.RQ_QUEUES["default"]["URL"]
+
+    def down(is_down=True):
+        settings.RQ_QUEUES = {"default": {**settings.RQ_QUEUES["default"], "URL": NOWHERE if is_down else url}}
+
+    return down
+
+
+def redis_values():
+    """Every key and value in the test Redis as raw bytes, plus the zlib-decompressed form of
+    compressed ones (RQ jobs)."""
+    client = cache._cache.get_client(write=True)
+    for key in client.scan_iter():
+        yield key
+        kind = client.type(key).decode()
+        if kind == "string":
+            values = [client.get(key)]
+        elif kind == "hash":
+            values = [v for pair in client.hgetall(key).items() for v in pair]
+        elif kind == "list":
+            values = client.lrange(key, 0, -1)
+        elif kind == "set":
+            values = list(client.smembers(key))
+        elif kind == "zset":
+            values = client.zrange(key, 0, -1)
+        elif kind == "stream":
+            values = [repr(entry).encode() for entry in client.xrange(key)]
+        else:
+            values = []
+        for value in values:
+            yield value
+            try:
+                yield zlib.decompress(value)
+            except (zlib.error, TypeError):
+                pass
 
 
 def run_worker():

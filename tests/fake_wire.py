@@ -68,3 +68,25 @@ def run_turn_here(content, *, conversation=None, tools=None):
     TurnRunner(turn, clock=TurnClock(cfg["JOB_TIMEOUT"], cfg["DEADLINE_MARGIN"]), config=cfg, tools=tools).run()
     turn.refresh_from_db()
     return turn
+
+
+def run_error_cases(fake, cases, *, secret):
+    """Run one turn per case of ``cases`` (``{case: (behaviour, words)}``) against ``fake`` and
+    check that each makes one call (run it with ``MAX_ATTEMPTS`` 1) and fails with ``words`` in
+    its error and ``secret`` in neither its error nor its call records.
+
+    Returns ``{case: the turn's error}``."""
+    from conversations.models import CallRecord
+
+    errors = {}
+    for case, (behaviour, words) in cases.items():
+        fake.add(behaviour)
+        sent = len(fake.requests)
+        turn = run_turn_here(f"question for {case}")
+        assert len(fake.requests) == sent + 1, case  # the error is the scripted reply's, not a retry's
+        assert turn.status == "failed", case
+        assert words in turn.error, (case, turn.error)
+        errors[case] = turn.error
+        details = " ".join(CallRecord.objects.filter(turn=turn).values_list("detail", flat=True))
+        assert secret not in turn.error + details, case
+    return errors

@@ -7,6 +7,7 @@ others are produced by running a real turn in a forking RQ worker against a fake
 """
 
 import re
+import threading
 import time
 
 import django_rq
@@ -24,12 +25,6 @@ from tests.conftest import make_client, start_turn
 from tests.fakes import FakeProvider, openai_text, openai_tool_calls
 
 CHANGELIST = "/admin/conversations/turn/"
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    """The admin users log in with passwords; hashing them at full strength would cost seconds per test."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def turn_url(turn):
@@ -561,9 +556,9 @@ def test_rerun_is_refused_politely_while_the_conversation_has_a_running_turn(adm
 
 
 @pytest.mark.django_db(transaction=True)
-def test_rerun_while_the_queue_is_unreachable_says_so_and_leaves_no_turn_waiting(admin_client, settings):
+def test_rerun_while_the_queue_is_unreachable_says_so_and_leaves_no_turn_waiting(admin_client, unreachable_queue):
     old = failed_turn()
-    settings.RQ_QUEUES = {"default": {**settings.RQ_QUEUES["default"], "URL": "redis://127.0.0.1:9/0"}}
+    unreachable_queue()
 
     response = admin_client.post(CHANGELIST, {"action": "rerun_selected", "_selected_action": [old.pk]},
                                  follow=True)
@@ -574,11 +569,9 @@ def test_rerun_while_the_queue_is_unreachable_says_so_and_leaves_no_turn_waiting
 
 
 @pytest.mark.django_db
-def test_cancel_while_redis_is_down_says_the_running_turn_could_not_be_reached(admin_client, settings,
-                                                                               conversations_settings):
+def test_cancel_while_redis_is_down_says_the_running_turn_could_not_be_reached(admin_client, unreachable_cache):
     running = make_turn("running", finished_at=None)
-    settings.CACHES = {**settings.CACHES, "down": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:9/0"}}
-    conversations_settings.update(CACHE_ALIAS="down")
+    unreachable_cache()
 
     response = admin_client.post(CHANGELIST, {"action": "cancel_selected", "_selected_action": [running.pk]},
                                  follow=True)
@@ -625,8 +618,10 @@ def test_cancel_button_ends_a_running_turn_whose_job_is_gone(admin_client):
 @pytest.mark.django_db(transaction=True)
 def test_cancel_stops_a_running_turn_before_its_next_tool_call(worker_process, conversations_settings,
                                                                 admin_client):
+    cancel_pressed = threading.Event()
+
     def slow_tool_request(handler):
-        time.sleep(1.5)  # the model "thinks" while the operator presses cancel
+        cancel_pressed.wait(10)  # the model "thinks" while the operator presses cancel
         handler.send_json(200, openai_tool_calls(("search_faq", {"query": "refunds"})))
 
     with FakeProvider() as fake:
@@ -636,12 +631,13 @@ def test_cancel_stops_a_running_turn_before_its_next_tool_call(worker_process, c
         started = start_turn(make_client(), "How do refunds work?")
         worker_process()
         deadline = time.monotonic() + 30
-        while Turn.objects.get(pk=started["id"]).status != "running":
-            assert time.monotonic() < deadline, "the worker never started the turn"
+        while not fake.requests:  # the turn is running and its first model call is in flight
+            assert time.monotonic() < deadline, "the worker never called the model"
             time.sleep(0.05)
 
         response = admin_client.post(CHANGELIST, {"action": "cancel_selected", "_selected_action": [started["id"]]},
                                      follow=True)
+        cancel_pressed.set()
         assert "1 running turn asked to stop" in response.content.decode()
         while not Turn.objects.get(pk=started["id"]).done:
             assert time.monotonic() < deadline, "the turn never ended"

@@ -17,12 +17,6 @@ from tests.fakes import FakeProvider, openai_text
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    """Logins in these tests need not resist brute force; the default hasher costs a second per user here."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def new_conversation(client, **extra):
     return api_post(client, "/api/conversations/", **extra).json()["id"]
 

@@ -114,8 +114,8 @@ def test_rqworker_pool_runs_our_worker_class(transactional_db, conversations_set
             (client, body), job_id = posted[0], job_ids[0]
             send_kill_horse_command(jobs.get_queue().connection, ran_on[job_id])
             started = time.monotonic()
-            final = poll_until_done(client, body["poll_url"], timeout=10)
-            assert time.monotonic() - started < 10
+            final = poll_until_done(client, body["poll_url"], timeout=30)
+            assert time.monotonic() - started < 10  # finalised by the worker, well before the poll gives up
             assert final["status"] == "failed" and final["error"] == jobs.crashed_message()
 
             # The other two are still in the hands of their horses.

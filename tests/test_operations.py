@@ -138,10 +138,10 @@ def test_dry_run_changes_nothing_and_a_second_run_finds_nothing():
     assert state.read(turn.id)["version"] == version
 
 
-def test_with_redis_unreachable_it_says_so_and_changes_nothing(settings):
+def test_with_redis_unreachable_it_says_so_and_changes_nothing(unreachable_queue):
     _, _, turn, _ = queued_turn()
     mark_running(turn, deadline_ago=60)
-    settings.RQ_QUEUES = {"default": {**settings.RQ_QUEUES["default"], "URL": "redis://127.0.0.1:9/0"}}
+    unreachable_queue()
 
     with pytest.raises(CommandError, match="Redis is unavailable, nothing was changed after this point"):
         repair()

@@ -7,7 +7,9 @@ import pytest
 
 from conversations.models import CallRecord, Conversation, Message, Turn
 from tests.conftest import make_client, poll_until_done, start_turn
-from tests.fake_wire import anthropic_error, anthropic_message, anthropic_tool_use, run_turn_here
+from tests.fake_wire import (
+    anthropic_error, anthropic_message, anthropic_tool_use, run_error_cases, run_turn_here,
+)
 from tests.fakes import FakeProvider, Reply, malformed_json
 
 KEY = "sk-ant-api03-test0123456789SECRET"
@@ -26,7 +28,9 @@ def fake(conversations_settings):
     with FakeProvider() as server:
         # The API root without /v1, as the official client takes it.
         conversations_settings.update(PROVIDER="anthropic", BASE_URL=f"http://127.0.0.1:{server.port}",
-                                      API_KEY=KEY, MODEL="claude-test", SYSTEM_PROMPT="Be brief.", MAX_TOKENS=321)
+                                      API_KEY=KEY, MODEL="claude-test", SYSTEM_PROMPT="Be brief.", MAX_TOKENS=321,
+                                      # One attempt, so that each test sees the reply it scripted, not a retry's.
+                                      MAX_ATTEMPTS=1)
         yield server
 
 
@@ -113,7 +117,8 @@ def test_a_refusal_stop_reason_ends_the_turn_with_the_refusal_message(fake):
 
 
 ERRORS = {
-    "bad key": (anthropic_error(401, "authentication_error", "invalid x-api-key"),
+    # The reply quotes the key, so that the test sees it redacted.
+    "bad key": (anthropic_error(401, "authentication_error", f"invalid x-api-key {KEY}"),
                 "the AI service rejected its credentials"),
     "unknown model": (anthropic_error(404, "not_found_error", "model: claude-test"),
                       "does not know the configured model"),
@@ -131,15 +136,7 @@ ERRORS = {
 @pytest.mark.django_db
 def test_each_provider_error_is_a_clear_distinct_message_without_the_key(fake, caplog):
     caplog.set_level(logging.INFO)
-    seen = {}
-    for case, (behaviour, words) in ERRORS.items():
-        fake.add(behaviour)
-        turn = run_turn_here(f"question for {case}")
-        assert turn.status == "failed", case
-        assert words in turn.error, (case, turn.error)
-        seen[case] = turn.error
-        details = " ".join(CallRecord.objects.filter(turn=turn).values_list("detail", flat=True))
-        assert KEY not in turn.error + details
+    seen = run_error_cases(fake, ERRORS, secret=KEY)
     assert len({seen[c] for c in ("bad key", "unknown model", "context too long", "overloaded",
                                   "malformed JSON")}) == 5
     logged = caplog.text
@@ -184,7 +181,8 @@ def test_a_question_after_a_failed_turn_is_merged_into_one_user_message(fake):
 
 
 @pytest.mark.django_db
-def test_overloaded_529_is_retried_within_the_budget(fake):
+def test_overloaded_529_is_retried_within_the_budget(fake, conversations_settings):
+    conversations_settings.update(MAX_ATTEMPTS=3)
     fake.add(anthropic_error(529, "overloaded_error", "Overloaded"), anthropic_message("Here I am."))
     turn = run_turn_here("Are you there?")
 

@@ -7,12 +7,12 @@ import logging
 import pytest
 
 from conversations.http import CallFailed
-from conversations.models import CallRecord, Message, Turn
+from conversations.models import Message, Turn
 from conversations.providers import BaseProvider, ProviderError, get_provider_class
 from conversations.providers.openai import OpenAIProvider
 from conversations.types import ModelReply, Usage
 from tests.conftest import make_client, poll_until_done, start_turn
-from tests.fake_wire import openai_error, run_turn_here
+from tests.fake_wire import openai_error, run_error_cases, run_turn_here
 from tests.fakes import FakeProvider, Reply, malformed_json, openai_text, openai_tool_calls
 
 KEY = "sk-test-0123456789abcdefSECRET"
@@ -33,7 +33,9 @@ SEARCH_FAQ_SCHEMA = {
 def fake(conversations_settings):
     with FakeProvider() as server:
         conversations_settings.update(PROVIDER="openai", BASE_URL=server.url, API_KEY=KEY, MODEL="gpt-test",
-                                      SYSTEM_PROMPT="Be brief.")
+                                      SYSTEM_PROMPT="Be brief.",
+                                      # One attempt, so that each test sees the reply it scripted, not a retry's.
+                                      MAX_ATTEMPTS=1)
         yield server
 
 
@@ -148,15 +150,7 @@ ERRORS = {
 @pytest.mark.django_db
 def test_each_provider_error_is_a_clear_distinct_message_without_the_key(fake, caplog):
     caplog.set_level(logging.INFO)
-    seen = {}
-    for case, (behaviour, words) in ERRORS.items():
-        fake.add(behaviour)
-        turn = run_turn_here(f"question for {case}")
-        assert turn.status == "failed", case
-        assert words in turn.error, (case, turn.error)
-        seen[case] = turn.error
-        details = " ".join(CallRecord.objects.filter(turn=turn).values_list("detail", flat=True))
-        assert KEY not in turn.error + details
+    seen = run_error_cases(fake, ERRORS, secret=KEY)
     # Every kind of failure that needs a different action has its own message.
     assert len({seen[c] for c in ("bad key", "unknown model", "context too long", "content refused",
                                   "malformed JSON")}) == 5

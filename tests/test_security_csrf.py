@@ -11,12 +11,6 @@ from tests.conftest import make_client, start_turn
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    """Logins in these tests need not resist brute force; the default hasher costs a second per user here."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def post(client, url, data=None, **headers):
     return client.post(url, data=json.dumps(data or {}), content_type="application/json", headers=headers)
 

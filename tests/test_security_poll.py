@@ -9,12 +9,6 @@ from tests.conftest import make_client, poll_until_done, start_turn
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    """Logins in these tests need not resist brute force; the default hasher costs a second per user here."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def logged_in_client():
     client = make_client()
     client.force_login(get_user_model().objects.create_user("poller", password="pw-123456789"))

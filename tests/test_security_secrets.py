@@ -3,26 +3,19 @@ the cache (Redis), the database, the admin or the RQ dashboard, the logs, or wha
 visitor sees, even when the provider quotes the key back in its error messages."""
 
 import logging
-import zlib
 
 import pytest
 from django.apps import apps
 from django.contrib import admin
 from django.contrib.auth import get_user_model
-from django.core.cache import cache
 from django.urls import reverse
 
 from conversations.models import Turn
-from tests.conftest import api_post, make_client, poll_until_done
+from tests.conftest import api_post, make_client, poll_until_done, redis_values
 from tests.fakes import FakeProvider, Reply, openai_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    """Logins in these tests need not resist brute force; the default hasher costs a second per user here."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # One key that looks like a key, one that no pattern would recognise.
 KEYS = ["sk-SECRET-123", "plainword-Zq81"]
@@ -34,34 +27,6 @@ def echoing(status, key):
                                     "type": "invalid_request_error", "code": "invalid_api_key" if status == 401
                                     else None, "param": key}},
                  headers={"X-Echo": key})
-
-
-def redis_values():
-    """Every value in Redis as raw bytes, plus the zlib-decompressed form of compressed ones (RQ jobs)."""
-    client = cache._cache.get_client(write=True)
-    for key in client.scan_iter():
-        yield key
-        kind = client.type(key).decode()
-        if kind == "string":
-            values = [client.get(key)]
-        elif kind == "hash":
-            values = [v for pair in client.hgetall(key).items() for v in pair]
-        elif kind == "list":
-            values = client.lrange(key, 0, -1)
-        elif kind == "set":
-            values = list(client.smembers(key))
-        elif kind == "zset":
-            values = client.zrange(key, 0, -1)
-        elif kind == "stream":
-            values = [repr(entry).encode() for entry in client.xrange(key)]
-        else:
-            values = []
-        for value in values:
-            yield value
-            try:
-                yield zlib.decompress(value)
-            except (zlib.error, TypeError):
-                pass
 
 
 def database_rows():

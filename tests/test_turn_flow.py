@@ -99,11 +99,11 @@ def test_second_message_continues_the_conversation(worker):
     assert Turn.objects.filter(conversation_id=conversation, status="completed").count() == 2
 
 
-def test_a_message_sent_while_the_queue_is_unreachable_is_kept_and_its_turn_ends_with_a_clear_error(settings):
+def test_a_message_sent_while_the_queue_is_unreachable_is_kept_and_its_turn_ends_with_a_clear_error(
+        unreachable_queue):
     client = make_client()
     conversation = api_post(client, "/api/conversations/").json()["id"]
-    reachable = settings.RQ_QUEUES
-    settings.RQ_QUEUES = {"default": {**reachable["default"], "URL": "redis://127.0.0.1:9/0"}}  # nothing listens
+    unreachable_queue()
 
     response = api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "Are you there?"},
                         HTTP_IDEMPOTENCY_KEY="first-try")
@@ -114,7 +114,7 @@ def test_a_message_sent_while_the_queue_is_unreachable_is_kept_and_its_turn_ends
     assert Message.objects.get(turn=turn).content == "Are you there?"
     assert turn.status == "failed" and turn.done
     # The widget, polling the turn, is told it ended and why; the next message is accepted.
-    settings.RQ_QUEUES = reachable
+    unreachable_queue(False)
     state = client.get(f"/api/conversations/{conversation}/turns/{turn.id}/").json()
     assert state["done"] is True and state["status"] == "failed"
     assert state["error"] == "The assistant is unavailable right now. Please try again in a minute."
@@ -126,16 +126,11 @@ def test_a_message_sent_while_the_queue_is_unreachable_is_kept_and_its_turn_ends
 
 
 @pytest.fixture
-def unreachable_cache(settings, conversations_settings):
-    """Sessions in the database (as a site may keep them), and the app's cache on a Redis that is
-    down: call the returned function to take the cache down, and again with False to bring it back."""
+def unreachable_cache(unreachable_cache, settings):
+    """conftest's ``unreachable_cache``, with sessions in the database (as a site may keep them),
+    so that nothing the visitor does touches the Redis that is down."""
     settings.SESSION_ENGINE = "django.contrib.sessions.backends.db"
-    settings.CACHES = {**settings.CACHES, "down": {**settings.CACHES["default"], "LOCATION": "redis://127.0.0.1:9/0"}}
-
-    def down(is_down=True):
-        conversations_settings.update(CACHE_ALIAS="down" if is_down else "default")
-
-    return down
+    return unreachable_cache
 
 
 def test_cancelling_a_queued_turn_while_redis_is_down_still_cancels_it(worker, unreachable_cache,
