@@ -169,8 +169,8 @@ class Stack:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def process_tree(pid):
-    """``pid`` and all its descendants (from /proc)."""
+def process_tree(*pids):
+    """``pids`` and all their descendants, from one scan of /proc."""
     children = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -180,7 +180,7 @@ def process_tree(pid):
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
+    found, todo = [], list(pids)
     while todo:
         current = todo.pop()
         found.append(current)
@@ -212,7 +212,7 @@ def machine():
                 break
     except OSError:
         pass
-    redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()
+    redis_version = subprocess.run([dev.redis_binary(), "--version"], capture_output=True, text=True).stdout.split()
     redis_version = next((p.split("=")[1] for p in redis_version if p.startswith("v=")), "?")
     import django
     import rq

@@ -32,11 +32,10 @@ class MemorySampler(threading.Thread):
     def run(self):
         while not self.stop.wait(0.2):
             rss = pss = 0
-            for pid in self.pids:
-                for member in process_tree(pid):
-                    one_rss, one_pss = memory_kib(member)
-                    rss, pss = rss + one_rss, pss + one_pss
-                    self.peak_one = max(self.peak_one, one_rss)
+            for member in process_tree(*self.pids):
+                one_rss, one_pss = memory_kib(member)
+                rss, pss = rss + one_rss, pss + one_pss
+                self.peak_one = max(self.peak_one, one_rss)
             self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
 
 
@@ -84,15 +83,18 @@ def main():
             turn_ids = [turn_id for status, turn_id in posted if status == 202]
 
             deadline = time.monotonic() + max(120, 4 * args.turns * args.delay / args.workers)
-            while True:
-                states = [state.read(turn_id) for turn_id in turn_ids]
-                if all(s and s["done"] for s in states) or time.monotonic() > deadline:
-                    break
+            finished, pending = {}, list(turn_ids)
+            while pending and time.monotonic() < deadline:
                 time.sleep(0.2)
+                for turn_id in pending:  # only the turns not seen done yet
+                    data = state.read(turn_id)
+                    if data and data["done"]:
+                        finished[turn_id] = data
+                pending = [turn_id for turn_id in pending if turn_id not in finished]
             sampler.stop.set()
             sampler.join()
 
-            done = [s for s in states if s and s["done"]]
+            done = list(finished.values())
             ended = max(s["updated_at"] for s in done) if done else time.time()
             completed = Turn.objects.filter(pk__in=turn_ids, status=Turn.Status.COMPLETED).count()
             failed_jobs = FailedJobRegistry(queue=get_queue()).count
