@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from conversations import jobs
 from conversations.models import CallRecord, Conversation, Message, Turn
-from tests.conftest import make_client, start_turn
+from tests.helpers import make_client, start_turn
 from tests.fakes import FakeProvider, openai_text, openai_tool_calls
 
 CHANGELIST = "/admin/conversations/turn/"

@@ -6,7 +6,7 @@ import uuid
 import pytest
 
 from conversations.models import Message, Turn
-from tests.conftest import api_post, make_client
+from tests.helpers import api_post, make_client
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from conversations.models import CallRecord, Message, Turn
 from conversations.providers import ProviderError
 from conversations.runner import deadline_message, step_limit_message
 from conversations.tools import tool
-from tests.conftest import Poller, make_client, redis_values, start_turn
+from tests.helpers import Poller, make_client, redis_values, start_turn
 from tests.fakes import (
     FakeProvider, SilentListener, cut_short_then_stall, full_accept_queue, hang, http_error, malformed_json,
     never_read, openai_text, openai_tool_calls, refused_url, reset_mid_body, retry_after, retry_after_ms,

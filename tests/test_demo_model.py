@@ -10,7 +10,7 @@ from conversations.models import Message, Turn
 from conversations.providers.demo import DemoProvider
 from conversations.tools import load_tools
 from conversations.types import ChatMessage
-from tests.conftest import make_client, poll_until_done, start_turn
+from tests.helpers import make_client, poll_until_done, start_turn
 from tests.fake_wire import run_turn_here
 
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from conversations.api.parsers import LimitedJSONParser, RequestTooLarge
 from conversations.models import Message, Turn
-from tests.conftest import api_post, make_client, start_turn
+from tests.helpers import api_post, make_client, start_turn
 from tests.fakes import FakeProvider, openai_text
 
 pytestmark = pytest.mark.django_db(transaction=True)

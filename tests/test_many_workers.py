@@ -18,7 +18,7 @@ from rq.registry import FailedJobRegistry
 
 from conversations import jobs
 from conversations.models import Turn
-from tests.conftest import ROOT, make_client, poll_until_done, start_turn, worker_env
+from tests.helpers import ROOT, make_client, poll_until_done, start_turn, worker_env
 from tests.fakes import FakeProvider, hang, openai_text
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

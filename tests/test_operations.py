@@ -16,7 +16,7 @@ from rq.job import Job
 
 from conversations import jobs, state
 from conversations.models import Turn
-from tests.conftest import make_client, start_turn
+from tests.helpers import make_client, start_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 
 from conversations import state
 from conversations.models import Conversation, Turn
-from tests.conftest import api_post, make_client, poll_until_done, start_turn
+from tests.helpers import api_post, make_client, poll_until_done, start_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

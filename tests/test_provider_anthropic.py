@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from conversations.models import CallRecord, Conversation, Message, Turn
-from tests.conftest import make_client, poll_until_done, start_turn
+from tests.helpers import make_client, poll_until_done, start_turn
 from tests.fake_wire import (
     anthropic_error, anthropic_message, anthropic_tool_use, run_error_cases, run_turn_here,
 )

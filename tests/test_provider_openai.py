@@ -11,7 +11,7 @@ from conversations.models import Message, Turn
 from conversations.providers import BaseProvider, ProviderError, get_provider_class
 from conversations.providers.openai import OpenAIProvider
 from conversations.types import ModelReply, Usage
-from tests.conftest import make_client, poll_until_done, start_turn
+from tests.helpers import make_client, poll_until_done, start_turn
 from tests.fake_wire import openai_error, run_error_cases, run_turn_here
 from tests.fakes import FakeProvider, Reply, malformed_json, openai_text, openai_tool_calls
 

@@ -28,7 +28,7 @@ from conversations import state
 from conversations.jobs import crashed_message, timeout_message
 from conversations.models import CallRecord, Message, Turn
 from conversations.providers import BaseProvider, ProviderError
-from tests.conftest import Poller, make_client, start_turn
+from tests.helpers import Poller, make_client, start_turn
 from tests.fakes import FakeProvider, hang
 
 pytestmark = pytest.mark.django_db(transaction=True)

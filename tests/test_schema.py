@@ -5,7 +5,7 @@ import json
 import pytest
 from drf_spectacular.validation import validate_schema
 
-from tests.conftest import make_client
+from tests.helpers import make_client
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from conversations.models import Conversation, Turn
-from tests.conftest import make_client, start_turn
+from tests.helpers import make_client, start_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -27,7 +27,7 @@ def post_endpoints(client):
 
 
 @pytest.fixture(params=["anonymous", "logged_in"])
-def client(request):
+def visitor(request):
     client = make_client()
     if request.param == "logged_in":
         client.force_login(get_user_model().objects.create_user("csrf-user", password="pw-123456789"))
@@ -36,39 +36,39 @@ def client(request):
     return client
 
 
-def test_every_post_without_a_csrf_token_is_refused(client):
-    endpoints = post_endpoints(client)
+def test_every_post_without_a_csrf_token_is_refused(visitor):
+    endpoints = post_endpoints(visitor)
     conversations, turns = Conversation.objects.count(), Turn.objects.count()
     for name, (url, data) in endpoints.items():
-        response = post(client, url, data)
+        response = post(visitor, url, data)
         assert response.status_code == 403, name
         assert "CSRF" in response.json()["detail"], name
     assert (Conversation.objects.count(), Turn.objects.count()) == (conversations, turns)
     assert not Turn.objects.get().cancel_requested
 
 
-def test_every_post_with_a_wrong_csrf_token_is_refused(client):
-    for name, (url, data) in post_endpoints(client).items():
-        assert post(client, url, data, X_CSRFToken="x" * 32).status_code == 403, name
+def test_every_post_with_a_wrong_csrf_token_is_refused(visitor):
+    for name, (url, data) in post_endpoints(visitor).items():
+        assert post(visitor, url, data, X_CSRFToken="x" * 32).status_code == 403, name
 
 
-def test_every_post_from_another_origin_is_refused(client):
+def test_every_post_from_another_origin_is_refused(visitor):
     """A page on another site that somehow got the token still fails Django's Origin check."""
-    for name, (url, data) in post_endpoints(client).items():
-        response = post(client, url, data, X_CSRFToken=client.csrf, Origin="https://evil.example")
+    for name, (url, data) in post_endpoints(visitor).items():
+        response = post(visitor, url, data, X_CSRFToken=visitor.csrf, Origin="https://evil.example")
         assert response.status_code == 403, name
 
 
-def test_every_post_with_the_token_is_accepted(client):
-    endpoints = post_endpoints(client)
+def test_every_post_with_the_token_is_accepted(visitor):
+    endpoints = post_endpoints(visitor)
     Turn.objects.update(status=Turn.Status.COMPLETED)  # let the next message through
     expected = {"conversations": 201, "turns": 202, "cancel": 202}
     for name, (url, data) in endpoints.items():
-        assert post(client, url, data, X_CSRFToken=client.csrf).status_code == expected[name], name
+        assert post(visitor, url, data, X_CSRFToken=visitor.csrf).status_code == expected[name], name
 
 
 def test_reads_need_no_csrf_token():
-    client = make_client()
-    started = start_turn(client)
-    assert client.get(f"/api/conversations/{started['conversation']}/").status_code == 200
-    assert client.get(started["poll_url"]).status_code == 200
+    visitor = make_client()
+    started = start_turn(visitor)
+    assert visitor.get(f"/api/conversations/{started['conversation']}/").status_code == 200
+    assert visitor.get(started["poll_url"]).status_code == 200

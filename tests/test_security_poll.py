@@ -4,7 +4,7 @@ the session is in the cache and ownership is checked against the cached state.""
 import pytest
 from django.contrib.auth import get_user_model
 
-from tests.conftest import make_client, poll_until_done, start_turn
+from tests.helpers import make_client, poll_until_done, start_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -18,30 +18,30 @@ def logged_in_client():
 
 
 @pytest.fixture(params=["anonymous", "logged_in"])
-def client(request):
+def visitor(request):
     return make_client() if request.param == "anonymous" else logged_in_client()
 
 
-def test_polling_a_queued_turn_makes_no_sql_query(client, django_assert_num_queries):
-    started = start_turn(client)
+def test_polling_a_queued_turn_makes_no_sql_query(visitor, django_assert_num_queries):
+    started = start_turn(visitor)
     with django_assert_num_queries(0):
-        response = client.get(started["poll_url"])
+        response = visitor.get(started["poll_url"])
     assert response.status_code == 200 and response.json()["status"] == "queued"
 
 
-def test_polling_a_finished_turn_and_a_304_make_no_sql_query(client, worker, django_assert_num_queries):
-    started = start_turn(client, "Hello")
+def test_polling_a_finished_turn_and_a_304_make_no_sql_query(visitor, worker, django_assert_num_queries):
+    started = start_turn(visitor, "Hello")
     worker()
-    poll_until_done(client, started["poll_url"])
+    poll_until_done(visitor, started["poll_url"])
     with django_assert_num_queries(0):
-        response = client.get(started["poll_url"])
-        not_modified = client.get(started["poll_url"], HTTP_IF_NONE_MATCH=response["ETag"])
+        response = visitor.get(started["poll_url"])
+        not_modified = visitor.get(started["poll_url"], HTTP_IF_NONE_MATCH=response["ETag"])
     assert response.json()["done"] is True
     assert not_modified.status_code == 304
 
 
-def test_a_strangers_poll_of_a_cached_turn_is_refused_without_sql(client, django_assert_num_queries):
-    started = start_turn(client)
+def test_a_strangers_poll_of_a_cached_turn_is_refused_without_sql(visitor, django_assert_num_queries):
+    started = start_turn(visitor)
     stranger = make_client()
     with django_assert_num_queries(0):
         assert stranger.get(started["poll_url"]).status_code == 404

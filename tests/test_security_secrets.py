@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 from django.urls import reverse
 
 from conversations.models import Turn
-from tests.conftest import api_post, make_client, poll_until_done, redis_values
+from tests.helpers import api_post, make_client, poll_until_done, redis_values
 from tests.fakes import FakeProvider, Reply, openai_text
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,7 +6,7 @@ import pytest
 from django.db import connections
 
 from conversations.models import Turn
-from tests.conftest import api_post, make_client, poll_until_done
+from tests.helpers import api_post, make_client, poll_until_done
 from tests.fakes import FakeProvider, openai_text
 
 pytestmark = pytest.mark.django_db(transaction=True)

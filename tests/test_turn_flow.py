@@ -6,7 +6,7 @@ from django.db import transaction
 
 from conversations.jobs import enqueue_turn
 from conversations.models import Conversation, Message, Turn
-from tests.conftest import Poller, api_post, make_client, start_turn
+from tests.helpers import Poller, api_post, make_client, start_turn
 from tests.fakes import FakeProvider, openai_text, openai_tool_calls
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -126,24 +126,24 @@ def test_a_message_sent_while_the_queue_is_unreachable_is_kept_and_its_turn_ends
 
 
 @pytest.fixture
-def unreachable_cache(unreachable_cache, settings):
-    """conftest's ``unreachable_cache``, with sessions in the database (as a site may keep them),
-    so that nothing the visitor does touches the Redis that is down."""
+def cache_down_db_sessions(unreachable_cache, settings):
+    """``unreachable_cache``, with sessions in the database (as a site may keep them), so that
+    nothing the visitor does touches the Redis that is down."""
     settings.SESSION_ENGINE = "django.contrib.sessions.backends.db"
     return unreachable_cache
 
 
-def test_cancelling_a_queued_turn_while_redis_is_down_still_cancels_it(worker, unreachable_cache,
+def test_cancelling_a_queued_turn_while_redis_is_down_still_cancels_it(worker, cache_down_db_sessions,
                                                                       conversations_settings):
     client = make_client()
     turn = start_turn(client)
-    unreachable_cache()
+    cache_down_db_sessions()
 
     response = api_post(client, turn["cancel_url"])
 
     assert response.status_code == 202
     assert response.json()["status"] == "cancelled" and response.json()["done"] is True
-    unreachable_cache(False)
+    cache_down_db_sessions(False)
     worker()  # the job finds its turn already ended and leaves it alone
     saved = Turn.objects.get(pk=turn["id"])
     assert saved.status == "cancelled" and saved.model_calls == 0
@@ -154,11 +154,11 @@ def test_cancelling_a_queued_turn_while_redis_is_down_still_cancels_it(worker, u
     assert state["done"] is True and state["status"] == "cancelled"
 
 
-def test_stopping_a_running_turn_while_redis_is_down_answers_503(unreachable_cache):
+def test_stopping_a_running_turn_while_redis_is_down_answers_503(cache_down_db_sessions):
     client = make_client()
     turn = start_turn(client)
     Turn.objects.filter(pk=turn["id"]).update(status="running")
-    unreachable_cache()
+    cache_down_db_sessions()
 
     response = api_post(client, turn["cancel_url"])
 

@@ -1,0 +1,159 @@
+"""Helpers the tests share: clients that behave like the widget's browser, a real forking worker,
+pollers, and a look at everything in the test Redis. Fixtures live in conftest.py."""
+
+import json
+import os
+import threading
+import time
+import zlib
+from pathlib import Path
+
+from django.core.cache import cache
+from django.db import connection, connections
+from django.test import Client
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Short clocks for the whole suite; tests that need others use `conversations_settings`.
+FAST = {
+    "JOB_TIMEOUT": 10,
+    "DEADLINE_MARGIN": 4,
+    "CALL_TIMEOUT": 5,
+    "CONNECT_TIMEOUT": 2,
+    "MIN_CALL_BUDGET": 1,
+    "TOOL_TIMEOUT": 2,
+    "TOOL_RESERVE": 1,
+    "BACKOFF_BASE": 0.05,
+    "BACKOFF_MAX": 0.2,
+    "STATE_TTL": 60,
+    "DEMO_DELAY": 0.05,
+}
+
+
+# A Redis URL where nothing listens.
+NOWHERE = "redis://127.0.0.1:9/0"
+
+
+def redis_values():
+    """Every key and value in the test Redis as raw bytes, plus the zlib-decompressed form of
+    compressed ones (RQ jobs)."""
+    client = cache._cache.get_client(write=True)
+    for key in client.scan_iter():
+        yield key
+        kind = client.type(key).decode()
+        if kind == "string":
+            values = [client.get(key)]
+        elif kind == "hash":
+            values = [v for pair in client.hgetall(key).items() for v in pair]
+        elif kind == "list":
+            values = client.lrange(key, 0, -1)
+        elif kind == "set":
+            values = list(client.smembers(key))
+        elif kind == "zset":
+            values = client.zrange(key, 0, -1)
+        elif kind == "stream":
+            values = [repr(entry).encode() for entry in client.xrange(key)]
+        else:
+            values = []
+        for value in values:
+            yield value
+            try:
+                yield zlib.decompress(value)
+            except (zlib.error, TypeError):
+                pass
+
+
+def run_worker():
+    """Run every queued job in a real forking worker (burst mode), as production does."""
+    from django_rq import get_worker
+
+    connections.close_all()  # a forked work horse must not share the test's database socket
+    worker = get_worker("default")
+    worker.work(burst=True)
+    return worker
+
+
+def make_client():
+    client = Client(enforce_csrf_checks=True)
+    client.get("/")  # sets the csrftoken cookie, as the demo page does
+    client.csrf = client.cookies["csrftoken"].value
+    return client
+
+
+def api_post(client, url, data=None, **extra):
+    return client.post(url, data=json.dumps(data if data is not None else {}), content_type="application/json",
+                       HTTP_X_CSRFTOKEN=client.csrf, **extra)
+
+
+def start_turn(client, content="What time is it in Tokyo?"):
+    """Create a conversation and post one message; return the 202 body."""
+    conversation = api_post(client, "/api/conversations/").json()
+    response = api_post(client, f"/api/conversations/{conversation['id']}/turns/", {"content": content})
+    assert response.status_code == 202, response.content
+    return response.json()
+
+
+class Poller:
+    """Polls a turn from a background thread, as the widget does, recording every distinct state."""
+
+    def __init__(self, client, url, interval=0.02):
+        self.client, self.url, self.interval = client, url, interval
+        self.states = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        try:
+            while not self._stop.is_set():
+                response = self.client.get(self.url)
+                if response.status_code == 200:
+                    data = response.json()
+                    if not self.states or self.states[-1]["version"] != data["version"]:
+                        self.states.append(data)
+                    if data["done"]:
+                        return
+                time.sleep(self.interval)
+        finally:
+            connections.close_all()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._thread.join(timeout=30)
+        self._stop.set()
+
+    @property
+    def final(self):
+        return self.states[-1] if self.states else None
+
+
+def poll_until_done(client, url, timeout=30):
+    """Poll like the widget until ``done``; return the final state (fails the test on timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        data = client.get(url).json()
+        if data["done"]:
+            return data
+        time.sleep(0.05)
+    raise AssertionError(f"turn never reached done within {timeout}s: {data}")
+
+
+def worker_env(**conversations):
+    """Environment for a separate `manage.py rqworker` process that sees this test's database and settings."""
+    from conversations.conf import get_config
+
+    env = dict(os.environ)
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        env["DATABASE_URL"] = f"sqlite:///{db['NAME']}"
+    else:
+        env["DATABASE_URL"] = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    for key, value in {**get_config(), **conversations}.items():
+        if key == "TOOLS":
+            value = ",".join(value)
+        env[f"CONVERSATIONS_{key}"] = str(value)
+    return env
+
+
