@@ -51,6 +51,19 @@ def test_body_that_is_not_json_is_refused(owner_client, conversation):
     assert_nothing_enqueued()
 
 
+@pytest.mark.parametrize("body", [
+    "[" * 30000 + "]" * 30000,
+    '{"content": ' + "[" * 5000 + "]" * 5000 + "}",
+    '{"content": "hi", "x": ' + '{"a":' * 3000 + "1" + "}" * 3000 + "}",
+])
+def test_json_nested_too_deeply_is_refused_with_a_sentence(owner_client, conversation, body):
+    response = owner_client.post(turns_url(conversation), data=body, content_type="application/json",
+                                 HTTP_X_CSRFTOKEN=owner_client.csrf)
+    assert response.status_code == 400
+    assert response.json() == {"detail": "The request body is nested too deeply to be read."}
+    assert_nothing_enqueued()
+
+
 def test_json_that_is_not_an_object_is_refused(owner_client, conversation):
     response = owner_client.post(turns_url(conversation), data=json.dumps(["hi"]), content_type="application/json",
                                  HTTP_X_CSRFTOKEN=owner_client.csrf)

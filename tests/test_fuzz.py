@@ -91,3 +91,19 @@ def test_the_api_survives_fuzzing_and_matches_its_schema(mode, visitor):
         turns, poll = "POST /api/conversations/{conversation_id}/turns/", \
             "GET /api/conversations/{conversation_id}/turns/{turn_id}/"
         assert {(turns, 202), (poll, 200), ("GET /api/conversations/{conversation_id}/", 200)} <= visitor.seen
+
+
+def test_deeply_nested_bodies_get_a_4xx_on_every_operation(visitor):
+    """Python's JSON parser recurses per bracket; a body nested past the stack is a 400 with a
+    sentence wherever a body is read, and never a 5xx anywhere (over the live server, as sent)."""
+    schema = schemathesis.openapi.from_url(f"{visitor.base_url}/api/schema/?format=json", config=CONFIG)
+    posts = [result.ok() for result in schema.get_all_operations() if result.ok().method.upper() == "POST"]
+    bodies = ["[" * 30000 + "]" * 30000, '{"content": ' + '{"a":' * 4000 + "1" + "}" * 4000 + "}"]
+    for operation, body in itertools.product(posts, bodies):
+        path = operation.path.format(conversation_id=visitor.conversation, turn_id=visitor.turn)
+        response = visitor.session.post(f"{visitor.base_url}{path}", data=body, timeout=10,
+                                        headers={**visitor.headers, "Content-Type": "application/json"})
+        assert response.status_code < 500, (operation.label, response.status_code)
+        if operation.body:
+            assert response.status_code == 400, operation.label
+            assert response.json() == {"detail": "The request body is nested too deeply to be read."}

@@ -1,10 +1,11 @@
-"""Request bodies are refused before they are parsed when they are larger than ``MAX_REQUEST_BYTES``."""
+"""Request bodies are refused before they are parsed when they are larger than ``MAX_REQUEST_BYTES``,
+and JSON nested too deeply for the parser is a 400, not a ``RecursionError``."""
 
 import io
 
 from django.utils.translation import gettext as _
 from rest_framework import status
-from rest_framework.exceptions import APIException
+from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import JSONParser
 
 from ..conf import get_config
@@ -43,4 +44,9 @@ class LimitedJSONParser(JSONParser):
             if len(raw) > limit:
                 raise RequestTooLarge(limit)
             stream = io.BytesIO(raw)
-        return super().parse(stream, media_type, parser_context)
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            # Python's json module recurses once per bracket: a couple of kilobytes of "[[[…"
+            # exhaust the stack. No request this API accepts is nested more than two levels.
+            raise ParseError(_("The request body is nested too deeply to be read.")) from None
