@@ -315,8 +315,10 @@ class BudgetedHTTP:
                 try:
                     if url not in self._environment:
                         self._environment[url] = environment_settings(url)
+                    # Never follow a redirect: requests strips only Authorization on the way,
+                    # so an x-api-key or api-key header would reach whatever host it names.
                     reply = self.session.post(url, data=body, headers=headers, timeout=(connect, limit),
-                                              **self._environment[url])
+                                              allow_redirects=False, **self._environment[url])
                     content = reply.content  # read inside the watchdog: the body is what trickles
                 except requests.RequestException as exc:
                     if watchdog.expired:
@@ -330,6 +332,9 @@ class BudgetedHTTP:
                     outcome, detail = "timeout", f"no complete response within {limit:.1f}s"
                     raise CallFailed(outcome, detail, retryable=True)
             status = reply.status_code
+            if 300 <= status < 400:  # the Location is not quoted: it may carry a token of its own
+                outcome, detail = "http_error", f"HTTP {status} redirect, not followed"
+                raise CallFailed(outcome, detail, status=status)
             if status >= 400:
                 outcome, detail = "http_error", f"HTTP {status}"
                 raise CallFailed(

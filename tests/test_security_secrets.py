@@ -120,3 +120,30 @@ def test_the_api_key_is_nowhere_after_failed_and_successful_turns(api_key, conve
     assert [r.getMessage() for r in caplog.records if api_key in r.getMessage() or api_key in str(r.__dict__)] == []
     out, err = capfd.readouterr()
     assert api_key not in out and api_key not in err
+
+
+@pytest.mark.parametrize("provider, base, header", [
+    ("openai", "/v1", "authorization"),
+    ("openai", "/openai/deployments/chat?api-version=2024-10-21", "api-key"),  # Azure style
+    ("anthropic", "", "x-api-key"),
+])
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_redirect_is_never_followed_and_the_key_stays_home(conversations_settings, provider, base, header,
+                                                             status):
+    from tests.fake_wire import run_turn_here
+
+    key = "sk-REDIRECT-test-0123456789"
+    with FakeProvider() as elsewhere, FakeProvider() as fake:
+        target = f"{elsewhere.url}/collect?token=location-secret"
+        fake.add(Reply(status, b"", {"Location": target}))
+        conversations_settings.update(PROVIDER=provider, BASE_URL=f"http://127.0.0.1:{fake.port}{base}", API_KEY=key,
+                                      MAX_ATTEMPTS=3)
+        turn = run_turn_here("Hello?")
+
+        assert header in {k.lower() for k in fake.requests[0]["headers"]}  # the key went to the configured host
+        assert elsewhere.requests == [] and len(fake.requests) == 1  # not followed, and not retried
+    assert turn.status == "failed"
+    assert turn.error == ("The assistant is not set up correctly: the AI service's address answered with a "
+                          f"redirect (HTTP {status}), which is not followed.")
+    details = " ".join(turn.calls.values_list("detail", flat=True))
+    assert "location-secret" not in turn.error + details and str(status) in details

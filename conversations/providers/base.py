@@ -22,7 +22,7 @@ class ProviderError(Exception):
 
     ``code`` names the kind (``auth``, ``unknown_model``, ``context_length``, ``refused``,
     ``bad_response``, ``rate_limited``, ``unavailable``, ``timeout``, ``connection``,
-    ``bad_request``); ``message`` is a sentence for the visitor (it becomes the turn's error);
+    ``bad_request``, ``redirected``); ``message`` is a sentence for the visitor (it becomes the turn's error);
     ``detail`` is for the operator's log. Neither may contain a secret: build ``detail`` with
     ``redact()`` when it quotes the provider.
     """
@@ -38,12 +38,16 @@ class ProviderError(Exception):
         "timeout": _("The AI service took too long to answer. Please try again."),
         "connection": _("The assistant could not reach the AI service. Please try again later."),
         "bad_request": _("The AI service rejected the request. Please try again or start a new conversation."),
+        "redirected": _("The assistant is not set up correctly: the AI service's address answered with a "
+                        "redirect (HTTP %(status)s), which is not followed."),
     }
 
-    def __init__(self, code, detail=""):
+    def __init__(self, code, detail="", **params):
         self.code = code
         self.detail = detail
         self.message = str(self.MESSAGES.get(code, self.MESSAGES["bad_request"]))
+        if params:
+            self.message %= params
         super().__init__(f"{code}: {detail}" if detail else code)
 
 
@@ -135,6 +139,8 @@ class BaseProvider:
         if failure.outcome == "bad_response":
             return ProviderError("bad_response", failure.detail)
         status = failure.status or 0
+        if 300 <= status < 400:
+            return ProviderError("redirected", failure.detail, status=status)
         if status in (401, 403):
             return ProviderError("auth", f"HTTP {status}")
         if status == 404:
