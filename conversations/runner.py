@@ -304,7 +304,8 @@ class TurnRunner:
         if result.is_error:
             outcome = "timeout" if "timed out" in result.output else "error"
         self.record(kind="tool", name=call.name, attempt=1, started_offset=started_offset, timeout=limit,
-                    remaining_before=remaining, duration=duration, outcome=outcome, detail=result.output[:200])
+                    remaining_before=remaining, duration=duration, outcome=outcome,
+                    detail=result.detail or result.output)
         return result
 
     # -- the final write -----------------------------------------------------------------

@@ -6,7 +6,9 @@ from the docstring, its JSON schema from the type hints. The first parameter may
 not part of the schema. Tools are listed by dotted path in ``CONVERSATIONS["TOOLS"]``.
 
 A tool never crashes a turn: unknown names, invalid arguments, exceptions and time-outs all
-become error results that go back to the model.
+become error results that go back to the model. What an exception says stays with the
+operator (logs, admin): the model and the visitor read that the tool failed, unless the tool
+raised ``ToolError``, whose message is written for them.
 """
 
 import inspect
@@ -72,6 +74,12 @@ class Tool:
 
     def __call__(self, *args, **kwargs):
         return self.function(*args, **kwargs)
+
+
+class ToolError(Exception):
+    """Raise it from a tool to tell the model (and the visitor, who sees tool results) why the
+    tool could not do its job: ``raise ToolError("No booking was found for that date.")``.
+    Any other exception's text is kept from them, since it may name internals."""
 
 
 class InvalidArguments(ValueError):
@@ -269,9 +277,12 @@ def run_tool(t, call, context, limit, max_chars):
                           is_error=True)
     if "error" in outcome:
         exc = outcome["error"]
-        logger.warning("Tool %s raised %s: %s", t.name, type(exc).__name__, exc)
-        return ToolResult(call.id, t.name, cap(f"Error: {type(exc).__name__}: {exc}", max_chars), is_error=True)
+        detail = f"{type(exc).__name__}: {exc}"
+        logger.warning("Tool %s raised %s", t.name, detail)
+        if isinstance(exc, ToolError):
+            return ToolResult(call.id, t.name, cap(f"Error: {exc}", max_chars), is_error=True, detail=detail)
+        return ToolResult(call.id, t.name, f"Error: the tool {t.name} failed.", is_error=True, detail=detail)
     return ToolResult(call.id, t.name, cap(_to_text(outcome.get("value")), max_chars))
 
 
-__all__ = ["Tool", "ToolContext", "tool", "load_tools", "run_tool", "validate_arguments"]
+__all__ = ["Tool", "ToolContext", "ToolError", "tool", "load_tools", "run_tool", "validate_arguments"]

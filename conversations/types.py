@@ -17,12 +17,17 @@ class ToolCall:
 
 @dataclass
 class ToolResult:
-    """What a tool gave back for one ``ToolCall``; ``is_error`` results are handed to the model too."""
+    """What a tool gave back for one ``ToolCall``; ``is_error`` results are handed to the model too.
+
+    ``output`` is what the model and the visitor see; ``detail``, for the operator only (the
+    admin's timeline and the log), says what went wrong when that differs from ``output``.
+    """
 
     tool_call_id: str
     name: str
     output: str
     is_error: bool = False
+    detail: str = ""
 
 
 @dataclass

@@ -16,7 +16,7 @@ import pytest
 from conversations.models import CallRecord, Message, Turn
 from conversations.providers import ProviderError
 from conversations.runner import deadline_message, step_limit_message
-from conversations.tools import tool
+from conversations.tools import ToolError, tool
 from tests.helpers import Poller, make_client, redis_values, start_turn
 from tests.fakes import (
     FakeProvider, SilentListener, cut_short_then_stall, full_accept_queue, hang, http_error, malformed_json,
@@ -171,8 +171,14 @@ def test_a_retry_inside_the_budget_completes_the_turn(first, worker, openai):
 
 @tool
 def explode(reason: str) -> str:
-    """A tool that always raises."""
-    raise RuntimeError(f"boom: {reason}")
+    """A tool that always raises, with internals in its message (as a database error would)."""
+    raise RuntimeError(f"connection to db.internal:5432 failed: {reason}")
+
+
+@tool
+def refuse(date: str) -> str:
+    """A tool that explains to the visitor why it cannot help."""
+    raise ToolError(f"No booking was found for {date}.")
 
 
 @tool
@@ -189,10 +195,10 @@ def nap() -> str:
     return "rested"
 
 
-TEST_TOOLS = [f"{__name__}.{name}" for name in ("explode", "stall", "nap")]
+TEST_TOOLS = [f"{__name__}.{name}" for name in ("explode", "refuse", "stall", "nap")]
 
 
-def test_a_tool_that_raises_gives_the_model_an_error_result_and_the_turn_goes_on(worker, openai):
+def test_a_tool_that_raises_gives_the_model_an_error_result_and_the_turn_goes_on(worker, openai, log_file):
     with FakeProvider() as fake:
         fake.add(openai_tool_calls(("explode", {"reason": "disk full"})), openai_text("Sorry, that tool failed."))
         openai(fake.url, TOOLS=TEST_TOOLS)
@@ -201,11 +207,27 @@ def test_a_tool_that_raises_gives_the_model_an_error_result_and_the_turn_goes_on
     assert (final["status"], final["error"]) == ("completed", None)
     result = final["messages"][2]
     assert result["role"] == "tool" and result["is_error"] is True
-    assert result["content"] == "Error: RuntimeError: boom: disk full"
+    # The visitor (and the model) read that the tool failed; what it said stays with the operator.
+    assert result["content"] == "Error: the tool explode failed."
     sent = fake.requests[1]["json"]["messages"][-1]
-    assert sent["role"] == "tool" and sent["content"] == "Error: RuntimeError: boom: disk full"
+    assert sent["role"] == "tool" and sent["content"] == "Error: the tool explode failed."
+    assert "db.internal" not in str(final)
     (run,) = records(turn, "tool")
     assert (run.name, run.outcome) == ("explode", "error")
+    assert run.detail == "RuntimeError: connection to db.internal:5432 failed: disk full"
+    assert "RuntimeError: connection to db.internal:5432 failed: disk full" in log_file.read_text()
+
+
+def test_a_tool_error_meant_for_the_visitor_is_shown_as_written(worker, openai):
+    with FakeProvider() as fake:
+        fake.add(openai_tool_calls(("refuse", {"date": "1 May"})), openai_text("I found no booking for that day."))
+        openai(fake.url, TOOLS=TEST_TOOLS)
+        final, elapsed, turn = run_turn(worker)
+
+    assert final["messages"][2]["content"] == "Error: No booking was found for 1 May."
+    assert fake.requests[1]["json"]["messages"][-1]["content"] == "Error: No booking was found for 1 May."
+    (run,) = records(turn, "tool")
+    assert (run.outcome, run.detail) == ("error", "ToolError: No booking was found for 1 May.")
 
 
 def test_a_tool_that_hangs_is_abandoned_and_reported_as_timed_out(worker, openai):

@@ -135,7 +135,8 @@ def test_unknown_tools_invalid_arguments_exceptions_and_timeouts_become_error_re
 
     assert missing.is_error and missing.output == "Error: there is no tool named 'nope'."
     assert invalid.is_error and invalid.output == "Error: invalid arguments: missing argument(s): nights."
-    assert raised.is_error and raised.output == "Error: RuntimeError: database down for 3"
+    assert raised.is_error and raised.output == "Error: the tool explode failed."
+    assert raised.detail == "RuntimeError: database down for 3"
     assert slow.is_error and slow.output == "Error: the tool sleepy timed out after 0 seconds."
     assert time.monotonic() - started < 2  # abandoned, not awaited
     ok = run(book, {"room": "A", "nights": 2})
