@@ -128,7 +128,7 @@ def _check_rates(cfg):
     from rest_framework.throttling import SimpleRateThrottle
 
     errors = []
-    for key in ("TURN_RATE_PER_OWNER", "TURN_RATE_PER_IP"):
+    for key in ("TURN_RATE_PER_OWNER", "TURN_RATE_PER_IP", "CONVERSATION_RATE_PER_OWNER", "CONVERSATION_RATE_PER_IP"):
         rate = cfg[key]
         if not rate or str(rate).strip() == "0":
             continue

@@ -46,6 +46,9 @@ DEFAULTS = {
     # Abuse and cost limits (see SECURITY.md). Rates are DRF rate strings; "" switches one off.
     "TURN_RATE_PER_OWNER": "10/min",
     "TURN_RATE_PER_IP": "30/min",
+    # New conversations (each also a session in Redis for an anonymous visitor).
+    "CONVERSATION_RATE_PER_OWNER": "20/hour",
+    "CONVERSATION_RATE_PER_IP": "100/hour",
     # Turns one conversation may have, and tokens (input + output) one owner may use per day; 0 = no limit.
     "MAX_TURNS_PER_CONVERSATION": 50,
     "DAILY_TOKEN_BUDGET": 200000,

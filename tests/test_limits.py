@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from conversations.api.parsers import LimitedJSONParser, RequestTooLarge
-from conversations.models import Message, Turn
+from conversations.models import Conversation, Message, Turn
 from tests.helpers import api_post, make_client, start_turn
 from tests.fakes import FakeProvider, openai_text
 
@@ -61,6 +61,39 @@ def test_too_many_turns_per_ip_get_429_across_owners(conversations_settings):
     assert send(client, new_conversation(client), REMOTE_ADDR="10.1.2.3").status_code == 202
 
 
+def spoofed_address_headers():
+    """Every header a client could use to claim another address, each with a new random one."""
+    import random
+
+    def address():
+        return ".".join(str(random.randint(1, 254)) for _ in range(4))
+
+    return {"HTTP_X_FORWARDED_FOR": f"{address()}, {address()}", "HTTP_FORWARDED": f"for={address()}",
+            "HTTP_X_REAL_IP": address(), "HTTP_CLIENT_IP": address(), "HTTP_TRUE_CLIENT_IP": address()}
+
+
+def test_a_client_cannot_escape_the_ip_limit_with_address_headers_and_new_cookies(conversations_settings):
+    # Without NUM_PROXIES no header a client writes says who it is: only the connection's address does.
+    conversations_settings.update(TURN_RATE_PER_IP="2/min")
+    answers = []
+    for _ in range(6):
+        client = make_client()  # a new session, so a new owner with a fresh per-owner limit and budget
+        answers.append(send(client, new_conversation(client, **spoofed_address_headers()),
+                            **spoofed_address_headers()).status_code)
+    assert answers == [202, 202, 429, 429, 429, 429]
+
+
+def test_address_headers_cannot_spend_someone_elses_ip_limit(conversations_settings):
+    conversations_settings.update(TURN_RATE_PER_IP="2/min")
+    for _ in range(4):  # an attacker sends the victim's address in every header
+        client = make_client()
+        send(client, new_conversation(client), HTTP_X_FORWARDED_FOR="198.51.100.7", HTTP_X_REAL_IP="198.51.100.7",
+             HTTP_FORWARDED="for=198.51.100.7")
+    victim = make_client()
+    assert send(victim, new_conversation(victim, REMOTE_ADDR="198.51.100.7"),
+                REMOTE_ADDR="198.51.100.7").status_code == 202
+
+
 def test_behind_a_proxy_num_proxies_makes_x_forwarded_for_the_client_address(conversations_settings, settings):
     conversations_settings.update(TURN_RATE_PER_IP="1/min")
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
@@ -89,6 +122,24 @@ def test_an_empty_or_zero_rate_switches_a_throttle_off(off, conversations_settin
     for _ in range(12):
         assert send(client, conversation).status_code == 202
         finish_all_turns()
+
+
+def test_too_many_new_conversations_get_429_per_owner_and_per_ip(conversations_settings):
+    conversations_settings.update(CONVERSATION_RATE_PER_OWNER="3/hour", CONVERSATION_RATE_PER_IP="7/hour")
+    client = make_client()
+    # The first conversation makes the visitor an owner (counted per address only); three more, then 429.
+    answers = [api_post(client, "/api/conversations/").status_code for _ in range(5)]
+    assert answers == [201, 201, 201, 201, 429]
+    refused = api_post(client, "/api/conversations/")
+    assert refused.json()["detail"].startswith("You have started too many conversations. Please continue one of "
+                                               "them or try again later. Expected available in")
+    assert int(refused["Retry-After"]) >= 1
+    # A new cookie per request is a new owner, but the same address (6 requests counted so far).
+    answers = [api_post(make_client(), "/api/conversations/", **spoofed_address_headers()).status_code
+               for _ in range(3)]
+    assert answers == [201, 429, 429]
+    assert Conversation.objects.count() == 5
+    assert make_client().get("/api/conversations/").status_code == 200  # reading the list is not limited
 
 
 # -- cost limits ------------------------------------------------------------------------------

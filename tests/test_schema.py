@@ -42,9 +42,9 @@ def test_the_schema_documents_every_answer(schema):
     assert statuses(schema, TURNS, "post") == {"200", "202", "400", "403", "404", "409", "413", "415", "422",
                                                     "429", "503"}
     assert statuses(schema, POLL, "get") == {"200", "304", "404"}
-    assert statuses(schema, CANCEL, "post") == {"202", "403", "404", "413", "503"}
+    assert statuses(schema, CANCEL, "post") == {"202", "403", "404", "413", "415", "503"}
     assert statuses(schema, CONVERSATION, "get") == {"200", "404"}
-    assert statuses(schema, "/api/conversations/", "post") == {"201", "403", "413"}
+    assert statuses(schema, "/api/conversations/", "post") == {"201", "403", "413", "415", "429"}
     throttled = schema["paths"][TURNS]["post"]["responses"]["429"]
     assert "Retry-After" in throttled["headers"]
 
@@ -69,3 +69,65 @@ def test_swagger_ui_is_served_only_in_debug(settings):
     settings.DEBUG = True
     response = client.get("/api/schema/ui/")
     assert response.status_code == 200 and b"swagger" in response.content.lower()
+
+
+def test_every_answer_the_api_gives_is_documented(schema, conversations_settings, django_db_blocker):
+    """Provoke each status each operation can answer (503s aside: tests/test_turn_flow.py) and check
+    the schema documents it for that operation; a fuzzer rarely reaches a 409, a 422 or a 429."""
+    from tests.helpers import api_post, start_turn
+
+    conversations_settings.update(MAX_TURNS_PER_CONVERSATION=2, CONVERSATION_RATE_PER_OWNER="3/hour")
+    answers = {}
+
+    def seen(path, method, response):
+        answers.setdefault((path, method), set()).add(str(response.status_code))
+
+    client = make_client()
+    started = start_turn(client, "Hello")
+    conversation, turn = started["conversation"], started["id"]
+    turns = f"/api/conversations/{conversation}/turns/"
+    poll = started["poll_url"]
+    key = {"HTTP_IDEMPOTENCY_KEY": "k-1"}
+
+    seen(TURNS, "post", api_post(client, turns, {"content": "Again"}))  # 409: still answering
+    api_post(client, started["cancel_url"])
+    seen(TURNS, "post", api_post(client, turns, {"content": "Two"}, **key))  # 202
+    seen(TURNS, "post", api_post(client, turns, {"content": "Two"}, **key))  # 200: replayed
+    seen(TURNS, "post", api_post(client, turns, {"content": "Other"}, **key))  # 422: key reused
+    seen(TURNS, "post", api_post(client, turns, {"content": ""}))  # 400
+    seen(TURNS, "post", client.post(turns, "content=x", content_type="application/x-www-form-urlencoded",
+                                    HTTP_X_CSRFTOKEN=client.csrf))  # 415
+    seen(TURNS, "post", client.post(turns, "{}", content_type="application/json"))  # 403: no CSRF token
+    seen(TURNS, "post", api_post(client, turns, {"content": "x"}, CONTENT_LENGTH="999999"))  # 413
+    seen(TURNS, "post", api_post(client, "/api/conversations/00000000-0000-4000-8000-000000000000/turns/",
+                                 {"content": "x"}))  # 404
+    from conversations.models import Turn
+    Turn.objects.update(status="completed")
+    seen(TURNS, "post", api_post(client, turns, {"content": "Three"}))  # 403: conversation full
+    other = api_post(client, "/api/conversations/").json()["id"]
+    conversations_settings.update(TURN_RATE_PER_OWNER="1/min")
+    seen(TURNS, "post", api_post(client, f"/api/conversations/{other}/turns/", {"content": "x"}))  # 429
+
+    first = client.get(poll)
+    seen(POLL, "get", first)
+    seen(POLL, "get", client.get(poll, HTTP_IF_NONE_MATCH=first["ETag"]))  # 304
+    seen(POLL, "get", make_client().get(poll))  # 404
+    seen(CANCEL, "post", api_post(client, started["cancel_url"]))  # 202
+    seen(CANCEL, "post", client.post(started["cancel_url"], content_type="application/json"))  # 403
+    seen(CANCEL, "post", client.post(started["cancel_url"], HTTP_X_CSRFTOKEN=client.csrf))  # 415: a form body
+    seen(CANCEL, "post", api_post(make_client(), started["cancel_url"]))  # 404
+    seen(CANCEL, "post", api_post(client, started["cancel_url"], CONTENT_LENGTH="999999"))  # 413
+    seen(CONVERSATION, "get", client.get(f"/api/conversations/{conversation}/"))
+    seen(CONVERSATION, "get", make_client().get(f"/api/conversations/{conversation}/"))
+    for _ in range(3):
+        seen("/api/conversations/", "post", api_post(client, "/api/conversations/"))  # 201, then 429
+    seen("/api/conversations/", "post", client.post("/api/conversations/", content_type="application/json"))  # 403
+    seen("/api/conversations/", "post", client.post("/api/conversations/", HTTP_X_CSRFTOKEN=client.csrf))  # 415
+    seen("/api/conversations/", "post", api_post(client, "/api/conversations/", CONTENT_LENGTH="999999"))  # 413
+    seen("/api/conversations/", "get", client.get("/api/conversations/"))
+
+    for (path, method), given in answers.items():
+        assert given <= statuses(schema, path, method), (method, path, given - statuses(schema, path, method))
+    assert answers[(TURNS, "post")] == {"200", "202", "400", "403", "404", "409", "413", "415", "422", "429"}
+    assert answers[("/api/conversations/", "post")] == {"201", "403", "413", "415", "429"}
+    assert answers[(CANCEL, "post")] == {"202", "403", "404", "413", "415"}

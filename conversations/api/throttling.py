@@ -1,19 +1,31 @@
-"""Rate limits on turn creation: every turn is a paid model run.
+"""Rate limits on what costs the site: turns (each a paid model run) and new conversations.
 
-Two throttles apply to ``POST …/turns/``: one per owner (the logged-in user, or the
-anonymous visitor's owner token) and one per client IP address (which also catches a
-visitor who throws their cookies away). Rates come from ``CONVERSATIONS["TURN_RATE_PER_OWNER"]``
-and ``["TURN_RATE_PER_IP"]`` ("10/min", "30/min"; "" or "0" turns a throttle off), or from
-``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` under the throttle's ``scope`` when set there.
-History lives in the default cache (Redis), so every web process shares it. Behind a
-reverse proxy set ``REST_FRAMEWORK["NUM_PROXIES"]``, or every visitor shares the proxy's IP.
+Each throttle counts per owner (the logged-in user, or the anonymous visitor's owner token)
+or per client IP address (which also catches a visitor who throws their cookies away). Rates
+come from ``CONVERSATIONS`` (``TURN_RATE_PER_OWNER`` "10/min", ``TURN_RATE_PER_IP`` "30/min",
+``CONVERSATION_RATE_PER_OWNER``, ``CONVERSATION_RATE_PER_IP``; "" or "0" turns one off), or
+from ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` under the throttle's ``scope`` when set there.
+History lives in the default cache (Redis), so every web process shares it.
+
+The client's address is ``REMOTE_ADDR``. Headers a client can write (``X-Forwarded-For``,
+``Forwarded``, ``X-Real-IP``) are read only when ``REST_FRAMEWORK["NUM_PROXIES"]`` says how many
+proxies in front of the site append to ``X-Forwarded-For``; then the address the nearest of
+them saw is used, as DRF reads it.
 """
 
 from rest_framework.settings import api_settings
-from rest_framework.throttling import SimpleRateThrottle
+from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
 
 from ..conf import get_config
 from ..owners import owner_token
+
+
+def client_address(request):
+    """The client's IP address: ``REMOTE_ADDR``, or with ``NUM_PROXIES`` set the
+    ``X-Forwarded-For`` entry that the outermost trusted proxy wrote (DRF's rule)."""
+    if api_settings.NUM_PROXIES is None:
+        return request.META.get("REMOTE_ADDR", "")
+    return BaseThrottle().get_ident(request)
 
 
 class ConfiguredRateThrottle(SimpleRateThrottle):
@@ -28,29 +40,52 @@ class ConfiguredRateThrottle(SimpleRateThrottle):
         rate = rates[self.scope] if self.scope in rates else get_config()[self.config_key]
         return rate if rate and str(rate).strip() != "0" else None
 
+    def get_ident(self, request):
+        """The client's address (``client_address``): DRF's own would trust ``X-Forwarded-For``
+        from anyone when ``NUM_PROXIES`` is unset."""
+        return client_address(request)
 
-class TurnOwnerThrottle(ConfiguredRateThrottle):
-    """Turns per owner: the user id when logged in, else the session's owner token (else the IP)."""
 
-    scope = "conversations_turns_owner"
-    config_key = "TURN_RATE_PER_OWNER"
+class OwnerThrottle(ConfiguredRateThrottle):
+    """Counts per owner: the user id when logged in, else the session's owner token. A visitor
+    who owns nothing yet has no token (their first conversation creates it) and is not counted
+    here; the per-address throttle counts them."""
 
     def get_cache_key(self, request, view):
-        """The cache key of this owner's request history."""
+        """The cache key of this owner's request history, or None (not counted)."""
         if request.user is not None and request.user.is_authenticated:
             ident = f"user-{request.user.pk}"
         else:
             token = owner_token(request)
-            ident = f"token-{token}" if token else f"ip-{self.get_ident(request)}"
+            if not token:
+                return None
+            ident = f"token-{token}"
         return self.cache_format % {"scope": self.scope, "ident": ident}
 
 
-class TurnIPThrottle(ConfiguredRateThrottle):
-    """Turns per client IP address (``X-Forwarded-For`` is trusted only with ``NUM_PROXIES``)."""
-
-    scope = "conversations_turns_ip"
-    config_key = "TURN_RATE_PER_IP"
+class AddressThrottle(ConfiguredRateThrottle):
+    """Counts per client IP address (see ``client_address``)."""
 
     def get_cache_key(self, request, view):
         """The cache key of this address's request history."""
         return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+class TurnOwnerThrottle(OwnerThrottle):
+    scope = "conversations_turns_owner"
+    config_key = "TURN_RATE_PER_OWNER"
+
+
+class TurnIPThrottle(AddressThrottle):
+    scope = "conversations_turns_ip"
+    config_key = "TURN_RATE_PER_IP"
+
+
+class ConversationOwnerThrottle(OwnerThrottle):
+    scope = "conversations_new_owner"
+    config_key = "CONVERSATION_RATE_PER_OWNER"
+
+
+class ConversationIPThrottle(AddressThrottle):
+    scope = "conversations_new_ip"
+    config_key = "CONVERSATION_RATE_PER_IP"

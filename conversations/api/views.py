@@ -28,7 +28,7 @@ from ..owners import owned_filter, owner_token, owns_state
 from . import serializers
 from .authentication import CsrfSessionAuthentication
 from .parsers import LimitedJSONParser, check_content_length
-from .throttling import TurnIPThrottle, TurnOwnerThrottle
+from .throttling import ConversationIPThrottle, ConversationOwnerThrottle, TurnIPThrottle, TurnOwnerThrottle
 
 logger = logging.getLogger("conversations.api")
 
@@ -70,6 +70,7 @@ ERROR = serializers.ErrorSerializer
 NOT_FOUND = OpenApiResponse(ERROR, description="Not found, or not yours (the API never says which).")
 CSRF_FAILED = OpenApiResponse(ERROR, description="CSRF check failed: send the csrftoken cookie and X-CSRFToken.")
 TOO_LARGE = OpenApiResponse(ERROR, description="The body is larger than MAX_REQUEST_BYTES; it was not read.")
+NOT_JSON = OpenApiResponse(ERROR, description="The body is not application/json.")
 CONVERSATION_ID = OpenApiParameter("conversation_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 TURN_ID = OpenApiParameter("turn_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 RETRY_AFTER = OpenApiParameter("Retry-After", OpenApiTypes.INT, OpenApiParameter.HEADER, response=[429],
@@ -121,6 +122,17 @@ class ConversationAPIView(APIView):
 class ConversationListView(ConversationAPIView):
     """``POST``: start a conversation owned by the caller. ``GET``: the caller's conversations."""
 
+    def get_throttles(self):
+        """Only starting a conversation is limited (it writes a row, and a session for a new visitor)."""
+        if self.request.method == "POST":
+            return [ConversationOwnerThrottle(), ConversationIPThrottle()]
+        return []
+
+    def throttled(self, request, wait):
+        wait = max(1, round(wait)) if wait is not None else None
+        raise Throttled(wait, detail=_("You have started too many conversations. Please continue one of them "
+                                       "or try again later."))
+
     @extend_schema(responses={200: serializers.ConversationSerializer(many=True)},
                    summary="The caller's 50 most recent conversations")
     def get(self, request):
@@ -128,7 +140,10 @@ class ConversationListView(ConversationAPIView):
         conversations = Conversation.objects.filter(owned_filter(request)).order_by("-created_at")[:50]
         return Response([{"id": str(c.id), "created_at": c.created_at} for c in conversations])
 
-    @extend_schema(request=None, responses={201: serializers.ConversationSerializer, 403: CSRF_FAILED, 413: TOO_LARGE},
+    @extend_schema(request=None, parameters=[RETRY_AFTER],
+                   responses={201: serializers.ConversationSerializer, 403: CSRF_FAILED, 413: TOO_LARGE, 415: NOT_JSON,
+                              429: OpenApiResponse(ERROR, description="Too many new conversations (per owner or "
+                                                                      "per IP); see Retry-After.")},
                    summary="Start a conversation owned by the caller (user, or anonymous session)")
     def post(self, request):
         user = request.user if request.user.is_authenticated else None
@@ -191,7 +206,7 @@ class TurnListView(ConversationAPIView):
             404: NOT_FOUND,
             409: OpenApiResponse(ERROR, description="A turn of this conversation is still queued or running."),
             413: TOO_LARGE,
-            415: OpenApiResponse(ERROR, description="The body is not application/json."),
+            415: NOT_JSON,
             422: OpenApiResponse(ERROR, description="The Idempotency-Key was used for a different message."),
             429: OpenApiResponse(ERROR, description="Too many turns (per owner or per IP), or the owner's "
                                                     "DAILY_TOKEN_BUDGET is spent; see Retry-After."),
@@ -362,7 +377,7 @@ class TurnCancelView(ConversationAPIView):
 
     @extend_schema(parameters=[CONVERSATION_ID, TURN_ID],
                    request=None, responses={202: serializers.TurnSummarySerializer, 403: CSRF_FAILED, 404: NOT_FOUND,
-                                            413: TOO_LARGE,
+                                            413: TOO_LARGE, 415: NOT_JSON,
                                             503: OpenApiResponse(ERROR, description="Redis is unreachable and "
                                                                  "the turn is running: it cannot be asked to stop.")},
                    summary="Stop a turn")
