@@ -52,6 +52,9 @@ DEFAULTS = {
     # Turns one conversation may have, and tokens (input + output) one owner may use per day; 0 = no limit.
     "MAX_TURNS_PER_CONVERSATION": 50,
     "DAILY_TOKEN_BUDGET": 200000,
+    # When an anonymous visitor logs in, their conversations active within this many seconds become
+    # the user's (readable from all their sessions); 0 = none (the browser keeps its own either way).
+    "CLAIM_ON_LOGIN_WITHIN": 300,
     # Larger API request bodies are refused (413) before they are read.
     "MAX_REQUEST_BYTES": 65536,
     # Seconds the demo model pauses per reply, so the widget shows each step land.

@@ -2,11 +2,17 @@
 
 An anonymous visitor is identified by a random owner token kept in their session (not the
 session key, which Django rotates at login). When they log in, ``claim_on_login`` hands
-their anonymous conversations to the user.
+their recent anonymous conversations to the user.
+
+A logged-in owner's poll is answered from the session data alone (no SQL) only while the
+session's auth hash equals the one the app last verified for that user (``auth_stamp``):
+Django's own check, which loads the user, runs whenever there is no such stamp, and the stamp
+is dropped whenever the user is saved (a password change, ``is_active`` turned off).
 """
 
 import secrets
 
+from django.contrib.auth import HASH_SESSION_KEY
 from django.db.models import Q
 
 SESSION_KEY = "conversations_owner"
@@ -29,9 +35,12 @@ def session_user_id(session):
     return str(value) if value is not None else None
 
 
-def owned_filter(request):
-    """A Q selecting the conversations the caller owns (empty when they own nothing yet)."""
-    user = getattr(request, "user", None)
+def owned_filter(request, user=None):
+    """A Q selecting the conversations the caller owns (empty when they own nothing yet).
+
+    ``user`` is the caller's verified user when the request's own ``user`` is not it (the poll
+    view runs without DRF authentication)."""
+    user = user if user is not None else getattr(request, "user", None)
     token = owner_token(request)
     condition = Q(pk__in=[])
     if user is not None and user.is_authenticated:
@@ -43,8 +52,28 @@ def owned_filter(request):
 
 def owns_state(session, owner):
     """Whether the holder of ``session`` (session data: a dict or ``request.session``) owns a cached
-    state's ``owner`` dict. No SQL."""
+    state's ``owner`` dict, by what the session says alone. No SQL; for a user's state the caller
+    must also check the session's auth hash (``stamp_matches``)."""
+    return owner_matches(owner, session_user_id(session), session.get(SESSION_KEY) or "")
+
+
+def owner_matches(owner, user_id, token):
+    """Whether a state's ``owner`` dict is the user ``user_id`` (None: not logged in) or, for an
+    anonymous visitor's state, the holder of owner ``token``."""
     if owner.get("user") is not None:
-        return session_user_id(session) == str(owner["user"])
-    token = owner.get("token")
-    return bool(token) and secrets.compare_digest(token, session.get(SESSION_KEY) or "")
+        return user_id is not None and str(user_id) == str(owner["user"])
+    return bool(owner.get("token")) and secrets.compare_digest(owner["token"], token or "")
+
+def auth_stamp_key(user_id):
+    return f"conversations:auth:{user_id}"
+
+
+def session_auth_hash(session):
+    """The auth hash Django stored in the session at login ("" when there is none)."""
+    return session.get(HASH_SESSION_KEY) or ""
+
+
+def stamp_matches(stamp, session):
+    """Whether ``stamp`` (the verified auth hash of the state's user, or None when unknown) is the
+    one in ``session``: then the session is still the user's without asking the database."""
+    return stamp is not None and secrets.compare_digest(stamp, session_auth_hash(session))

@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 from . import state
 from .budget import BudgetExhausted
 from .http import BudgetedHTTP, skip_call
-from .models import CallRecord, Message, Turn
+from .models import CallRecord, Conversation, Message, Turn
 from .providers import ProviderError, get_provider_class
 from .tools import ToolContext, load_tools, run_tool
 from .types import ChatMessage, ToolCall, ToolResult
@@ -170,9 +170,23 @@ class TurnRunner:
         return row
 
     def publish(self, *, done=False):
+        self.refresh_owner()
         data = state.state_from_db(self.turn, self.rows)
         data["done"] = done
         return self.publisher(data)
+
+    def refresh_owner(self):
+        """Read the conversation's owner again before a publish: a visitor who logs in while the
+        turn runs hands the conversation to their account, and a state naming the old owner
+        would lock their other sessions out. Keeps the known owner if the database fails."""
+        conversation = self.turn.conversation
+        try:
+            owner = Conversation.objects.filter(pk=conversation.pk).values_list("user_id", "owner_token").first()
+        except DatabaseError:
+            logger.warning("Could not read the owner of conversation %s", conversation.pk, exc_info=True)
+            return
+        if owner is not None:
+            conversation.user_id, conversation.owner_token = owner
 
     def cancelled(self):
         return state.cancel_requested(self.turn.id)

@@ -1,8 +1,15 @@
+"""Receivers: a visitor's recent anonymous conversations follow them into their account, and a
+saved user's verified session hash is forgotten (see ``owners``)."""
+
 import datetime
 
+from django.conf import settings
 from django.contrib.auth.signals import user_logged_in
+from django.db.models import Max, Q
+from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from . import state
 from .conf import get_config
@@ -14,15 +21,25 @@ from .owners import SESSION_KEY
 def claim_on_login(sender, request, user, **kwargs):
     """A visitor who chatted anonymously keeps those conversations when they log in.
 
-    Login keeps the session's data, so the owner token is still there. The claimed
-    conversations become the user's (readable from any of their sessions), and the cached
+    Login keeps the session's data, so the owner token is still there and the visitor keeps
+    reading every conversation of it from this browser. Those active within the last
+    ``CLAIM_ON_LOGIN_WITHIN`` seconds (0: none) also become the user's, readable from any of
+    their sessions: only recent ones, because whoever logs in on a browser (a shared computer,
+    a login forced by another site) would get every conversation ever held on it. The cached
     states of their turns are republished naming the user, so that polls keep working.
     """
     session = getattr(request, "session", None)
     token = session.get(SESSION_KEY) if session is not None else None
-    if not token:
+    window = get_config()["CLAIM_ON_LOGIN_WITHIN"]
+    if not token or window <= 0:
         return
-    claimed = list(Conversation.objects.filter(user__isnull=True, owner_token=token).values_list("pk", flat=True))
+    since = timezone.now() - datetime.timedelta(seconds=window)
+    claimed = list(
+        Conversation.objects.filter(user__isnull=True, owner_token=token)
+        .annotate(last_turn=Max("turns__enqueued_at"))
+        .filter(Q(created_at__gte=since) | Q(last_turn__gte=since))
+        .values_list("pk", flat=True)
+    )
     if not claimed:
         return
     Conversation.objects.filter(pk__in=claimed).update(user=user)
@@ -33,3 +50,24 @@ def claim_on_login(sender, request, user, **kwargs):
         cached = state.read(turn.id)
         if cached is not None:
             state.publish({**cached, "owner": state.owner_dict(turn.conversation)})
+
+
+@receiver(user_logged_in, dispatch_uid="conversations_remember_verified_session")
+def remember_verified_session(sender, request, user, **kwargs):
+    """A login has just verified the user: their polls need not ask the database again (until the
+    user is saved). Connected after auth's own ``update_last_login``, whose save drops the stamp."""
+    try:
+        state.write_auth_stamp(user)
+    except RedisError:
+        pass
+
+
+@receiver(post_save, sender=settings.AUTH_USER_MODEL, dispatch_uid="conversations_user_saved")
+@receiver(post_delete, sender=settings.AUTH_USER_MODEL, dispatch_uid="conversations_user_deleted")
+def forget_verified_session(sender, instance, **kwargs):
+    """A changed password or ``is_active`` must reach the poll's fast path at once: drop the
+    user's verified auth hash, so that the next poll of each session asks Django again."""
+    try:
+        state.forget_auth_stamp(instance.pk)
+    except RedisError:  # the stamp expires with STATE_TTL; saving a user must not fail for it
+        pass

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.cache import caches
 
 from .conf import get_config
+from .owners import auth_stamp_key
 
 
 def _cache():
@@ -58,6 +59,20 @@ def read_with_session(turn_id, request):
         return read(turn_id), {}
     found = _cache().get_many([state_key(turn_id), store.cache_key])
     return found.get(state_key(turn_id)), found.get(store.cache_key) or {}
+
+
+def read_auth_stamp(user_id):
+    """The auth hash last verified for user ``user_id`` (see ``owners``), or None."""
+    return _cache().get(auth_stamp_key(user_id))
+
+
+def write_auth_stamp(user):
+    """Remember ``user``'s current auth hash, verified by Django for the request being answered."""
+    _cache().set(auth_stamp_key(user.pk), user.get_session_auth_hash(), timeout=get_config()["STATE_TTL"])
+
+
+def forget_auth_stamp(user_id):
+    _cache().delete(auth_stamp_key(user_id))
 
 
 def publish(state):

@@ -7,7 +7,7 @@ import sys
 import pytest
 from django.core.cache import cache
 
-from tests.helpers import FAST, NOWHERE, ROOT, make_client, run_worker, worker_env
+from tests.helpers import FAST, NOWHERE, ROOT, logged_in_client, make_client, run_worker, worker_env
 
 
 def pytest_configure(config):
@@ -83,6 +83,13 @@ def worker():
 def owner_client(db):
     """A browser-like client: session + CSRF enforced, with the csrftoken cookie set."""
     return make_client()
+
+
+@pytest.fixture(params=["anonymous", "logged_in"])
+def visitor(request, db):
+    """A widget's client, once as an anonymous visitor and once as a logged-in user: every path
+    the API takes must answer both alike."""
+    return make_client() if request.param == "anonymous" else logged_in_client()
 
 
 @pytest.fixture

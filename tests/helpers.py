@@ -80,6 +80,18 @@ def make_client():
     return client
 
 
+def logged_in_client(username="visitor", password="pw-123456789"):
+    """A client logged in as a new user ``username`` (CSRF token refreshed after the login)."""
+    from django.contrib.auth import get_user_model
+
+    client = make_client()
+    client.user = get_user_model().objects.create_user(username, password=password)
+    client.force_login(client.user)
+    client.get("/")  # login rotates the CSRF token
+    client.csrf = client.cookies["csrftoken"].value
+    return client
+
+
 def api_post(client, url, data=None, **extra):
     return client.post(url, data=json.dumps(data if data is not None else {}), content_type="application/json",
                        HTTP_X_CSRFTOKEN=client.csrf, **extra)

@@ -1,9 +1,11 @@
 """Conversations belong to a user or an anonymous session: everyone else gets 404, on every endpoint."""
 
+import datetime
 import uuid
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 
 from conversations import state
 from conversations.models import Conversation, Turn
@@ -146,3 +148,37 @@ def test_logging_out_ends_access_to_the_conversation():
     assert client.get(urls(started)["detail"]).status_code == 404
     assert client.get(started["poll_url"]).status_code == 404
     assert Conversation.objects.get(pk=started["conversation"]).user == user
+
+
+def test_only_recent_anonymous_conversations_follow_a_login(conversations_settings):
+    """Whoever logs in on a shared browser must not take every conversation ever held on it."""
+    client = make_client()
+    old = start_turn(client, "Chatted this morning")
+    api_post(client, f"/api/conversations/{old['conversation']}/turns/{old['id']}/cancel/")
+    an_hour_ago = timezone.now() - datetime.timedelta(hours=1)
+    Conversation.objects.filter(pk=old["conversation"]).update(created_at=an_hour_ago)
+    Turn.objects.filter(conversation_id=old["conversation"]).update(enqueued_at=an_hour_ago)
+    recent = start_turn(client, "Chatting now")
+    user = get_user_model().objects.create_user("later", password="pw-123456789")
+
+    assert client.login(username="later", password="pw-123456789")
+
+    assert Conversation.objects.get(pk=recent["conversation"]).user == user
+    assert Conversation.objects.get(pk=old["conversation"]).user is None
+    # This browser still reads both (its owner token is in the session); the account only the recent one.
+    assert client.get(urls(old)["detail"]).status_code == 200
+    elsewhere = make_client()
+    elsewhere.force_login(user)
+    assert elsewhere.get(urls(old)["detail"]).status_code == 404
+    assert elsewhere.get(urls(recent)["detail"]).status_code == 200
+
+
+def test_claiming_can_be_switched_off(conversations_settings):
+    conversations_settings.update(CLAIM_ON_LOGIN_WITHIN=0)
+    client = make_client()
+    started = start_turn(client)
+    get_user_model().objects.create_user("nobody", password="pw-123456789")
+    assert client.login(username="nobody", password="pw-123456789")
+    assert Conversation.objects.get(pk=started["conversation"]).user is None
+    assert client.get(urls(started)["detail"]).status_code == 200
+    assert client.get(started["poll_url"]).status_code == 200

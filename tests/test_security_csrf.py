@@ -3,7 +3,6 @@
 import json
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from conversations.models import Conversation, Turn
 from tests.helpers import make_client, start_turn
@@ -24,16 +23,6 @@ def post_endpoints(client):
         "turns": (f"/api/conversations/{conversation}/turns/", {"content": "Hi"}),
         "cancel": (started["cancel_url"], None),
     }
-
-
-@pytest.fixture(params=["anonymous", "logged_in"])
-def visitor(request):
-    client = make_client()
-    if request.param == "logged_in":
-        client.force_login(get_user_model().objects.create_user("csrf-user", password="pw-123456789"))
-        client.get("/")
-        client.csrf = client.cookies["csrftoken"].value
-    return client
 
 
 def test_every_post_without_a_csrf_token_is_refused(visitor):

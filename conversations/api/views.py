@@ -5,6 +5,7 @@ import logging
 import re
 import time
 
+from django.contrib.auth import get_user
 from django.db import IntegrityError, transaction
 from django.http import HttpResponse, HttpResponseNotModified
 from django.middleware.csrf import get_token
@@ -24,7 +25,7 @@ from rest_framework.views import APIView
 from .. import jobs, limits, state
 from ..conf import get_config
 from ..models import Conversation, Message, Turn
-from ..owners import owned_filter, owner_token, owns_state
+from ..owners import owned_filter, owner_matches, owner_token, owns_state, stamp_matches
 from . import serializers
 from .authentication import CsrfSessionAuthentication
 from .parsers import LimitedJSONParser, check_content_length
@@ -96,11 +97,12 @@ def public_state(data):
     return {key: data.get(key) for key in PUBLIC_FIELDS}
 
 
-def owned_conversation(request, conversation_id, *, for_update=False):
-    """The caller's conversation ``conversation_id`` (a UUID, or None for a malformed id), else 404."""
+def owned_conversation(request, conversation_id, *, for_update=False, user=None):
+    """The caller's conversation ``conversation_id`` (a UUID, or None for a malformed id), else 404.
+    ``user``: the caller's verified user, where ``request.user`` is not it (see ``owned_filter``)."""
     if conversation_id is None:
         raise NotFound()
-    queryset = Conversation.objects.filter(owned_filter(request))
+    queryset = Conversation.objects.filter(owned_filter(request, user))
     if for_update:
         queryset = queryset.select_for_update()
     return get_object_or_404(queryset, pk=conversation_id)
@@ -301,15 +303,22 @@ class TurnListView(ConversationAPIView):
 
 class TurnDetailView(APIView):
     """The poll view. A state in the cache is served with no SQL query (ownership is in the state);
-    a missing or stale one is rebuilt from the database, and a turn whose job died is ended."""
+    a missing or stale one is rebuilt from the database, and a turn whose job died is ended.
 
-    authentication_classes = []  # the owner is read from the session; see owners.owns_state
+    Who the caller is comes from the session in both paths, not from DRF's authentication
+    (none is configured, so that the fast path skips nothing DRF would do): the fast path trusts
+    the session's user only while its auth hash is the one last verified for that user; the slow
+    path asks Django (``verified_user``), which also checks the hash and ``is_active``.
+    """
+
+    authentication_classes = []
     permission_classes = [AllowAny]
 
     def dispatch(self, request, conversation_id=None, turn_id=None, **kwargs):
         """Every widget polls here, so the common case — a fresh cached state that the caller
-        owns — is answered with plain Django (one Redis round trip, no DRF machinery). Anything
-        else (a missing, stale or foreign state, a malformed id) takes DRF's path through ``get``."""
+        owns — is answered with plain Django (one Redis round trip, two for a logged-in owner; no
+        DRF machinery). Anything else (a missing, stale or foreign state, an unverified session,
+        a malformed id) takes DRF's path through ``get``."""
         self.cached = None  # (state, session data) read here, used again by ``get``
         if request.method == "GET" and conversation_id is not None and turn_id is not None:
             self.cached = data, session = state.read_with_session(turn_id, request)
@@ -319,8 +328,23 @@ class TurnDetailView(APIView):
 
     @staticmethod
     def serves(data, session, conversation_id):
-        """Whether ``data`` is a state of ``conversation_id`` owned by the holder of ``session``."""
-        return data["conversation"] == str(conversation_id) and owns_state(session, data["owner"])
+        """Whether ``data`` is a state of ``conversation_id`` owned by the holder of ``session``, as
+        far as the cache can tell (a user's session only while its auth hash is verified)."""
+        if data["conversation"] != str(conversation_id) or not owns_state(session, data["owner"]):
+            return False
+        user_id = data["owner"].get("user")
+        return user_id is None or stamp_matches(state.read_auth_stamp(user_id), session)
+
+    @staticmethod
+    def verified_user(request):
+        """The caller's user as Django's authentication sees it (session auth hash and ``is_active``
+        checked; a session whose hash is stale is flushed), remembered for the fast path."""
+        # Not request.user: with no authentication classes DRF sets it (and the Django request's
+        # user, which AuthenticationMiddleware had made) to AnonymousUser.
+        user = get_user(request._request)
+        if user.is_authenticated:
+            state.write_auth_stamp(user)
+        return user
 
     @staticmethod
     def respond(request, data):
@@ -347,10 +371,13 @@ class TurnDetailView(APIView):
     def get(self, request, conversation_id, turn_id):
         if conversation_id is None or turn_id is None:  # not a UUID (see urls.AnyUUIDConverter)
             raise NotFound()
-        data, session = self.cached or state.read_with_session(turn_id, request)
+        data, _session = self.cached or state.read_with_session(turn_id, request)
+        user = self.verified_user(request)
         if data is None or self.is_stale(data):
-            data, session = self.rebuild(request, conversation_id, turn_id, data), request.session
-        if not self.serves(data, session, conversation_id):
+            data = self.rebuild(request, user, conversation_id, turn_id, data)
+        user_id = user.pk if user.is_authenticated else None
+        if data["conversation"] != str(conversation_id) or not owner_matches(data["owner"], user_id,
+                                                                             owner_token(request)):
             raise NotFound()
         return self.respond(request, data)
 
@@ -358,11 +385,11 @@ class TurnDetailView(APIView):
     def is_stale(data):
         return not data["done"] and time.time() - data.get("updated_at", 0) > get_config()["STALE_AFTER"]
 
-    def rebuild(self, request, conversation_id, turn_id, cached):
+    def rebuild(self, request, user, conversation_id, turn_id, cached):
         """For a missing or stale ``cached`` state: 404 unless the caller owns the turn; end the
         turn if its job died; else the cached state, or one rebuilt from the database when there
         is none or the row says the turn ended and the cache does not (a write the cache missed)."""
-        conversation = owned_conversation(request, conversation_id)
+        conversation = owned_conversation(request, conversation_id, user=user)
         turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)
         repaired = jobs.repair_if_dead(turn)
         if repaired is not None:
