@@ -18,7 +18,8 @@ def api_docs(request):
 urlpatterns = [
     path("", TemplateView.as_view(template_name="index.html"), name="home"),
     path("admin/", admin.site.urls),
-    path("django-rq/", include("django_rq.urls")),
+    # django-rq's dashboard, for superusers only (see conversations/rq_urls.py).
+    path("django-rq/", include("conversations.rq_urls")),
     path("api/", include("conversations.api.urls", namespace="conversations")),
     # The OpenAPI schema of the API (YAML; ?format=json for JSON).
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),

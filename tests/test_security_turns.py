@@ -6,7 +6,7 @@ import pytest
 from django.db import connections
 
 from conversations.models import Turn
-from tests.helpers import api_post, make_client, poll_until_done
+from tests.helpers import api_post, make_client, poll_until_done, start_turn
 from tests.fakes import FakeProvider, openai_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -138,3 +138,29 @@ def test_a_request_that_loses_the_race_to_the_unique_constraint_gets_the_winners
     assert (str(turn.id), created) == (winner["id"], False)
     assert Turn.objects.count() == 1
     assert get_queue().count == queued  # no second job
+
+
+def test_the_queue_dashboard_is_for_superusers_only():
+    """Any staff user could empty the turns' queue through django-rq (leaving visitors' turns
+    queued with no job), though the admin's own stop and re-run need change_turn."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from conversations.jobs import get_queue
+
+    started = start_turn(make_client())
+    staff = get_user_model().objects.create_user("staff", password="pw-123456789", is_staff=True)
+    root = get_user_model().objects.create_superuser("root", password="pw-123456789")
+    pages = ["/django-rq/", "/django-rq/queues/0/", f"/django-rq/queues/0/{Turn.objects.get().job_id}/"]
+    actions = ["/django-rq/queues/0/empty/", f"/django-rq/queues/0/{Turn.objects.get().job_id}/delete/"]
+
+    client = Client()
+    client.force_login(staff)
+    assert [client.get(url).status_code for url in pages + actions] == [403] * 5
+    assert [client.post(url).status_code for url in actions] == [403] * 2
+    assert get_queue().job_ids == [Turn.objects.get().job_id]  # still queued
+    assert Client().get(pages[0]).status_code == 302  # anonymous: to the login page
+
+    client.force_login(root)
+    assert [client.get(url).status_code for url in pages] == [200] * 3
+    assert started["status"] == "queued"
