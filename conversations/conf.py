@@ -52,6 +52,10 @@ DEFAULTS = {
     # Turns one conversation may have, and tokens (input + output) one owner may use per day; 0 = no limit.
     "MAX_TURNS_PER_CONVERSATION": 50,
     "DAILY_TOKEN_BUDGET": 200000,
+    # Turns one owner may have queued or running at once, across conversations (0 = no limit), and
+    # the tokens the daily budget holds back for each of them until it ends.
+    "MAX_ACTIVE_TURNS_PER_OWNER": 2,
+    "TURN_TOKEN_RESERVE": 4000,
     # When an anonymous visitor logs in, their conversations active within this many seconds become
     # the user's (readable from all their sessions); 0 = none (the browser keeps its own either way).
     "CLAIM_ON_LOGIN_WITHIN": 300,

@@ -1,4 +1,11 @@
-"""Cost limits checked before a turn is created: turns per conversation and tokens per owner per day.
+"""Cost limits checked before a turn is created: turns per conversation, turns running at once
+per owner, and tokens per owner per day.
+
+The daily budget counts the tokens every turn of the day has used so far, running ones
+included, and holds ``TURN_TOKEN_RESERVE`` back for each turn still running, so that turns
+started side by side in several conversations cannot each spend the whole budget. The caller
+checks these while holding a lock on all of the owner's conversations (``api.views``), so two
+requests never both see the same room left.
 
 Each check returns None when the turn may go ahead, or a ``Refusal`` saying why not. The
 API turns a refusal into a response: a limit that time lifts (the daily budget) answers
@@ -57,11 +64,40 @@ def check_conversation_length(conversation):
     return None
 
 
+def active_turns(conversation):
+    """How many turns of this conversation's owner are queued or running."""
+    return Turn.objects.filter(owner_q(conversation, "conversation__"), status__in=Turn.ACTIVE_STATUSES).count()
+
+
+# A turn that must wait for another of the same owner asks to be retried this soon (seconds).
+WAIT_FOR_ACTIVE = 5
+
+
+def check_active_turns(conversation):
+    """Refuse a turn while the owner has ``MAX_ACTIVE_TURNS_PER_OWNER`` turns queued or running (0 = no limit)."""
+    limit = get_config()["MAX_ACTIVE_TURNS_PER_OWNER"]
+    if limit and active_turns(conversation) >= limit:
+        return Refusal("too_many_active", _(
+            "The assistant is still answering your other messages. Please wait for an answer to finish."
+        ), retry_after=WAIT_FOR_ACTIVE)
+    return None
+
+
 def check_daily_budget(conversation, now=None):
-    """Refuse a turn once the owner has used ``DAILY_TOKEN_BUDGET`` tokens today (0 = no limit)."""
-    budget = get_config()["DAILY_TOKEN_BUDGET"]
-    if not budget or tokens_used_today(conversation, now) < budget:
+    """Refuse a turn once the owner has used ``DAILY_TOKEN_BUDGET`` tokens today (0 = no limit), or
+    would, counting ``TURN_TOKEN_RESERVE`` for each of their turns still running."""
+    cfg = get_config()
+    budget = cfg["DAILY_TOKEN_BUDGET"]
+    if not budget:
         return None
+    spent = tokens_used_today(conversation, now)
+    if spent < budget:
+        running = active_turns(conversation) if cfg["TURN_TOKEN_RESERVE"] else 0
+        if not running or spent + running * cfg["TURN_TOKEN_RESERVE"] < budget:
+            return None
+        return Refusal("budget_reserved", _(
+            "You are close to today's limit for the assistant: please wait for your other answer to finish."
+        ), retry_after=WAIT_FOR_ACTIVE)
     now = timezone.localtime(now)
     tomorrow = start_of_day(now) + datetime.timedelta(days=1)
     return Refusal("budget_exhausted", _(
@@ -71,4 +107,5 @@ def check_daily_budget(conversation, now=None):
 
 def check_new_turn(conversation, now=None):
     """Run every cost check; return the first ``Refusal`` or None."""
-    return check_conversation_length(conversation) or check_daily_budget(conversation, now)
+    return (check_conversation_length(conversation) or check_active_turns(conversation)
+            or check_daily_budget(conversation, now))

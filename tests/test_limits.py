@@ -268,3 +268,76 @@ def test_django_refuses_huge_form_bodies_outside_the_api_too():
     response = client.post("/admin/login/", data="username=" + "x" * 300_000,
                            content_type="application/x-www-form-urlencoded")
     assert response.status_code == 400
+
+
+def post_at_once(clients):
+    """POST one message in each client's own new conversation, all at the same moment (threads);
+    return the status codes."""
+    import threading
+
+    from django.db import connections
+
+    conversations = [new_conversation(client) for client in clients]
+    barrier, answers = threading.Barrier(len(clients)), [None] * len(clients)
+
+    def post(index):
+        try:
+            barrier.wait()
+            answers[index] = send(clients[index], conversations[index]).status_code
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(len(clients))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return answers
+
+
+def sessions_of(username, count):
+    """``count`` clients logged in as one new user (their phone, laptop, tabs…)."""
+    user = get_user_model().objects.create_user(username, password="pw-123456789")
+    clients = []
+    for _ in range(count):
+        client = make_client()
+        client.force_login(user)
+        client.get("/")
+        client.csrf = client.cookies["csrftoken"].value
+        clients.append(client)
+    return clients
+
+
+def test_turns_posted_at_once_in_many_conversations_cannot_overspend_the_budget(conversations_settings, worker):
+    """A budget of 100 tokens once let 10 turns in side by side (690 tokens spent): now the
+    running turn holds TURN_TOKEN_RESERVE back, and the owner's conversations are locked while
+    the limits are checked, so spending stays within the budget plus one turn's worth."""
+    with FakeProvider(default=openai_text("An answer.", prompt_tokens=50, completion_tokens=19)) as fake:
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="k", DAILY_TOKEN_BUDGET=100,
+                                      TURN_RATE_PER_OWNER="", TURN_RATE_PER_IP="", CONVERSATION_RATE_PER_OWNER="",
+                                      CONVERSATION_RATE_PER_IP="")
+        clients = sessions_of("spender", 10)
+        answers = post_at_once(clients)
+        assert sorted(answers) == [202] + [429] * 9
+        worker()
+        answers = post_at_once(clients)  # 69 spent: one more fits, then the day is over
+        assert sorted(answers) == [202] + [429] * 9
+        worker()
+        assert post_at_once(clients[:3]) == [429] * 3
+    spent = sum(t.input_tokens + t.output_tokens for t in Turn.objects.exclude(input_tokens=None))
+    assert spent == 138 <= 100 + 69
+
+
+def test_an_owner_may_have_only_so_many_turns_running_at_once(conversations_settings):
+    conversations_settings.update(MAX_ACTIVE_TURNS_PER_OWNER=3, DAILY_TOKEN_BUDGET=0, TURN_RATE_PER_OWNER="")
+    answers = post_at_once(sessions_of("busy", 8))
+    assert sorted(answers) == [202] * 3 + [429] * 5
+    client = sessions_of("other", 1)[0]
+    response = send(client, new_conversation(client))
+    assert response.status_code == 202  # someone else is not held up
+
+    conversations_settings.update(MAX_ACTIVE_TURNS_PER_OWNER=1)
+    refused = send(client, new_conversation(client))
+    assert refused.status_code == 429 and int(refused["Retry-After"]) == 5
+    assert refused.json() == {"detail": "The assistant is still answering your other messages. "
+                                        "Please wait for an answer to finish."}

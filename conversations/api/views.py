@@ -99,12 +99,15 @@ def public_state(data):
 
 def owned_conversation(request, conversation_id, *, for_update=False, user=None):
     """The caller's conversation ``conversation_id`` (a UUID, or None for a malformed id), else 404.
+    ``for_update``: inside ``transaction.atomic()``, lock every conversation the caller owns.
     ``user``: the caller's verified user, where ``request.user`` is not it (see ``owned_filter``)."""
     if conversation_id is None:
         raise NotFound()
     queryset = Conversation.objects.filter(owned_filter(request, user))
     if for_update:
-        queryset = queryset.select_for_update()
+        # Lock all of the caller's conversations, in one order: the limits that span them (turns
+        # running at once, the daily token budget) are then checked by one request at a time.
+        list(queryset.select_for_update().order_by("pk").values_list("pk", flat=True))
     return get_object_or_404(queryset, pk=conversation_id)
 
 
@@ -178,7 +181,8 @@ class TurnListView(ConversationAPIView):
 
     Refusals, in the order they are checked: 413 (body too large), 429 (rate limits), 400
     (bad ``Idempotency-Key`` or message), 404 (not the caller's conversation), 409 (a turn is
-    still running), 403 (conversation full), 429 (daily token budget spent). A request whose
+    still running), 403 (conversation full), 429 (too many turns running in the owner's other
+    conversations, or daily token budget spent or held for them). A request whose
     ``Idempotency-Key`` was already used in this conversation gets the first turn back (200).
     """
 
@@ -210,8 +214,10 @@ class TurnListView(ConversationAPIView):
             413: TOO_LARGE,
             415: NOT_JSON,
             422: OpenApiResponse(ERROR, description="The Idempotency-Key was used for a different message."),
-            429: OpenApiResponse(ERROR, description="Too many turns (per owner or per IP), or the owner's "
-                                                    "DAILY_TOKEN_BUDGET is spent; see Retry-After."),
+            429: OpenApiResponse(ERROR, description="Too many turns (per owner or per IP), too many running at "
+                                                    "once (MAX_ACTIVE_TURNS_PER_OWNER), or the owner's "
+                                                    "DAILY_TOKEN_BUDGET is spent or held for running turns; see "
+                                                    "Retry-After."),
             503: OpenApiResponse(ERROR, description="Redis is unreachable. If the message was saved before the "
                                                     "enqueue failed, its turn ended failed with this message."),
         },
