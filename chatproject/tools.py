@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from conversations.tools import tool
+from conversations.tools import ToolError, tool
 
 ZONES = {
     "utc": "UTC", "london": "Europe/London", "paris": "Europe/Paris", "madrid": "Europe/Madrid",
@@ -26,7 +26,7 @@ def current_time(city: str) -> str:
     zone = ZONES.get(key)
     if zone is None:
         known = sorted("UTC" if name == "utc" else name.title() for name in ZONES)
-        raise ValueError(f"unknown city {city!r}; known: {', '.join(known)}")
+        raise ToolError(f"unknown city {city!r}; known: {', '.join(known)}")
     try:
         now = datetime.now(ZoneInfo(zone))
     except ZoneInfoNotFoundError:
