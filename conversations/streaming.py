@@ -1,0 +1,242 @@
+"""Reading a streamed model reply: server-sent events, and the two wire formats sent over them.
+
+``EventDecoder`` turns the bytes of a ``text/event-stream`` body into ``(event, data)`` pairs as
+they arrive (comments and keep-alives are dropped). ``OpenAIStream`` and ``AnthropicStream``
+add those events up into the reply the same API would have sent unstreamed — a
+``chat.completion`` object or a ``message`` object — so that each provider parses one shape
+whether it streamed or not. Each ``feed()`` returns the text the event added (for the live
+state), and ``reply()`` gives the reply so far, also when the stream ended part-way.
+
+Nothing here does I/O or knows about time: ``http.BudgetedHTTP.post_stream`` reads the socket
+under the turn's clocks and feeds what it reads.
+"""
+
+import json
+
+# One event may be large (a long tool argument sent at once), but not without bound.
+MAX_EVENT_BYTES = 1024 * 1024
+
+
+class StreamError(Exception):
+    """The stream cannot be read on: a malformed or oversized event, or an error event.
+
+    ``code`` is a ``ProviderError`` code (``bad_response``, ``unavailable``, ``rate_limited``…);
+    the message is for the operator's log.
+    """
+
+    def __init__(self, code, detail):
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+class EventDecoder:
+    """Incremental parser of the ``text/event-stream`` format (WHATWG HTML, "server-sent events").
+
+    ``feed(data)`` takes any slice of the body and returns the events completed by it, each an
+    ``(event, data)`` pair: ``event`` defaults to ``"message"``; ``data`` lines are joined with
+    newlines. Comment lines (``: keep-alive``) and events without data are dropped.
+    """
+
+    def __init__(self, max_event_bytes=MAX_EVENT_BYTES):
+        self.max_event_bytes = max_event_bytes
+        self._buffer = b""
+        self._event = ""
+        self._data = []
+        self._size = 0
+
+    def feed(self, chunk):
+        self._buffer += chunk
+        events = []
+        while True:
+            end = self._line_end()
+            if end is None:
+                break
+            stop, skip = end
+            line = self._buffer[:stop].decode("utf-8", "replace")
+            self._buffer = self._buffer[stop + skip:]
+            event = self._line(line)
+            if event is not None:
+                events.append(event)
+        if len(self._buffer) + self._size > self.max_event_bytes:
+            raise StreamError("bad_response", f"an event of more than {self.max_event_bytes} bytes")
+        return events
+
+    def _line_end(self):
+        """``(index, length)`` of the first line terminator (CRLF, LF or CR), or None."""
+        for index, byte in enumerate(self._buffer):
+            if byte == 0x0A:
+                return index, 1
+            if byte == 0x0D:
+                if index + 1 == len(self._buffer):
+                    return None  # a CR at the end may be the first half of a CRLF
+                return index, 2 if self._buffer[index + 1] == 0x0A else 1
+        return None
+
+    def _line(self, line):
+        if line == "":
+            event, data = self._event or "message", self._data
+            self._event, self._data, self._size = "", [], 0
+            return (event, "\n".join(data)) if data else None
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+            self._size += len(value)
+        elif name == "event":
+            self._event = value
+        return None
+
+
+def _json(data, what):
+    try:
+        value = json.loads(data)
+    except ValueError:
+        raise StreamError("bad_response", f"malformed JSON in {what}: {data[:80]!r}") from None
+    if not isinstance(value, dict):
+        raise StreamError("bad_response", f"{what} is not a JSON object")
+    return value
+
+
+class OpenAIStream:
+    """Adds up Chat Completions chunks (``stream: true``, ``stream_options.include_usage``).
+
+    Text comes in ``choices[0].delta.content``; a tool call's ``id`` and ``function.name`` come
+    in its first piece and its ``function.arguments`` in fragments, matched by ``index``; the
+    finish reason in a later chunk, the usage in a last chunk with no choices; then ``[DONE]``.
+    """
+
+    def __init__(self):
+        self.done = False
+        self.text = []
+        self.refusal = []
+        self.calls = {}
+        self.finish_reason = None
+        self.usage = None
+
+    def feed(self, event, data):
+        """Take one event; return the text it added ("" for none)."""
+        if data.strip() == "[DONE]":
+            self.done = True
+            return ""
+        chunk = _json(data, "a chunk")
+        if isinstance(chunk.get("error"), dict):
+            error = chunk["error"]
+            raise StreamError("unavailable", f"error in the stream: {str(error.get('message') or '')[:200]}")
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        added = ""
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                added = delta["content"]
+                self.text.append(added)
+            if isinstance(delta.get("refusal"), str):
+                self.refusal.append(delta["refusal"])
+            for piece in delta.get("tool_calls") or []:
+                self._call_piece(piece)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        return added
+
+    def _call_piece(self, piece):
+        index = piece.get("index", len(self.calls))
+        call = self.calls.setdefault(index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        if piece.get("id"):
+            call["id"] = piece["id"]
+        function = piece.get("function") or {}
+        if function.get("name"):
+            call["function"]["name"] += function["name"]
+        if isinstance(function.get("arguments"), str):
+            call["function"]["arguments"] += function["arguments"]
+
+    def reply(self):
+        """The ``chat.completion`` object these chunks add up to (so far)."""
+        message = {"role": "assistant", "content": "".join(self.text),
+                   "refusal": "".join(self.refusal) or None}
+        if self.calls:
+            message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
+        reply = {"object": "chat.completion",
+                 "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}]}
+        if self.usage is not None:
+            reply["usage"] = self.usage
+        return reply
+
+
+# Anthropic's error event types, as ProviderError codes.
+_ANTHROPIC_ERRORS = {"overloaded_error": "unavailable", "api_error": "unavailable", "rate_limit_error": "rate_limited",
+                     "timeout_error": "timeout"}
+
+
+class AnthropicStream:
+    """Adds up Messages API events: ``message_start`` (the message, input usage),
+    ``content_block_start``/``_delta``/``_stop`` (text deltas; a tool's ``input`` as
+    ``input_json_delta`` fragments), ``message_delta`` (stop reason, output usage),
+    ``message_stop``; ``ping`` is ignored and ``error`` ends the stream."""
+
+    def __init__(self):
+        self.done = False
+        self.message = {"type": "message", "role": "assistant", "content": [], "stop_reason": None, "usage": {}}
+        self._blocks = {}
+        self._json = {}
+
+    def feed(self, event, data):
+        """Take one event; return the text it added ("" for none)."""
+        body = _json(data, f"a {event} event")
+        kind = body.get("type") or event
+        if kind == "message_start":
+            start = body.get("message") or {}
+            self.message["usage"].update(start.get("usage") or {})
+        elif kind == "content_block_start":
+            block = dict(body.get("content_block") or {})
+            if block.get("type") == "tool_use":
+                block["input"] = {}
+                self._json[body.get("index", 0)] = []
+            self._blocks[body.get("index", 0)] = block
+        elif kind == "content_block_delta":
+            return self._delta(body.get("index", 0), body.get("delta") or {})
+        elif kind == "content_block_stop":
+            self._close(body.get("index", 0))
+        elif kind == "message_delta":
+            delta = body.get("delta") or {}
+            if delta.get("stop_reason"):
+                self.message["stop_reason"] = delta["stop_reason"]
+            self.message["usage"].update(body.get("usage") or {})
+        elif kind == "message_stop":
+            self.done = True
+        elif kind == "error":
+            error = body.get("error") or {}
+            code = _ANTHROPIC_ERRORS.get(error.get("type"), "bad_response")
+            raise StreamError(code, f"{error.get('type')}: {str(error.get('message') or '')[:200]}")
+        return ""
+
+    def _delta(self, index, delta):
+        block = self._blocks.setdefault(index, {"type": "text", "text": ""})
+        if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
+            block["text"] = block.get("text", "") + delta["text"]
+            return delta["text"]
+        if delta.get("type") == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+            self._json.setdefault(index, []).append(delta["partial_json"])
+        return ""
+
+    def _close(self, index):
+        """A tool block's ``input`` is whole only at its stop: parse the fragments then."""
+        pieces = self._json.pop(index, None)
+        if pieces is None or index not in self._blocks:
+            return
+        raw = "".join(pieces)
+        try:
+            self._blocks[index]["input"] = json.loads(raw) if raw else {}
+        except ValueError:
+            self._blocks[index]["input"] = raw  # parse() hands it on as invalid arguments
+
+    def reply(self):
+        """The ``message`` object these events add up to (so far)."""
+        for index in list(self._json):  # a tool block still open when the stream ended
+            self._close(index)
+        return {**self.message, "content": [self._blocks[i] for i in sorted(self._blocks)]}
