@@ -118,6 +118,8 @@ class FakeProvider:
         self._script = deque()
         self._lock = threading.Lock()
         self.requests = []
+        self.sent_at = []  # when each streamed event left (tests/fake_stream.py)
+        self.closed_at = None  # when the client closed a streamed reply's connection
         self.stop_event = threading.Event()
         self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.fake = self
