@@ -139,6 +139,22 @@ def test_a_site_configured_from_the_readme_renders_the_widget_and_collects_its_f
     assert (collected / "widget.css").is_file()
 
 
+def test_a_site_that_leaves_out_the_readmes_cache_is_told_so_by_check(new_site):
+    site = new_site(settings="del CACHES  # Django's default: a local-memory cache in each process")
+    result = site.manage("check", check=False)
+
+    assert result.returncode == 1
+    assert ("?: (conversations.E021) CACHES['default'] is a LocMemCache, which each process keeps to itself"
+            in result.stderr)
+
+
+def test_check_deploy_names_the_demo_model(new_site):
+    site = new_site()
+    output = site.manage("check", "--deploy").stderr
+    assert "?: (conversations.W030) PROVIDER is 'demo': visitors get the offline demo model's canned answers" in output
+    assert "?: (security.W004)" in output  # Django's own deployment warnings come with them
+
+
 def poll_until_done(session, url, timeout=15):
     deadline = time.monotonic() + timeout
     while True:
