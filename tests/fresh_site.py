@@ -91,7 +91,8 @@ class FreshSite:
     """A ``startproject`` site in ``directory`` run by the venv in ``bin_dir``.
 
     ``env`` is the environment of every command: the suite's own (REDIS_URL among it) less
-    anything that would point Python or Django at this checkout.
+    anything that would point Python or Django at this checkout, or that the suite sets for
+    itself (DJANGO_ALLOW_ASYNC_UNSAFE, for the browser tests).
     """
 
     project = "mysite"
@@ -100,7 +101,7 @@ class FreshSite:
         self.directory = Path(directory)
         self.bin_dir = Path(bin_dir)
         self.env = {key: value for key, value in os.environ.items()
-                    if key not in {"PYTHONPATH", "DJANGO_SETTINGS_MODULE", "DATABASE_URL"}
+                    if key not in {"PYTHONPATH", "DJANGO_SETTINGS_MODULE", "DATABASE_URL", "DJANGO_ALLOW_ASYNC_UNSAFE"}
                     and not key.startswith("CONVERSATIONS_")}
         self.env["REDIS_URL"] = redis_url
 

@@ -135,7 +135,8 @@ def test_a_site_configured_from_the_readme_renders_the_widget_and_collects_its_f
     assert '<script src="/static/conversations/widget.js" defer></script>' in html
     site.manage("collectstatic", "--no-input")
     collected = site.directory / "staticfiles" / "conversations"
-    assert (collected / "widget.js").read_bytes() == (ROOT / "conversations/static/conversations/widget.js").read_bytes()
+    shipped = ROOT / "conversations" / "static" / "conversations" / "widget.js"
+    assert (collected / "widget.js").read_bytes() == shipped.read_bytes()
     assert (collected / "widget.css").is_file()
 
 
@@ -150,7 +151,8 @@ def test_a_site_that_leaves_out_the_readmes_cache_is_told_so_by_check(new_site):
 
 def test_check_deploy_names_the_demo_model(new_site):
     site = new_site()
-    output = site.manage("check", "--deploy").stderr
+    # Django 6.1's own deployment checks include errors for startproject's defaults (mail.E001).
+    output = site.manage("check", "--deploy", check=False).stderr
     assert "?: (conversations.W030) PROVIDER is 'demo': visitors get the offline demo model's canned answers" in output
     assert "?: (security.W004)" in output  # Django's own deployment warnings come with them
 
