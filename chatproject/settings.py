@@ -4,6 +4,7 @@ DATABASE_URL   default: SQLite file next to manage.py
 REDIS_URL      default: redis://127.0.0.1:6379/0 (cache, sessions and the RQ queue)
 SECRET_KEY     default: a development key (DEBUG is then on)
 CONVERSATIONS_<KEY>  any key of the CONVERSATIONS dict, e.g. CONVERSATIONS_PROVIDER=openai
+LOG_FORMAT     "json" for one JSON object per log line (conversations.log); default: plain text
 """
 
 import os
@@ -169,8 +170,13 @@ RQ = {"WORKER_CLASS": "conversations.worker.Worker"}
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # LOG_FORMAT=json: one JSON object per line, every structured field a key (docs/deployment.md).
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "conversations.log.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler",
+                             "formatter": "json" if os.environ.get("LOG_FORMAT") == "json" else "plain"}},
     "loggers": {
         "conversations": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO"), "propagate": True},
     },

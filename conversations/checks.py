@@ -139,3 +139,99 @@ def _check_rates(cfg):
                                 hint='Use "<number>/<sec|min|hour|day>", e.g. "10/min", or "" for no limit.',
                                 id="conversations.E012"))
     return errors
+
+
+# -- the cache the app runs on (the queue is conversations.E006) -------------------------
+# Ids E020… and W020…: a group of their own after the clocks (E000…) and what the app loads (E010…).
+
+# Backends whose entries live in one process: a worker's writes never reach a web process.
+PROCESS_LOCAL_CACHES = ("django.core.cache.backends.locmem.LocMemCache", "django.core.cache.backends.dummy.DummyCache")
+FILE_CACHE = "django.core.cache.backends.filebased.FileBasedCache"
+
+
+@register()
+def check_cache(app_configs=None, **kwargs):
+    """The cache of ``CACHE_ALIAS`` carries every step from the worker to the web processes (and
+    Stop the other way), so it must be one that every process shares.
+
+    A process-local cache is an error, in development too: the worker is always another process
+    (and its work horse a fork of it), so nothing it publishes would ever be seen. The one
+    exception is a queue with ``ASYNC: False``, where django-rq runs the job inside the web
+    process that enqueued it (tests do this).
+    """
+    try:
+        cfg = get_config()
+    except ValueError:
+        return []  # conversations.E000 names the value
+    alias = cfg["CACHE_ALIAS"]
+    caches = getattr(settings, "CACHES", {})
+    if alias not in caches:
+        return [Error(f"CACHES has no cache {alias!r}, which CONVERSATIONS['CACHE_ALIAS'] names.",
+                      hint="Add it to CACHES (a Redis cache every process shares), or set CACHE_ALIAS to one "
+                           "you have.", id="conversations.E020")]
+    backend = caches[alias].get("BACKEND", "")
+    try:
+        cls = import_string(backend)
+    except ImportError:
+        return []  # Django itself fails on it at the first use of the cache, naming it
+    kind = next((path.rsplit(".", 1)[1] for path in PROCESS_LOCAL_CACHES if issubclass(cls, import_string(path))),
+                None)
+    in_process = getattr(settings, "RQ_QUEUES", {}).get(cfg["QUEUE"], {}).get("ASYNC") is False
+    if kind and not in_process:
+        return [Error(
+            f"CACHES[{alias!r}] is a {kind}, which each process keeps to itself: the steps a worker publishes "
+            "never reach the web processes (the widget shows nothing until the turn's row is read from the "
+            "database), and Stop never reaches the worker.",
+            hint='Use a cache every process shares: {"BACKEND": "conversations.cache.RedisCache", "LOCATION": '
+                 'REDIS_URL} (or Django\'s RedisCache), or point CONVERSATIONS["CACHE_ALIAS"] at one.',
+            id="conversations.E021")]
+    if issubclass(cls, import_string(FILE_CACHE)):
+        return [Warning(
+            f"CACHES[{alias!r}] is a FileBasedCache: processes on this machine share it, but a worker on "
+            "another machine would publish its turns' steps where no web process reads them.",
+            hint="Use Redis (conversations.cache.RedisCache), which the queue needs anyway; or keep every "
+                 "worker on the web server's machine and silence this warning.",
+            id="conversations.W020")]
+    return []
+
+
+# -- check --deploy: production settings the app relies on ----------------------------------
+
+
+@register("security", deploy=True)  # Tags.security: listed by check --deploy only
+def check_deploy(app_configs=None, **kwargs):
+    """Warnings for ``manage.py check --deploy``: settings that work in development but not for
+    real visitors. (A real provider without an API key is ``conversations.W002`` in every mode.)"""
+    try:
+        cfg = get_config()
+    except ValueError:
+        return []
+    warnings = []
+    if cfg["PROVIDER"] == "demo":
+        warnings.append(Warning(
+            "PROVIDER is 'demo': visitors get the offline demo model's canned answers, not a real model.",
+            hint="Set CONVERSATIONS['PROVIDER'] ('openai', 'anthropic' or your own), with MODEL and API_KEY.",
+            id="conversations.W030"))
+    rest = getattr(settings, "REST_FRAMEWORK", {}) or {}
+    behind_proxy = getattr(settings, "SECURE_PROXY_SSL_HEADER", None) or getattr(settings, "USE_X_FORWARDED_HOST",
+                                                                                   False)
+    if behind_proxy and rest.get("NUM_PROXIES") is None and _is_rate(cfg["TURN_RATE_PER_IP"]):
+        warnings.append(Warning(
+            "The site is behind a reverse proxy (SECURE_PROXY_SSL_HEADER or USE_X_FORWARDED_HOST is set) but "
+            "REST_FRAMEWORK['NUM_PROXIES'] is not: the per-IP turn limit sees every visitor as the proxy, so a "
+            "few visitors use it up for everyone.",
+            hint="Set REST_FRAMEWORK['NUM_PROXIES'] to the number of proxies in front of Django (see SECURITY.md).",
+            id="conversations.W031"))
+    if (cfg["PROVIDER"] != "demo" and not _is_rate(cfg["TURN_RATE_PER_OWNER"])
+            and not _is_rate(cfg["TURN_RATE_PER_IP"]) and not cfg["DAILY_TOKEN_BUDGET"]):
+        warnings.append(Warning(
+            "TURN_RATE_PER_OWNER, TURN_RATE_PER_IP and DAILY_TOKEN_BUDGET are all off: anyone who can reach the "
+            "page can make the site pay for model calls without limit.",
+            hint="Set at least one of them (the defaults are 10/min, 30/min and 200000 tokens a day).",
+            id="conversations.W032"))
+    return warnings
+
+
+def _is_rate(rate):
+    """Whether a throttle rate setting switches its limit on ("" and "0" switch it off)."""
+    return bool(rate) and str(rate).strip() != "0"

@@ -1,9 +1,12 @@
 """System checks refuse budgets that cannot work; each message has an id and a hint."""
 
+import pytest
+from django.core.cache.backends.locmem import LocMemCache
 from django.core.checks import Error, Warning
+from django.core.checks.registry import registry
 
 import conversations.worker
-from conversations.checks import check_config
+from conversations.checks import check_cache, check_config, check_deploy
 
 
 def test_the_suites_short_clocks_and_the_defaults_pass(conversations_settings, settings):
@@ -123,3 +126,108 @@ def test_a_throttle_rate_drf_cannot_parse_is_refused_at_start_up(conversations_s
     ]
     conversations_settings.update(TURN_RATE_PER_OWNER="", TURN_RATE_PER_IP="5/minute")
     assert check_config() == []
+
+
+# -- the cache every process must share -------------------------------------------------------
+
+LOCMEM = "django.core.cache.backends.locmem.LocMemCache"
+SHARED_CACHE_HINT = ('Use a cache every process shares: {"BACKEND": "conversations.cache.RedisCache", "LOCATION": '
+                     'REDIS_URL} (or Django\'s RedisCache), or point CONVERSATIONS["CACHE_ALIAS"] at one.')
+
+
+def process_local(alias, kind):
+    return Error(
+        f"CACHES[{alias!r}] is a {kind}, which each process keeps to itself: the steps a worker publishes never "
+        "reach the web processes (the widget shows nothing until the turn's row is read from the database), and "
+        "Stop never reaches the worker.", hint=SHARED_CACHE_HINT, id="conversations.E021")
+
+
+def test_the_suites_redis_cache_is_shared(conversations_settings):
+    assert check_cache() == []
+
+
+@pytest.mark.parametrize("backend, kind", [
+    (LOCMEM, "LocMemCache"),
+    ("django.core.cache.backends.dummy.DummyCache", "DummyCache"),
+    (f"{__name__}.SiteCache", "LocMemCache"),
+])
+def test_a_cache_each_process_keeps_to_itself_is_refused(settings, conversations_settings, backend, kind):
+    settings.CACHES = {**settings.CACHES, "chat": {"BACKEND": backend}}
+    conversations_settings.update(CACHE_ALIAS="chat")
+    assert check_cache() == [process_local("chat", kind)]
+
+
+class SiteCache(LocMemCache):
+    """A site's own cache class, built on the local-memory one."""
+
+
+def test_djangos_default_cache_is_refused_unless_jobs_run_in_the_web_process(settings, conversations_settings):
+    settings.CACHES = {"default": {"BACKEND": LOCMEM}}  # what a site without CACHES gets
+    assert check_cache() == [process_local("default", "LocMemCache")]
+    settings.RQ_QUEUES = {"default": {**settings.RQ_QUEUES["default"], "ASYNC": False}}
+    assert check_cache() == []
+
+
+def test_a_file_cache_works_on_one_machine_only(settings, tmp_path):
+    settings.CACHES = {**settings.CACHES, "default": {
+        "BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(tmp_path)}}
+    assert check_cache() == [Warning(
+        "CACHES['default'] is a FileBasedCache: processes on this machine share it, but a worker on another machine "
+        "would publish its turns' steps where no web process reads them.",
+        hint="Use Redis (conversations.cache.RedisCache), which the queue needs anyway; or keep every worker on the "
+             "web server's machine and silence this warning.", id="conversations.W020")]
+
+
+def test_a_cache_alias_that_is_not_in_caches(conversations_settings):
+    conversations_settings.update(CACHE_ALIAS="state")
+    assert check_cache() == [Error(
+        "CACHES has no cache 'state', which CONVERSATIONS['CACHE_ALIAS'] names.",
+        hint="Add it to CACHES (a Redis cache every process shares), or set CACHE_ALIAS to one you have.",
+        id="conversations.E020")]
+
+
+# -- check --deploy ---------------------------------------------------------------------------
+
+DEMO_IN_PRODUCTION = Warning(
+    "PROVIDER is 'demo': visitors get the offline demo model's canned answers, not a real model.",
+    hint="Set CONVERSATIONS['PROVIDER'] ('openai', 'anthropic' or your own), with MODEL and API_KEY.",
+    id="conversations.W030")
+
+
+def test_the_deploy_checks_run_with_check_deploy_only():
+    assert check_deploy in registry.get_checks(include_deployment_checks=True)
+    assert check_deploy not in registry.get_checks()
+
+
+def test_a_real_provider_with_the_default_limits_passes_the_deploy_checks(conversations_settings):
+    assert check_deploy() == [DEMO_IN_PRODUCTION]
+    conversations_settings.update(PROVIDER="openai", API_KEY="sk-test", TURN_RATE_PER_OWNER="10/min",
+                                  TURN_RATE_PER_IP="30/min", DAILY_TOKEN_BUDGET=200000)
+    assert check_deploy() == []
+
+
+def test_behind_a_proxy_without_num_proxies_the_per_ip_limit_is_shared_by_everyone(settings, conversations_settings):
+    conversations_settings.update(PROVIDER="openai", API_KEY="sk-test", TURN_RATE_PER_IP="30/min")
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": None}
+    warning = Warning(
+        "The site is behind a reverse proxy (SECURE_PROXY_SSL_HEADER or USE_X_FORWARDED_HOST is set) but "
+        "REST_FRAMEWORK['NUM_PROXIES'] is not: the per-IP turn limit sees every visitor as the proxy, so a few "
+        "visitors use it up for everyone.",
+        hint="Set REST_FRAMEWORK['NUM_PROXIES'] to the number of proxies in front of Django (see SECURITY.md).",
+        id="conversations.W031")
+    assert check_deploy() == [warning]
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    assert check_deploy() == []
+
+
+def test_a_paid_provider_with_every_limit_off(conversations_settings):
+    conversations_settings.update(PROVIDER="anthropic", API_KEY="sk-ant-test", TURN_RATE_PER_OWNER="",
+                                  TURN_RATE_PER_IP="0", DAILY_TOKEN_BUDGET=0)
+    assert check_deploy() == [Warning(
+        "TURN_RATE_PER_OWNER, TURN_RATE_PER_IP and DAILY_TOKEN_BUDGET are all off: anyone who can reach the page "
+        "can make the site pay for model calls without limit.",
+        hint="Set at least one of them (the defaults are 10/min, 30/min and 200000 tokens a day).",
+        id="conversations.W032")]
+    conversations_settings.update(DAILY_TOKEN_BUDGET=50000)
+    assert check_deploy() == []

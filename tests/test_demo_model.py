@@ -6,11 +6,13 @@ import pytest
 
 from conversations.budget import Budget
 from conversations.conf import DEFAULTS
-from conversations.models import Message, Turn
+from django.urls import reverse
+
+from conversations.models import CallRecord, Message, Turn
 from conversations.providers.demo import DemoProvider
 from conversations.tools import load_tools
 from conversations.types import ChatMessage
-from tests.helpers import make_client, poll_until_done, start_turn
+from tests.helpers import FAST, make_client, poll_until_done, start_turn
 from tests.fake_wire import run_turn_here
 
 
@@ -82,9 +84,42 @@ def test_other_messages_get_an_answer_about_the_demo_itself(question, start):
     assert "What time is it in Tokyo?" in rows[-1].content
 
 
-def test_without_tools_it_explains_itself():
-    reply = DemoProvider({"DEMO_DELAY": 0}).complete([ChatMessage("user", "What time is it?")], [])
-    assert reply.tool_calls == [] and "I can use these tools: no tools" in reply.text
+@pytest.mark.django_db
+@pytest.mark.parametrize("question, start", [
+    ("Hello!", "Hello! I am the demo assistant of this site, an offline stand-in for a real model."),
+    ("Who are you?", "I am the demo model of this site: I run offline, with no API key."),
+    ("What time is it in Tokyo?", "I am only the demo model, so I cannot answer that myself."),
+])
+def test_without_tools_it_offers_no_question_it_cannot_answer(question, start):
+    turn = run_turn_here(question, tools={})
+    rows = transcript(turn)
+
+    assert [r.role for r in rows] == ["user", "assistant"] and turn.status == "completed"
+    assert rows[-1].content == (f"{start} This site gives me no tools, so I cannot look anything up: I can only "
+                                "greet you and say what I am. Set CONVERSATIONS_PROVIDER to use a real model.")
+
+
+def test_with_one_tool_it_offers_only_that_tools_question():
+    tools = list(load_tools(["chatproject.tools.search_faq"]).values())
+    reply = DemoProvider({"DEMO_DELAY": 0}).complete([ChatMessage("user", "Tell me a joke")], tools)
+    assert reply.text == ("I am only the demo model, so I cannot answer that myself: I can use these tools: "
+                          'search_faq. Try "How do refunds work?".')
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_demo_reply_is_a_provider_call_attempt_in_the_admin_timeline(worker, admin_client):
+    client = make_client()
+    turn = start_turn(client, "What time is it in Tokyo?")
+    worker()
+    assert poll_until_done(client, turn["poll_url"])["status"] == "completed"
+
+    calls = list(CallRecord.objects.filter(turn_id=turn["id"], kind="model"))
+    assert [(c.name, c.attempt, c.outcome, c.status_code, c.detail) for c in calls] == [("demo", 1, "ok", None, "")] * 2
+    assert calls[0].started_offset < calls[1].started_offset
+    assert all(0 < c.timeout <= FAST["CALL_TIMEOUT"] and c.remaining_before <= 10 - FAST["DEADLINE_MARGIN"]
+               and FAST["DEMO_DELAY"] <= c.duration < c.timeout for c in calls)
+    html = admin_client.get(reverse("admin:conversations_turn_change", args=[turn["id"]])).content.decode()
+    assert "2 provider call attempt(s) took" in html and "1 tool run(s) took" in html
 
 
 def test_the_same_question_always_gets_the_same_reply():

@@ -155,14 +155,14 @@ def test_grace_must_not_be_negative():
 
 
 def test_each_provider_call_logs_a_json_line_an_operator_can_filter(caplog):
-    """The production JSON formatter (deploy/json_logging.py) turns every provider call and every
+    """The production JSON formatter (conversations.log) turns every provider call and every
     skipped call into one JSON object carrying the turn id, attempt, timeout, time left and outcome."""
     import json
 
     from conversations.budget import Budget, BudgetExhausted
     from conversations.conf import get_config
     from conversations.http import BudgetedHTTP
-    from deploy.json_logging import JsonFormatter
+    from conversations.log import JsonFormatter
     from tests.fakes import FakeProvider, Reply, openai_text
 
     formatter = JsonFormatter()

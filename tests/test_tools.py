@@ -190,6 +190,9 @@ def plain_function(word: str) -> str:
     return word.upper()
 
 
+# manage.py check reads the database's features on Django 6 (its model checks run against every
+# database unless --database is given: a JSONField asks whether the database supports JSON).
+@pytest.mark.django_db
 def test_a_bad_tool_in_settings_fails_the_system_check(settings):
     from django.core.management import call_command
     from django.core.management.base import SystemCheckError

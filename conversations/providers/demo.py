@@ -3,8 +3,10 @@
 It recognises questions its tools can serve (the demo site's ``current_time`` and
 ``search_faq``), asks for those tools, several at once when a question asks several things,
 and answers from their results, errors included; otherwise it says what it is and what it can
-do. It pauses ``DEMO_DELAY`` seconds per reply (never past the turn's budget) so the widget
-shows each step land.
+do — naming only the questions its tools can answer, and saying so when the site gives it none.
+It pauses ``DEMO_DELAY`` seconds per reply (never past the turn's budget) so the widget shows
+each step land. Each reply is recorded as one provider call attempt, as the HTTP providers'
+attempts are, so the admin's timeline shows where the turn's time went.
 """
 
 import re
@@ -25,6 +27,8 @@ GREETING = re.compile(r"^\s*(hi|hello|hey|hola|good (morning|afternoon|evening))
 ABOUT_ME = re.compile(r"\b(who are you|what are you|what can you do|about you|yourself|help me|are you (a|an) )",
                       re.I)
 MAX_CITIES = 3
+# A question each demo tool answers, offered only when the site has that tool.
+EXAMPLES = (("current_time", '"What time is it in Tokyo?"'), ("search_faq", '"How do refunds work?"'))
 
 
 class DemoProvider(BaseProvider):
@@ -35,6 +39,21 @@ class DemoProvider(BaseProvider):
     sleep = staticmethod(time.sleep)
 
     def complete(self, messages, tools):
+        """Reply offline, and record the reply as one call attempt (outcome ``ok``) with the
+        recorder the turn's ``BudgetedHTTP`` holds, when there is one."""
+        if self.budget is None or self.http is None or self.http.recorder is None:
+            return self.reply(messages, tools)
+        started_offset, remaining = self.budget.elapsed(), self.budget.remaining()
+        limit = self.budget.call_timeout(self.config.get("CALL_TIMEOUT", remaining))
+        started = time.monotonic()
+        reply = self.reply(messages, tools)
+        self.http.recorder(kind="model", name=self.http.name or self.model, attempt=1, started_offset=started_offset,
+                           timeout=limit, remaining_before=remaining, duration=time.monotonic() - started,
+                           outcome="ok", status_code=None, detail="")
+        return reply
+
+    def reply(self, messages, tools):
+        """The ``ModelReply`` to ``messages``: tool calls, an answer from tool results, or an answer about itself."""
         self.pause()
         available = {t.name for t in tools}
         last_user = next((m for m in reversed(messages) if m.role == "user"), None)
@@ -122,13 +141,23 @@ class DemoProvider(BaseProvider):
 
     @staticmethod
     def about_me(question, available):
-        """The answer when no tool fits: a greeting, or what the demo model is and can do."""
-        tools = ", ".join(sorted(available)) or "no tools"
-        examples = "Try \"What time is it in Tokyo?\" or \"How do refunds work?\", or both in one message."
+        """The answer when no tool fits: a greeting, or what the demo model is and can do — with
+        examples only of questions its tools can answer, and none when the site gives it no tools."""
+        examples = [example for name, example in EXAMPLES if name in available]
+        if not examples:
+            what = ("This site gives me no tools, so I cannot look anything up: I can only greet you and say what I "
+                    "am. Set CONVERSATIONS_PROVIDER to use a real model.")
+            if not question.strip() or GREETING.search(question):
+                return f"Hello! I am the demo assistant of this site, an offline stand-in for a real model. {what}"
+            if ABOUT_ME.search(question):
+                return f"I am the demo model of this site: I run offline, with no API key. {what}"
+            return f"I am only the demo model, so I cannot answer that myself. {what}"
+        tools = ", ".join(sorted(available))
+        both = ", or both in one message" if len(examples) > 1 else ""
+        examples = f"Try {' or '.join(examples)}{both}."
         if not question.strip() or GREETING.search(question):
             return f"Hello! I am the demo assistant of this site. {examples}"
         if ABOUT_ME.search(question):
             return ("I am the demo model of this site: I run offline, with no API key, and answer by calling the "
                     f"site's tools ({tools}). {examples} Set CONVERSATIONS_PROVIDER to use a real model.")
-        return (f"I am only the demo model, so I cannot answer that myself: I can use these tools: {tools}. "
-                f"{examples}")
+        return f"I am only the demo model, so I cannot answer that myself: I can use these tools: {tools}. {examples}"

@@ -6,7 +6,9 @@ The provider-call lines (logger ``conversations.http``) carry ``turn_id``, ``att
 ``reason``. A log shipper can then filter and graph them without parsing text. Use it from a
 production settings module::
 
-    from deploy.json_logging import LOGGING  # noqa
+    from conversations.log import LOGGING  # noqa: F401
+
+or name ``conversations.log.JsonFormatter`` as a formatter's ``"()"`` in a ``LOGGING`` of your own.
 """
 
 import json
