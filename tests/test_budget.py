@@ -123,7 +123,8 @@ def test_no_call_under_min_call_budget(caplog):
     assert caplog.records[0].remaining == 4.5
     (record,) = http.records
     assert record == {"kind": "model", "name": "model", "attempt": 1, "started_offset": 95.5, "timeout": 0,
-                      "remaining_before": 4.5, "duration": 0, "outcome": "skipped", "detail": SKIPPED_MESSAGE}
+                      "remaining_before": 4.5, "duration": 0, "outcome": "skipped", "status_code": None,
+                      "detail": SKIPPED_MESSAGE}
 
 
 def test_retry_wait_inside_the_budget_is_taken():

@@ -13,6 +13,7 @@ import re
 from django.utils.translation import gettext_lazy as _
 
 from ..http import CallFailed
+from ..types import Outcome
 
 logger = logging.getLogger("conversations.providers")
 
@@ -128,11 +129,11 @@ class BaseProvider:
         Called by ``post()``; providers override it to read their own error bodies and fall
         back to this mapping by status code.
         """
-        if failure.outcome == "timeout":
+        if failure.outcome == Outcome.TIMEOUT:
             return ProviderError("timeout", failure.detail)
-        if failure.outcome == "connection_error":
+        if failure.outcome == Outcome.CONNECTION_ERROR:
             return ProviderError("connection", failure.detail)
-        if failure.outcome == "bad_response":
+        if failure.outcome == Outcome.BAD_RESPONSE:
             return ProviderError("bad_response", failure.detail)
         status = failure.status or 0
         if status in (401, 403):
