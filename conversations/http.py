@@ -222,8 +222,12 @@ def parse_retry_after(headers, now=None):
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def skip_call(budget, *, turn_id="", name="", attempt=1, recorder=None):
-    """Refuse to start a call that could not finish: log at error level, record it, raise BudgetExhausted."""
+def ensure_call_budget(budget, minimum, *, turn_id="", name="", attempt=1, recorder=None):
+    """Called before every model call and every attempt of one: returns None when ``budget``
+    still has ``minimum`` seconds (``MIN_CALL_BUDGET``) left. Otherwise the call is refused —
+    logged at error level, recorded as skipped — and BudgetExhausted is raised."""
+    if budget.can_start(minimum):
+        return
     remaining = budget.remaining()
     logger.error(
         SKIPPED_MESSAGE,
@@ -270,8 +274,8 @@ class BudgetedHTTP:
         attempt = 0
         while True:
             attempt += 1
-            if not self.budget.can_start(cfg["MIN_CALL_BUDGET"]):
-                skip_call(self.budget, turn_id=self.turn_id, name=self.name, attempt=attempt, recorder=self.recorder)
+            ensure_call_budget(self.budget, cfg["MIN_CALL_BUDGET"], turn_id=self.turn_id, name=self.name,
+                               attempt=attempt, recorder=self.recorder)
             try:
                 return self._attempt(url, body, headers, attempt)
             except CallFailed as failure:

@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 
 from . import state
 from .budget import BudgetExhausted
-from .http import BudgetedHTTP, skip_call
+from .http import BudgetedHTTP, ensure_call_budget
 from .models import CallRecord, Message, Turn
 from .providers import ProviderError, get_provider_class
 from .tools import ToolContext, load_tools, run_tool
@@ -247,14 +247,13 @@ class TurnRunner:
         for _step in range(cfg["MAX_STEPS"]):
             if self.cancelled():
                 return Turn.Status.CANCELLED, None
-            if not self.budget.can_start(cfg["MIN_CALL_BUDGET"]):
-                skip_call(self.budget, turn_id=str(self.turn.id), name=self.model_name,
-                          recorder=self.record)
+            ensure_call_budget(self.budget, cfg["MIN_CALL_BUDGET"], turn_id=str(self.turn.id), name=self.model_name,
+                               recorder=self.record)
             reply = self.provider.complete(trim_history(history, cfg["HISTORY_MAX_CHARS"]), tools)
             self.count_model_call(reply)
-            self.save_step(["model_calls", "input_tokens", "output_tokens"], role=Message.Role.ASSISTANT,
-                           content=reply.text, tool_calls=[c.as_dict() for c in reply.tool_calls])
-            history.append(ChatMessage(role="assistant", content=reply.text, tool_calls=list(reply.tool_calls)))
+            row = self.save_step(["model_calls", "input_tokens", "output_tokens"], role=Message.Role.ASSISTANT,
+                                 content=reply.text, tool_calls=[c.as_dict() for c in reply.tool_calls])
+            history.append(chat_message(row))
             self.publish()
             if reply.finish == "length":
                 return Turn.Status.INCOMPLETE, length_message()
@@ -266,10 +265,9 @@ class TurnRunner:
                 if self.cancelled():
                     return Turn.Status.CANCELLED, None
                 result = self.run_tool(call)
-                self.save_step(["tool_calls"], role=Message.Role.TOOL, content=result.output, tool_call_id=call.id,
-                               tool_name=call.name, is_error=result.is_error)
-                history.append(ChatMessage(role="tool", content=result.output, tool_call_id=call.id,
-                                           name=call.name, is_error=result.is_error))
+                row = self.save_step(["tool_calls"], role=Message.Role.TOOL, content=result.output,
+                                     tool_call_id=call.id, tool_name=call.name, is_error=result.is_error)
+                history.append(chat_message(row))
                 self.publish()
         return Turn.Status.INCOMPLETE, step_limit_message(cfg["MAX_STEPS"])
 
