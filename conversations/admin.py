@@ -12,7 +12,6 @@ import uuid
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -27,7 +26,7 @@ from redis.exceptions import RedisError
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
-from . import jobs, state
+from . import jobs, turns
 from .conf import get_config
 from .models import CallRecord, Conversation, Message, Turn
 
@@ -166,22 +165,13 @@ def rerun_turn(turn):
     message = turn.messages.filter(role=Message.Role.USER).order_by("id").first()
     if message is None:
         return None, _("it has no visitor message to send again")
-    new = None
     try:
-        with transaction.atomic():
-            # The lock serialises this with the API, which refuses a second active turn the same way.
-            conversation = Conversation.objects.select_for_update().get(pk=turn.conversation_id)
-            if conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES).exists():
-                return None, _("its conversation is still answering a message; wait for it or cancel it first")
-            new = jobs.create_turn(conversation, message.content)
-    except RedisError:  # django-rq enqueues at the commit: the new turn's row may exist without a job
-        if new is not None:
-            jobs.end_unqueued(new)
+        new, _created = turns.start(
+            lambda: Conversation.objects.select_for_update().get(pk=turn.conversation_id), message.content)
+    except turns.TurnActive:
+        return None, _("its conversation is still answering a message; wait for it or cancel it first")
+    except turns.QueueUnavailable:
         return None, _("the job queue is unreachable")
-    try:
-        state.publish(state.state_from_db(new, new.created_messages))
-    except RedisError:
-        pass  # the poll view rebuilds a missing state from the database
     return new, None
 
 
@@ -196,18 +186,9 @@ def stop_turn(turn):
     call. A turn whose RQ job is gone or dead would never see the request, so it is ended here.
     """
     try:
-        turn = jobs.cancel_turn(turn)
+        return turns.stop(turn, end_orphaned=True).status
     except RedisError:
-        turn.refresh_from_db()
-        return turn.status if turn.done else UNREACHABLE
-    if not turn.done:
-        try:
-            problem = jobs.job_problem(turn)
-        except RedisError:
-            problem = None
-        if problem is not None:
-            jobs.finalize(turn, Turn.Status.CANCELLED, "")
-    return turn.status
+        return UNREACHABLE
 
 
 # -- filters -------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from conversations import jobs
+from conversations import turns
 from conversations.models import CallRecord, Conversation, Message, Turn
 from tests.helpers import make_client, start_turn
 from tests.fakes import FakeProvider, openai_text, openai_tool_calls
@@ -385,7 +385,7 @@ def test_turn_run_by_the_worker_shows_its_recorded_calls_and_links_to_django_rq(
 def test_queued_turn_page_offers_cancel_and_shows_the_queued_job(admin_client, django_capture_on_commit_callbacks):
     conversation = Conversation.objects.create(owner_token="tok")
     with django_capture_on_commit_callbacks(execute=True):  # django-rq enqueues at commit
-        turn = jobs.create_turn(conversation, "Hello")
+        turn = turns.create(conversation, "Hello")[0]
 
     html = admin_client.get(turn_url(turn)).content.decode()
 
@@ -594,7 +594,7 @@ def test_rerun_button_only_accepts_post(admin_client):
 @pytest.mark.django_db
 def test_cancel_action_ends_a_queued_turn_cancelled(admin_client):
     conversation = Conversation.objects.create(owner_token="tok")
-    turn = jobs.create_turn(conversation, "Hello")
+    turn = turns.create(conversation, "Hello")[0]
 
     response = admin_client.post(CHANGELIST, {"action": "cancel_selected", "_selected_action": [turn.pk]},
                                  follow=True)
