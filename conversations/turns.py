@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 
 from . import jobs, state
 from .conf import get_config
-from .models import Message, Turn
+from .models import Conversation, Message, Turn
 
 logger = logging.getLogger("conversations.turns")
 
@@ -103,6 +103,17 @@ def start(lock, content, *, admit=ensure_idle, idempotency_key=""):
     except RedisError:
         logger.exception("Could not publish the queued state of turn %s", turn.id)
     return turn, True
+
+
+def rerun(turn):
+    """Start a new turn in ``turn``'s conversation with its visitor message, as if the visitor
+    sent it again (the admin's re-run). Returns the new turn, or None when ``turn`` has no
+    visitor message; raises what ``start()`` raises."""
+    message = turn.messages.filter(role=Message.Role.USER).order_by("id").first()
+    if message is None:
+        return None
+    conversation_id = turn.conversation_id
+    return start(lambda: Conversation.objects.select_for_update().get(pk=conversation_id), message.content)[0]
 
 
 def stop(turn, *, end_orphaned=False):
