@@ -12,6 +12,7 @@ import uuid
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import flatten_fieldsets
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q
 from django.http import HttpResponseRedirect
@@ -108,6 +109,18 @@ class ReadOnlyMixin:
         return request.user.is_superuser and super().has_delete_permission(request, obj)
 
 
+def user_fields(user_model=None):
+    """The user model's login name field and, when it has a separate one, its email field
+    (``USERNAME_FIELD``, ``EMAIL_FIELD``): what the admin searches and orders owners by. A
+    custom user model may have no ``username`` (an email login) or no email at all."""
+    user_model = user_model or get_user_model()
+    fields = [user_model.USERNAME_FIELD]
+    email = user_model.get_email_field_name()
+    if email not in fields and any(f.name == email for f in user_model._meta.get_fields()):
+        fields.append(email)
+    return fields
+
+
 class TurnInline(ReadOnlyMixin, admin.TabularInline):
     model = Turn
     fields = ("status", "started_at", "duration_text", "model_calls", "tool_calls", "margin_left_text", "error")
@@ -129,7 +142,6 @@ class TurnInline(ReadOnlyMixin, admin.TabularInline):
 class ConversationAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = ("id", "owner", "created_at", "turn_count")
     list_select_related = ("user",)
-    search_fields = ("user__username", "user__email")
     fields = ("id", "owner", "created_at")
     readonly_fields = fields
     inlines = [TurnInline]
@@ -137,6 +149,10 @@ class ConversationAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("user").annotate(turn_count=Count("turns"))
+
+    def get_search_fields(self, request):
+        """The owner's login name and email, whatever the user model calls them."""
+        return [f"user__{field}" for field in user_fields()]
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
@@ -164,7 +180,6 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_filter = ("status", NearDeadlineFilter, "provider", "model")
     list_select_related = ("conversation", "conversation__user")
     date_hierarchy = "enqueued_at"
-    search_fields = ("conversation__user__username", "conversation__user__email", "messages__content")
     search_help_text = gettext_lazy("A turn or conversation id, a username or email, or words of a message.")
     actions = ["rerun_selected", "cancel_selected"]
     fieldsets = [
@@ -184,6 +199,10 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def get_queryset(self, request):
         elapsed = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
         return super().get_queryset(request).select_related("conversation__user").annotate(elapsed=elapsed)
+
+    def get_search_fields(self, request):
+        """The owner's login name and email, whatever the user model calls them, and the messages."""
+        return [f"conversation__user__{field}" for field in user_fields()] + ["messages__content"]
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
@@ -213,7 +232,7 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def owner(self, obj):
         return owner_label(obj.conversation)
 
-    @admin.display(description=gettext_lazy("owner"), ordering="conversation__user__username")
+    @admin.display(description=gettext_lazy("owner"), ordering=f"conversation__user__{user_fields()[0]}")
     def owner_short(self, obj):
         user = obj.conversation.user
         if user is None:

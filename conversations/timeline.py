@@ -142,8 +142,9 @@ def owner_label(conversation):
     user = conversation.user
     if user is None:
         return _("anonymous visitor")
-    email = getattr(user, "email", "")
-    return f"{user.get_username()} <{email}>" if email else user.get_username()
+    name = user.get_username()
+    email = getattr(user, user.get_email_field_name(), "") or ""
+    return f"{name} <{email}>" if email and email != name else name
 
 
 def turn_page(turn):
