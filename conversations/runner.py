@@ -200,7 +200,7 @@ class TurnRunner:
     def history(self):
         """The messages for the model: the system prompt, then the conversation's earlier finished
         turns and this turn's rows, whole (``loop`` trims them before every call)."""
-        system = self.config.get("SYSTEM_PROMPT")
+        system = self.config["SYSTEM_PROMPT"]
         messages = ([ChatMessage(role="system", content=system)] if system else [])
         return messages + [chat_message(m) for m in self.earlier] + [chat_message(m) for m in self.rows]
 

@@ -19,7 +19,7 @@ from .models import CallRecord, Turn
 def redact(text):
     """``text`` with the provider API key blanked out, should a provider have echoed it back."""
     text = "" if text is None else str(text)
-    key = str(get_config().get("API_KEY") or "")
+    key = str(get_config()["API_KEY"] or "")
     if len(key) >= 4 and key in text:
         text = text.replace(key, "[API key hidden]")
     return text

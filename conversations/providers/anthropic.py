@@ -41,7 +41,7 @@ class AnthropicProvider(BaseProvider):
 
     def payload(self, messages, tools):
         system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
-        body = {"model": self.model, "max_tokens": int(self.config.get("MAX_TOKENS") or 1024),
+        body = {"model": self.model, "max_tokens": int(self.config["MAX_TOKENS"]),
                 "messages": self.wire_messages([m for m in messages if m.role != "system"])}
         if system:
             body["system"] = system
