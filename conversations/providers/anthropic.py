@@ -7,8 +7,6 @@ results travel as ``tool_result`` blocks in a user message, and the first messag
 user's.
 """
 
-from urllib.parse import urlsplit, urlunsplit
-
 from ..types import ModelReply, ToolCall, Usage
 from .base import BaseProvider, ProviderError, redact
 
@@ -24,11 +22,12 @@ class AnthropicProvider(BaseProvider):
     default_base_url = "https://api.anthropic.com"
 
     def url(self):
-        parts = urlsplit(self.config.get("BASE_URL") or self.default_base_url)
-        path = parts.path.rstrip("/")
-        if not path.endswith("/v1/messages"):
-            path += "/messages" if path.endswith("/v1") else "/v1/messages"
-        return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+        def messages(path):
+            if path.endswith("/v1/messages"):
+                return path
+            return path + ("/messages" if path.endswith("/v1") else "/v1/messages")
+
+        return self.endpoint(messages)
 
     api_version = API_VERSION
 

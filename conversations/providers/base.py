@@ -9,6 +9,7 @@ failures to ``ProviderError``.
 
 import logging
 import re
+from urllib.parse import urlsplit, urlunsplit
 
 from django.utils.translation import gettext_lazy as _
 
@@ -76,6 +77,7 @@ class BaseProvider:
 
     name = "base"
     default_model = ""
+    default_base_url = ""
 
     def __init__(self, config, *, http=None, budget=None):
         self.config = config
@@ -90,6 +92,12 @@ class BaseProvider:
     @property
     def api_key(self):
         return self.config.get("API_KEY") or ""
+
+    def endpoint(self, path_for):
+        """``BASE_URL`` (else ``default_base_url``) with its path, without a trailing slash, given to
+        ``path_for(path)`` for the API's own; the query is kept (Azure's ``api-version``)."""
+        parts = urlsplit(self.config.get("BASE_URL") or self.default_base_url)
+        return urlunsplit((parts.scheme, parts.netloc, path_for(parts.path.rstrip("/")), parts.query, ""))
 
     def complete(self, messages, tools):
         """Called once per model round-trip with ``messages`` (``ChatMessage`` list, the history
