@@ -383,6 +383,11 @@
     if (turn.etag) { headers["If-None-Match"] = turn.etag; }
     var controller = window.AbortController ? new AbortController() : null;
     var abort = controller && setTimeout(function () { controller.abort(); }, REQUEST_TIMEOUT);
+    var landed = function () { // whether the turn is still the one followed, once its look is over
+      clearTimeout(abort);
+      turn.request = null;
+      return self.turn === turn;
+    };
     turn.request = fetch(turn.pollUrl, { credentials: this.credentials, cache: "no-store", headers: headers,
                           signal: controller && controller.signal }).then(function (response) {
       if (response.status === 304) { return null; }
@@ -391,9 +396,7 @@
       turn.etag = response.headers.get("ETag");
       return response.json();
     }).then(function (state) {
-      clearTimeout(abort);
-      turn.request = null;
-      if (self.turn !== turn) { return; }
+      if (!landed()) { return; }
       if (turn.errors) {
         turn.errors = 0;
         self.setStatusLine(self.status === "stopping" ? self.strings.stopping : self.strings.thinking);
@@ -411,9 +414,7 @@
       }
       self.schedule(turn.delay);
     }).catch(function () {
-      clearTimeout(abort);
-      turn.request = null;
-      if (self.turn !== turn) { return; }
+      if (!landed()) { return; }
       turn.errors += 1;
       self.setStatusLine(self.strings.reconnecting, true);
       self.schedule(Math.min(FIRST_DELAY * Math.pow(2, turn.errors), MAX_RETRY_DELAY));
