@@ -19,19 +19,7 @@ from conversations.models import CallRecord, Conversation, Message, Turn
 from conversations.providers import BaseProvider
 from conversations.runner import TurnRunner, deadline_message
 from conversations.types import ModelReply, ToolCall
-
-
-class FakeClock:
-    """A monotonic clock that moves only when told to."""
-
-    def __init__(self, now=1000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
-
-    def advance(self, seconds):
-        self.now += seconds
+from tests.helpers import FakeClock
 
 
 PRODUCTION = {"CALL_TIMEOUT": 60, "CONNECT_TIMEOUT": 10, "MIN_CALL_BUDGET": 5, "MAX_ATTEMPTS": 3,

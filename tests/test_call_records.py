@@ -10,22 +10,10 @@ from conversations.models import CallRecord, Conversation, Message, Turn
 from conversations.runner import TurnRunner, deadline_message
 from conversations.tools import tool
 from conversations.types import ModelReply, ToolCall
+from tests.helpers import FakeClock
 from tests.fakes import FakeProvider, openai_tool_calls
 
 pytestmark = pytest.mark.django_db
-
-
-class FakeClock:
-    """A monotonic clock that moves only when told to (from any thread)."""
-
-    def __init__(self, now=1000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
-
-    def advance(self, seconds):
-        self.now += seconds
 
 
 class AskFor:
