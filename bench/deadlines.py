@@ -112,8 +112,9 @@ def turn_margins(stack, runs):
     from django.db import transaction
     from rq.job import Job
 
-    from conversations.jobs import create_turn, get_queue
+    from conversations.jobs import get_queue
     from conversations.models import Conversation, Turn
+    from conversations.turns import create as create_turn
 
     results = {}
     for name, serve in turn_faults().items():
@@ -122,7 +123,7 @@ def turn_margins(stack, runs):
             for number in range(runs):
                 with transaction.atomic():
                     conversation = Conversation.objects.create(owner_token=f"bench-{name}-{number}")
-                    turns.append(create_turn(conversation, "Hello?"))
+                    turns.append(create_turn(conversation, "Hello?")[0])
             env = {**stack.env, "CONVERSATIONS_BASE_URL": url}
             subprocess.run([PYTHON, str(ROOT / "manage.py"), "rqworker", "--burst"], env=env, cwd=ROOT,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=runs * 30)

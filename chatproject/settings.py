@@ -12,6 +12,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from conversations.conf import DEFAULTS
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
@@ -159,9 +161,9 @@ CONVERSATIONS.update(
 )
 
 RQ_QUEUES = {
-    CONVERSATIONS.get("QUEUE", "default"): {
+    CONVERSATIONS.get("QUEUE", DEFAULTS["QUEUE"]): {
         "URL": REDIS_URL,
-        "DEFAULT_TIMEOUT": int(CONVERSATIONS.get("JOB_TIMEOUT", 120)),
+        "DEFAULT_TIMEOUT": int(CONVERSATIONS.get("JOB_TIMEOUT", DEFAULTS["JOB_TIMEOUT"])),
     },
 }
 # The worker class writes the final state when a work horse is killed (SIGKILL, OOM).

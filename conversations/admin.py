@@ -4,155 +4,32 @@ Turns, messages and call records are facts: nobody adds or edits them here. The 
 shows the transcript, a timeline of every provider call attempt and tool run (server-rendered
 bars, widths in percent of the job timeout) and the RQ job. Two operations act on turns:
 re-run (a new turn with the same visitor message) and cancel. They need the ``change_turn``
-permission, which here means "may operate on turns", not "may edit them".
+permission, which here means "may operate on turns", not "may edit them". What the turn page
+shows is built in ``timeline``.
 """
 
-import json
 import uuid
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q
-from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404
-from django.urls import NoReverseMatch, path, reverse
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.formats import date_format
 from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.utils.translation import ngettext
+from django.views.decorators.http import require_POST
 from redis.exceptions import RedisError
-from rq.exceptions import NoSuchJobError
-from rq.job import Job
 
-from . import jobs, state
-from .conf import get_config
-from .models import CallRecord, Conversation, Message, Turn
-
-def redact(text):
-    """``text`` with the provider API key blanked out, should a provider have echoed it back."""
-    text = "" if text is None else str(text)
-    key = str(get_config().get("API_KEY") or "")
-    if len(key) >= 4 and key in text:
-        text = text.replace(key, "[API key hidden]")
-    return text
-
-
-def seconds(value, digits=2):
-    """``value`` seconds as text ("1.25 s"), or an em dash when unknown."""
-    return "—" if value is None else f"{value:.{digits}f} s"
-
-
-def percent(value, scale):
-    """``value`` as a CSS percentage of ``scale``, clamped to 0–100, always with a dot decimal."""
-    share = 0.0 if not scale else max(0.0, min(100.0, value / scale * 100))
-    return f"{share:.2f}%"
-
-
-# -- the turn page: timeline, transcript, RQ job -----------------------------------------------
-
-
-OUTCOME_CLASS = {"ok": "ok", "skipped": "skipped", "timeout": "timeout"}
-
-
-def build_timeline(turn, calls):
-    """The timeline of ``turn`` from its ``CallRecord`` rows, ready for the template.
-
-    Every position is a percentage of the job timeout (RQ's ``job_timeout``), so the right
-    edge is the moment RQ would kill the job; markers show the job's own deadline and the
-    final write. Offsets are measured from the turn's start in the job, like the records.
-    Returns a dict with ``rows``, ``markers``, ``ticks`` and ``totals``.
-    """
-    job_timeout = turn.job_timeout or float(get_config()["JOB_TIMEOUT"])
-    margin = turn.deadline_margin if turn.deadline_margin is not None else float(get_config()["DEADLINE_MARGIN"])
-    scale = max([job_timeout] + [c.started_offset + c.duration for c in calls])
-    rows = []
-    for call in calls:
-        allowed = call.timeout if call.timeout is not None else 0.0
-        rows.append({
-            "kind": call.get_kind_display(),
-            "kind_code": call.kind,
-            "name": redact(call.name),
-            "attempt": call.attempt,
-            "offset": seconds(call.started_offset),
-            "timeout": seconds(call.timeout),
-            "remaining_before": seconds(call.remaining_before),
-            "duration": seconds(call.duration),
-            "outcome": call.get_outcome_display(),
-            "outcome_class": OUTCOME_CLASS.get(call.outcome, "error"),
-            "status_code": call.status_code,
-            "detail": redact(call.detail),
-            "left": percent(call.started_offset, scale),
-            "width": percent(call.duration, scale),
-            # The grey band is the time the call was allowed; the solid bar inside it, what it took.
-            "allowed_width": percent(min(allowed, scale - call.started_offset), scale),
-        })
-    markers = [{"label": _("deadline"), "at": seconds(job_timeout - margin, 1),
-                "left": percent(job_timeout - margin, scale), "css": "deadline"},
-               {"label": _("job timeout"), "at": seconds(job_timeout, 1),
-                "left": percent(job_timeout, scale), "css": "job-timeout"}]
-    if turn.margin_left is not None:
-        written = job_timeout - turn.margin_left
-        markers.append({"label": _("final write"), "at": seconds(written, 1), "left": percent(written, scale),
-                        "css": "final-write"})
-    totals = {
-        "model": seconds(sum(c.duration for c in calls if c.kind == CallRecord.Kind.MODEL)),
-        "tool": seconds(sum(c.duration for c in calls if c.kind == CallRecord.Kind.TOOL)),
-        "attempts": sum(1 for c in calls if c.kind == CallRecord.Kind.MODEL),
-        "runs": sum(1 for c in calls if c.kind == CallRecord.Kind.TOOL),
-    }
-    ticks = [{"left": percent(scale * i / 4, scale), "label": seconds(scale * i / 4, 1)} for i in range(5)]
-    return {"rows": rows, "markers": markers, "ticks": ticks, "totals": totals,
-            "job_timeout": seconds(job_timeout, 1), "deadline": seconds(job_timeout - margin, 1),
-            "margin_left": seconds(turn.margin_left, 1)}
-
-
-def build_transcript(turn, rows):
-    """The messages of ``turn`` in order, each a dict the template renders as escaped text."""
-    entries = []
-    for message in rows:
-        calls = [{"id": c.get("id", ""), "name": redact(c.get("name", "")),
-                  "arguments": redact(json.dumps(c.get("arguments") or {}, indent=2, ensure_ascii=False,
-                                                 sort_keys=True))}
-                 for c in (message.tool_calls or []) if isinstance(c, dict)]
-        entries.append({"role": message.role, "role_label": message.get_role_display(),
-                        "content": redact(message.content), "tool_calls": calls,
-                        "tool_name": redact(message.tool_name), "tool_call_id": message.tool_call_id,
-                        "is_error": message.is_error, "created_at": message.created_at})
-    return entries
-
-
-def job_status(turn):
-    """The RQ job of ``turn`` as ``(status, url)``: status is RQ's, "gone" or "unknown"; url is
-    django-rq's job page (None when there is nothing to link to)."""
-    if not turn.job_id:
-        return None, None
-    queue = jobs.get_queue()
-    try:
-        job = Job.fetch(turn.job_id, connection=queue.connection, serializer=queue.serializer)
-        status = job.get_status(refresh=False)
-        status = getattr(status, "value", status) or "unknown"  # JobStatus is an Enum: show "finished"
-    except NoSuchJobError:
-        return "gone", None
-    except RedisError:
-        return "unknown (Redis unreachable)", None
-    return status, rq_job_url(queue.name, turn.job_id)
-
-
-def rq_job_url(queue_name, job_id):
-    """django-rq's job detail page for ``job_id``, or None when its URLs are not installed."""
-    from django_rq.settings import get_queues_map
-
-    index = get_queues_map().get(queue_name)
-    if index is None:
-        return None
-    try:
-        return reverse("django_rq:job_detail", kwargs={"queue_index": index, "job_id": job_id})
-    except NoReverseMatch:
-        return None
-
+from . import turns
+from .models import Conversation, Message, Turn
+from .timeline import job_status, owner_label, redact, seconds, turn_page
 
 # -- operations ----------------------------------------------------------------------------
 
@@ -163,26 +40,13 @@ def rerun_turn(turn):
     Returns ``(new_turn, None)``, or ``(None, reason)`` when it must not run: no visitor
     message, another turn of the conversation still active, or the queue unreachable.
     """
-    message = turn.messages.filter(role=Message.Role.USER).order_by("id").first()
-    if message is None:
-        return None, _("it has no visitor message to send again")
-    new = None
     try:
-        with transaction.atomic():
-            # The lock serialises this with the API, which refuses a second active turn the same way.
-            conversation = Conversation.objects.select_for_update().get(pk=turn.conversation_id)
-            if conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES).exists():
-                return None, _("its conversation is still answering a message; wait for it or cancel it first")
-            new = jobs.create_turn(conversation, message.content)
-    except RedisError:  # django-rq enqueues at the commit: the new turn's row may exist without a job
-        if new is not None:
-            jobs.end_unqueued(new)
+        new = turns.rerun(turn)
+    except turns.TurnActive:
+        return None, _("its conversation is still answering a message; wait for it or cancel it first")
+    except turns.QueueUnavailable:
         return None, _("the job queue is unreachable")
-    try:
-        state.publish(state.state_from_db(new, new.created_messages))
-    except RedisError:
-        pass  # the poll view rebuilds a missing state from the database
-    return new, None
+    return (new, None) if new is not None else (None, _("it has no visitor message to send again"))
 
 
 UNREACHABLE = "unreachable"  # stop_turn(): a running turn that the request to stop could not reach
@@ -196,21 +60,9 @@ def stop_turn(turn):
     call. A turn whose RQ job is gone or dead would never see the request, so it is ended here.
     """
     try:
-        turn = jobs.cancel_turn(turn)
+        return turns.stop(turn, end_orphaned=True).status
     except RedisError:
-        turn.refresh_from_db()
-        return turn.status if turn.done else UNREACHABLE
-    if not turn.done:
-        try:
-            problem = jobs.job_problem(turn)
-        except RedisError:
-            problem = None
-        if problem is not None:
-            jobs.finalize(turn, Turn.Status.CANCELLED, "")
-    return turn.status
-
-
-# -- filters -------------------------------------------------------------------------------
+        return UNREACHABLE
 
 
 class NearDeadlineFilter(admin.SimpleListFilter):
@@ -257,12 +109,16 @@ class ReadOnlyMixin:
         return request.user.is_superuser and super().has_delete_permission(request, obj)
 
 
-def owner_label(conversation):
-    user = conversation.user
-    if user is None:
-        return _("anonymous visitor")
-    email = getattr(user, "email", "")
-    return f"{user.get_username()} <{email}>" if email else user.get_username()
+def user_fields(user_model=None):
+    """The user model's login name field and, when it has a separate one, its email field
+    (``USERNAME_FIELD``, ``EMAIL_FIELD``): what the admin searches and orders owners by. A
+    custom user model may have no ``username`` (an email login) or no email at all."""
+    user_model = user_model or get_user_model()
+    fields = [user_model.USERNAME_FIELD]
+    email = user_model.get_email_field_name()
+    if email not in fields and any(f.name == email for f in user_model._meta.get_fields()):
+        fields.append(email)
+    return fields
 
 
 class TurnInline(ReadOnlyMixin, admin.TabularInline):
@@ -286,7 +142,6 @@ class TurnInline(ReadOnlyMixin, admin.TabularInline):
 class ConversationAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = ("id", "owner", "created_at", "turn_count")
     list_select_related = ("user",)
-    search_fields = ("user__username", "user__email")
     fields = ("id", "owner", "created_at")
     readonly_fields = fields
     inlines = [TurnInline]
@@ -294,6 +149,10 @@ class ConversationAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("user").annotate(turn_count=Count("turns"))
+
+    def get_search_fields(self, request):
+        """The owner's login name and email, whatever the user model calls them."""
+        return [f"user__{field}" for field in user_fields()]
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
@@ -321,7 +180,6 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_filter = ("status", NearDeadlineFilter, "provider", "model")
     list_select_related = ("conversation", "conversation__user")
     date_hierarchy = "enqueued_at"
-    search_fields = ("conversation__user__username", "conversation__user__email", "messages__content")
     search_help_text = gettext_lazy("A turn or conversation id, a username or email, or words of a message.")
     actions = ["rerun_selected", "cancel_selected"]
     fieldsets = [
@@ -333,10 +191,7 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
                                            "cancel_requested")}),
         (gettext_lazy("RQ job"), {"fields": ("job_id", "rq_status")}),
     ]
-    readonly_fields = ("status_badge", "conversation_link", "owner", "provider", "model", "enqueued_at",
-                       "started_at", "finished_at", "duration_text", "job_timeout", "deadline_margin",
-                       "deadline_at", "margin_left_text", "model_calls", "tool_calls", "input_tokens",
-                       "output_tokens", "cancel_requested", "error_text", "job_id", "rq_status")
+    readonly_fields = flatten_fieldsets(fieldsets)  # every field the page shows
 
     class Media:
         css = {"all": ["conversations/admin.css"]}
@@ -344,6 +199,10 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def get_queryset(self, request):
         elapsed = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
         return super().get_queryset(request).select_related("conversation__user").annotate(elapsed=elapsed)
+
+    def get_search_fields(self, request):
+        """The owner's login name and email, whatever the user model calls them, and the messages."""
+        return [f"conversation__user__{field}" for field in user_fields()] + ["messages__content"]
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
@@ -373,7 +232,7 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def owner(self, obj):
         return owner_label(obj.conversation)
 
-    @admin.display(description=gettext_lazy("owner"), ordering="conversation__user__username")
+    @admin.display(description=gettext_lazy("owner"), ordering=f"conversation__user__{user_fields()[0]}")
     def owner_short(self, obj):
         user = obj.conversation.user
         if user is None:
@@ -433,26 +292,19 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         if obj is not None:
-            context.update({
-                "timeline": build_timeline(obj, list(obj.calls.order_by("started_offset", "id"))),
-                "transcript": build_transcript(obj, list(obj.messages.order_by("id"))),
-                "turn_error": redact(obj.error),
-                "can_operate": self.has_operate_permission(request, obj),
-                "is_active": obj.status in Turn.ACTIVE_STATUSES,
-            })
+            context.update(turn_page(obj), can_operate=self.has_operate_permission(request, obj))
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
     def get_urls(self):
         info = self.opts.app_label, self.opts.model_name
         return [
-            path("<path:object_id>/rerun/", self.admin_site.admin_view(self.rerun_view), name="%s_%s_rerun" % info),
-            path("<path:object_id>/cancel/", self.admin_site.admin_view(self.cancel_view),
+            path("<path:object_id>/rerun/", self.admin_site.admin_view(require_POST(self.rerun_view)),
+                 name="%s_%s_rerun" % info),
+            path("<path:object_id>/cancel/", self.admin_site.admin_view(require_POST(self.cancel_view)),
                  name="%s_%s_cancel" % info),
         ] + super().get_urls()
 
     def _operated_turn(self, request, object_id):
-        if request.method != "POST":
-            return None
         if not self.has_operate_permission(request):
             raise PermissionDenied
         try:
@@ -467,8 +319,6 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def rerun_view(self, request, object_id):
         """POST from the turn page: re-run this turn; redirects to the new turn's page."""
         turn = self._operated_turn(request, object_id)
-        if turn is None:
-            return HttpResponseNotAllowed(["POST"])
         new, reason = rerun_turn(turn)
         if new is None:
             self.message_user(request, _("Turn %(id)s was not re-run: %(reason)s.") % {"id": turn.pk, "reason": reason},
@@ -481,8 +331,6 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def cancel_view(self, request, object_id):
         """POST from the turn page: cancel this turn; redirects back to it."""
         turn = self._operated_turn(request, object_id)
-        if turn is None:
-            return HttpResponseNotAllowed(["POST"])
         self._report_cancel(request, [(turn, stop_turn(turn))])
         return HttpResponseRedirect(self._change_url(turn))
 

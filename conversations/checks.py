@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 from django.utils.module_loading import import_string
 
-from .conf import get_config
+from .conf import get_config, unknown_keys
 
 
 @register()
@@ -18,7 +18,7 @@ def check_config(app_configs=None, **kwargs):
         cfg = get_config()
     except ValueError as exc:
         return [Error(str(exc), hint="Use a number for timeouts and limits.", id="conversations.E000")]
-    errors = []
+    errors = _check_keys()
     job, margin, call = cfg["JOB_TIMEOUT"], cfg["DEADLINE_MARGIN"], cfg["CALL_TIMEOUT"]
     min_call = cfg["MIN_CALL_BUDGET"]
     if margin >= job:
@@ -235,3 +235,11 @@ def check_deploy(app_configs=None, **kwargs):
 def _is_rate(rate):
     """Whether a throttle rate setting switches its limit on ("" and "0" switch it off)."""
     return bool(rate) and str(rate).strip() != "0"
+
+
+def _check_keys():
+    """A misspelled key would otherwise be ignored without a word, its default silently used."""
+    return [Warning(f"CONVERSATIONS[{key!r}] is not a setting of conversations; it is ignored.",
+                    hint=f"Did you mean {match!r}?" if match else "The settings are listed in conversations/conf.py.",
+                    id="conversations.W005")
+            for key, match in unknown_keys()]

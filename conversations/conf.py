@@ -2,10 +2,13 @@
 
 Values may arrive as strings (the demo project copies ``CONVERSATIONS_<KEY>`` environment
 variables in); each is converted to the type of its default. ``get_config()`` is cached and
-cleared when the setting changes (``override_settings`` in tests).
+cleared when the setting changes (``override_settings`` in tests). A default is written only
+here: code reads ``get_config()[KEY]``, never ``.get(KEY, fallback)``.
 """
 
+import difflib
 from functools import lru_cache
+from types import MappingProxyType
 
 from django.conf import settings
 from django.core.signals import setting_changed
@@ -69,8 +72,10 @@ _LIST_KEYS = {"TOOLS"}
 
 
 def _coerce(key, value, default):
-    if key in _LIST_KEYS and isinstance(value, str):
-        return [item.strip() for item in value.split(",") if item.strip()]
+    if key in _LIST_KEYS:  # a tuple, so that the shared configuration cannot be changed through it
+        if isinstance(value, str):
+            return tuple(item.strip() for item in value.split(",") if item.strip())
+        return tuple(value)
     if isinstance(value, str):
         if isinstance(default, bool):
             return value.strip().lower() in {"1", "true", "yes", "on"}
@@ -83,15 +88,27 @@ def _coerce(key, value, default):
 
 @lru_cache(maxsize=None)
 def get_config():
-    """Return the merged configuration (a dict); raises ValueError naming a key that cannot be parsed."""
+    """Return the merged configuration; raises ValueError naming a key that cannot be parsed.
+
+    Every caller shares the one cached object, so it is read-only (a mapping whose lists are
+    tuples); ``{**get_config(), KEY: value}`` makes a changed copy.
+    """
     user = getattr(settings, "CONVERSATIONS", {}) or {}
-    config = dict(DEFAULTS)
+    config = {key: tuple(value) if key in _LIST_KEYS else value for key, value in DEFAULTS.items()}
     for key, value in user.items():
         try:
             config[key] = _coerce(key, value, DEFAULTS.get(key))
         except ValueError:
             raise ValueError(f"CONVERSATIONS[{key!r}] = {value!r} is not a valid {type(DEFAULTS[key]).__name__}")
-    return config
+    return MappingProxyType(config)
+
+
+def unknown_keys():
+    """The keys of the ``CONVERSATIONS`` setting that no default has, each with the known key
+    it most resembles (or None): ``[(key, close_match)]``, for the system check."""
+    user = getattr(settings, "CONVERSATIONS", {}) or {}
+    return [(key, next(iter(difflib.get_close_matches(str(key), DEFAULTS, n=1)), None))
+            for key in user if key not in DEFAULTS]
 
 
 @receiver(setting_changed)

@@ -32,6 +32,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from .budget import BudgetExhausted
+from .types import Outcome, record_call
 
 logger = logging.getLogger("conversations.http")
 
@@ -167,7 +168,7 @@ def environment_settings(url):
 class CallFailed(Exception):
     """An attempt (or the last of several) produced no usable response.
 
-    ``outcome`` is one of ``CallRecord.Outcome``'s values; ``status``, ``body`` and ``headers``
+    ``outcome`` is an ``Outcome``; ``status``, ``body`` and ``headers``
     are set for HTTP errors. The message never contains request headers (where API keys live).
     """
 
@@ -221,25 +222,19 @@ def parse_retry_after(headers, now=None):
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def skip_call(budget, *, turn_id="", name="", attempt=1, recorder=None):
-    """Refuse to start a call that could not finish: log at error level, record it, raise BudgetExhausted."""
+def ensure_call_budget(budget, minimum, *, turn_id="", name="", attempt=1, recorder=None):
+    """Called before every model call and every attempt of one: returns None when ``budget``
+    still has ``minimum`` seconds (``MIN_CALL_BUDGET``) left. Otherwise the call is refused —
+    logged at error level, recorded as skipped — and BudgetExhausted is raised."""
+    if budget.can_start(minimum):
+        return
     remaining = budget.remaining()
     logger.error(
         SKIPPED_MESSAGE,
         extra={"turn_id": turn_id, "call": name, "attempt": attempt, "remaining": round(remaining, 3)},
     )
-    if recorder is not None:
-        recorder(
-            kind="model",
-            name=name,
-            attempt=attempt,
-            started_offset=budget.elapsed(),
-            timeout=0,
-            remaining_before=remaining,
-            duration=0,
-            outcome="skipped",
-            detail=SKIPPED_MESSAGE,
-        )
+    record_call(recorder, "model", name, Outcome.SKIPPED, attempt=attempt, started_offset=budget.elapsed(),
+                remaining_before=remaining, detail=SKIPPED_MESSAGE)
     raise BudgetExhausted(SKIPPED_MESSAGE)
 
 
@@ -279,8 +274,8 @@ class BudgetedHTTP:
         attempt = 0
         while True:
             attempt += 1
-            if not self.budget.can_start(cfg["MIN_CALL_BUDGET"]):
-                skip_call(self.budget, turn_id=self.turn_id, name=self.name, attempt=attempt, recorder=self.recorder)
+            ensure_call_budget(self.budget, cfg["MIN_CALL_BUDGET"], turn_id=self.turn_id, name=self.name,
+                               attempt=attempt, recorder=self.recorder)
             try:
                 return self._attempt(url, body, headers, attempt)
             except CallFailed as failure:
@@ -309,7 +304,7 @@ class BudgetedHTTP:
         connect = min(float(cfg["CONNECT_TIMEOUT"]), limit)
         started_offset = self.budget.elapsed()
         started = time.monotonic()
-        outcome, status, detail = "ok", None, ""
+        outcome, status, detail = Outcome.OK, None, ""
         try:
             with _Watchdog(limit) as watchdog:
                 try:
@@ -322,21 +317,21 @@ class BudgetedHTTP:
                     content = reply.content  # read inside the watchdog: the body is what trickles
                 except requests.RequestException as exc:
                     if watchdog.expired:
-                        outcome, detail = "timeout", f"no complete response within {limit:.1f}s"
+                        outcome, detail = Outcome.TIMEOUT, f"no complete response within {limit:.1f}s"
                     elif _timed_out(exc):  # a socket timeout: connect, or a send the server never read
-                        outcome, detail = "timeout", f"{_describe(exc)}: timed out (connect limit {connect:.1f}s)"
+                        outcome, detail = Outcome.TIMEOUT, f"{_describe(exc)}: timed out (connect limit {connect:.1f}s)"
                     else:
-                        outcome, detail = "connection_error", _describe(exc)
+                        outcome, detail = Outcome.CONNECTION_ERROR, _describe(exc)
                     raise CallFailed(outcome, detail, retryable=True) from None
                 if watchdog.expired:  # a body without a length "ends" when its socket is shut down
-                    outcome, detail = "timeout", f"no complete response within {limit:.1f}s"
+                    outcome, detail = Outcome.TIMEOUT, f"no complete response within {limit:.1f}s"
                     raise CallFailed(outcome, detail, retryable=True)
             status = reply.status_code
             if 300 <= status < 400:  # the Location is not quoted: it may carry a token of its own
                 outcome, detail = "http_error", f"HTTP {status} redirect, not followed"
                 raise CallFailed(outcome, detail, status=status)
             if status >= 400:
-                outcome, detail = "http_error", f"HTTP {status}"
+                outcome, detail = Outcome.HTTP_ERROR, f"HTTP {status}"
                 raise CallFailed(
                     outcome, detail, status=status, body=content.decode("utf-8", "replace")[:4000],
                     headers=dict(reply.headers), retryable=status in RETRY_STATUSES,
@@ -346,7 +341,7 @@ class BudgetedHTTP:
                 if not isinstance(data, dict):
                     raise ValueError("not a JSON object")
             except ValueError as exc:
-                outcome, detail = "bad_response", f"malformed JSON from the provider ({exc})"[:200]
+                outcome, detail = Outcome.BAD_RESPONSE, f"malformed JSON from the provider ({exc})"[:200]
                 raise CallFailed(outcome, detail, status=status, body=content[:4000].decode("utf-8", "replace"))
             return Response(status=status, data=data, headers=dict(reply.headers))
         finally:
@@ -359,12 +354,8 @@ class BudgetedHTTP:
                     "remaining": round(remaining, 3), "duration": round(duration, 3), "outcome": outcome,
                 },
             )
-            if self.recorder is not None:
-                self.recorder(
-                    kind="model", name=self.name, attempt=attempt, started_offset=started_offset,
-                    timeout=limit, remaining_before=remaining, duration=duration, outcome=outcome,
-                    status_code=status, detail=detail,
-                )
+            record_call(self.recorder, "model", self.name, outcome, attempt=attempt, started_offset=started_offset,
+                        timeout=limit, remaining_before=remaining, duration=duration, status_code=status, detail=detail)
 
 
 def _timed_out(exc):

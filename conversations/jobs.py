@@ -1,14 +1,16 @@
-"""Enqueueing a turn, the RQ entry point, and the safety nets that make sure a turn always ends.
+"""RQ's side of a turn: enqueueing it, the job that runs it, and what RQ knows of the job's health.
 
-Defences, innermost first:
+Defences that make sure a turn always ends, innermost first:
 
 1. the runner's own deadline (``JOB_TIMEOUT - DEADLINE_MARGIN``) and per-call budgets;
 2. ``perform_turn`` catches RQ's ``JobTimeoutException``, writes the final state, re-raises;
 3. ``conversations.worker.Worker`` (the worker's parent process) finalises a turn whose work
    horse died abruptly (SIGKILL, OOM, ``os._exit``), where RQ calls no failure callback;
-4. ``repair_if_dead()``, called by the poll view, finalises a turn whose job is failed, gone
-   or no longer heartbeating;
+4. ``turns.repair()``, called by the poll view, finalises a turn whose job is failed, gone
+   or no longer heartbeating (``job_problem()``);
 5. the widget stops polling after ``JOB_TIMEOUT`` plus a margin whatever the server says.
+
+Starting, stopping and finalising a turn are domain operations, in ``turns``.
 """
 
 import datetime
@@ -18,13 +20,12 @@ import django_rq
 from django.db import close_old_connections
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from redis.exceptions import RedisError
 from rq import get_current_job
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.timeouts import JobTimeoutException
 
-from . import state
+from . import state, turns
 from .budget import TurnClock
 from .conf import get_config
 from .models import Turn
@@ -47,15 +48,7 @@ def timeout_message():
     return _("The assistant ran out of time on this answer. Please try again.")
 
 
-def crashed_message():
-    return _("The assistant stopped unexpectedly before finishing. Please try again.")
-
-
 _connections = {}
-
-
-def unavailable_message():
-    return _("The assistant is unavailable right now. Please try again in a minute.")
 
 
 def get_queue():
@@ -88,7 +81,7 @@ def job_fields(turn):
 def enqueue_turn(turn, *, saved=False):
     """Enqueue ``turn`` with ``job_timeout = JOB_TIMEOUT``; returns the job id.
 
-    ``saved``: the turn's row already holds ``job_fields()`` (``create_turn`` inserts them).
+    ``saved``: the turn's row already holds ``job_fields()`` (``turns.create`` inserts them).
     """
     cfg = get_config()
     if not saved:
@@ -103,48 +96,6 @@ def enqueue_turn(turn, *, saved=False):
         description=f"conversation turn {turn.id}",
     )
     return turn.job_id
-
-
-def create_turn(conversation, content, **fields):
-    """Save a visitor's message and its new turn, then enqueue the turn.
-
-    Call inside ``transaction.atomic()``: the message is saved before the job can run, and
-    django-rq enqueues at commit. Returns the turn; ``turn.created_messages`` holds the new
-    message row, so its first state can be built without reading it back.
-    """
-    from .models import Message
-
-    cfg = get_config()
-    turn = Turn(conversation=conversation, enqueued_at=timezone.now(),
-                provider=str(cfg["PROVIDER"]), model=str(cfg["MODEL"]), **fields)
-    job_fields(turn)
-    turn.save(force_insert=True)
-    message = Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER, content=content)
-    enqueue_turn(turn, saved=True)
-    turn.created_messages = [message]
-    return turn
-
-
-def cancel_turn(turn):
-    """Ask ``turn`` to stop. A queued turn ends ``cancelled`` at once; a running one stops before
-    its next model or tool call (the runner checks the flag in the cache). Returns the turn,
-    refreshed.
-
-    The rows come first, so a ``RedisError`` (raised to the caller) leaves a queued turn
-    cancelled all the same: its job, when a worker picks it up, finds it done.
-    """
-    if turn.done:
-        return turn
-    Turn.objects.filter(pk=turn.pk).update(cancel_requested=True)
-    updated = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(
-        status=Turn.Status.CANCELLED, finished_at=timezone.now())
-    turn.refresh_from_db()
-    # Also for a turn that was queued: a work horse may have loaded it a moment before, and will
-    # mark it running; the flag still stops it before its first call.
-    state.request_cancel(turn.id)
-    if updated:
-        state.publish(state.state_from_db(turn))
-    return turn
 
 
 def perform_turn(turn_id):
@@ -165,7 +116,7 @@ def perform_turn(turn_id):
         runner = TurnRunner(turn, clock=clock, config=cfg)
     except Exception:  # e.g. a PROVIDER or TOOLS path that cannot be imported: still end the turn
         logger.exception("Turn %s could not start", turn_id)
-        finalize(turn, Turn.Status.FAILED, crashed_message())
+        turns.finalize(turn, Turn.Status.FAILED, turns.crashed_message())
         raise
     try:
         runner.run()
@@ -175,7 +126,7 @@ def perform_turn(turn_id):
         raise
     except Exception:
         logger.exception("Turn %s crashed", turn_id)
-        runner.finish(Turn.Status.FAILED, crashed_message())
+        runner.finish(Turn.Status.FAILED, turns.crashed_message())
         raise
     return turn.status
 
@@ -210,36 +161,6 @@ def warm_up():
         connections.close_all()
 
 
-def finalize(turn, status, error):
-    """Write a final state for ``turn`` from outside its job (worker parent, poll view, admin, cron).
-
-    Only a turn that is not done yet is changed; returns the published state or None.
-    """
-    updated = Turn.objects.filter(pk=turn.pk, status__in=Turn.ACTIVE_STATUSES).update(
-        status=status, error=error, finished_at=timezone.now()
-    )
-    turn.refresh_from_db()
-    if not updated and not turn.done:
-        return None
-    data = state.state_from_db(turn)
-    return state.publish(data)
-
-
-def end_unqueued(turn):
-    """End ``turn`` failed because its job could not be enqueued (Redis unreachable).
-
-    The row is what counts: the cache is most likely unreachable too, and the poll view
-    rebuilds a missing state from the row. The turn gives up its ``Idempotency-Key``: the
-    client was told the request failed (503), so the same request sent again must start a new
-    turn, not replay this one.
-    """
-    Turn.objects.filter(pk=turn.pk).update(idempotency_key="")
-    try:
-        finalize(turn, Turn.Status.FAILED, unavailable_message())
-    except RedisError:
-        pass
-
-
 def turn_id_from_job(job):
     if job.id.startswith(JOB_PREFIX):
         return job.id[len(JOB_PREFIX):]
@@ -272,14 +193,3 @@ def job_problem(turn, connection=None):
 
 def _aware(value):
     return value if timezone.is_aware(value) else timezone.make_aware(value, datetime.timezone.utc)
-
-
-def repair_if_dead(turn):
-    """If ``turn`` is unfinished but its job cannot finish it, end it ``failed``; return the new state or None."""
-    if turn.done:
-        return None
-    problem = job_problem(turn)
-    if problem is None:
-        return None
-    logger.error("Turn %s repaired: %s", turn.id, problem)
-    return finalize(turn, Turn.Status.FAILED, crashed_message())

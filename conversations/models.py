@@ -6,6 +6,8 @@ from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from .types import Outcome
+
 
 class Conversation(models.Model):
     """A chat owned by a user, or by an anonymous visitor's session (through a random owner token)."""
@@ -132,14 +134,7 @@ class CallRecord(models.Model):
         MODEL = "model", _("model call")
         TOOL = "tool", _("tool run")
 
-    class Outcome(models.TextChoices):
-        OK = "ok", _("ok")
-        HTTP_ERROR = "http_error", _("HTTP error")
-        TIMEOUT = "timeout", _("timeout")
-        CONNECTION_ERROR = "connection_error", _("connection error")
-        BAD_RESPONSE = "bad_response", _("bad response")
-        SKIPPED = "skipped", _("skipped")
-        ERROR = "error", _("error")
+    Outcome = Outcome  # defined with the call types, which must not import models
 
     turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="calls")
     kind = models.CharField(max_length=8, choices=Kind.choices)

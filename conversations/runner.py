@@ -15,11 +15,11 @@ from redis.exceptions import RedisError
 
 from . import state
 from .budget import BudgetExhausted
-from .http import BudgetedHTTP, skip_call
+from .http import BudgetedHTTP, ensure_call_budget
 from .models import CallRecord, Conversation, Message, Turn
 from .providers import ProviderError, get_provider_class
 from .tools import ToolContext, load_tools, run_tool
-from .types import ChatMessage, ToolCall, ToolResult
+from .types import ChatMessage, Outcome, ToolCall, ToolResult, record_call
 
 logger = logging.getLogger("conversations.runner")
 
@@ -136,10 +136,13 @@ class TurnRunner:
         self.http = None
         if provider is None:
             cls = get_provider_class(config["PROVIDER"])
-            self.http = BudgetedHTTP(self.budget, config, recorder=self.record, name=config.get("MODEL") or cls.name,
-                                     turn_id=str(turn.id))
+            self.http = BudgetedHTTP(self.budget, config, recorder=self.record, turn_id=str(turn.id))
             provider = cls(config, http=self.http, budget=self.budget)
         self.provider = provider
+        # Every model call of the turn, attempted or skipped, is recorded under this one name.
+        self.model_name = getattr(provider, "model", "") or provider.name
+        if self.http is not None:
+            self.http.name = self.model_name
         self.earlier, self.rows = self.transcript()
         self.pending_records = []
         self.finished = False
@@ -211,7 +214,7 @@ class TurnRunner:
     def history(self):
         """The messages for the model: the system prompt, then the conversation's earlier finished
         turns and this turn's rows, whole (``loop`` trims them before every call)."""
-        system = self.config.get("SYSTEM_PROMPT")
+        system = self.config["SYSTEM_PROMPT"]
         messages = ([ChatMessage(role="system", content=system)] if system else [])
         return messages + [chat_message(m) for m in self.earlier] + [chat_message(m) for m in self.rows]
 
@@ -258,14 +261,13 @@ class TurnRunner:
         for _step in range(cfg["MAX_STEPS"]):
             if self.cancelled():
                 return Turn.Status.CANCELLED, None
-            if not self.budget.can_start(cfg["MIN_CALL_BUDGET"]):
-                skip_call(self.budget, turn_id=str(self.turn.id), name=self.provider.model or self.provider.name,
-                          recorder=self.record)
+            ensure_call_budget(self.budget, cfg["MIN_CALL_BUDGET"], turn_id=str(self.turn.id), name=self.model_name,
+                               recorder=self.record)
             reply = self.provider.complete(trim_history(history, cfg["HISTORY_MAX_CHARS"]), tools)
             self.count_model_call(reply)
-            self.save_step(["model_calls", "input_tokens", "output_tokens"], role=Message.Role.ASSISTANT,
-                           content=reply.text, tool_calls=[c.as_dict() for c in reply.tool_calls])
-            history.append(ChatMessage(role="assistant", content=reply.text, tool_calls=list(reply.tool_calls)))
+            row = self.save_step(["model_calls", "input_tokens", "output_tokens"], role=Message.Role.ASSISTANT,
+                                 content=reply.text, tool_calls=[c.as_dict() for c in reply.tool_calls])
+            history.append(chat_message(row))
             self.publish()
             if reply.finish == "length":
                 return Turn.Status.INCOMPLETE, length_message()
@@ -277,10 +279,9 @@ class TurnRunner:
                 if self.cancelled():
                     return Turn.Status.CANCELLED, None
                 result = self.run_tool(call)
-                self.save_step(["tool_calls"], role=Message.Role.TOOL, content=result.output, tool_call_id=call.id,
-                               tool_name=call.name, is_error=result.is_error)
-                history.append(ChatMessage(role="tool", content=result.output, tool_call_id=call.id,
-                                           name=call.name, is_error=result.is_error))
+                row = self.save_step(["tool_calls"], role=Message.Role.TOOL, content=result.output,
+                                     tool_call_id=call.id, tool_name=call.name, is_error=result.is_error)
+                history.append(chat_message(row))
                 self.publish()
         return Turn.Status.INCOMPLETE, step_limit_message(cfg["MAX_STEPS"])
 
@@ -301,10 +302,11 @@ class TurnRunner:
         remaining = self.budget.remaining()
         limit = max(0.0, min(float(cap), remaining - cfg["TOOL_RESERVE"]))
         if limit <= 0:  # never start what cannot finish: a tool thread cannot be stopped once started
-            self.record(kind="tool", name=call.name, attempt=1, started_offset=self.budget.elapsed(), timeout=0,
-                        remaining_before=remaining, duration=0, outcome="skipped", detail="no time left")
-            return ToolResult(call.id, call.name, "Error: the tool was not run because the time for this answer "
-                              "ran out.", is_error=True)
+            result = ToolResult(call.id, call.name, "Error: the tool was not run because the time for this answer "
+                                "ran out.", outcome=Outcome.SKIPPED)
+            record_call(self.record, "tool", call.name, result.outcome, started_offset=self.budget.elapsed(),
+                        remaining_before=remaining, detail="no time left")
+            return result
         conversation = self.turn.conversation
         context = ToolContext(
             conversation=conversation, turn=self.turn, user=conversation.user,
@@ -314,12 +316,8 @@ class TurnRunner:
         result = run_tool(t, call, context, limit, cfg["TOOL_RESULT_MAX_CHARS"])
         duration = self.budget.elapsed() - started_offset
         self.turn.tool_calls += 1
-        outcome = "ok"
-        if result.is_error:
-            outcome = "timeout" if "timed out" in result.output else "error"
-        self.record(kind="tool", name=call.name, attempt=1, started_offset=started_offset, timeout=limit,
-                    remaining_before=remaining, duration=duration, outcome=outcome,
-                    detail=result.detail or result.output)
+        record_call(self.record, "tool", call.name, result.outcome, started_offset=started_offset, timeout=limit,
+                    remaining_before=remaining, duration=duration, detail=result.detail or result.output)
         return result
 
     # -- the final write -----------------------------------------------------------------

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from django.db import connections
 from django.utils.module_loading import import_string
 
-from .types import ToolResult
+from .types import Outcome, ToolResult
 
 logger = logging.getLogger("conversations.tools")
 
@@ -274,7 +274,7 @@ def run_tool(t, call, context, limit, max_chars):
     if thread.is_alive():
         logger.warning("Tool %s abandoned after %.1fs", t.name, limit)
         return ToolResult(call.id, t.name, f"Error: the tool {t.name} timed out after {limit:.0f} seconds.",
-                          is_error=True)
+                          outcome=Outcome.TIMEOUT)
     if "error" in outcome:
         exc = outcome["error"]
         detail = f"{type(exc).__name__}: {exc}"

@@ -40,8 +40,9 @@ class Worker(rq.Worker):
         unless it already has a final state. Returns None; never raises.
         """
         super().handle_work_horse_killed(job, retpid, ret_val, rusage)
-        from .jobs import crashed_message, finalize, turn_id_from_job
+        from .jobs import turn_id_from_job
         from .models import Turn
+        from .turns import crashed_message, finalize
 
         turn_id = turn_id_from_job(job)
         if turn_id is None:

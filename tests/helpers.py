@@ -34,6 +34,19 @@ FAST = {
 NOWHERE = "redis://127.0.0.1:9/0"
 
 
+class FakeClock:
+    """A monotonic clock that moves only when told to (from any thread): pass it as a budget's clock."""
+
+    def __init__(self, now=1000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds
+
+
 def redis_values():
     """Every key and value in the test Redis as raw bytes, plus the zlib-decompressed form of
     compressed ones (RQ jobs)."""

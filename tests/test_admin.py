@@ -9,18 +9,23 @@ others are produced by running a real turn in a forking RQ worker against a fake
 import re
 import threading
 import time
+from types import SimpleNamespace
 
 import django_rq
 import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.models import Permission, User
-from django.db import connection
+from django.db import connection, models
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from conversations import jobs
+from conversations import turns
+from conversations.admin import TurnAdmin, user_fields
 from conversations.models import CallRecord, Conversation, Message, Turn
+from conversations.timeline import owner_label
 from tests.helpers import make_client, start_turn
 from tests.fakes import FakeProvider, openai_text, openai_tool_calls
 
@@ -221,6 +226,53 @@ def test_turn_list_search_finds_turn_by_conversation_id_owner_and_message_text(a
     assert found("no such words") == set()
 
 
+class EmailLoginUser(AbstractBaseUser):
+    """A custom user model that logs in with an email address: it has no ``username``."""
+
+    email = models.EmailField(unique=True)
+    USERNAME_FIELD = "email"
+    EMAIL_FIELD = "email"
+
+    class Meta:
+        app_label = "tests"
+
+
+class PhoneLoginUser(AbstractBaseUser):
+    """A custom user model with neither ``username`` nor ``email``."""
+
+    phone = models.CharField(max_length=20, unique=True)
+    USERNAME_FIELD = "phone"
+
+    class Meta:
+        app_label = "tests"
+
+
+def test_owners_are_searched_and_ordered_by_the_user_models_own_fields():
+    assert user_fields() == ["username", "email"]
+    assert user_fields(EmailLoginUser) == ["email"]
+    assert user_fields(PhoneLoginUser) == ["phone"]
+    assert TurnAdmin.owner_short.admin_order_field == f"conversation__user__{get_user_model().USERNAME_FIELD}"
+    assert owner_label(SimpleNamespace(user=EmailLoginUser(email="ann@shop.example"))) == "ann@shop.example"
+
+
+@pytest.mark.django_db
+def test_turn_and_conversation_search_work_for_a_site_whose_users_log_in_by_email(admin_client, monkeypatch):
+    """The admin asks the user model for its fields: with an email login it searches the email
+    (here on the stock user table, which has one), never a ``username`` the model lacks."""
+    owner = User.objects.create_user("joan", email="joan@shop.example")
+    mine = completed_turn(user=owner)
+    monkeypatch.setattr("conversations.admin.get_user_model", lambda: EmailLoginUser)
+
+    turns_found = admin_client.get(CHANGELIST, {"q": "joan@shop"})
+    conversations_found = admin_client.get("/admin/conversations/conversation/", {"q": "joan@shop"})
+
+    assert turns_found.status_code == conversations_found.status_code == 200
+    assert str(mine.id) in turns_found.content.decode()
+    assert str(mine.conversation_id) in conversations_found.content.decode()
+    assert turns_found.context["cl"].search_fields == ["conversation__user__email", "messages__content"]
+    assert conversations_found.context["cl"].search_fields == ["user__email"]
+
+
 @pytest.mark.django_db
 def test_turn_list_filters_by_status_and_model(admin_client):
     completed, failed = completed_turn(), failed_turn()
@@ -385,7 +437,7 @@ def test_turn_run_by_the_worker_shows_its_recorded_calls_and_links_to_django_rq(
 def test_queued_turn_page_offers_cancel_and_shows_the_queued_job(admin_client, django_capture_on_commit_callbacks):
     conversation = Conversation.objects.create(owner_token="tok")
     with django_capture_on_commit_callbacks(execute=True):  # django-rq enqueues at commit
-        turn = jobs.create_turn(conversation, "Hello")
+        turn = turns.create(conversation, "Hello")[0]
 
     html = admin_client.get(turn_url(turn)).content.decode()
 
@@ -594,7 +646,7 @@ def test_rerun_button_only_accepts_post(admin_client):
 @pytest.mark.django_db
 def test_cancel_action_ends_a_queued_turn_cancelled(admin_client):
     conversation = Conversation.objects.create(owner_token="tok")
-    turn = jobs.create_turn(conversation, "Hello")
+    turn = turns.create(conversation, "Hello")[0]
 
     response = admin_client.post(CHANGELIST, {"action": "cancel_selected", "_selected_action": [turn.pk]},
                                  follow=True)

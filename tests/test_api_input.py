@@ -21,7 +21,7 @@ def turns_url(conversation_id):
 
 
 def assert_nothing_enqueued():
-    # create_turn saves the Turn right before enqueueing its job, so no Turn means no job. (The queue
+    # turns.create saves the Turn right before enqueueing its job, so no Turn means no job. (The queue
     # itself cannot tell: here, outside a real transaction, django-rq defers the enqueue to an
     # on_commit that never fires.)
     assert not Turn.objects.exists()

@@ -19,19 +19,7 @@ from conversations.models import CallRecord, Conversation, Message, Turn
 from conversations.providers import BaseProvider
 from conversations.runner import TurnRunner, deadline_message
 from conversations.types import ModelReply, ToolCall
-
-
-class FakeClock:
-    """A monotonic clock that moves only when told to."""
-
-    def __init__(self, now=1000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
-
-    def advance(self, seconds):
-        self.now += seconds
+from tests.helpers import FakeClock
 
 
 PRODUCTION = {"CALL_TIMEOUT": 60, "CONNECT_TIMEOUT": 10, "MIN_CALL_BUDGET": 5, "MAX_ATTEMPTS": 3,
@@ -123,7 +111,8 @@ def test_no_call_under_min_call_budget(caplog):
     assert caplog.records[0].remaining == 4.5
     (record,) = http.records
     assert record == {"kind": "model", "name": "model", "attempt": 1, "started_offset": 95.5, "timeout": 0,
-                      "remaining_before": 4.5, "duration": 0, "outcome": "skipped", "detail": SKIPPED_MESSAGE}
+                      "remaining_before": 4.5, "duration": 0, "outcome": "skipped", "status_code": None,
+                      "detail": SKIPPED_MESSAGE}
 
 
 def test_retry_wait_inside_the_budget_is_taken():

@@ -128,6 +128,16 @@ def test_a_throttle_rate_drf_cannot_parse_is_refused_at_start_up(conversations_s
     assert check_config() == []
 
 
+def test_a_misspelled_key_is_a_warning_naming_the_setting_meant(settings):
+    settings.CONVERSATIONS = {**settings.CONVERSATIONS, "JOB_TIMOUT": 30, "COLOUR": "blue"}
+    assert check_config() == [
+        Warning("CONVERSATIONS['JOB_TIMOUT'] is not a setting of conversations; it is ignored.",
+                hint="Did you mean 'JOB_TIMEOUT'?", id="conversations.W005"),
+        Warning("CONVERSATIONS['COLOUR'] is not a setting of conversations; it is ignored.",
+                hint="The settings are listed in conversations/conf.py.", id="conversations.W005"),
+    ]
+
+
 # -- the cache every process must share -------------------------------------------------------
 
 LOCMEM = "django.core.cache.backends.locmem.LocMemCache"

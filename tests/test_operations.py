@@ -14,7 +14,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 from rq.job import Job
 
-from conversations import jobs, state
+from conversations import jobs, state, turns
 from conversations.models import Turn
 from tests.helpers import make_client, start_turn
 
@@ -58,9 +58,9 @@ def test_running_turn_whose_job_is_gone_is_ended_and_the_visitor_sees_why():
     assert "1 overdue turn(s), 1 repaired" in out
     turn.refresh_from_db()
     assert turn.status == "failed" and turn.finished_at is not None
-    assert turn.error == jobs.crashed_message()
+    assert turn.error == turns.crashed_message()
     final = client.get(body["poll_url"]).json()
-    assert final["done"] is True and final["status"] == "failed" and final["error"] == jobs.crashed_message()
+    assert final["done"] is True and final["status"] == "failed" and final["error"] == turns.crashed_message()
     assert final["messages"][0]["content"] == "Hello?"
 
 

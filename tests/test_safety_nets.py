@@ -25,9 +25,10 @@ from django.db import connections
 from rq.job import Job, JobStatus
 
 from conversations import state
-from conversations.jobs import crashed_message, timeout_message
+from conversations.jobs import timeout_message
 from conversations.models import CallRecord, Message, Turn
 from conversations.providers import BaseProvider, ProviderError
+from conversations.turns import crashed_message
 from tests.helpers import Poller, make_client, start_turn
 from tests.fakes import FakeProvider, hang
 

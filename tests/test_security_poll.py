@@ -10,7 +10,7 @@ from django.core.cache import cache
 from rq.job import Job
 
 from conversations import state
-from conversations.jobs import crashed_message
+from conversations.turns import crashed_message
 from conversations.models import Turn
 from tests.fakes import FakeProvider, openai_text, openai_tool_calls
 from tests.helpers import logged_in_client, make_client, poll_until_done, start_turn
@@ -41,6 +41,23 @@ def test_a_strangers_poll_of_a_cached_turn_is_refused_without_sql(visitor, djang
     stranger = make_client()
     with django_assert_num_queries(0):
         assert stranger.get(started["poll_url"]).status_code == 404
+
+
+def test_the_poll_view_has_no_drf_check_that_its_fast_path_would_skip():
+    """``TurnDetailView.dispatch`` answers a fresh cached state with plain Django, before DRF's
+    ``initial()`` authenticates, checks permissions and throttles. A throttle, a permission
+    other than AllowAny, or an authentication that is not the session's (which the fast path
+    reads itself, in ``owns_state``) would then guard only the slow path: most polls would
+    pass it unchecked. Whoever adds one must make the fast path apply it, then change this test."""
+    from rest_framework.authentication import SessionAuthentication
+    from rest_framework.permissions import AllowAny
+
+    from conversations.api.views import TurnDetailView
+
+    view = TurnDetailView()
+    assert view.get_throttles() == []
+    assert [type(p) for p in view.get_permissions()] == [AllowAny]
+    assert all(isinstance(a, SessionAuthentication) for a in view.get_authenticators())
 
 
 # -- every path of the poll answers a logged-in owner as it answers an anonymous one ------------

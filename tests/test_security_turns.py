@@ -120,7 +120,7 @@ def test_a_request_that_loses_the_race_to_the_unique_constraint_gets_the_winners
     """What a request that passed the replay check just before another committed the same key meets."""
     from django.db import transaction
 
-    from conversations.api.views import TurnListView
+    from conversations import turns
     from conversations.jobs import get_queue
     from conversations.models import Conversation
 
@@ -130,10 +130,11 @@ def test_a_request_that_loses_the_race_to_the_unique_constraint_gets_the_winners
     queued = get_queue().count
 
     with transaction.atomic():
-        conversation = Conversation.objects.get(pk=conversation_id)
-        turn, created = TurnListView.create(conversation, "Same", "race-2")
+        turn, created = turns.start(lambda: Conversation.objects.select_for_update().get(pk=conversation_id), "Same",
+                                    admit=lambda conversation: None,  # as if its replay check ran just before
+                                    idempotency_key="race-2")
         # The outer transaction is still usable after the losing insert.
-        assert conversation.turns.count() == 1
+        assert Conversation.objects.get(pk=conversation_id).turns.count() == 1
 
     assert (str(turn.id), created) == (winner["id"], False)
     assert Turn.objects.count() == 1

@@ -139,6 +139,7 @@ def test_unknown_tools_invalid_arguments_exceptions_and_timeouts_become_error_re
     assert raised.detail == "RuntimeError: database down for 3"
     assert slow.is_error and slow.output == "Error: the tool sleepy timed out after 0 seconds."
     assert time.monotonic() - started < 2  # abandoned, not awaited
+    assert [r.outcome for r in (missing, invalid, raised, slow)] == ["error", "error", "error", "timeout"]
     ok = run(book, {"room": "A", "nights": 2})
     assert not ok.is_error and ok.output == "A 2 100.0 single None False"
 

@@ -6,7 +6,6 @@ import re
 import time
 
 from django.contrib.auth import get_user
-from django.db import IntegrityError, transaction
 from django.http import HttpResponse, HttpResponseNotModified
 from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404
@@ -22,7 +21,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import jobs, limits, state
+from .. import limits, state, turns
 from ..conf import get_config
 from ..models import Conversation, Message, Turn
 from ..owners import owned_filter, owner_matches, owner_token, owns_state, stamp_matches
@@ -228,31 +227,26 @@ class TurnListView(ConversationAPIView):
         serializer = serializers.TurnCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         content = serializer.validated_data["content"]
-        turn = None
-        try:
-            with transaction.atomic():
-                conversation = owned_conversation(request, conversation_id, for_update=True)
-                replayed = self.replay(conversation, key, content)
-                if replayed is not None:
-                    return replayed
-                if conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES).exists():
-                    raise Conflict(_("The assistant is still answering your previous message. "
-                                     "Wait for it to finish or stop it first."))
+
+        def admit(conversation):
+            replayed = self.earlier_turn(conversation, key)
+            if replayed is None:
+                turns.ensure_idle(conversation)
                 self.check_limits(conversation)
-                turn, created = self.create(conversation, content, key)
-                if not created:
-                    return self.replay(conversation, key, content)
-        except RedisError:
-            # django-rq enqueues at the commit, so the visitor's message is saved by now but the
-            # job may not be: the turn ends failed, and the visitor is told to try again.
-            logger.exception("Could not enqueue a turn of conversation %s", conversation_id)
-            if turn is not None:
-                jobs.end_unqueued(turn)
-            raise ServiceUnavailable(jobs.unavailable_message())
+            return replayed
+
         try:
-            state.publish(state.state_from_db(turn, turn.created_messages))
-        except RedisError:
-            logger.exception("Could not publish the queued state of turn %s", turn.id)
+            turn, created = turns.start(lambda: owned_conversation(request, conversation_id, for_update=True),
+                                        content, admit=admit, idempotency_key=key)
+        except turns.TurnActive:
+            raise Conflict(_("The assistant is still answering your previous message. "
+                             "Wait for it to finish or stop it first.")) from None
+        except turns.QueueUnavailable:
+            # The visitor's message may be saved, but its turn has ended failed: they are told to try again.
+            logger.exception("Could not enqueue a turn of conversation %s", conversation_id)
+            raise ServiceUnavailable(turns.unavailable_message()) from None
+        if not created:
+            return self.replay(turn, content)
         return Response(turn_summary(turn), status=status.HTTP_202_ACCEPTED)
 
     @staticmethod
@@ -267,31 +261,16 @@ class TurnListView(ConversationAPIView):
         return key
 
     @staticmethod
-    def create(conversation, content, key):
-        """Save and enqueue a new turn; returns ``(turn, True)``. Call inside ``transaction.atomic()``.
-
-        When another request with the same ``key`` got its turn in first (the row lock on the
-        conversation normally prevents it; the unique constraint is the last word), returns
-        ``(that turn, False)`` and nothing is enqueued.
-        """
+    def earlier_turn(conversation, key):
+        """The turn of ``conversation`` that ``key`` already started, or None."""
         if not key:
-            return jobs.create_turn(conversation, content), True
-        try:
-            # A savepoint, so that the losing insert leaves the outer transaction usable, and
-            # the enqueue django-rq deferred to the commit is dropped with it.
-            with transaction.atomic():
-                return jobs.create_turn(conversation, content, idempotency_key=key), True
-        except IntegrityError:
-            return conversation.turns.get(idempotency_key=key), False
+            return None
+        return conversation.turns.select_related("conversation").filter(idempotency_key=key).first()
 
     @staticmethod
-    def replay(conversation, key, content):
-        """The 200 response for a key already used in ``conversation``, or None."""
-        if not key:
-            return None
-        turn = conversation.turns.select_related("conversation").filter(idempotency_key=key).first()
-        if turn is None:
-            return None
+    def replay(turn, content):
+        """The 200 response for a request whose ``Idempotency-Key`` already started ``turn``;
+        422 when that turn was started for a different message."""
         first = turn.messages.filter(role=Message.Role.USER).order_by("id").first()
         if first is not None and first.content != content:
             raise IdempotencyMismatch(_("This Idempotency-Key was already used for a different message."))
@@ -319,6 +298,7 @@ class TurnDetailView(APIView):
 
     authentication_classes = []
     permission_classes = [AllowAny]
+    throttle_classes = []  # not a site's DEFAULT_THROTTLE_CLASSES, which the fast path would skip
 
     def dispatch(self, request, conversation_id=None, turn_id=None, **kwargs):
         """Every widget polls here, so the common case — a fresh cached state that the caller
@@ -397,7 +377,7 @@ class TurnDetailView(APIView):
         is none or the row says the turn ended and the cache does not (a write the cache missed)."""
         conversation = owned_conversation(request, conversation_id, user=user)
         turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)
-        repaired = jobs.repair_if_dead(turn)
+        repaired = turns.repair(turn)
         if repaired is not None:
             return repaired
         if cached is None or (turn.done and not cached["done"]):  # once a turn is done, its row is the truth
@@ -418,10 +398,7 @@ class TurnCancelView(ConversationAPIView):
         conversation = owned_conversation(request, conversation_id)
         turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)
         try:
-            turn = jobs.cancel_turn(turn)
-        except RedisError:
-            logger.exception("Could not ask turn %s to stop", turn.id)
-            turn.refresh_from_db()
-            if not turn.done:  # running, and the request to stop cannot reach it
-                raise ServiceUnavailable(jobs.unavailable_message())
+            turn = turns.stop(turn)
+        except RedisError:  # running, and the request to stop cannot reach it
+            raise ServiceUnavailable(turns.unavailable_message()) from None
         return Response(turn_summary(turn), status=status.HTTP_202_ACCEPTED)

@@ -7,8 +7,6 @@ results travel as ``tool_result`` blocks in a user message, and the first messag
 user's.
 """
 
-from urllib.parse import urlsplit, urlunsplit
-
 from ..types import ModelReply, ToolCall, Usage
 from .base import BaseProvider, ProviderError, redact
 
@@ -24,11 +22,12 @@ class AnthropicProvider(BaseProvider):
     default_base_url = "https://api.anthropic.com"
 
     def url(self):
-        parts = urlsplit(self.config.get("BASE_URL") or self.default_base_url)
-        path = parts.path.rstrip("/")
-        if not path.endswith("/v1/messages"):
-            path += "/messages" if path.endswith("/v1") else "/v1/messages"
-        return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+        def messages(path):
+            if path.endswith("/v1/messages"):
+                return path
+            return path + ("/messages" if path.endswith("/v1") else "/v1/messages")
+
+        return self.endpoint(messages)
 
     api_version = API_VERSION
 
@@ -41,7 +40,7 @@ class AnthropicProvider(BaseProvider):
 
     def payload(self, messages, tools):
         system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
-        body = {"model": self.model, "max_tokens": int(self.config.get("MAX_TOKENS") or 1024),
+        body = {"model": self.model, "max_tokens": int(self.config["MAX_TOKENS"]),
                 "messages": self.wire_messages([m for m in messages if m.role != "system"])}
         if system:
             body["system"] = system

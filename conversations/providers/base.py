@@ -9,10 +9,12 @@ failures to ``ProviderError``.
 
 import logging
 import re
+from urllib.parse import urlsplit, urlunsplit
 
 from django.utils.translation import gettext_lazy as _
 
 from ..http import CallFailed
+from ..types import Outcome
 
 logger = logging.getLogger("conversations.providers")
 
@@ -79,6 +81,7 @@ class BaseProvider:
 
     name = "base"
     default_model = ""
+    default_base_url = ""
 
     def __init__(self, config, *, http=None, budget=None):
         self.config = config
@@ -93,6 +96,12 @@ class BaseProvider:
     @property
     def api_key(self):
         return self.config.get("API_KEY") or ""
+
+    def endpoint(self, path_for):
+        """``BASE_URL`` (else ``default_base_url``) with its path, without a trailing slash, given to
+        ``path_for(path)`` for the API's own; the query is kept (Azure's ``api-version``)."""
+        parts = urlsplit(self.config.get("BASE_URL") or self.default_base_url)
+        return urlunsplit((parts.scheme, parts.netloc, path_for(parts.path.rstrip("/")), parts.query, ""))
 
     def complete(self, messages, tools):
         """Called once per model round-trip with ``messages`` (``ChatMessage`` list, the history
@@ -132,11 +141,11 @@ class BaseProvider:
         Called by ``post()``; providers override it to read their own error bodies and fall
         back to this mapping by status code.
         """
-        if failure.outcome == "timeout":
+        if failure.outcome == Outcome.TIMEOUT:
             return ProviderError("timeout", failure.detail)
-        if failure.outcome == "connection_error":
+        if failure.outcome == Outcome.CONNECTION_ERROR:
             return ProviderError("connection", failure.detail)
-        if failure.outcome == "bad_response":
+        if failure.outcome == Outcome.BAD_RESPONSE:
             return ProviderError("bad_response", failure.detail)
         status = failure.status or 0
         if 300 <= status < 400:

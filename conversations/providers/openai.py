@@ -8,7 +8,7 @@ or in ``api-key`` for Azure (an Azure host, or a URL with ``api-version``).
 """
 
 import json
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from ..types import ModelReply, ToolCall, Usage
 from .base import BaseProvider, ProviderError, redact
@@ -24,11 +24,7 @@ class OpenAIProvider(BaseProvider):
 
     def url(self):
         """``BASE_URL`` + ``/chat/completions``, keeping a query string (Azure's ``api-version``)."""
-        parts = urlsplit(self.config.get("BASE_URL") or self.default_base_url)
-        path = parts.path.rstrip("/")
-        if not path.endswith("/chat/completions"):
-            path += "/chat/completions"
-        return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+        return self.endpoint(lambda path: path if path.endswith("/chat/completions") else path + "/chat/completions")
 
     def is_azure(self):
         """Azure hosts, and any URL carrying Azure's ``api-version`` query, take the key in ``api-key``."""

@@ -8,7 +8,7 @@ job is gone, failed, stopped, finished without a final state, or stopped heartbe
 when it never had a job at all. A turn waiting behind a backlog, or a job still inside its
 ``job_timeout``, is reported and left alone, so running this while workers are busy is safe.
 
-Repairing is ``jobs.finalize``: the row is updated only if it is still unfinished, then the
+Repairing is ``turns.finalize``: the row is updated only if it is still unfinished, then the
 state is published with ``done: true``; running it twice changes nothing the second time.
 """
 
@@ -20,7 +20,7 @@ from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from conversations import jobs
+from conversations import jobs, turns
 from conversations.models import Turn
 
 logger = logging.getLogger("conversations.repair")
@@ -85,7 +85,7 @@ class Command(BaseCommand):
             return "left alone"
         if dry_run:
             return "would repair"
-        if jobs.finalize(turn, Turn.Status.FAILED, jobs.crashed_message()) is None:
+        if turns.finalize(turn, Turn.Status.FAILED, turns.crashed_message()) is None:
             return "already done"
         logger.error("Turn %s repaired by repair_turns: %s", turn.id, reason,
                      extra={"turn_id": str(turn.id), "reason": reason})

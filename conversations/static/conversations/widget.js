@@ -152,13 +152,21 @@
     this.csrfCookie = data.csrfCookie || "csrftoken";
     this.storageKey = "cvw:" + this.apiUrl;
     this.conversationId = null;
-    this.turn = null;
-    this.sending = false;
+    // What the widget is doing, one of STATUSES; the controls follow from it (setState).
+    this.status = "idle";
+    this.turn = null;   // the turn being followed (waiting, streaming, stopping): see follow()
+    this.unsent = null; // the last message whose POST failed, and its Idempotency-Key
     this.nodes = {};
     this.build();
     this.bind();
     this.restore();
   }
+
+  /* idle: nothing sent yet; sending: a message is being posted; waiting: its turn is queued or
+   * not yet seen running; streaming: the turn runs and its steps land; stopping: Stop was
+   * pressed and the turn has not ended yet; ended: the last turn ended (answered or not).
+   * true: the visitor must wait (Send disabled, Stop shown). */
+  var STATUSES = { idle: false, sending: true, waiting: true, streaming: true, stopping: true, ended: false };
 
   Widget.prototype.build = function () {
     var s = this.strings, n = ++widgets, root = this.root;
@@ -173,7 +181,7 @@
     this.log.setAttribute("aria-live", "off");
     this.log.setAttribute("aria-label", s.log);
     this.log.tabIndex = 0;
-    this.status = el("p", "cvw-status");
+    this.statusLine = el("p", "cvw-status");
     this.announcer = el("div", "cvw-sr");
     this.announcer.setAttribute("aria-live", "polite");
     this.form = el("form", "cvw-form");
@@ -195,7 +203,7 @@
     actions.appendChild(this.sendButton);
     actions.appendChild(this.stopButton);
     [label, this.input, actions, hint].forEach(function (node) { this.form.appendChild(node); }, this);
-    [this.log, this.status, this.announcer, this.form].forEach(function (node) { root.appendChild(node); });
+    [this.log, this.statusLine, this.announcer, this.form].forEach(function (node) { root.appendChild(node); });
   };
 
   Widget.prototype.bind = function () {
@@ -205,11 +213,13 @@
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); self.submit(); }
     });
     this.stopButton.addEventListener("click", function () { self.cancel(); });
+    // A hidden tab does not poll: its next look is dropped (a request in flight still lands, and
+    // schedules nothing); shown again, it looks at once unless a look is already under way.
     document.addEventListener("visibilitychange", function () {
       var turn = self.turn;
       if (!turn) { return; }
-      if (document.hidden && turn.timer > 0) { clearTimeout(turn.timer); turn.timer = null; turn.paused = true; }
-      else if (!document.hidden && turn.paused) { turn.paused = false; self.poll(); }
+      if (document.hidden && turn.timer) { clearTimeout(turn.timer); turn.timer = null; }
+      else if (!document.hidden && !turn.timer && !turn.request) { self.poll(); }
     });
   };
 
@@ -304,22 +314,19 @@
   Widget.prototype.submit = function () {
     var self = this, content = this.input.value.trim();
     if (!content) { return; }
-    if (this.turn || this.sending) { this.setStatus(this.strings.busy); return; }
-    this.sending = true;
+    if (STATUSES[this.status]) { this.setStatusLine(this.strings.busy); return; }
     // The Send button is about to be disabled: keep focus where the next message is typed.
     if (document.activeElement === this.sendButton) { this.input.focus(); }
-    this.setBusy(true);
-    this.setStatus("");
-    // Shown at once; replaced by the saved message when the turn's state arrives.
+    this.setState("sending");
+    this.setStatusLine("");
     // The same text sent again after a failure reuses its key: if the first POST did reach the
     // server, the API answers with that turn instead of starting a second one.
-    if (!this.retry || this.retry.content !== content) {
-      this.retry = { content: content, key: "cvw-" + Date.now().toString(36) + "-" + Math.random().toString(36).slice(2) };
-    }
-    var key = this.retry.key;
+    var unsent = this.unsent && this.unsent.content === content ? this.unsent :
+      { content: content, key: "cvw-" + Date.now().toString(36) + "-" + Math.random().toString(36).slice(2) };
+    var key = unsent.key;
+    // Shown at once; it stands for the saved message when the turn's state arrives.
     var pending = this.bubble("user", content);
     pending.classList.add("cvw-pending");
-    this.pending = pending;
     this.input.value = "";
     var post = function (retry) {
       return self.ensureConversation().then(function (id) {
@@ -331,31 +338,32 @@
       });
     };
     post(true).then(function (turn) {
-      self.sending = false;
-      self.retry = null;
+      self.unsent = null;
       pending.classList.remove("cvw-pending");
-      self.follow(turn, Date.now());
+      self.follow(turn, Date.now(), pending);
     }).catch(function (error) {
       // Nothing the visitor wrote is lost: the text goes back into the box, with the reason.
-      self.sending = false;
-      self.pending = null;
+      self.unsent = unsent;
       pending.remove();
       if (!self.input.value) { self.input.value = content; }
-      self.setBusy(false);
-      self.setStatus(error.message, true);
+      self.setState("idle");
+      self.setStatusLine(error.message, true);
       self.announce(error.message);
       self.input.focus();
     });
   };
 
-  Widget.prototype.follow = function (summary, since) {
+  /* Poll the turn `summary` (the API's 202 or a restored active turn) until it ends. `pending`
+   * is the visitor's message already shown for it, if any. A turn has at most one look at a
+   * time: `timer`, the next one scheduled, or `request`, the one in flight. */
+  Widget.prototype.follow = function (summary, since, pending) {
     this.turn = { id: summary.id, pollUrl: this.resolve(summary.poll_url), cancelUrl: this.resolve(summary.cancel_url),
-                  etag: null,
-                  delay: FIRST_DELAY, errors: 0, since: since, timer: null, paused: false,
+                  etag: null, pending: pending || null,
+                  delay: FIRST_DELAY, errors: 0, since: since, timer: null, request: null,
                   giveUpAt: since + (this.jobTimeout + this.giveUpMargin) * 1000 };
     this.save(this.turn);
-    this.setBusy(true);
-    this.setStatus(this.strings.thinking);
+    this.setState("waiting");
+    this.setStatusLine(this.strings.thinking);
     this.schedule(FIRST_DELAY);
   };
 
@@ -363,22 +371,24 @@
 
   Widget.prototype.schedule = function (delay) {
     var self = this, turn = this.turn;
-    if (!turn) { return; }
-    if (document.hidden) { turn.paused = true; return; } // resumed by visibilitychange
+    if (!turn || document.hidden) { return; } // a hidden tab looks again when shown (visibilitychange)
     turn.timer = setTimeout(function () { turn.timer = null; self.poll(); }, delay);
   };
 
   Widget.prototype.poll = function () {
     var self = this, turn = this.turn;
-    if (!turn || turn.timer) { return; }
-    if (document.hidden) { turn.paused = true; return; }
+    if (!turn || turn.timer || turn.request || document.hidden) { return; }
     if (Date.now() >= turn.giveUpAt) { this.end(turn, { status: "timeout" }); return; }
     var headers = { "Accept": "application/json" };
     if (turn.etag) { headers["If-None-Match"] = turn.etag; }
     var controller = window.AbortController ? new AbortController() : null;
     var abort = controller && setTimeout(function () { controller.abort(); }, REQUEST_TIMEOUT);
-    turn.timer = -1; // a request is in flight
-    fetch(turn.pollUrl, { credentials: this.credentials, cache: "no-store", headers: headers,
+    var landed = function () { // whether the turn is still the one followed, once its look is over
+      clearTimeout(abort);
+      turn.request = null;
+      return self.turn === turn;
+    };
+    turn.request = fetch(turn.pollUrl, { credentials: this.credentials, cache: "no-store", headers: headers,
                           signal: controller && controller.signal }).then(function (response) {
       if (response.status === 304) { return null; }
       if (response.status === 404 || response.status === 403) { return { done: true, status: "gone" }; }
@@ -386,10 +396,11 @@
       turn.etag = response.headers.get("ETag");
       return response.json();
     }).then(function (state) {
-      clearTimeout(abort);
-      turn.timer = null;
-      if (self.turn !== turn) { return; }
-      if (turn.errors) { turn.errors = 0; self.setStatus(turn.stopping ? self.strings.stopping : self.strings.thinking); }
+      if (!landed()) { return; }
+      if (turn.errors) {
+        turn.errors = 0;
+        self.setStatusLine(self.status === "stopping" ? self.strings.stopping : self.strings.thinking);
+      }
       // Nothing new: a 304, or a server that ignores ETags. An ending is always new (a "gone"
       // turn has no version, and neither has a turn before its first state).
       if (!state || (!state.done && state.version === turn.version)) {
@@ -398,22 +409,21 @@
         turn.version = state.version;
         (state.messages || []).forEach(function (m) { self.draw(m, turn.id); });
         if (state.done) { self.end(turn, state); return; }
+        if (state.status === "running" && self.status === "waiting") { self.setState("streaming"); }
         turn.delay = FIRST_DELAY;
       }
       self.schedule(turn.delay);
     }).catch(function () {
-      clearTimeout(abort);
-      turn.timer = null;
-      if (self.turn !== turn) { return; }
+      if (!landed()) { return; }
       turn.errors += 1;
-      self.setStatus(self.strings.reconnecting, true);
+      self.setStatusLine(self.strings.reconnecting, true);
       self.schedule(Math.min(FIRST_DELAY * Math.pow(2, turn.errors), MAX_RETRY_DELAY));
     });
   };
 
   Widget.prototype.end = function (turn, state) {
     var s = this.strings;
-    if (turn.timer > 0) { clearTimeout(turn.timer); }
+    if (turn.timer) { clearTimeout(turn.timer); }
     this.turn = null;
     this.save(null);
     var endings = { cancelled: s.stopped, failed: state.error || s.failed, incomplete: state.error || s.incomplete,
@@ -425,24 +435,25 @@
     (state.messages || []).forEach(function (m) { if (m.role === "assistant" && m.content) { answer = m.content; } });
     this.announce([answer && state.status === "completed" ? answer : "", ending || ""].join(" ").trim());
     var hadFocus = this.root.contains(document.activeElement);
-    this.setBusy(false);
-    this.setStatus("");
+    this.setState("ended");
+    this.setStatusLine("");
     if (hadFocus) { this.input.focus(); }
   };
 
   Widget.prototype.cancel = function () {
-    var self = this, turn = this.turn;
-    if (!turn || turn.stopping) { return; }
-    turn.stopping = true;
-    this.setStatus(this.strings.stopping);
+    var self = this, turn = this.turn, before = this.status;
+    if (!turn || before === "stopping") { return; }
+    this.setState("stopping");
+    this.setStatusLine(this.strings.stopping);
     this.request("POST", turn.cancelUrl, {}).then(function () {
       // Look at once rather than after the current back-off: the turn may already be over.
       if (self.turn !== turn) { return; }
       turn.delay = FIRST_DELAY;
-      if (turn.timer > 0) { clearTimeout(turn.timer); turn.timer = null; self.poll(); }
+      if (turn.timer) { clearTimeout(turn.timer); turn.timer = null; self.poll(); }
     }, function (error) {
-      turn.stopping = false;
-      if (self.turn === turn) { self.setStatus(error.message, true); }
+      if (self.turn !== turn) { return; }
+      self.setState(before);
+      self.setStatusLine(error.message, true);
     });
   };
 
@@ -462,7 +473,8 @@
     if (this.nodes[key]) { return; }
     this.nodes[key] = true;
     if (message.role === "user") {
-      if (this.pending && this.turn && turnId === this.turn.id) { this.pending = null; return; }
+      var turn = this.turn;
+      if (turn && turn.pending && turnId === turn.id) { turn.pending = null; return; } // already shown
       this.bubble("user", message.content);
     } else if (message.role === "assistant") {
       if (message.content) { this.bubble("assistant", message.content); }
@@ -496,8 +508,10 @@
     announcer.textContent = text.replace(/```|[*`#]/g, "");
   };
 
-  Widget.prototype.setBusy = function (busy) {
-    var stopHadFocus = document.activeElement === this.stopButton;
+  /* Enter `status` (a key of STATUSES) and set the controls from it. */
+  Widget.prototype.setState = function (status) {
+    var busy = STATUSES[status], stopHadFocus = document.activeElement === this.stopButton;
+    this.status = status;
     this.sendButton.disabled = busy;
     this.stopButton.hidden = !busy;
     this.log.setAttribute("aria-busy", busy ? "true" : "false");
@@ -505,9 +519,9 @@
     if (stopHadFocus && !busy) { this.input.focus(); }
   };
 
-  Widget.prototype.setStatus = function (text, problem) {
-    this.status.textContent = text;
-    this.status.classList.toggle("cvw-status-problem", !!problem);
+  Widget.prototype.setStatusLine = function (text, problem) {
+    this.statusLine.textContent = text;
+    this.statusLine.classList.toggle("cvw-status-problem", !!problem);
   };
 
   function start() {

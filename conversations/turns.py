@@ -1,0 +1,196 @@
+"""What can happen to a turn from outside its job: it is started, stopped, finalised or repaired.
+
+The API, the admin, the worker's parent process and ``manage.py repair_turns`` all go through
+these functions, so each rule — one active turn per conversation, the visitor's message saved
+before the job can run, a turn that could not be enqueued ends failed, only an unfinished turn
+gets a final state — is written once. RQ's side (enqueueing, the job, its health) is in ``jobs``.
+"""
+
+import logging
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from redis.exceptions import RedisError
+
+from . import jobs, state
+from .conf import get_config
+from .models import Conversation, Message, Turn
+
+logger = logging.getLogger("conversations.turns")
+
+
+class TurnActive(Exception):
+    """``start()`` refused: another turn of the conversation is still queued or running."""
+
+
+class QueueUnavailable(Exception):
+    """``start()`` could not enqueue the turn (Redis unreachable); a turn it had saved has ended failed."""
+
+
+def crashed_message():
+    return _("The assistant stopped unexpectedly before finishing. Please try again.")
+
+
+def unavailable_message():
+    return _("The assistant is unavailable right now. Please try again in a minute.")
+
+
+def ensure_idle(conversation):
+    """Raise ``TurnActive`` when a turn of ``conversation`` is still queued or running.
+
+    Call with the conversation's row locked (``start()`` does), so that two requests cannot
+    both find it idle.
+    """
+    if conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES).exists():
+        raise TurnActive()
+
+
+def create(conversation, content, **fields):
+    """Save a visitor's message and its new turn, then enqueue the turn; returns ``(turn, message)``.
+
+    Call inside ``transaction.atomic()``: the message is saved before the job can run, and
+    django-rq enqueues at the commit.
+    """
+    cfg = get_config()
+    turn = Turn(conversation=conversation, enqueued_at=timezone.now(),
+                provider=str(cfg["PROVIDER"]), model=str(cfg["MODEL"]), **fields)
+    jobs.job_fields(turn)
+    turn.save(force_insert=True)
+    message = Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER, content=content)
+    jobs.enqueue_turn(turn, saved=True)
+    return turn, message
+
+
+def start(lock, content, *, admit=ensure_idle, idempotency_key=""):
+    """Start a turn answering ``content``; the one way the API and the admin's re-run do it.
+
+    In one transaction: ``lock()`` returns the conversation with its row locked
+    (``select_for_update``); ``admit(conversation)`` refuses by raising (the default,
+    ``ensure_idle``, raises ``TurnActive``) or returns an existing turn to answer with instead;
+    then ``create()``. After the commit the turn's first state is published; should that fail,
+    the poll view rebuilds it from the database.
+
+    Returns ``(turn, created)``. ``created`` is False for the turn ``admit`` returned, and for
+    the turn another request with the same ``idempotency_key`` saved first (the unique
+    constraint decides; nothing is enqueued for the loser). Raises ``QueueUnavailable`` when
+    Redis is unreachable at the commit: the visitor's message is saved by then but the job may
+    not be, so the turn ends failed (``end_unqueued``).
+    """
+    turn = None
+    try:
+        with transaction.atomic():
+            conversation = lock()
+            existing = admit(conversation)
+            if existing is not None:
+                return existing, False
+            if not idempotency_key:
+                turn, message = create(conversation, content)
+            else:
+                try:
+                    # A savepoint, so that the losing insert leaves the outer transaction usable, and
+                    # the enqueue django-rq deferred to the commit is dropped with it.
+                    with transaction.atomic():
+                        turn, message = create(conversation, content, idempotency_key=idempotency_key)
+                except IntegrityError:
+                    return conversation.turns.get(idempotency_key=idempotency_key), False
+    except RedisError as exc:
+        if turn is not None:
+            end_unqueued(turn)
+        raise QueueUnavailable() from exc
+    try:
+        state.publish(state.state_from_db(turn, [message]))
+    except RedisError:
+        logger.exception("Could not publish the queued state of turn %s", turn.id)
+    return turn, True
+
+
+def rerun(turn):
+    """Start a new turn in ``turn``'s conversation with its visitor message, as if the visitor
+    sent it again (the admin's re-run). Returns the new turn, or None when ``turn`` has no
+    visitor message; raises what ``start()`` raises."""
+    message = turn.messages.filter(role=Message.Role.USER).order_by("id").first()
+    if message is None:
+        return None
+    conversation_id = turn.conversation_id
+    return start(lambda: Conversation.objects.select_for_update().get(pk=conversation_id), message.content)[0]
+
+
+def stop(turn, *, end_orphaned=False):
+    """Ask ``turn`` to stop; returns the turn, refreshed.
+
+    A queued turn ends ``cancelled`` at once; a running one stops before its next model or
+    tool call (the runner checks the flag in the cache). With ``end_orphaned``, a running turn
+    whose RQ job is gone or dead, and so would never see the request, is ended ``cancelled``
+    here. The rows come first, so a queued turn ends cancelled even when Redis is unreachable;
+    a ``RedisError`` is raised only when the turn is still running and cannot be asked to stop.
+    """
+    if turn.done:
+        return turn
+    Turn.objects.filter(pk=turn.pk).update(cancel_requested=True)
+    updated = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(
+        status=Turn.Status.CANCELLED, finished_at=timezone.now())
+    turn.refresh_from_db()
+    try:
+        # Also for a turn that was queued: a work horse may have loaded it a moment before, and
+        # will mark it running; the flag still stops it before its first call.
+        state.request_cancel(turn.id)
+        if updated:
+            state.publish(state.state_from_db(turn))
+    except RedisError:
+        logger.exception("Could not ask turn %s to stop", turn.id)
+        turn.refresh_from_db()
+        if not turn.done:
+            raise
+        return turn
+    if end_orphaned and not turn.done and _job_problem(turn) is not None:
+        finalize(turn, Turn.Status.CANCELLED, "")
+    return turn
+
+
+def _job_problem(turn):
+    try:
+        return jobs.job_problem(turn)
+    except RedisError:
+        return None  # the job cannot be looked at; it may well be alive
+
+
+def finalize(turn, status, error):
+    """Write a final state for ``turn`` from outside its job (worker parent, poll view, admin, cron).
+
+    Only a turn that is not done yet is changed; returns the published state or None.
+    """
+    updated = Turn.objects.filter(pk=turn.pk, status__in=Turn.ACTIVE_STATUSES).update(
+        status=status, error=error, finished_at=timezone.now()
+    )
+    turn.refresh_from_db()
+    if not updated and not turn.done:
+        return None
+    return state.publish(state.state_from_db(turn))
+
+
+def end_unqueued(turn):
+    """End ``turn`` failed because its job could not be enqueued (Redis unreachable).
+
+    The row is what counts: the cache is most likely unreachable too, and the poll view
+    rebuilds a missing state from the row. The turn gives up its ``Idempotency-Key``: the
+    client was told the request failed (503), so the same request sent again must start a new
+    turn, not replay this one.
+    """
+    Turn.objects.filter(pk=turn.pk).update(idempotency_key="")
+    try:
+        finalize(turn, Turn.Status.FAILED, unavailable_message())
+    except RedisError:
+        pass
+
+
+def repair(turn):
+    """Called by the poll view for a stale or missing state: if ``turn`` is unfinished but its
+    job can no longer finish it, end it ``failed``. Returns the new state, or None."""
+    if turn.done:
+        return None
+    problem = jobs.job_problem(turn)
+    if problem is None:
+        return None
+    logger.error("Turn %s repaired: %s", turn.id, problem)
+    return finalize(turn, Turn.Status.FAILED, crashed_message())
