@@ -30,6 +30,12 @@ DEFAULTS = {
     "MAX_ATTEMPTS": 3,
     "BACKOFF_BASE": 1.0,
     "BACKOFF_MAX": 20.0,
+    # Stream model replies (the visitor watches the answer being written); False for endpoints that
+    # cannot. A stream is bounded by CALL_TIMEOUT in total and by STREAM_IDLE_TIMEOUT between reads.
+    "STREAM": True,
+    "STREAM_IDLE_TIMEOUT": 20,
+    # Seconds between two publishes of a growing answer (each touches only the cache).
+    "PUBLISH_INTERVAL": 0.25,
     "TOOL_TIMEOUT": 20,
     # Time kept back from a tool's limit for the round-trip after it.
     "TOOL_RESERVE": 5,

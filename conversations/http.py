@@ -2,9 +2,14 @@
 
 ``requests`` only knows per-socket-operation timeouts: a provider that trickles its headers
 or body a byte at a time never trips them. Here every attempt gets a *total* wall-clock
-limit, ``min(CALL_TIMEOUT, remaining)``: a watchdog timer shuts the attempt's sockets down
-when the limit passes, which wakes a blocked ``recv``/``send`` within milliseconds. No
-SIGALRM is used, because that would disarm RQ's own job-timeout alarm.
+limit, ``min(CALL_TIMEOUT, remaining)``: a ``watchdog.Watchdog`` shuts the attempt's sockets
+down when the limit passes, or when the turn is stopped, which wakes a blocked
+``recv``/``send`` within milliseconds.
+
+A streamed call (``post_stream``) is bounded the same way in total, and also by
+``STREAM_IDLE_TIMEOUT`` between two reads: a stream trickles by design. Its events are read as
+they arrive and handed to the caller; once text has been received, a failure is not retried
+but ends the call with the reply so far (``PartialReply``).
 
 Retries (connection errors, 408, 429, 5xx) stay inside the same budget: the wait before the
 next attempt honours ``Retry-After`` (seconds, HTTP date) and ``retry-after-ms``, otherwise a
@@ -15,24 +20,20 @@ Not bounded: DNS resolution (``getaddrinfo`` cannot be interrupted); use IP addr
 local resolver cache when that matters.
 """
 
-import contextvars
 import email.utils
 import json
 import logging
 import random
-import socket
-import threading
 import time
 from dataclasses import dataclass, field
 
 import requests
-from requests.adapters import HTTPAdapter
 from urllib3 import exceptions as urllib3_exceptions
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from .budget import BudgetExhausted
+from .streaming import EventDecoder, StreamError
 from .types import Outcome, record_call
+from .watchdog import Watchdog, environment_settings, new_session
 
 logger = logging.getLogger("conversations.http")
 
@@ -41,130 +42,6 @@ SKIPPED_MESSAGE = "Skipped call — job budget exhausted"
 # 529: Anthropic's "overloaded".
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
 
-_current_watchdog = contextvars.ContextVar("conversations_http_watchdog", default=None)
-
-
-class _Watchdog:
-    """Shuts down every socket an attempt opened once ``limit`` seconds have passed."""
-
-    def __init__(self, limit):
-        self.expired = False
-        self._sockets = []
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(max(0.0, limit), self._fire)
-        self._timer.daemon = True
-
-    def watch(self, sock):
-        with self._lock:
-            self._sockets.append(sock)
-            if self.expired:
-                _shutdown(sock)
-
-    def _fire(self):
-        with self._lock:
-            self.expired = True
-            for sock in self._sockets:
-                _shutdown(sock)
-
-    def __enter__(self):
-        self._token = _current_watchdog.set(self)
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._timer.cancel()
-        _current_watchdog.reset(self._token)
-        return False
-
-
-def _shutdown(sock):
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # already closed, or a socket object whose descriptor moved to its TLS wrapper
-
-
-def _watch(sock):
-    watchdog = _current_watchdog.get()
-    if watchdog is not None and sock is not None:
-        watchdog.watch(sock)
-
-
-class _WatchedConnection:
-    """Hands every socket (plain, then TLS-wrapped; new or reused) to the current watchdog."""
-
-    def _new_conn(self):
-        sock = super()._new_conn()
-        _watch(sock)
-        return sock
-
-    def connect(self):
-        super().connect()
-        _watch(self.sock)
-
-    def request(self, *args, **kwargs):
-        _watch(self.sock)  # a kept-alive connection does not connect again
-        return super().request(*args, **kwargs)
-
-
-class _HTTPConnection(_WatchedConnection, HTTPConnection):
-    pass
-
-
-class _HTTPSConnection(_WatchedConnection, HTTPSConnection):
-    pass
-
-
-class _HTTPConnectionPool(HTTPConnectionPool):
-    ConnectionCls = _HTTPConnection
-
-
-class _HTTPSConnectionPool(HTTPSConnectionPool):
-    ConnectionCls = _HTTPSConnection
-
-
-_POOL_CLASSES = {"http": _HTTPConnectionPool, "https": _HTTPSConnectionPool}
-
-
-class WatchedAdapter(HTTPAdapter):
-    """A ``requests`` adapter whose connections report their sockets to the attempt's watchdog."""
-
-    def __init__(self):
-        super().__init__(max_retries=0)  # retries are ours, inside the budget
-
-    def init_poolmanager(self, *args, **kwargs):
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = dict(_POOL_CLASSES)
-
-    def proxy_manager_for(self, *args, **kwargs):
-        manager = super().proxy_manager_for(*args, **kwargs)
-        manager.pool_classes_by_scheme = dict(_POOL_CLASSES)
-        return manager
-
-
-def new_session():
-    """A ``requests`` session whose sockets the watchdog can reach. It does not read the
-    environment on each call (see ``environment_settings``)."""
-    session = requests.Session()
-    session.trust_env = False
-    adapter = WatchedAdapter()
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    return session
-
-
-def environment_settings(url):
-    """The proxies (``HTTPS_PROXY``, ``NO_PROXY``…) and CA bundle (``REQUESTS_CA_BUNDLE``) the
-    environment sets for ``url``, as ``requests.Session.request`` keyword arguments.
-
-    ``requests`` looks these up on every call, scanning the whole environment each time, and
-    also reads ``~/.netrc``, whose credentials it would send as an ``Authorization`` header
-    over the API key's; a turn looks the environment up once per URL and never reads netrc.
-    """
-    found = requests.Session().merge_environment_settings(url, {}, None, None, None)
-    return {"proxies": found["proxies"], "verify": found["verify"]}
-
-
 class CallFailed(Exception):
     """An attempt (or the last of several) produced no usable response.
 
@@ -172,8 +49,9 @@ class CallFailed(Exception):
     are set for HTTP errors. The message never contains request headers (where API keys live).
     """
 
-    def __init__(self, outcome, detail, *, status=None, body="", headers=None, retryable=False):
+    def __init__(self, outcome, detail, *, status=None, body="", headers=None, retryable=False, code=""):
         super().__init__(detail)
+        self.code = code  # a ProviderError code when the failure names one (an error event in a stream)
         self.outcome = outcome
         self.detail = detail
         self.status = status
@@ -188,6 +66,25 @@ class CallFailed(Exception):
         except ValueError:
             return {}
         return value if isinstance(value, dict) else {}
+
+
+class PartialReply(Exception):
+    """A streamed reply broke off after text had arrived: ``data`` is the reply so far, added up
+    by the stream's accumulator; ``outcome`` and ``detail`` say why it ended. Never retried:
+    the visitor has seen that text, and another attempt would write a different one."""
+
+    def __init__(self, data, outcome, detail):
+        super().__init__(detail)
+        self.data, self.outcome, self.detail = data, outcome, detail
+
+
+class CallCancelled(Exception):
+    """The turn was stopped while the call was in flight, and its sockets were shut down.
+    ``data`` is a streamed reply so far (None when nothing had arrived, or not streamed)."""
+
+    def __init__(self, data=None):
+        super().__init__("the turn was stopped during the call")
+        self.data = data
 
 
 @dataclass
@@ -248,9 +145,10 @@ class BudgetedHTTP:
     sleep = staticmethod(time.sleep)
     random = random.Random()
 
-    def __init__(self, budget, config, *, recorder=None, name="", turn_id="", session=None):
+    def __init__(self, budget, config, *, recorder=None, name="", turn_id="", session=None, cancelled=None):
         self.budget = budget
         self.config = config
+        self.cancelled = cancelled  # () -> bool: whether the turn was stopped (checked during calls)
         self.recorder = recorder
         self.name = name
         self.turn_id = turn_id
@@ -267,17 +165,37 @@ class BudgetedHTTP:
         retried: 4xx other than 408/429, a body that is not JSON), and ``BudgetExhausted``
         when the next attempt could not have ``MIN_CALL_BUDGET`` seconds.
         """
-        cfg = self.config
-        max_attempts = max(1, int(cfg["MAX_ATTEMPTS"]))
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
+        return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt))
+
+    def post_stream(self, url, payload, headers, stream, on_text):
+        """POST ``payload`` (which asks for a stream) and read the server-sent events as they
+        arrive: each is fed to ``stream`` (an accumulator from ``conversations.streaming``) and
+        the text it adds is passed to ``on_text(text)``. Returns a ``Response`` whose ``data`` is
+        the whole reply, added up (or the JSON body of a server that answered unstreamed).
+
+        Failures before any text arrived are retried as in ``post_json`` (with a fresh
+        accumulator from ``stream.__class__``); after, ``PartialReply`` carries the reply so
+        far. ``CallCancelled`` when the turn is stopped meanwhile.
+        """
+        body = json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
+        return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt,
+                                                            stream=type(stream)(), on_text=on_text))
+
+    def _retrying(self, attempt_once):
+        """Call ``attempt_once(attempt)`` until it returns, retrying what may be retried while the
+        budget allows (see ``post_json``)."""
+        cfg = self.config
+        max_attempts = max(1, int(cfg["MAX_ATTEMPTS"]))
         attempt = 0
         while True:
             attempt += 1
             ensure_call_budget(self.budget, cfg["MIN_CALL_BUDGET"], turn_id=self.turn_id, name=self.name,
                                attempt=attempt, recorder=self.recorder)
             try:
-                return self._attempt(url, body, headers, attempt)
+                return attempt_once(attempt)
             except CallFailed as failure:
                 if not failure.retryable or attempt >= max_attempts:
                     raise
@@ -291,44 +209,67 @@ class BudgetedHTTP:
                         extra={"turn_id": self.turn_id, "attempt": attempt},
                     )
                     raise
-                self.sleep(wait)
+                self._wait(wait)
+
+    def _wait(self, seconds):
+        """Sleep ``seconds`` before the next attempt, but end the call as soon as the turn is stopped."""
+        if self.cancelled is None:
+            return self.sleep(seconds)
+        end = time.monotonic() + seconds
+        while True:
+            if self.cancelled is not None and self.cancelled():
+                raise CallCancelled()
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            self.sleep(min(left, Watchdog.poll))
 
     def _backoff(self, attempt):
         base = float(self.config["BACKOFF_BASE"]) * (2 ** (attempt - 1))
         return min(float(self.config["BACKOFF_MAX"]), base) * (0.5 + self.random.random() / 2)
 
-    def _attempt(self, url, body, headers, attempt):
+    def _attempt(self, url, body, headers, attempt, *, stream=None, on_text=None):
+        """One attempt within ``min(CALL_TIMEOUT, remaining)``, recorded and logged. With ``stream``,
+        the reply's events are read as they come (``_read_events``), each read within
+        ``STREAM_IDLE_TIMEOUT``."""
         cfg = self.config
         remaining = self.budget.remaining()
         limit = self.budget.call_timeout(cfg["CALL_TIMEOUT"])
         connect = min(float(cfg["CONNECT_TIMEOUT"]), limit)
+        read = min(float(cfg["STREAM_IDLE_TIMEOUT"]), limit) if stream is not None else limit
         started_offset = self.budget.elapsed()
         started = time.monotonic()
         outcome, status, detail = Outcome.OK, None, ""
         try:
-            with _Watchdog(limit) as watchdog:
+            with Watchdog(limit, self.cancelled) as watchdog:
                 try:
                     if url not in self._environment:
                         self._environment[url] = environment_settings(url)
                     # Never follow a redirect: requests strips only Authorization on the way,
                     # so an x-api-key or api-key header would reach whatever host it names.
-                    reply = self.session.post(url, data=body, headers=headers, timeout=(connect, limit),
-                                              allow_redirects=False, **self._environment[url])
+                    reply = self.session.post(url, data=body, headers=headers, timeout=(connect, read),
+                                              allow_redirects=False, stream=stream is not None,
+                                              **self._environment[url])
+                    status = reply.status_code
+                    if stream is not None and status == 200 and _is_event_stream(reply):
+                        try:
+                            data = self._read_events(reply, watchdog, stream, on_text, limit, read)
+                        except PartialReply as cut:
+                            outcome, detail = cut.outcome, cut.detail
+                            raise
+                        return Response(status=status, data=data, headers=dict(reply.headers))
                     content = reply.content  # read inside the watchdog: the body is what trickles
                 except requests.RequestException as exc:
-                    if watchdog.expired:
-                        outcome, detail = Outcome.TIMEOUT, f"no complete response within {limit:.1f}s"
-                    elif _timed_out(exc):  # a socket timeout: connect, or a send the server never read
-                        outcome, detail = Outcome.TIMEOUT, f"{_describe(exc)}: timed out (connect limit {connect:.1f}s)"
-                    else:
-                        outcome, detail = Outcome.CONNECTION_ERROR, _describe(exc)
+                    outcome, detail = self._failure(exc, watchdog, limit, connect)
                     raise CallFailed(outcome, detail, retryable=True) from None
-                if watchdog.expired:  # a body without a length "ends" when its socket is shut down
-                    outcome, detail = Outcome.TIMEOUT, f"no complete response within {limit:.1f}s"
+                except CallFailed as failure:
+                    outcome, detail = failure.outcome, failure.detail
+                    raise
+                if watchdog.fired:  # a body without a length "ends" when its socket is shut down
+                    outcome, detail = self._failure(None, watchdog, limit, connect)
                     raise CallFailed(outcome, detail, retryable=True)
-            status = reply.status_code
             if 300 <= status < 400:  # the Location is not quoted: it may carry a token of its own
-                outcome, detail = "http_error", f"HTTP {status} redirect, not followed"
+                outcome, detail = Outcome.HTTP_ERROR, f"HTTP {status} redirect, not followed"
                 raise CallFailed(outcome, detail, status=status)
             if status >= 400:
                 outcome, detail = Outcome.HTTP_ERROR, f"HTTP {status}"
@@ -344,6 +285,9 @@ class BudgetedHTTP:
                 outcome, detail = Outcome.BAD_RESPONSE, f"malformed JSON from the provider ({exc})"[:200]
                 raise CallFailed(outcome, detail, status=status, body=content[:4000].decode("utf-8", "replace"))
             return Response(status=status, data=data, headers=dict(reply.headers))
+        except CallCancelled:
+            outcome, detail = Outcome.CANCELLED, "stopped during the call"
+            raise
         finally:
             duration = time.monotonic() - started
             logger.info(
@@ -356,6 +300,62 @@ class BudgetedHTTP:
             )
             record_call(self.recorder, "model", self.name, outcome, attempt=attempt, started_offset=started_offset,
                         timeout=limit, remaining_before=remaining, duration=duration, status_code=status, detail=detail)
+
+    @staticmethod
+    def _failure(exc, watchdog, limit, connect):
+        """``(outcome, detail)`` for an attempt whose sockets failed (``exc``) or were shut down.
+        Raises ``CallCancelled`` when the watchdog shut them because the turn was stopped."""
+        if watchdog.cancelled:
+            raise CallCancelled()
+        if watchdog.expired:
+            return Outcome.TIMEOUT, f"no complete response within {limit:.1f}s"
+        if _timed_out(exc):  # a socket timeout: connect, or a send the server never read
+            return Outcome.TIMEOUT, f"{_describe(exc)}: timed out (connect limit {connect:.1f}s)"
+        return Outcome.CONNECTION_ERROR, _describe(exc)
+
+    def _read_events(self, reply, watchdog, stream, on_text, limit, idle):
+        """Feed the reply's events to ``stream`` until its terminator; return the reply it adds up to.
+
+        A failure before any text raises ``CallFailed`` (retried like any other); after some text,
+        ``PartialReply``; a stop, ``CallCancelled`` with the text so far.
+        """
+        decoder, received = EventDecoder(), False
+        try:
+            while not stream.done:
+                chunk = reply.raw.read1(65536)  # what has arrived, without waiting for more
+                if not chunk:
+                    raise StreamError("bad_response", "the stream ended before its last event")
+                for event, data in decoder.feed(chunk):
+                    added = stream.feed(event, data)
+                    if added:
+                        received = True
+                        on_text(added)
+                    if stream.done:
+                        break
+            return stream.reply()
+        except (StreamError, requests.RequestException, urllib3_exceptions.HTTPError, OSError) as exc:
+            if watchdog.cancelled:
+                raise CallCancelled(stream.reply() if received else None) from None
+            if isinstance(exc, StreamError):
+                outcome, detail, code = Outcome.BAD_RESPONSE, exc.detail, exc.code
+            elif watchdog.expired:
+                outcome, detail, code = Outcome.TIMEOUT, f"the stream did not end within {limit:.1f}s", ""
+            elif _timed_out(exc):
+                outcome, detail, code = Outcome.TIMEOUT, f"no event for {idle:.1f}s", ""
+            else:
+                outcome, detail, code = Outcome.CONNECTION_ERROR, f"the stream broke off: {_describe(exc)}", ""
+            if received:
+                raise PartialReply(stream.reply(), outcome, detail) from None
+            # An error event naming an outage may be retried, like the same error as a status; a
+            # malformed stream may not (the next would most likely be malformed too).
+            retryable = code in ("unavailable", "rate_limited", "timeout") or not isinstance(exc, StreamError)
+            raise CallFailed(outcome, detail, status=200, retryable=retryable, code=code) from None
+        finally:
+            reply.close()
+
+
+def _is_event_stream(reply):
+    return reply.headers.get("Content-Type", "").split(";")[0].strip().lower() == "text/event-stream"
 
 
 def _timed_out(exc):

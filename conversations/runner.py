@@ -3,9 +3,15 @@
 ``TurnRunner.run()`` calls the model, runs the tools it asks for, and after every model or
 tool round-trip saves the new transcript rows and publishes the turn's state (``done:
 false``); ``finish()`` writes the final state (``done: true``) to the database and the cache.
+While a reply streams, its growing text is published at most every ``PUBLISH_INTERVAL``, to
+the cache only, as a last message marked ``"streaming": true`` (no id yet); the row is saved
+when the call ends. A Stop shuts the call in flight (see ``watchdog.Watchdog``); the text
+shown so far is kept.
 """
 
+import inspect
 import logging
+import time
 
 from django.db import DatabaseError, transaction
 from django.db.models import Q
@@ -15,11 +21,12 @@ from redis.exceptions import RedisError
 
 from . import state
 from .budget import BudgetExhausted
-from .http import BudgetedHTTP, ensure_call_budget
+from .http import BudgetedHTTP, CallCancelled, ensure_call_budget
 from .models import CallRecord, Conversation, Message, Turn
 from .providers import ProviderError, get_provider_class
 from .tools import ToolContext, load_tools, run_tool
-from .types import ChatMessage, Outcome, ToolCall, ToolResult, record_call
+from .history import chat_message, trim_history
+from .types import ChatMessage, Outcome, ToolResult, record_call
 
 logger = logging.getLogger("conversations.runner")
 
@@ -33,87 +40,12 @@ def step_limit_message(steps):
         "steps": steps}
 
 
+def cut_short_message():
+    return _("The answer was cut short: the connection to the AI service broke off. Please ask again to continue.")
+
+
 def length_message():
     return _("The answer was cut short because it reached the length limit.")
-
-
-def chat_message(row):
-    """A ``Message`` row as a ``ChatMessage`` for a provider."""
-    return ChatMessage(
-        role=row.role,
-        content=row.content,
-        tool_calls=[ToolCall(c["id"], c["name"], c.get("arguments") or {}) for c in (row.tool_calls or [])],
-        tool_call_id=row.tool_call_id,
-        name=row.tool_name,
-        is_error=row.is_error,
-    )
-
-
-def _size(message):
-    return len(message.content) + sum(len(str(c.arguments)) + len(c.name) for c in message.tool_calls)
-
-
-def interrupted_message():
-    return "Error: this tool call was not run (the turn ended first)."
-
-
-def _paired(messages):
-    """``messages`` with every tool call answered by exactly one result right after it.
-
-    A turn that was cancelled or ran out of time between a tool call and its result leaves a
-    call without a result (or, rarer, a result without its call) in the transcript; both APIs
-    refuse such a history, so a missing result becomes an error result and a stray one goes.
-    """
-    paired, pending = [], {}
-    for message in messages:
-        if message.role == "tool":
-            if message.tool_call_id in pending:
-                pending.pop(message.tool_call_id)
-                paired.append(message)
-            continue
-        paired += _answer(pending)
-        pending = {}
-        paired.append(message)
-        if message.role == "assistant":
-            pending = {c.id: c for c in message.tool_calls}
-    return paired + _answer(pending)
-
-
-def _answer(pending):
-    return [ChatMessage(role="tool", content=interrupted_message(), tool_call_id=c.id, name=c.name, is_error=True)
-            for c in pending.values()]
-
-
-def trim_history(messages, max_chars):
-    """Called before each model call: the newest ``messages`` that fit in ``max_chars``.
-
-    Leading system messages are always kept and count against ``max_chars``. The rest is cut
-    into exchanges, each a user message with the assistant messages and tool results that
-    followed it, and the oldest exchanges are dropped first: a tool call and its result always
-    go (or stay) together, and the conversation always starts with a user message (Anthropic
-    requires it). The last exchange — the question being answered and the steps taken for it
-    so far — is always kept whole, even when it alone is larger than the budget.
-    """
-    head = 0
-    while head < len(messages) and messages[head].role == "system":
-        head += 1
-    system, messages = list(messages[:head]), messages[head:]
-    max_chars -= sum(_size(m) for m in system)
-    exchanges = []
-    for message in _paired(messages):
-        if message.role == "user" or not exchanges:
-            exchanges.append([message])
-        else:
-            exchanges[-1].append(message)
-    sizes = [sum(_size(m) for m in exchange) for exchange in exchanges]
-    total, start = sum(sizes), 0
-    while start < len(exchanges) - 1 and total > max_chars:
-        total -= sizes[start]
-        start += 1
-    kept = [m for exchange in exchanges[start:] for m in exchange]
-    while kept and kept[0].role != "user" and any(m.role == "user" for m in kept):
-        kept.pop(0)  # only an unanswerable transcript (no user message at all) keeps its head
-    return system + kept
 
 
 class TurnRunner:
@@ -136,9 +68,12 @@ class TurnRunner:
         self.http = None
         if provider is None:
             cls = get_provider_class(config["PROVIDER"])
-            self.http = BudgetedHTTP(self.budget, config, recorder=self.record, turn_id=str(turn.id))
+            self.http = BudgetedHTTP(self.budget, config, recorder=self.record, turn_id=str(turn.id),
+                                     cancelled=self.cancelled)
             provider = cls(config, http=self.http, budget=self.budget)
         self.provider = provider
+        # A provider written before streaming existed takes no on_text: it is called as it expects.
+        self.provider_streams = "on_text" in inspect.signature(provider.complete).parameters
         # Every model call of the turn, attempted or skipped, is recorded under this one name.
         self.model_name = getattr(provider, "model", "") or provider.name
         if self.http is not None:
@@ -146,6 +81,8 @@ class TurnRunner:
         self.earlier, self.rows = self.transcript()
         self.pending_records = []
         self.finished = False
+        self.streamed = None  # the pieces of the reply streaming now, or None between calls
+        self.streamed_at = 0.0  # when its growing text was last published (time.monotonic)
 
     # -- records -------------------------------------------------------------------------
 
@@ -177,6 +114,48 @@ class TurnRunner:
         data = state.state_from_db(self.turn, self.rows)
         data["done"] = done
         return self.publisher(data)
+
+    def on_text(self, piece):
+        """Called with each piece of a streamed reply's text: publish the growing answer, at most
+        every ``PUBLISH_INTERVAL`` seconds. Cache only; a failed publish never stops the stream."""
+        self.streamed.append(piece)
+        now = time.monotonic()
+        if now - self.streamed_at < self.config["PUBLISH_INTERVAL"]:
+            return
+        self.streamed_at = now
+        data = state.state_from_db(self.turn, self.rows)
+        data["messages"].append({"id": None, "role": Message.Role.ASSISTANT, "content": "".join(self.streamed),
+                                 "streaming": True})
+        try:
+            self.publisher(data)
+        except (RedisError, OSError):
+            logger.warning("Could not publish the growing answer of turn %s", self.turn.id, exc_info=True)
+
+    def call_model(self, messages, tools):
+        """One model call, its text streamed to ``on_text`` as it is written. Returns the
+        ``ModelReply``; ``CallCancelled`` (its ``reply`` the text so far, or None) on a Stop."""
+        if not self.provider_streams:
+            return self.provider.complete(messages, tools)
+        self.streamed, self.streamed_at = [], time.monotonic()
+        reply = self.provider.complete(messages, tools, on_text=self.on_text)
+        self.streamed = None  # left set when the call raised: finish() keeps the text shown
+        return reply
+
+    def save_reply(self, reply):
+        """Count the call and save its reply as this round-trip's assistant message; returns the row."""
+        self.count_model_call(reply)
+        return self.save_step(["model_calls", "input_tokens", "output_tokens"], role=Message.Role.ASSISTANT,
+                              content=reply.text, tool_calls=[c.as_dict() for c in reply.tool_calls])
+
+    def save_streamed(self):
+        """The text of a reply that was streaming when the turn ended another way (a job timeout,
+        an unreadable reply), saved as its assistant message so the visitor keeps what they saw;
+        returns the row, or None. Call inside the final write's transaction."""
+        if not self.streamed:
+            return None
+        self.turn.model_calls += 1
+        return Message.objects.create(conversation_id=self.turn.conversation_id, turn=self.turn,
+                                      role=Message.Role.ASSISTANT, content="".join(self.streamed))
 
     def refresh_owner(self):
         """Read the conversation's owner again before a publish: a visitor who logs in while the
@@ -252,8 +231,9 @@ class TurnRunner:
         """The model/tool round-trips. Returns ``(status, error)`` for the final write.
 
         Before every model call: the cancel flag, then the budget (a call that could not get
-        ``MIN_CALL_BUDGET`` seconds is skipped, raising ``BudgetExhausted``). Before every tool:
-        the cancel flag. After every round-trip: the new rows are published.
+        ``MIN_CALL_BUDGET`` seconds is skipped, raising ``BudgetExhausted``); during it, a Stop
+        shuts the call. Before every tool: the cancel flag. After every round-trip: the new rows
+        are published.
         """
         cfg = self.config
         history = self.history()
@@ -263,12 +243,18 @@ class TurnRunner:
                 return Turn.Status.CANCELLED, None
             ensure_call_budget(self.budget, cfg["MIN_CALL_BUDGET"], turn_id=str(self.turn.id), name=self.model_name,
                                recorder=self.record)
-            reply = self.provider.complete(trim_history(history, cfg["HISTORY_MAX_CHARS"]), tools)
-            self.count_model_call(reply)
-            row = self.save_step(["model_calls", "input_tokens", "output_tokens"], role=Message.Role.ASSISTANT,
-                                 content=reply.text, tool_calls=[c.as_dict() for c in reply.tool_calls])
+            try:
+                reply = self.call_model(trim_history(history, cfg["HISTORY_MAX_CHARS"]), tools)
+            except CallCancelled as stop:
+                self.streamed = None
+                if getattr(stop, "reply", None) is not None and stop.reply.text:  # what the visitor saw stays
+                    self.save_reply(stop.reply)
+                return Turn.Status.CANCELLED, None
+            row = self.save_reply(reply)
             history.append(chat_message(row))
             self.publish()
+            if reply.finish == "cut":
+                return Turn.Status.INCOMPLETE, cut_short_message()
             if reply.finish == "length":
                 return Turn.Status.INCOMPLETE, length_message()
             if reply.finish == "refused":
@@ -342,8 +328,12 @@ class TurnRunner:
         try:
             with transaction.atomic():
                 self.save_records()
+                shown = self.save_streamed()
                 turn.save(update_fields=["status", "error", "finished_at", "margin_left", "model_calls",
                                          "tool_calls", "input_tokens", "output_tokens"])
+            if shown is not None:
+                self.rows.append(shown)
+                self.streamed = None
         except DatabaseError:
             logger.exception("Could not save the final state of turn %s", turn.id)
         except BaseException as exc:  # noqa: BLE001 - re-raised below

@@ -58,9 +58,12 @@ class EventDecoder:
             event = self._line(line)
             if event is not None:
                 events.append(event)
-        if len(self._buffer) + self._size > self.max_event_bytes:
-            raise StreamError("bad_response", f"an event of more than {self.max_event_bytes} bytes")
+        self._check_size(len(self._buffer))
         return events
+
+    def _check_size(self, pending):
+        if self._size + pending > self.max_event_bytes:
+            raise StreamError("bad_response", f"an event of more than {self.max_event_bytes} bytes")
 
     def _line_end(self):
         """``(index, length)`` of the first line terminator (CRLF, LF or CR), or None."""
@@ -86,6 +89,7 @@ class EventDecoder:
         if name == "data":
             self._data.append(value)
             self._size += len(value)
+            self._check_size(0)
         elif name == "event":
             self._event = value
         return None

@@ -166,7 +166,24 @@ def finalize(turn, status, error):
     turn.refresh_from_db()
     if not updated and not turn.done:
         return None
+    if updated:
+        keep_streamed_text(turn)
     return state.publish(state.state_from_db(turn))
+
+
+def keep_streamed_text(turn):
+    """A work horse that died while a reply streamed left that text only in the cached state,
+    as its last message (``"streaming": true``): save it as the turn's assistant message, so
+    the visitor keeps what they saw and the transcript has it. Returns the row, or None."""
+    try:
+        cached = state.read(turn.id) or {}
+    except RedisError:
+        return None
+    last = (cached.get("messages") or [{}])[-1]
+    if not (last.get("streaming") and last.get("content")):
+        return None
+    return Message.objects.create(conversation_id=turn.conversation_id, turn=turn, role=Message.Role.ASSISTANT,
+                                  content=last["content"])
 
 
 def end_unqueued(turn):

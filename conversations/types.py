@@ -18,6 +18,7 @@ class Outcome(TextChoices):
     CONNECTION_ERROR = "connection_error", _("connection error")
     BAD_RESPONSE = "bad_response", _("bad response")
     SKIPPED = "skipped", _("skipped")
+    CANCELLED = "cancelled", _("stopped")
     ERROR = "error", _("error")
 
 
@@ -98,10 +99,12 @@ class ModelReply:
     """What one model call produced.
 
     ``finish`` is ``"stop"`` (a final answer), ``"tool_calls"`` (run them and call again),
-    ``"length"`` (cut off by the output limit) or ``"refused"`` (content filter / refusal).
+    ``"length"`` (cut off by the output limit), ``"refused"`` (content filter / refusal) or
+    ``"cut"`` (a streamed reply that broke off: ``text`` is what had arrived, ``cut_reason`` why).
     """
 
     text: str = ""
     tool_calls: list = field(default_factory=list)
     finish: str = "stop"
     usage: Usage | None = None
+    cut_reason: str = ""

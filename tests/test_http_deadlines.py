@@ -14,7 +14,8 @@ import time
 import pytest
 
 from conversations.budget import Budget, BudgetExhausted
-from conversations.http import SKIPPED_MESSAGE, BudgetedHTTP, CallFailed, _Watchdog, new_session
+from conversations.http import SKIPPED_MESSAGE, BudgetedHTTP, CallFailed
+from conversations.watchdog import Watchdog, new_session
 from tests.fakes import (
     FakeProvider, SilentListener, cut_short_then_stall, full_accept_queue, hang, malformed_json, never_read,
     openai_text, refused_url, reset_mid_body, retry_after, retry_after_date, retry_after_ms, trickle_body,
@@ -111,7 +112,7 @@ def test_watchdog_shutdown_wakes_a_blocked_send():
         sock.settimeout(None)
         sock.sendall(b"POST /v1 HTTP/1.1\r\nHost: x\r\nContent-Length: 67108864\r\n\r\n")
         started = time.monotonic()
-        with _Watchdog(0.5) as watchdog, pytest.raises(OSError):
+        with Watchdog(0.5) as watchdog, pytest.raises(OSError):
             watchdog.watch(sock)
             sock.sendall(b"x" * (64 << 20))
         elapsed = time.monotonic() - started
@@ -123,7 +124,7 @@ def test_watchdog_shutdown_wakes_a_blocked_receive():
     with SilentListener() as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.settimeout(None)
         started = time.monotonic()
-        with _Watchdog(0.5) as watchdog:
+        with Watchdog(0.5) as watchdog:
             watchdog.watch(sock)
             assert sock.recv(1) == b""  # woken by shutdown(), as if the peer had closed
         elapsed = time.monotonic() - started

@@ -30,7 +30,9 @@ def fake(conversations_settings):
         conversations_settings.update(PROVIDER="anthropic", BASE_URL=f"http://127.0.0.1:{server.port}",
                                       API_KEY=KEY, MODEL="claude-test", SYSTEM_PROMPT="Be brief.", MAX_TOKENS=321,
                                       # One attempt, so that each test sees the reply it scripted, not a retry's.
-                                      MAX_ATTEMPTS=1)
+                                      MAX_ATTEMPTS=1,
+                                      # The unstreamed wire format; tests/test_streamed_calls.py has the streamed one.
+                                      STREAM=False)
         yield server
 
 

@@ -35,7 +35,9 @@ def fake(conversations_settings):
         conversations_settings.update(PROVIDER="openai", BASE_URL=server.url, API_KEY=KEY, MODEL="gpt-test",
                                       SYSTEM_PROMPT="Be brief.",
                                       # One attempt, so that each test sees the reply it scripted, not a retry's.
-                                      MAX_ATTEMPTS=1)
+                                      MAX_ATTEMPTS=1,
+                                      # The unstreamed wire format; tests/test_streamed_calls.py has the streamed one.
+                                      STREAM=False)
         yield server
 
 

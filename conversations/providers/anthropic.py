@@ -7,6 +7,7 @@ results travel as ``tool_result`` blocks in a user message, and the first messag
 user's.
 """
 
+from ..streaming import AnthropicStream
 from ..types import ModelReply, ToolCall, Usage
 from .base import BaseProvider, ProviderError, redact
 
@@ -85,8 +86,13 @@ class AnthropicProvider(BaseProvider):
                 message["content"] = content[0]["text"]  # the plain form, as most examples show it
         return wire
 
-    def complete(self, messages, tools):
-        return self.post(self.url(), self.payload(messages, tools), self.headers(), self.parse)
+    stream_class = AnthropicStream
+
+    def complete(self, messages, tools, on_text=None):
+        payload = self.payload(messages, tools)
+        if self.streams(on_text):
+            payload["stream"] = True
+        return self.post(self.url(), payload, self.headers(), self.parse, on_text)
 
     def parse(self, data):
         """A Messages reply as a ``ModelReply``: text blocks joined, ``tool_use`` blocks as calls."""
@@ -137,6 +143,8 @@ class AnthropicProvider(BaseProvider):
         if kind == "request_too_large" or status == 413 or "prompt is too long" in lowered \
                 or "context window" in lowered or "context length" in lowered:
             return ProviderError("context_length", detail)
+        if status == 400 and "stream" in lowered:
+            return ProviderError("stream_refused", detail)
         if kind == "rate_limit_error":
             return ProviderError("rate_limited", detail)
         if kind in ("overloaded_error", "api_error"):

@@ -7,13 +7,14 @@ one vendor's wire format. It makes its HTTP calls through ``self.post()`` (the t
 failures to ``ProviderError``.
 """
 
+import dataclasses
 import logging
 import re
 from urllib.parse import urlsplit, urlunsplit
 
 from django.utils.translation import gettext_lazy as _
 
-from ..http import CallFailed
+from ..http import CallCancelled, CallFailed, PartialReply
 from ..types import Outcome
 
 logger = logging.getLogger("conversations.providers")
@@ -24,7 +25,7 @@ class ProviderError(Exception):
 
     ``code`` names the kind (``auth``, ``unknown_model``, ``context_length``, ``refused``,
     ``bad_response``, ``rate_limited``, ``unavailable``, ``timeout``, ``connection``,
-    ``bad_request``, ``redirected``); ``message`` is a sentence for the visitor (it becomes the turn's error);
+    ``bad_request``, ``redirected``, ``stream_refused``); ``message`` is a sentence for the visitor (it becomes the turn's error);
     ``detail`` is for the operator's log. Neither may contain a secret: build ``detail`` with
     ``redact()`` when it quotes the provider.
     """
@@ -40,6 +41,7 @@ class ProviderError(Exception):
         "timeout": _("The AI service took too long to answer. Please try again."),
         "connection": _("The assistant could not reach the AI service. Please try again later."),
         "bad_request": _("The AI service rejected the request. Please try again or start a new conversation."),
+        "stream_refused": _("The assistant is not set up correctly: the AI service would not stream its answer."),
         "redirected": _("The assistant is not set up correctly: the AI service's address answered with a "
                         "redirect (HTTP %(status)s), which is not followed."),
     }
@@ -103,30 +105,57 @@ class BaseProvider:
         parts = urlsplit(self.config.get("BASE_URL") or self.default_base_url)
         return urlunsplit((parts.scheme, parts.netloc, path_for(parts.path.rstrip("/")), parts.query, ""))
 
-    def complete(self, messages, tools):
+    def complete(self, messages, tools, on_text=None):
         """Called once per model round-trip with ``messages`` (``ChatMessage`` list, the history
         already trimmed, possibly starting with a ``system`` message) and ``tools`` (``Tool`` list).
+        ``on_text(text)``, when given, wants each piece of the answer's text as it is written
+        (``streams()`` says whether to ask for a stream).
 
-        Returns a ``ModelReply``. Raises ``ProviderError`` for failures, ``BudgetExhausted``
-        when no call could be started in the time left.
+        Returns a ``ModelReply`` (``finish="cut"`` when a stream broke off after some text).
+        Raises ``ProviderError`` for failures, ``BudgetExhausted`` when no call could be started
+        in the time left, ``CallCancelled`` (with ``.reply``, the text so far or None) when the
+        turn was stopped during the call.
         """
         raise NotImplementedError(".complete() must be overridden")
 
-    def post(self, url, payload, headers, parse):
-        """POST ``payload`` through the turn's ``BudgetedHTTP`` and return ``parse(data)``.
+    # The accumulator (conversations.streaming) for this API's streamed replies; None: no streaming.
+    stream_class = None
+
+    def streams(self, on_text):
+        """Whether to ask for a stream: the provider can, ``STREAM`` allows it, and someone listens."""
+        return self.stream_class is not None and on_text is not None and bool(self.config["STREAM"])
+
+    def post(self, url, payload, headers, parse, on_text=None):
+        """POST ``payload`` through the turn's ``BudgetedHTTP`` and return ``parse(data)``; streamed
+        (``post_stream``) when ``streams(on_text)``, the payload then asking for it.
 
         A failed call becomes the ``ProviderError`` from ``error_from_failure()``; a reply that
         ``parse`` cannot read (a missing key, a wrong type) becomes ``bad_response``. Both are
-        logged for the operator, without the key.
+        logged for the operator, without the key. A stream that broke off after some text gives
+        that text as a ``"cut"`` reply, without its unfinished tool calls.
         """
         try:
-            response = self.http.post_json(url, payload, headers)
+            if self.streams(on_text):
+                response = self.http.post_stream(url, payload, headers, self.stream_class(), on_text)
+            else:
+                response = self.http.post_json(url, payload, headers)
         except CallFailed as failure:
             error = self.error_from_failure(failure)
             logger.error("%s call failed (%s): %s", self.name, error.code, error.detail)
             raise error from None
+        except PartialReply as cut:
+            logger.error("%s stream cut short: %s", self.name, cut.detail)
+            reply = self.parse_reply(parse, cut.data)
+            return dataclasses.replace(reply, tool_calls=[], finish="cut", cut_reason=cut.detail)
+        except CallCancelled as stop:
+            stop.reply = self.parse_reply(parse, stop.data) if stop.data is not None else None
+            raise
+        return self.parse_reply(parse, response.data)
+
+    def parse_reply(self, parse, data):
+        """``parse(data)``; an unreadable reply becomes ``bad_response`` (logged)."""
         try:
-            return parse(response.data)
+            return parse(data)
         except ProviderError as error:
             logger.error("%s reply unusable (%s): %s", self.name, error.code, error.detail)
             raise
@@ -141,6 +170,8 @@ class BaseProvider:
         Called by ``post()``; providers override it to read their own error bodies and fall
         back to this mapping by status code.
         """
+        if failure.code:  # an error event in a stream names its kind
+            return ProviderError(failure.code, failure.detail)
         if failure.outcome == Outcome.TIMEOUT:
             return ProviderError("timeout", failure.detail)
         if failure.outcome == Outcome.CONNECTION_ERROR:

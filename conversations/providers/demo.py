@@ -4,15 +4,17 @@ It recognises questions its tools can serve (the demo site's ``current_time`` an
 ``search_faq``), asks for those tools, several at once when a question asks several things,
 and answers from their results, errors included; otherwise it says what it is and what it can
 do — naming only the questions its tools can answer, and saying so when the site gives it none.
-It pauses ``DEMO_DELAY`` seconds per reply (never past the turn's budget) so the widget shows
-each step land. Each reply is recorded as one provider call attempt, as the HTTP providers'
-attempts are, so the admin's timeline shows where the turn's time went.
+It takes ``DEMO_DELAY`` seconds per reply (never past the turn's budget) so the widget shows
+each step land, and streams its answers word by word over that time, as a real model would
+(``STREAM``). Stop ends it at once. Each reply is recorded as one provider call attempt, as
+the HTTP providers' attempts are, so the admin's timeline shows where the turn's time went.
 """
 
 import re
 import time
 
-from ..types import ModelReply, ToolCall, Usage
+from ..http import CallCancelled
+from ..types import ModelReply, Outcome, ToolCall, Usage, record_call
 from .base import BaseProvider
 
 CITIES = ("london", "paris", "madrid", "new york", "tokyo", "sydney", "berlin", "buenos aires", "mexico city",
@@ -38,23 +40,52 @@ class DemoProvider(BaseProvider):
     default_model = "demo"
     sleep = staticmethod(time.sleep)
 
-    def complete(self, messages, tools):
-        """Reply offline, and record the reply as one call attempt (outcome ``ok``) with the
-        recorder the turn's ``BudgetedHTTP`` holds, when there is one."""
-        if self.budget is None or self.http is None or self.http.recorder is None:
-            return self.reply(messages, tools)
-        started_offset, remaining = self.budget.elapsed(), self.budget.remaining()
-        limit = self.budget.call_timeout(self.config.get("CALL_TIMEOUT", remaining))
-        started = time.monotonic()
+    def streams(self, on_text):
+        return on_text is not None and bool(self.config["STREAM"])
+
+    def complete(self, messages, tools, on_text=None):
+        """Reply offline (streamed to ``on_text`` when ``streams()``), and record the reply as one
+        call attempt with the recorder the turn's ``BudgetedHTTP`` holds, when there is one."""
         reply = self.reply(messages, tools)
-        self.http.recorder(kind="model", name=self.http.name or self.model, attempt=1, started_offset=started_offset,
-                           timeout=limit, remaining_before=remaining, duration=time.monotonic() - started,
-                           outcome="ok", status_code=None, detail="")
+        if self.budget is None or self.http is None:  # outside a turn: nothing to record
+            self.deliver(reply, on_text)
+            return reply
+        started_offset, remaining = self.budget.elapsed(), self.budget.remaining()
+        started, outcome = time.monotonic(), Outcome.OK
+        try:
+            self.deliver(reply, on_text)
+        except CallCancelled:
+            outcome = Outcome.CANCELLED
+            raise
+        finally:
+            record_call(self.http.recorder, "model", self.http.name or self.model, outcome,
+                        started_offset=started_offset, remaining_before=remaining,
+                        timeout=self.budget.call_timeout(self.config["CALL_TIMEOUT"]),
+                        duration=time.monotonic() - started)
         return reply
+
+    def deliver(self, reply, on_text):
+        """Take ``DEMO_DELAY`` (never past the budget), handing the answer's words to ``on_text``
+        one by one over that time when streaming; ``CallCancelled`` when the turn is stopped."""
+        delay = float(self.config["DEMO_DELAY"])
+        if delay and self.budget is not None:
+            delay = min(delay, max(0.0, self.budget.remaining() - 1))
+        pieces = re.findall(r"\S+\s*|\s+", reply.text) if reply.text and self.streams(on_text) else []
+        steps = max(1, len(pieces))
+        sent = ""
+        for number in range(steps):
+            if self.http is not None and self.http.cancelled is not None and self.http.cancelled():
+                stop = CallCancelled()
+                stop.reply = ModelReply(text=sent, finish="cut") if sent else None
+                raise stop
+            if delay:
+                self.sleep(delay / steps)
+            if pieces:
+                sent += pieces[number]
+                on_text(pieces[number])
 
     def reply(self, messages, tools):
         """The ``ModelReply`` to ``messages``: tool calls, an answer from tool results, or an answer about itself."""
-        self.pause()
         available = {t.name for t in tools}
         last_user = next((m for m in reversed(messages) if m.role == "user"), None)
         question = last_user.content if last_user else ""
@@ -75,13 +106,6 @@ class DemoProvider(BaseProvider):
             reply = self.about_me(question, available)
         usage.output_tokens = len(reply) // 4
         return ModelReply(text=reply, finish="stop", usage=usage)
-
-    def pause(self):
-        delay = float(self.config.get("DEMO_DELAY", 0))
-        if delay and self.budget is not None:
-            delay = min(delay, max(0.0, self.budget.remaining() - 1))
-        if delay:
-            self.sleep(delay)
 
     def plan(self, question, available, step=1):
         """The tool calls a question asks for (possibly several), or [] to answer directly."""

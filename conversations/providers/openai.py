@@ -10,6 +10,7 @@ or in ``api-key`` for Azure (an Azure host, or a URL with ``api-version``).
 import json
 from urllib.parse import urlsplit
 
+from ..streaming import OpenAIStream
 from ..types import ModelReply, ToolCall, Usage
 from .base import BaseProvider, ProviderError, redact
 
@@ -67,8 +68,13 @@ class OpenAIProvider(BaseProvider):
             }
         return {"role": message.role, "content": message.content}
 
-    def complete(self, messages, tools):
-        return self.post(self.url(), self.payload(messages, tools), self.headers(), self.parse)
+    stream_class = OpenAIStream
+
+    def complete(self, messages, tools, on_text=None):
+        payload = self.payload(messages, tools)
+        if self.streams(on_text):
+            payload.update(stream=True, stream_options={"include_usage": True})
+        return self.post(self.url(), payload, self.headers(), self.parse, on_text)
 
     def parse(self, data):
         """A Chat Completions reply as a ``ModelReply``; ``bad_response`` if it has no message."""
@@ -129,5 +135,7 @@ class OpenAIProvider(BaseProvider):
             return ProviderError("refused", detail)
         if code == "invalid_api_key" or status in (401, 403):
             return ProviderError("auth", detail)
+        if status == 400 and (error.get("param") in ("stream", "stream_options") or "stream" in lowered):
+            return ProviderError("stream_refused", detail)
         fallback = super().error_from_failure(failure)
         return ProviderError(fallback.code, detail)

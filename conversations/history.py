@@ -1,0 +1,85 @@
+"""What the model is sent: transcript rows as ``ChatMessage``s, and the history trimmed to fit.
+
+Called by the runner before each model call; no database or network access here.
+"""
+
+from .types import ChatMessage, ToolCall
+
+
+def chat_message(row):
+    """A ``Message`` row as a ``ChatMessage`` for a provider."""
+    return ChatMessage(
+        role=row.role,
+        content=row.content,
+        tool_calls=[ToolCall(c["id"], c["name"], c.get("arguments") or {}) for c in (row.tool_calls or [])],
+        tool_call_id=row.tool_call_id,
+        name=row.tool_name,
+        is_error=row.is_error,
+    )
+
+
+def _size(message):
+    return len(message.content) + sum(len(str(c.arguments)) + len(c.name) for c in message.tool_calls)
+
+
+def interrupted_message():
+    return "Error: this tool call was not run (the turn ended first)."
+
+
+def _paired(messages):
+    """``messages`` with every tool call answered by exactly one result right after it.
+
+    A turn that was cancelled or ran out of time between a tool call and its result leaves a
+    call without a result (or, rarer, a result without its call) in the transcript; both APIs
+    refuse such a history, so a missing result becomes an error result and a stray one goes.
+    """
+    paired, pending = [], {}
+    for message in messages:
+        if message.role == "tool":
+            if message.tool_call_id in pending:
+                pending.pop(message.tool_call_id)
+                paired.append(message)
+            continue
+        paired += _answer(pending)
+        pending = {}
+        paired.append(message)
+        if message.role == "assistant":
+            pending = {c.id: c for c in message.tool_calls}
+    return paired + _answer(pending)
+
+
+def _answer(pending):
+    return [ChatMessage(role="tool", content=interrupted_message(), tool_call_id=c.id, name=c.name, is_error=True)
+            for c in pending.values()]
+
+
+def trim_history(messages, max_chars):
+    """Called before each model call: the newest ``messages`` that fit in ``max_chars``.
+
+    Leading system messages are always kept and count against ``max_chars``. The rest is cut
+    into exchanges, each a user message with the assistant messages and tool results that
+    followed it, and the oldest exchanges are dropped first: a tool call and its result always
+    go (or stay) together, and the conversation always starts with a user message (Anthropic
+    requires it). The last exchange — the question being answered and the steps taken for it
+    so far — is always kept whole, even when it alone is larger than the budget.
+    """
+    head = 0
+    while head < len(messages) and messages[head].role == "system":
+        head += 1
+    system, messages = list(messages[:head]), messages[head:]
+    max_chars -= sum(_size(m) for m in system)
+    exchanges = []
+    for message in _paired(messages):
+        if message.role == "user" or not exchanges:
+            exchanges.append([message])
+        else:
+            exchanges[-1].append(message)
+    sizes = [sum(_size(m) for m in exchange) for exchange in exchanges]
+    total, start = sum(sizes), 0
+    while start < len(exchanges) - 1 and total > max_chars:
+        total -= sizes[start]
+        start += 1
+    kept = [m for exchange in exchanges[start:] for m in exchange]
+    while kept and kept[0].role != "user" and any(m.role == "user" for m in kept):
+        kept.pop(0)  # only an unanswerable transcript (no user message at all) keeps its head
+    return system + kept

@@ -1,0 +1,173 @@
+"""The sockets of a provider call, within reach of a watchdog.
+
+``requests`` only knows per-socket-operation timeouts, and closing a socket from another thread
+does not wake a blocked ``recv``; ``shutdown()`` does, within milliseconds. So every
+connection a provider call opens (plain or TLS, new or kept alive) hands its socket to the
+attempt's ``Watchdog``, which shuts them all down when the attempt's total limit passes or
+when the turn is stopped. No SIGALRM is used: that would disarm RQ's own job-timeout alarm.
+"""
+
+import contextvars
+import socket
+import threading
+import time
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+_current_watchdog = contextvars.ContextVar("conversations_http_watchdog", default=None)
+
+
+class Watchdog:
+    """Shuts down every socket an attempt opened once ``limit`` seconds have passed, or as soon as
+    ``cancelled()`` (checked every ``poll`` seconds; None: never) says the turn was stopped.
+
+    Use as a context manager around the attempt; afterwards ``expired`` or ``cancelled`` says
+    why its sockets were shut, if they were.
+    """
+
+    poll = 0.1  # seconds between two looks at the stop flag: Stop lands within about this
+
+    def __init__(self, limit, cancelled=None):
+        self.limit = max(0.0, limit)
+        self.expired = False
+        self.cancelled = False
+        self._check_cancel = cancelled
+        self._sockets = []
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="conversations-watchdog", daemon=True)
+
+    def watch(self, sock):
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired or self.cancelled:
+                _shutdown(sock)
+
+    def _run(self):
+        deadline = time.monotonic() + self.limit
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self._fire("expired")
+            wait = left if self._check_cancel is None else min(left, self.poll)
+            if self._done.wait(wait):
+                return None
+            if self._check_cancel is not None and self._stop_requested():
+                return self._fire("cancelled")
+
+    def _stop_requested(self):
+        try:
+            return bool(self._check_cancel())
+        except Exception:  # noqa: BLE001 - an unreadable flag (Redis down) stops nothing
+            return False
+
+    def _fire(self, why):
+        with self._lock:
+            setattr(self, why, True)
+            for sock in self._sockets:
+                _shutdown(sock)
+
+    @property
+    def fired(self):
+        return self.expired or self.cancelled
+
+    def __enter__(self):
+        self._token = _current_watchdog.set(self)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        _current_watchdog.reset(self._token)
+        return False
+
+
+def _shutdown(sock):
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed, or a socket object whose descriptor moved to its TLS wrapper
+
+
+def _watch(sock):
+    watchdog = _current_watchdog.get()
+    if watchdog is not None and sock is not None:
+        watchdog.watch(sock)
+
+
+class _WatchedConnection:
+    """Hands every socket (plain, then TLS-wrapped; new or reused) to the current watchdog."""
+
+    def _new_conn(self):
+        sock = super()._new_conn()
+        _watch(sock)
+        return sock
+
+    def connect(self):
+        super().connect()
+        _watch(self.sock)
+
+    def request(self, *args, **kwargs):
+        _watch(self.sock)  # a kept-alive connection does not connect again
+        return super().request(*args, **kwargs)
+
+
+class _HTTPConnection(_WatchedConnection, HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_WatchedConnection, HTTPSConnection):
+    pass
+
+
+class _HTTPConnectionPool(HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSConnectionPool(HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
+
+
+_POOL_CLASSES = {"http": _HTTPConnectionPool, "https": _HTTPSConnectionPool}
+
+
+class WatchedAdapter(HTTPAdapter):
+    """A ``requests`` adapter whose connections report their sockets to the attempt's watchdog."""
+
+    def __init__(self):
+        super().__init__(max_retries=0)  # retries are ours, inside the budget
+
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = dict(_POOL_CLASSES)
+
+    def proxy_manager_for(self, *args, **kwargs):
+        manager = super().proxy_manager_for(*args, **kwargs)
+        manager.pool_classes_by_scheme = dict(_POOL_CLASSES)
+        return manager
+
+
+def new_session():
+    """A ``requests`` session whose sockets the watchdog can reach. It does not read the
+    environment on each call (see ``environment_settings``)."""
+    session = requests.Session()
+    session.trust_env = False
+    adapter = WatchedAdapter()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def environment_settings(url):
+    """The proxies (``HTTPS_PROXY``, ``NO_PROXY``…) and CA bundle (``REQUESTS_CA_BUNDLE``) the
+    environment sets for ``url``, as ``requests.Session.request`` keyword arguments.
+
+    ``requests`` looks these up on every call, scanning the whole environment each time, and
+    also reads ``~/.netrc``, whose credentials it would send as an ``Authorization`` header
+    over the API key's; a turn looks the environment up once per URL and never reads netrc.
+    """
+    found = requests.Session().merge_environment_settings(url, {}, None, None, None)
+    return {"proxies": found["proxies"], "verify": found["verify"]}
