@@ -56,7 +56,7 @@ def check_config(app_configs=None, **kwargs):
             hint="Make TOOL_RESERVE at least MIN_CALL_BUDGET.",
             id="conversations.W004"))
     for key in ("JOB_TIMEOUT", "DEADLINE_MARGIN", "CALL_TIMEOUT", "CONNECT_TIMEOUT", "MIN_CALL_BUDGET", "STATE_TTL",
-                "MAX_STEPS", "MAX_ATTEMPTS", "TOOL_TIMEOUT", "STALE_AFTER"):
+                "MAX_STEPS", "MAX_ATTEMPTS", "TOOL_TIMEOUT", "STALE_AFTER", "STREAM_IDLE_TIMEOUT", "PUBLISH_INTERVAL"):
         if cfg[key] <= 0:
             errors.append(Error(f"{key} must be positive (it is {cfg[key]}).", hint="Use a positive number.",
                                 id="conversations.E004"))

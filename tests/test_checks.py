@@ -71,9 +71,10 @@ def test_state_that_could_expire_while_the_turn_runs(conversations_settings):
         hint="Make STATE_TTL at least JOB_TIMEOUT.", id="conversations.E005")]
 
 
-def test_non_positive_clock(conversations_settings):
-    conversations_settings.update(STALE_AFTER=0)
-    assert check_config() == [Error("STALE_AFTER must be positive (it is 0).", hint="Use a positive number.",
+@pytest.mark.parametrize("key", ["STALE_AFTER", "STREAM_IDLE_TIMEOUT", "PUBLISH_INTERVAL"])
+def test_non_positive_clock(conversations_settings, key):
+    conversations_settings.update(**{key: 0})
+    assert check_config() == [Error(f"{key} must be positive (it is 0).", hint="Use a positive number.",
                                     id="conversations.E004")]
 
 
