@@ -74,7 +74,7 @@ def check_config(app_configs=None, **kwargs):
             f"JOB_TIMEOUT ({job}).",
             hint="Use the same value, so every clock is nested the way the deadline assumes.",
             id="conversations.E007"))
-    errors += _check_provider(cfg) + _check_tools(cfg) + _check_rates(cfg)
+    errors += _check_provider(cfg) + _check_fallbacks(cfg) + _check_tools(cfg) + _check_rates(cfg)
     if not _final_writing_worker(getattr(settings, "RQ", {}).get("WORKER_CLASS", "")):
         errors.append(Warning(
             "The RQ worker class is not conversations.worker.Worker: a killed work horse leaves its turn without "
@@ -109,6 +109,32 @@ def _check_provider(cfg):
                         hint="Set CONVERSATIONS_API_KEY (or BASE_URL for a local server that needs none).",
                         id="conversations.W002")]
     return []
+
+
+def _check_fallbacks(cfg):
+    """Each FALLBACKS entry names a provider that loads, with keys the chain knows; the reserve
+    kept for the next provider lets a call start (conversations.E013, E014)."""
+    from .fallback import ENTRY_KEYS
+    from .providers import get_provider_class
+
+    errors = []
+    for number, entry in enumerate(cfg["FALLBACKS"], start=1):
+        unknown = sorted(set(entry) - set(ENTRY_KEYS))
+        try:
+            get_provider_class(entry.get("PROVIDER", ""))
+        except (ImportError, TypeError, ValueError) as exc:
+            errors.append(Error(f"FALLBACKS entry {number} names no usable PROVIDER ({entry.get('PROVIDER')!r}): "
+                                f"{exc}", hint="Use 'demo', 'openai', 'anthropic' or the dotted path of a "
+                                               "BaseProvider subclass.", id="conversations.E013"))
+        if unknown:
+            errors.append(Error(f"FALLBACKS entry {number} has unknown keys: {', '.join(unknown)}.",
+                                hint=f"An entry takes {', '.join(ENTRY_KEYS)}.", id="conversations.E013"))
+    if cfg["FALLBACKS"] and cfg["FALLBACK_RESERVE"] < cfg["MIN_CALL_BUDGET"]:
+        errors.append(Error(
+            f"FALLBACK_RESERVE ({cfg['FALLBACK_RESERVE']}s) is smaller than MIN_CALL_BUDGET "
+            f"({cfg['MIN_CALL_BUDGET']}s): a provider that hangs would leave the next too little time to start.",
+            hint="Make FALLBACK_RESERVE at least MIN_CALL_BUDGET.", id="conversations.E014"))
+    return errors
 
 
 def _check_tools(cfg):

@@ -7,6 +7,7 @@ here: code reads ``get_config()[KEY]``, never ``.get(KEY, fallback)``.
 """
 
 import difflib
+import json
 from functools import lru_cache
 from types import MappingProxyType
 
@@ -28,6 +29,17 @@ DEFAULTS = {
     "CONNECT_TIMEOUT": 10,
     "MIN_CALL_BUDGET": 5,
     "MAX_ATTEMPTS": 3,
+    # Providers tried in order after the site's own when it is down: [{"PROVIDER", "MODEL", "BASE_URL",
+    # "API_KEY"}, …] (see conversations/fallback.py). Each but the last keeps FALLBACK_RESERVE seconds
+    # of the turn's budget back for the next; FAILOVER_ON_AUTH also moves on after a 401/403.
+    "FALLBACKS": [],
+    "FALLBACK_RESERVE": 15,
+    "FAILOVER_ON_AUTH": False,
+    # A provider failing BREAKER_FAILURES times within BREAKER_WINDOW seconds is skipped for
+    # BREAKER_COOLDOWN seconds, then probed by one call (conversations/breaker.py).
+    "BREAKER_FAILURES": 5,
+    "BREAKER_WINDOW": 60,
+    "BREAKER_COOLDOWN": 30,
     "BACKOFF_BASE": 1.0,
     "BACKOFF_MAX": 20.0,
     # Stream model replies (the visitor watches the answer being written); False for endpoints that
@@ -78,6 +90,11 @@ _LIST_KEYS = {"TOOLS"}
 
 
 def _coerce(key, value, default):
+    if key == "FALLBACKS":  # a list of dicts; from the environment, as JSON
+        entries = json.loads(value) if isinstance(value, str) else value
+        if not isinstance(entries, (list, tuple)) or not all(isinstance(e, dict) for e in entries):
+            raise ValueError(key)
+        return tuple(MappingProxyType(dict(e)) for e in entries)
     if key in _LIST_KEYS:  # a tuple, so that the shared configuration cannot be changed through it
         if isinstance(value, str):
             return tuple(item.strip() for item in value.split(",") if item.strip())
@@ -100,12 +117,14 @@ def get_config():
     tuples); ``{**get_config(), KEY: value}`` makes a changed copy.
     """
     user = getattr(settings, "CONVERSATIONS", {}) or {}
-    config = {key: tuple(value) if key in _LIST_KEYS else value for key, value in DEFAULTS.items()}
+    config = {key: tuple(value) if key in _LIST_KEYS or key == "FALLBACKS" else value
+              for key, value in DEFAULTS.items()}
     for key, value in user.items():
         try:
             config[key] = _coerce(key, value, DEFAULTS.get(key))
         except ValueError:
-            raise ValueError(f"CONVERSATIONS[{key!r}] = {value!r} is not a valid {type(DEFAULTS[key]).__name__}")
+            raise ValueError(f"CONVERSATIONS[{key!r}] = {value!r} is not a valid {type(DEFAULTS[key]).__name__}"
+                             + (" of provider dicts" if key == "FALLBACKS" else ""))
     return MappingProxyType(config)
 
 

@@ -21,9 +21,10 @@ from redis.exceptions import RedisError
 
 from . import state
 from .budget import BudgetExhausted
-from .http import BudgetedHTTP, CallCancelled, ensure_call_budget
+from .fallback import ProviderChain, build_provider
+from .http import CallCancelled, ensure_call_budget
 from .models import CallRecord, Conversation, Message, Turn
-from .providers import ProviderError, get_provider_class
+from .providers import ProviderError
 from .tools import ToolContext, load_tools, run_tool
 from .history import chat_message, trim_history
 from .types import ChatMessage, Outcome, ToolResult, record_call
@@ -65,18 +66,17 @@ class TurnRunner:
         if publisher is not None:
             self.publisher = publisher
         self.tools = load_tools(config["TOOLS"]) if tools is None else tools
-        self.http = None
+        self.https = []
         if provider is None:
-            cls = get_provider_class(config["PROVIDER"])
-            self.http = BudgetedHTTP(self.budget, config, recorder=self.record, turn_id=str(turn.id),
-                                     cancelled=self.cancelled)
-            provider = cls(config, http=self.http, budget=self.budget)
+            provider, self.https = build_provider(config, self.budget, recorder=self.record,
+                                                  cancelled=self.cancelled, turn_id=str(turn.id))
+        self.http = self.https[0] if self.https else None
         self.provider = provider
         # A provider written before streaming existed takes no on_text: it is called as it expects.
         self.provider_streams = "on_text" in inspect.signature(provider.complete).parameters
         # Every model call of the turn, attempted or skipped, is recorded under this one name.
         self.model_name = getattr(provider, "model", "") or provider.name
-        if self.http is not None:
+        if self.http is not None and not isinstance(provider, ProviderChain):
             self.http.name = self.model_name
         self.earlier, self.rows = self.transcript()
         self.pending_records = []
@@ -142,10 +142,16 @@ class TurnRunner:
         return reply
 
     def save_reply(self, reply):
-        """Count the call and save its reply as this round-trip's assistant message; returns the row."""
+        """Count the call and save its reply as this round-trip's assistant message; returns the row.
+        Through a chain of providers, the turn records the one that answered."""
         self.count_model_call(reply)
-        return self.save_step(["model_calls", "input_tokens", "output_tokens"], role=Message.Role.ASSISTANT,
-                              content=reply.text, tool_calls=[c.as_dict() for c in reply.tool_calls])
+        fields = ["model_calls", "input_tokens", "output_tokens"]
+        if isinstance(self.provider, ProviderChain):
+            answered = self.provider.answered.provider
+            self.turn.provider, self.turn.model = answered.name, getattr(answered, "model", "") or ""
+            fields += ["provider", "model"]
+        return self.save_step(fields, role=Message.Role.ASSISTANT, content=reply.text,
+                              tool_calls=[c.as_dict() for c in reply.tool_calls])
 
     def save_streamed(self):
         """The text of a reply that was streaming when the turn ended another way (a job timeout,
@@ -205,8 +211,9 @@ class TurnRunner:
         turn.job_timeout = self.clock.job_timeout
         turn.deadline_margin = self.clock.margin
         turn.deadline_at = turn.started_at + timezone.timedelta(seconds=self.budget.seconds)
-        turn.provider = self.provider.name
-        turn.model = getattr(self.provider, "model", "") or ""
+        first = self.provider.links[0].provider if isinstance(self.provider, ProviderChain) else self.provider
+        turn.provider = first.name
+        turn.model = getattr(first, "model", "") or ""
         turn.save(update_fields=["status", "started_at", "job_timeout", "deadline_margin", "deadline_at",
                                  "provider", "model"])
         self.publish()
@@ -222,8 +229,8 @@ class TurnRunner:
             logger.error("Turn %s failed: %s", self.turn.id, exc)
             status, error = Turn.Status.FAILED, exc.message
         finally:
-            if self.http is not None:
-                self.http.close()
+            for http in self.https:
+                http.close()
         self.finish(status, error)
         return self.turn
 

@@ -178,6 +178,8 @@ def worker_env(**conversations):
     for key, value in {**get_config(), **conversations}.items():
         if key == "TOOLS":
             value = ",".join(value)
+        elif key == "FALLBACKS":
+            value = json.dumps([dict(entry) for entry in value])
         env[f"CONVERSATIONS_{key}"] = str(value)
     return env
 
