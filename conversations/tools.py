@@ -66,6 +66,9 @@ class Tool:
     function: typing.Callable
     takes_context: bool = False
     timeout: float | None = None
+    # Whether running it twice for one call does no harm (it only reads, or its effect is the
+    # same): a tool a stopped worker interrupted is run again only then.
+    idempotent: bool = False
 
     @property
     def required(self):
@@ -115,8 +118,9 @@ def _schema_for(annotation):
     raise TypeError(f"unsupported tool parameter type: {annotation!r}")
 
 
-def tool(function=None, *, name=None, description=None, timeout=None):
-    """Decorator: make ``function`` a ``Tool`` (usable bare, ``@tool``, or with options, ``@tool(timeout=5)``)."""
+def tool(function=None, *, name=None, description=None, timeout=None, idempotent=False):
+    """Decorator: make ``function`` a ``Tool`` (usable bare, ``@tool``, or with options,
+    ``@tool(timeout=5, idempotent=True)``)."""
 
     def wrap(fn):
         signature = inspect.signature(fn)
@@ -145,6 +149,7 @@ def tool(function=None, *, name=None, description=None, timeout=None):
             function=fn,
             takes_context=takes_context,
             timeout=timeout,
+            idempotent=idempotent,
         )
 
     return wrap(function) if function is not None else wrap
