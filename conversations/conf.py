@@ -39,6 +39,10 @@ DEFAULTS = {
     "STATE_TTL": 600,
     # A running turn whose state has not changed for this long gets its RQ job checked by the poll view.
     "STALE_AFTER": 45,
+    # Seconds a turn may wait in the queue for a worker. A turn no worker has picked up by then is
+    # ended (failed, "not available right now") by the poll view, repair_turns or its own job,
+    # and never runs later. Keep it well under JOB_TIMEOUT: the widget gives up after that.
+    "QUEUE_WAIT": 30,
     "QUEUE": "default",
     "TOOLS": [],
     "TOOL_RESULT_MAX_CHARS": 4000,

@@ -369,12 +369,19 @@ class TurnDetailView(APIView):
 
     @staticmethod
     def is_stale(data):
-        return not data["done"] and time.time() - data.get("updated_at", 0) > get_config()["STALE_AFTER"]
+        """Whether ``data`` must be checked against the database: a state not done that has not
+        changed for ``STALE_AFTER`` seconds, or a queued one older than ``QUEUE_WAIT`` (its turn
+        may have to end unrun)."""
+        if data["done"]:
+            return False
+        cfg, age = get_config(), time.time() - data.get("updated_at", 0)
+        return age > cfg["STALE_AFTER"] or (data["status"] == Turn.Status.QUEUED and age > cfg["QUEUE_WAIT"])
 
     def rebuild(self, request, user, conversation_id, turn_id, cached):
         """For a missing or stale ``cached`` state: 404 unless the caller owns the turn; end the
-        turn if its job died; else the cached state, or one rebuilt from the database when there
-        is none or the row says the turn ended and the cache does not (a write the cache missed)."""
+        turn if no worker picked it up within ``QUEUE_WAIT`` or its job died; else the cached
+        state, or one rebuilt from the database when there is none or the row says the turn
+        ended and the cache does not (a write the cache missed)."""
         conversation = owned_conversation(request, conversation_id, user=user)
         turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)
         repaired = turns.repair(turn)
