@@ -28,6 +28,7 @@ from ..owners import owned_filter, owner_matches, owner_token, owns_state, stamp
 from . import serializers
 from .authentication import CsrfSessionAuthentication
 from .parsers import LimitedJSONParser, check_content_length
+from .sessions import UNAVAILABLE_ERRORS, check_session_store, save_session
 from .throttling import ConversationIPThrottle, ConversationOwnerThrottle, TurnIPThrottle, TurnOwnerThrottle
 
 logger = logging.getLogger("conversations.api")
@@ -71,6 +72,8 @@ NOT_FOUND = OpenApiResponse(ERROR, description="Not found, or not yours (the API
 CSRF_FAILED = OpenApiResponse(ERROR, description="CSRF check failed: send the csrftoken cookie and X-CSRFToken.")
 TOO_LARGE = OpenApiResponse(ERROR, description="The body is larger than MAX_REQUEST_BYTES; it was not read.")
 NOT_JSON = OpenApiResponse(ERROR, description="The body is not application/json.")
+UNAVAILABLE = OpenApiResponse(ERROR, description="Redis (the cache, the sessions kept there, or the queue) is "
+                                                 "unreachable; nothing was changed. Try again later.")
 CONVERSATION_ID = OpenApiParameter("conversation_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 TURN_ID = OpenApiParameter("turn_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 RETRY_AFTER = OpenApiParameter("Retry-After", OpenApiTypes.INT, OpenApiParameter.HEADER, response=[429],
@@ -110,7 +113,30 @@ def owned_conversation(request, conversation_id, *, for_update=False, user=None)
     return get_object_or_404(queryset, pk=conversation_id)
 
 
-class ConversationAPIView(APIView):
+class RedisDownMixin:
+    """An unreachable Redis answers 503 ``{"detail": "<sentence>"}`` from every API view, never
+    Django's HTML 500: errors raised in the view (throttle history, live states, the queue) are
+    turned into a ``ServiceUnavailable``; a session kept in the cache is checked before anything
+    trusts it, and a changed session is saved inside the view (see ``sessions``)."""
+
+    def handle_exception(self, exc):
+        """DRF's, with Redis errors answered 503 instead of re-raised; returns the response."""
+        if isinstance(exc, UNAVAILABLE_ERRORS):
+            logger.error("Redis is unreachable; %s %s answered 503: %r", self.request.method, self.request.path, exc)
+            exc = ServiceUnavailable(turns.unavailable_message())
+        return super().handle_exception(exc)
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        """Save the session before the response goes out, so that a failure is still a 503."""
+        if response.status_code < 500:
+            try:
+                save_session(request)
+            except UNAVAILABLE_ERRORS as exc:
+                response = self.handle_exception(exc)
+        return super().finalize_response(request, response, *args, **kwargs)
+
+
+class ConversationAPIView(RedisDownMixin, APIView):
     """Base of the API views: session authentication with CSRF for everyone, JSON bodies only,
     and a body over ``MAX_REQUEST_BYTES`` refused (413) before anything reads it."""
 
@@ -120,6 +146,7 @@ class ConversationAPIView(APIView):
 
     def initial(self, request, *args, **kwargs):
         check_content_length(request)
+        check_session_store(request)
         super().initial(request, *args, **kwargs)
 
 
@@ -137,7 +164,7 @@ class ConversationListView(ConversationAPIView):
         raise Throttled(wait, detail=_("You have started too many conversations. Please continue one of them "
                                        "or try again later."))
 
-    @extend_schema(responses={200: serializers.ConversationSerializer(many=True)},
+    @extend_schema(responses={200: serializers.ConversationSerializer(many=True), 503: UNAVAILABLE},
                    summary="The caller's 50 most recent conversations")
     def get(self, request):
         get_token(request)  # sets the csrftoken cookie, for a widget on a page Django did not render
@@ -147,7 +174,8 @@ class ConversationListView(ConversationAPIView):
     @extend_schema(request=None, parameters=[RETRY_AFTER],
                    responses={201: serializers.ConversationSerializer, 403: CSRF_FAILED, 413: TOO_LARGE, 415: NOT_JSON,
                               429: OpenApiResponse(ERROR, description="Too many new conversations (per owner or "
-                                                                      "per IP); see Retry-After.")},
+                                                                      "per IP); see Retry-After."),
+                              503: UNAVAILABLE},
                    summary="Start a conversation owned by the caller (user, or anonymous session)")
     def post(self, request):
         user = request.user if request.user.is_authenticated else None
@@ -161,7 +189,7 @@ class ConversationDetailView(ConversationAPIView):
     """The whole transcript, and the turn still running if there is one (to resume polling)."""
 
     @extend_schema(parameters=[CONVERSATION_ID],
-                   responses={200: serializers.ConversationDetailSerializer, 404: NOT_FOUND},
+                   responses={200: serializers.ConversationDetailSerializer, 404: NOT_FOUND, 503: UNAVAILABLE},
                    summary="A conversation's transcript and its active turn")
     def get(self, request, conversation_id):
         conversation = owned_conversation(request, conversation_id)
@@ -217,8 +245,9 @@ class TurnListView(ConversationAPIView):
                                                     "once (MAX_ACTIVE_TURNS_PER_OWNER), or the owner's "
                                                     "DAILY_TOKEN_BUDGET is spent or held for running turns; see "
                                                     "Retry-After."),
-            503: OpenApiResponse(ERROR, description="Redis is unreachable. If the message was saved before the "
-                                                    "enqueue failed, its turn ended failed with this message."),
+            503: OpenApiResponse(ERROR, description="Redis is unreachable. Nothing was saved, or, if the enqueue "
+                                                    "itself failed, the message was saved and its turn ended "
+                                                    "failed with this message; either way, send it again later."),
         },
         summary="Send a message: starts a turn and answers with its poll URL",
     )
@@ -286,7 +315,7 @@ class TurnListView(ConversationAPIView):
         raise PermissionDenied(refusal.message)
 
 
-class TurnDetailView(APIView):
+class TurnDetailView(RedisDownMixin, APIView):
     """The poll view. A state in the cache is served with no SQL query (ownership is in the state);
     a missing or stale one is rebuilt from the database, and a turn whose job died is ended.
 
@@ -306,11 +335,22 @@ class TurnDetailView(APIView):
         DRF machinery). Anything else (a missing, stale or foreign state, an unverified session,
         a malformed id) takes DRF's path through ``get``."""
         self.cached = None  # (state, session data) read here, used again by ``get``
+        self.unreachable = None  # or the Redis error the read here raised, answered by DRF's path
         if request.method == "GET" and conversation_id is not None and turn_id is not None:
-            self.cached = data, session = state.read_with_session(turn_id, request)
-            if data is not None and not self.is_stale(data) and self.serves(data, session, conversation_id):
-                return self.respond(request, data)
+            try:
+                self.cached = data, session = state.read_with_session(turn_id, request)
+            except UNAVAILABLE_ERRORS as exc:
+                self.unreachable = exc
+            else:
+                if data is not None and not self.is_stale(data) and self.serves(data, session, conversation_id):
+                    return self.respond(request, data)
         return super().dispatch(request, conversation_id=conversation_id, turn_id=turn_id, **kwargs)
+
+    def initial(self, request, *args, **kwargs):
+        if self.unreachable is not None:
+            raise self.unreachable
+        check_session_store(request)
+        super().initial(request, *args, **kwargs)
 
     @staticmethod
     def serves(data, session, conversation_id):
@@ -351,7 +391,7 @@ class TurnDetailView(APIView):
                                      description="The ETag of the state the client already has.")],
         responses={200: serializers.TurnStateSerializer,
                    304: OpenApiResponse(description="The state has not changed since the ETag sent."),
-                   404: NOT_FOUND},
+                   404: NOT_FOUND, 503: UNAVAILABLE},
         summary="Poll a turn until done is true",
     )
     def get(self, request, conversation_id, turn_id):
@@ -398,8 +438,9 @@ class TurnCancelView(ConversationAPIView):
     @extend_schema(parameters=[CONVERSATION_ID, TURN_ID],
                    request=None, responses={202: serializers.TurnSummarySerializer, 403: CSRF_FAILED, 404: NOT_FOUND,
                                             413: TOO_LARGE, 415: NOT_JSON,
-                                            503: OpenApiResponse(ERROR, description="Redis is unreachable and "
-                                                                 "the turn is running: it cannot be asked to stop.")},
+                                            503: OpenApiResponse(ERROR, description="Redis is unreachable: the "
+                                                                 "turn is running and cannot be asked to stop, or "
+                                                                 "the caller's session cannot be read.")},
                    summary="Stop a turn")
     def post(self, request, conversation_id, turn_id):
         conversation = owned_conversation(request, conversation_id)
