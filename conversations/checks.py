@@ -88,6 +88,14 @@ def check_config(app_configs=None, **kwargs):
             hint="Use the same value, so every clock is nested the way the deadline assumes.",
             id="conversations.E007"))
     errors += _check_provider(cfg) + _check_tools(cfg) + _check_rates(cfg)
+    if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
+        errors.append(Warning(
+            "LoginRequiredMiddleware is on but CONVERSATIONS['LOGIN_REQUIRED'] is not: the chat API is exempt from "
+            "the middleware (a redirect to a login page means nothing to the widget), so anonymous visitors can "
+            "still chat.",
+            hint="Set CONVERSATIONS['LOGIN_REQUIRED'] = True to keep the assistant to logged-in users, or silence "
+                 "this warning if anonymous visitors of your public pages may chat.",
+            id="conversations.W007"))
     if not _final_writing_worker(getattr(settings, "RQ", {}).get("WORKER_CLASS", "")):
         errors.append(Warning(
             "The RQ worker class is not conversations.worker.Worker: a killed work horse leaves its turn without "

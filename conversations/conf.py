@@ -70,6 +70,8 @@ DEFAULTS = {
     "MAX_REQUEST_BYTES": 65536,
     # Seconds the demo model pauses per reply, so the widget shows each step land.
     "DEMO_DELAY": 0.8,
+    # Only logged-in users may chat: anonymous callers get 403 "Please sign in…" from every API endpoint.
+    "LOGIN_REQUIRED": False,
 }
 
 _LIST_KEYS = {"TOOLS"}

@@ -96,6 +96,18 @@ def test_a_queue_wait_longer_than_the_widget_waits_past_the_job_timeout(conversa
     assert check_config() == []
 
 
+def test_login_required_middleware_without_login_required_leaves_the_chat_open(conversations_settings, settings):
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "django.contrib.auth.middleware.LoginRequiredMiddleware"]
+    assert check_config() == [Warning(
+        "LoginRequiredMiddleware is on but CONVERSATIONS['LOGIN_REQUIRED'] is not: the chat API is exempt from the "
+        "middleware (a redirect to a login page means nothing to the widget), so anonymous visitors can still chat.",
+        hint="Set CONVERSATIONS['LOGIN_REQUIRED'] = True to keep the assistant to logged-in users, or silence this "
+             "warning if anonymous visitors of your public pages may chat.",
+        id="conversations.W007")]
+    conversations_settings.update(LOGIN_REQUIRED=True)
+    assert check_config() == []
+
+
 def test_unparseable_number(conversations_settings, settings):
     settings.CONVERSATIONS = {**settings.CONVERSATIONS, "JOB_TIMEOUT": "two minutes"}
     assert check_config() == [Error("CONVERSATIONS['JOB_TIMEOUT'] = 'two minutes' is not a valid int",

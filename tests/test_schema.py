@@ -41,11 +41,11 @@ def test_the_schema_lists_every_endpoint_and_only_the_api(schema):
 def test_the_schema_documents_every_answer(schema):
     assert statuses(schema, TURNS, "post") == {"200", "202", "400", "403", "404", "409", "413", "415", "422",
                                                     "429", "503"}
-    assert statuses(schema, POLL, "get") == {"200", "304", "404", "503"}
+    assert statuses(schema, POLL, "get") == {"200", "304", "403", "404", "503"}
     assert statuses(schema, CANCEL, "post") == {"202", "403", "404", "413", "415", "503"}
-    assert statuses(schema, CONVERSATION, "get") == {"200", "404", "503"}
+    assert statuses(schema, CONVERSATION, "get") == {"200", "403", "404", "503"}
     assert statuses(schema, "/api/conversations/", "post") == {"201", "403", "413", "415", "429", "503"}
-    assert statuses(schema, "/api/conversations/", "get") == {"200", "503"}
+    assert statuses(schema, "/api/conversations/", "get") == {"200", "403", "503"}
     throttled = schema["paths"][TURNS]["post"]["responses"]["429"]
     assert "Retry-After" in throttled["headers"]
 
@@ -132,6 +132,30 @@ def test_every_answer_the_api_gives_is_documented(schema, conversations_settings
     assert answers[(TURNS, "post")] == {"200", "202", "400", "403", "404", "409", "413", "415", "422", "429"}
     assert answers[("/api/conversations/", "post")] == {"201", "403", "413", "415", "429"}
     assert answers[(CANCEL, "post")] == {"202", "403", "404", "413", "415"}
+
+
+def test_the_refusal_of_anonymous_callers_under_login_required_is_documented(schema, conversations_settings):
+    from tests.helpers import api_post, start_turn
+
+    client = make_client()
+    started = start_turn(client, "Hello")
+    conversation = started["conversation"]
+    conversations_settings.update(LOGIN_REQUIRED=True)
+
+    answers = {
+        ("/api/conversations/", "get"): client.get("/api/conversations/"),
+        ("/api/conversations/", "post"): api_post(client, "/api/conversations/"),
+        (CONVERSATION, "get"): client.get(f"/api/conversations/{conversation}/"),
+        (TURNS, "post"): api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "x"}),
+        (POLL, "get"): client.get(started["poll_url"]),
+        (CANCEL, "post"): api_post(client, started["cancel_url"]),
+    }
+
+    assert set(answers) == {(path, method) for path in schema["paths"] for method in schema["paths"][path]}
+    for (path, method), response in answers.items():
+        assert response.status_code == 403, (method, path, response.status_code)
+        assert "403" in statuses(schema, path, method), (method, path)
+        assert "LOGIN_REQUIRED" in schema["paths"][path][method]["responses"]["403"]["description"], (method, path)
 
 
 def test_the_answer_every_operation_gives_while_redis_is_down_is_documented(schema, settings):

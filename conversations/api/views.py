@@ -28,6 +28,7 @@ from ..owners import owned_filter, owner_matches, owner_token, owns_state, stamp
 from . import serializers
 from .authentication import CsrfSessionAuthentication
 from .parsers import LimitedJSONParser, check_content_length
+from .permissions import LoginNotRequiredMixin, SignedInIfRequired, may_chat, sign_in_message
 from .sessions import UNAVAILABLE_ERRORS, check_session_store, save_session
 from .throttling import ConversationIPThrottle, ConversationOwnerThrottle, TurnIPThrottle, TurnOwnerThrottle
 
@@ -69,9 +70,13 @@ _IDEMPOTENCY_RE = re.compile(IDEMPOTENCY_PATTERN)
 
 ERROR = serializers.ErrorSerializer
 NOT_FOUND = OpenApiResponse(ERROR, description="Not found, or not yours (the API never says which).")
-CSRF_FAILED = OpenApiResponse(ERROR, description="CSRF check failed: send the csrftoken cookie and X-CSRFToken.")
 TOO_LARGE = OpenApiResponse(ERROR, description="The body is larger than MAX_REQUEST_BYTES; it was not read.")
 NOT_JSON = OpenApiResponse(ERROR, description="The body is not application/json.")
+SIGN_IN = OpenApiResponse(ERROR, description="The caller is anonymous while LOGIN_REQUIRED is on: "
+                                             "\"Please sign in to chat with the assistant.\"")
+CSRF_OR_SIGN_IN = OpenApiResponse(ERROR, description="CSRF check failed (send the csrftoken cookie and "
+                                                     "X-CSRFToken), or the caller is anonymous while LOGIN_REQUIRED "
+                                                     "is on.")
 UNAVAILABLE = OpenApiResponse(ERROR, description="Redis (the cache, the sessions kept there, or the queue) is "
                                                  "unreachable; nothing was changed. Try again later.")
 CONVERSATION_ID = OpenApiParameter("conversation_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
@@ -136,13 +141,19 @@ class RedisDownMixin:
         return super().finalize_response(request, response, *args, **kwargs)
 
 
-class ConversationAPIView(RedisDownMixin, APIView):
+class ConversationAPIView(LoginNotRequiredMixin, RedisDownMixin, APIView):
     """Base of the API views: session authentication with CSRF for everyone, JSON bodies only,
-    and a body over ``MAX_REQUEST_BYTES`` refused (413) before anything reads it."""
+    a body over ``MAX_REQUEST_BYTES`` refused (413) before anything reads it, and anonymous
+    callers refused (403) while ``LOGIN_REQUIRED`` is on."""
 
     authentication_classes = [CsrfSessionAuthentication]
-    permission_classes = [AllowAny]
+    permission_classes = [SignedInIfRequired]
     parser_classes = [LimitedJSONParser]
+
+    def permission_denied(self, request, message=None, code=None):
+        """Always a 403 with the permission's sentence: DRF's own would give an anonymous caller
+        "Authentication credentials were not provided." instead."""
+        raise PermissionDenied(message)
 
     def initial(self, request, *args, **kwargs):
         check_content_length(request)
@@ -164,7 +175,7 @@ class ConversationListView(ConversationAPIView):
         raise Throttled(wait, detail=_("You have started too many conversations. Please continue one of them "
                                        "or try again later."))
 
-    @extend_schema(responses={200: serializers.ConversationSerializer(many=True), 503: UNAVAILABLE},
+    @extend_schema(responses={200: serializers.ConversationSerializer(many=True), 403: SIGN_IN, 503: UNAVAILABLE},
                    summary="The caller's 50 most recent conversations")
     def get(self, request):
         get_token(request)  # sets the csrftoken cookie, for a widget on a page Django did not render
@@ -172,7 +183,8 @@ class ConversationListView(ConversationAPIView):
         return Response([{"id": str(c.id), "created_at": c.created_at} for c in conversations])
 
     @extend_schema(request=None, parameters=[RETRY_AFTER],
-                   responses={201: serializers.ConversationSerializer, 403: CSRF_FAILED, 413: TOO_LARGE, 415: NOT_JSON,
+                   responses={201: serializers.ConversationSerializer, 403: CSRF_OR_SIGN_IN, 413: TOO_LARGE,
+                              415: NOT_JSON,
                               429: OpenApiResponse(ERROR, description="Too many new conversations (per owner or "
                                                                       "per IP); see Retry-After."),
                               503: UNAVAILABLE},
@@ -189,7 +201,8 @@ class ConversationDetailView(ConversationAPIView):
     """The whole transcript, and the turn still running if there is one (to resume polling)."""
 
     @extend_schema(parameters=[CONVERSATION_ID],
-                   responses={200: serializers.ConversationDetailSerializer, 404: NOT_FOUND, 503: UNAVAILABLE},
+                   responses={200: serializers.ConversationDetailSerializer, 403: SIGN_IN, 404: NOT_FOUND,
+                              503: UNAVAILABLE},
                    summary="A conversation's transcript and its active turn")
     def get(self, request, conversation_id):
         conversation = owned_conversation(request, conversation_id)
@@ -234,8 +247,9 @@ class TurnListView(ConversationAPIView):
             200: OpenApiResponse(serializers.TurnSummarySerializer, description="A retry: the turn this Idempotency-Key "
                                                                       "already started."),
             400: serializers.ValidationErrorSerializer,
-            403: OpenApiResponse(ERROR, description="CSRF check failed, or the conversation reached "
-                                                    "MAX_TURNS_PER_CONVERSATION."),
+            403: OpenApiResponse(ERROR, description="CSRF check failed, the conversation reached "
+                                                    "MAX_TURNS_PER_CONVERSATION, or the caller is anonymous "
+                                                    "while LOGIN_REQUIRED is on."),
             404: NOT_FOUND,
             409: OpenApiResponse(ERROR, description="A turn of this conversation is still queued or running."),
             413: TOO_LARGE,
@@ -315,7 +329,7 @@ class TurnListView(ConversationAPIView):
         raise PermissionDenied(refusal.message)
 
 
-class TurnDetailView(RedisDownMixin, APIView):
+class TurnDetailView(LoginNotRequiredMixin, RedisDownMixin, APIView):
     """The poll view. A state in the cache is served with no SQL query (ownership is in the state);
     a missing or stale one is rebuilt from the database, and a turn whose job died is ended.
 
@@ -359,7 +373,9 @@ class TurnDetailView(RedisDownMixin, APIView):
         if data["conversation"] != str(conversation_id) or not owns_state(session, data["owner"]):
             return False
         user_id = data["owner"].get("user")
-        return user_id is None or stamp_matches(state.read_auth_stamp(user_id), session)
+        if user_id is None:  # an anonymous visitor's state: theirs, unless only users may chat
+            return not get_config()["LOGIN_REQUIRED"]
+        return stamp_matches(state.read_auth_stamp(user_id), session)
 
     @staticmethod
     def verified_user(request):
@@ -391,14 +407,16 @@ class TurnDetailView(RedisDownMixin, APIView):
                                      description="The ETag of the state the client already has.")],
         responses={200: serializers.TurnStateSerializer,
                    304: OpenApiResponse(description="The state has not changed since the ETag sent."),
-                   404: NOT_FOUND, 503: UNAVAILABLE},
+                   403: SIGN_IN, 404: NOT_FOUND, 503: UNAVAILABLE},
         summary="Poll a turn until done is true",
     )
     def get(self, request, conversation_id, turn_id):
+        user = self.verified_user(request)
+        if not may_chat(user):
+            raise PermissionDenied(sign_in_message())
         if conversation_id is None or turn_id is None:  # not a UUID (see urls.AnyUUIDConverter)
             raise NotFound()
         data, _session = self.cached or state.read_with_session(turn_id, request)
-        user = self.verified_user(request)
         if data is None or self.is_stale(data):
             data = self.rebuild(request, user, conversation_id, turn_id, data)
         user_id = user.pk if user.is_authenticated else None
@@ -436,8 +454,8 @@ class TurnCancelView(ConversationAPIView):
     """``POST``: stop a turn. A queued turn ends at once; a running one stops before its next call."""
 
     @extend_schema(parameters=[CONVERSATION_ID, TURN_ID],
-                   request=None, responses={202: serializers.TurnSummarySerializer, 403: CSRF_FAILED, 404: NOT_FOUND,
-                                            413: TOO_LARGE, 415: NOT_JSON,
+                   request=None, responses={202: serializers.TurnSummarySerializer, 403: CSRF_OR_SIGN_IN,
+                                            404: NOT_FOUND, 413: TOO_LARGE, 415: NOT_JSON,
                                             503: OpenApiResponse(ERROR, description="Redis is unreachable: the "
                                                                  "turn is running and cannot be asked to stop, or "
                                                                  "the caller's session cannot be read.")},
