@@ -122,3 +122,15 @@ def test_whoever_changes_the_queued_row_first_wins(provider):
     assert turns.end_unclaimed(seen_by_poll) is None  # the job got there first: it runs, nothing ends it
     assert Turn.objects.get(pk=other["id"]).status == "running"
     assert client.get(other["poll_url"]).json()["done"] is False
+
+
+def test_a_spanish_visitor_reads_the_sentence_in_spanish(provider, conversations_settings):
+    conversations_settings.update(QUEUE_WAIT=1)
+    client = make_client()
+    turn = start_turn(client, "¿Hay alguien?")
+    time.sleep(1.2)
+
+    state = client.get(turn["poll_url"], HTTP_ACCEPT_LANGUAGE="es").json()
+
+    assert state["status"] == "failed"
+    assert state["error"] == "El asistente no está disponible en este momento. Vuelve a intentarlo más tarde."
