@@ -185,3 +185,13 @@ def test_the_answer_every_operation_gives_while_redis_is_down_is_documented(sche
         documented = schema["paths"][path][method]["responses"]["503"]["content"]["application/json"]["schema"]
         assert documented == {"$ref": "#/components/schemas/Error"}
         assert set(response.json()) == set(schema["components"]["schemas"]["Error"]["properties"])
+
+
+def test_the_session_cookie_is_optional_unless_only_logged_in_users_may_chat(conversations_settings):
+    def security(path, method):
+        return json.loads(make_client().get("/api/schema/?format=json").content)["paths"][path][method]["security"]
+
+    assert security("/api/conversations/", "post") == [{"sessionCookie": []}, {}]  # a first visit has none yet
+    conversations_settings.update(LOGIN_REQUIRED=True)
+    assert security("/api/conversations/", "post") == [{"sessionCookie": []}]
+    assert security(TURNS, "post") == [{"sessionCookie": []}]
