@@ -92,6 +92,27 @@ class NearDeadlineFilter(admin.SimpleListFilter):
         return queryset
 
 
+class QueueFilter(admin.SimpleListFilter):
+    """Turns that no worker ever started: still waiting in the queue, or ended there (no worker
+    picked them up within ``QUEUE_WAIT``, the queue was unreachable, or the visitor stopped them)."""
+
+    title = gettext_lazy("picked up by a worker")
+    parameter_name = "worker"
+
+    def lookups(self, request, model_admin):
+        return [
+            ("waiting", gettext_lazy("not yet: waiting in the queue")),
+            ("never", gettext_lazy("never: ended in the queue")),
+        ]
+
+    def queryset(self, request, queryset):
+        if self.value() == "waiting":
+            return queryset.filter(status=Turn.Status.QUEUED)
+        if self.value() == "never":
+            return queryset.filter(status__in=Turn.DONE_STATUSES, started_at__isnull=True)
+        return queryset
+
+
 # -- model admins --------------------------------------------------------------------------
 
 
@@ -177,7 +198,7 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = ("short_id", "status_badge", "conversation_short", "owner_short", "started", "duration_text",
                     "model_calls", "tool_calls", "tokens", "margin_left_text")
     list_display_links = ("short_id",)
-    list_filter = ("status", NearDeadlineFilter, "provider", "model")
+    list_filter = ("status", QueueFilter, NearDeadlineFilter, "provider", "model")
     list_select_related = ("conversation", "conversation__user")
     date_hierarchy = "enqueued_at"
     search_help_text = gettext_lazy("A turn or conversation id, a username or email, or words of a message.")
@@ -242,7 +263,7 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
     @admin.display(description=gettext_lazy("started"), ordering="started_at")
     def started(self, obj):
         if obj.started_at is None:
-            return "—"
+            return _("never") if obj.done else "—"  # "never": it ended in the queue (see QueueFilter)
         return date_format(timezone.localtime(obj.started_at), "SHORT_DATETIME_FORMAT")
 
     @admin.display(description=gettext_lazy("conversation"))

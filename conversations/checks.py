@@ -12,6 +12,10 @@ from django.utils.module_loading import import_string
 from .conf import get_config, unknown_keys
 
 
+# Seconds the widget keeps polling past JOB_TIMEOUT (its data-give-up-margin default).
+WIDGET_GIVE_UP_MARGIN = 30
+
+
 @register()
 def check_config(app_configs=None, **kwargs):
     try:
@@ -55,8 +59,18 @@ def check_config(app_configs=None, **kwargs):
             "its whole limit late in a turn leaves too little time for the model to read its result.",
             hint="Make TOOL_RESERVE at least MIN_CALL_BUDGET.",
             id="conversations.W004"))
+    if cfg["QUEUE_WAIT"] > WIDGET_GIVE_UP_MARGIN:
+        errors.append(Warning(
+            f"QUEUE_WAIT ({cfg['QUEUE_WAIT']}s) is longer than the widget's give-up margin "
+            f"({WIDGET_GIVE_UP_MARGIN}s): the widget stops polling JOB_TIMEOUT plus that margin after the message "
+            "was sent, so a turn that waits this long for a worker and then runs its whole JOB_TIMEOUT ends after "
+            "the visitor was told it did not finish.",
+            hint=f"Keep QUEUE_WAIT at most {WIDGET_GIVE_UP_MARGIN}s and add workers rather than let turns wait, or "
+                 "give the widget a data-give-up-margin of at least QUEUE_WAIT and silence this warning.",
+            id="conversations.W006"))
     for key in ("JOB_TIMEOUT", "DEADLINE_MARGIN", "CALL_TIMEOUT", "CONNECT_TIMEOUT", "MIN_CALL_BUDGET", "STATE_TTL",
-                "MAX_STEPS", "MAX_ATTEMPTS", "TOOL_TIMEOUT", "STALE_AFTER", "STREAM_IDLE_TIMEOUT", "PUBLISH_INTERVAL"):
+                "MAX_STEPS", "MAX_ATTEMPTS", "TOOL_TIMEOUT", "STALE_AFTER", "STREAM_IDLE_TIMEOUT", "PUBLISH_INTERVAL",
+                "QUEUE_WAIT"):
         if cfg[key] <= 0:
             errors.append(Error(f"{key} must be positive (it is {cfg[key]}).", hint="Use a positive number.",
                                 id="conversations.E004"))
@@ -75,6 +89,14 @@ def check_config(app_configs=None, **kwargs):
             hint="Use the same value, so every clock is nested the way the deadline assumes.",
             id="conversations.E007"))
     errors += _check_provider(cfg) + _check_fallbacks(cfg) + _check_tools(cfg) + _check_rates(cfg)
+    if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
+        errors.append(Warning(
+            "LoginRequiredMiddleware is on but CONVERSATIONS['LOGIN_REQUIRED'] is not: the chat API is exempt from "
+            "the middleware (a redirect to a login page means nothing to the widget), so anonymous visitors can "
+            "still chat.",
+            hint="Set CONVERSATIONS['LOGIN_REQUIRED'] = True to keep the assistant to logged-in users, or silence "
+                 "this warning if anonymous visitors of your public pages may chat.",
+            id="conversations.W007"))
     if not _final_writing_worker(getattr(settings, "RQ", {}).get("WORKER_CLASS", "")):
         errors.append(Warning(
             "The RQ worker class is not conversations.worker.Worker: a killed work horse leaves its turn without "

@@ -57,6 +57,10 @@ DEFAULTS = {
     "STATE_TTL": 600,
     # A running turn whose state has not changed for this long gets its RQ job checked by the poll view.
     "STALE_AFTER": 45,
+    # Seconds a turn may wait in the queue for a worker. A turn no worker has picked up by then is
+    # ended (failed, "not available right now") by the poll view, repair_turns or its own job,
+    # and never runs later. Keep it well under JOB_TIMEOUT: the widget gives up after that.
+    "QUEUE_WAIT": 30,
     "QUEUE": "default",
     "TOOLS": [],
     "TOOL_RESULT_MAX_CHARS": 4000,
@@ -84,6 +88,8 @@ DEFAULTS = {
     "MAX_REQUEST_BYTES": 65536,
     # Seconds the demo model pauses per reply, so the widget shows each step land.
     "DEMO_DELAY": 0.8,
+    # Only logged-in users may chat: anonymous callers get 403 "Please sign in…" from every API endpoint.
+    "LOGIN_REQUIRED": False,
 }
 
 _LIST_KEYS = {"TOOLS"}

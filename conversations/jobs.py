@@ -20,6 +20,7 @@ import django_rq
 from django.db import close_old_connections
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from redis.exceptions import RedisError
 from rq import get_current_job
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
@@ -99,7 +100,12 @@ def enqueue_turn(turn, *, saved=False):
 
 
 def perform_turn(turn_id):
-    """The RQ job: run one turn under its deadline; always end with a final write."""
+    """The RQ job: run one turn under its deadline; always end with a final write.
+
+    A turn that waited in the queue past ``QUEUE_WAIT`` is ended instead of run, and a turn
+    that is no longer queued when the job claims it (stopped, or ended by the poll view or
+    ``repair_turns`` while it waited) is left as it is: nothing is ever run late.
+    """
     cfg = get_config()
     job = get_current_job()
     job_timeout = job.timeout if job is not None and job.timeout and job.timeout > 0 else cfg["JOB_TIMEOUT"]
@@ -111,6 +117,17 @@ def perform_turn(turn_id):
         logger.warning("Turn %s no longer exists; nothing to do", turn_id)
         return None
     if turn.done:  # cancelled (or repaired) before a worker picked it up
+        return turn.status
+    if turns.waited_too_long(turn):  # the visitor has been (or is now) told to try again later
+        try:
+            turns.end_unclaimed(turn)
+        except RedisError:  # the row says it; the poll view rebuilds the state from it
+            logger.exception("Could not publish the end of turn %s", turn_id)
+        logger.warning("Turn %s started %.0fs after it was enqueued, past QUEUE_WAIT: not run", turn_id,
+                       (timezone.now() - turn.enqueued_at).total_seconds())
+        return turn.status
+    if not turns.claim(turn):  # stopped or ended a moment ago, between the read above and now
+        turn.refresh_from_db()
         return turn.status
     try:
         runner = TurnRunner(turn, clock=clock, config=cfg)
