@@ -52,6 +52,9 @@ DEFAULTS = {
     # Time kept back from a tool's limit for the round-trip after it.
     "TOOL_RESERVE": 5,
     "MAX_STEPS": 8,
+    # Times a turn is continued by a new job after its work horse died or its worker shut down
+    # (each within the turn's own deadline); then it ends failed as before.
+    "MAX_RESUMES": 2,
     # Live state in the Django cache.
     "CACHE_ALIAS": "default",
     "STATE_TTL": 600,

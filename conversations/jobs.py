@@ -99,6 +99,23 @@ def enqueue_turn(turn, *, saved=False):
     return turn.job_id
 
 
+def enqueue_continuation(turn, job_id, *, job_timeout):
+    """Enqueue job ``job_id`` continuing running ``turn`` (``resume.continue_turn``), at the front
+    of the queue: its deadline is already running."""
+    cfg = get_config()
+    get_queue().enqueue(
+        perform_turn,
+        str(turn.id),
+        job_id=job_id,
+        job_timeout=job_timeout,
+        result_ttl=cfg["STATE_TTL"],
+        failure_ttl=max(cfg["STATE_TTL"], 86400),
+        description=f"conversation turn {turn.id}, continued",
+        at_front=True,
+    )
+    return job_id
+
+
 def perform_turn(turn_id):
     """The RQ job: run one turn under its deadline; always end with a final write.
 
@@ -118,6 +135,10 @@ def perform_turn(turn_id):
         return None
     if turn.done:  # cancelled (or repaired) before a worker picked it up
         return turn.status
+    if turn.status == Turn.Status.RUNNING:  # a continuation, or a job whose turn moved on
+        if job is None or job.id != turn.job_id:
+            return turn.status
+        return _continue(turn, cfg)
     if turns.waited_too_long(turn):  # the visitor has been (or is now) told to try again later
         try:
             turns.end_unclaimed(turn)
@@ -143,6 +164,27 @@ def perform_turn(turn_id):
         raise
     except Exception:
         logger.exception("Turn %s crashed", turn_id)
+        runner.finish(Turn.Status.FAILED, turns.crashed_message())
+        raise
+    return turn.status
+
+
+def _continue(turn, cfg):
+    """Run the rest of ``turn`` (this job is its continuation) under what is left of its own
+    deadline: the budget ends at ``deadline_at``, never later."""
+    from .resume import time_left
+
+    left = max(0.0, time_left(turn) or 0.0)
+    clock = TurnClock(left + cfg["DEADLINE_MARGIN"], cfg["DEADLINE_MARGIN"])
+    runner = TurnRunner(turn, clock=clock, config=cfg)
+    try:
+        runner.run(resuming=True)
+    except JobTimeoutException:
+        logger.error("Turn %s hit the RQ job timeout after resuming", turn.id)
+        runner.finish(Turn.Status.FAILED, timeout_message())
+        raise
+    except Exception:
+        logger.exception("Turn %s crashed after resuming", turn.id)
         runner.finish(Turn.Status.FAILED, turns.crashed_message())
         raise
     return turn.status
@@ -179,8 +221,9 @@ def warm_up():
 
 
 def turn_id_from_job(job):
+    """The turn a job runs (its first job, or a continuation's ``…-rN``), or None."""
     if job.id.startswith(JOB_PREFIX):
-        return job.id[len(JOB_PREFIX):]
+        return job.id[len(JOB_PREFIX):].split("-r")[0]
     return None
 
 

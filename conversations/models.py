@@ -69,6 +69,8 @@ class Turn(models.Model):
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
+    # Times a new job continued the turn after its work horse died or its worker shut down.
+    resumes = models.PositiveSmallIntegerField(default=0)
     idempotency_key = models.CharField(max_length=200, blank=True)
 
     class Meta:
@@ -133,6 +135,7 @@ class CallRecord(models.Model):
     class Kind(models.TextChoices):
         MODEL = "model", _("model call")
         TOOL = "tool", _("tool run")
+        RESUME = "resume", _("resumed")
 
     Outcome = Outcome  # defined with the call types, which must not import models
 

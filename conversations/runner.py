@@ -16,37 +16,20 @@ import time
 from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.utils import timezone
-from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 
 from . import state
 from .budget import BudgetExhausted
+from .endings import cut_short_message, deadline_message, length_message, step_limit_message
 from .fallback import ProviderChain, build_provider
 from .http import CallCancelled, ensure_call_budget
 from .models import CallRecord, Conversation, Message, Turn
 from .providers import ProviderError
-from .tools import ToolContext, load_tools, run_tool
-from .history import chat_message, trim_history
+from .history import chat_message, trim_history, unfinished_step
+from .tools import ToolContext, interrupted_result, load_tools, run_tool
 from .types import ChatMessage, Outcome, ToolResult, record_call
 
 logger = logging.getLogger("conversations.runner")
-
-
-def deadline_message():
-    return _("I ran out of time before I could finish this answer. Please ask again to continue.")
-
-
-def step_limit_message(steps):
-    return _("I stopped after %(steps)d steps without reaching a final answer. Please ask again to continue.") % {
-        "steps": steps}
-
-
-def cut_short_message():
-    return _("The answer was cut short: the connection to the AI service broke off. Please ask again to continue.")
-
-
-def length_message():
-    return _("The answer was cut short because it reached the length limit.")
 
 
 class TurnRunner:
@@ -176,8 +159,13 @@ class TurnRunner:
         if owner is not None:
             conversation.user_id, conversation.owner_token = owner
 
+    def stop_requested(self):
+        """``"cancel"``, ``"handoff"`` (the worker is shutting down) or None; see ``state.stop_requested``."""
+        return state.stop_requested(self.turn.id)
+
     def cancelled(self):
-        return state.cancel_requested(self.turn.id)
+        """Whether a call in flight must be shut (checked by its watchdog)."""
+        return self.stop_requested() is not None
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -218,11 +206,17 @@ class TurnRunner:
                                  "provider", "model"])
         self.publish()
 
-    def run(self):
-        """Run the loop to its end and write the final state. Returns the turn."""
-        self.start()
+    def run(self, *, resuming=False):
+        """Run the loop to its end and write the final state. Returns the turn. ``resuming``: this
+        job continues a turn another job began (``resume``), from its saved transcript."""
+        if resuming:
+            self.publish()  # running again; the widget keeps what it showed
+        else:
+            self.start()
         try:
-            status, error = self.loop()
+            status, error = self.loop(resuming=resuming)
+            if status is None:  # handed over to another worker: it writes the final state
+                return self.turn
         except BudgetExhausted:
             status, error = Turn.Status.INCOMPLETE, deadline_message()
         except ProviderError as exc:
@@ -234,7 +228,7 @@ class TurnRunner:
         self.finish(status, error)
         return self.turn
 
-    def loop(self):
+    def loop(self, *, resuming=False):
         """The model/tool round-trips. Returns ``(status, error)`` for the final write.
 
         Before every model call: the cancel flag, then the budget (a call that could not get
@@ -245,18 +239,30 @@ class TurnRunner:
         cfg = self.config
         history = self.history()
         tools = list(self.tools.values())
-        for _step in range(cfg["MAX_STEPS"]):
-            if self.cancelled():
-                return Turn.Status.CANCELLED, None
+        if resuming:
+            answered, calls = unfinished_step(self.rows)
+            if answered:  # the dead job had saved the answer but not the final state
+                return Turn.Status.COMPLETED, None
+            ended = self.run_calls(calls, history, interrupted_first=True)
+            if ended:
+                return ended
+        for _step in range(cfg["MAX_STEPS"] - self.turn.model_calls):
+            ended = self.stop_for(self.stop_requested())
+            if ended:
+                return ended
             ensure_call_budget(self.budget, cfg["MIN_CALL_BUDGET"], turn_id=str(self.turn.id), name=self.model_name,
                                recorder=self.record)
             try:
                 reply = self.call_model(trim_history(history, cfg["HISTORY_MAX_CHARS"]), tools)
             except CallCancelled as stop:
                 self.streamed = None
-                if getattr(stop, "reply", None) is not None and stop.reply.text:  # what the visitor saw stays
-                    self.save_reply(stop.reply)
-                return Turn.Status.CANCELLED, None
+                asked = self.stop_requested() or "cancel"
+                if asked == "cancel" and getattr(stop, "reply", None) is not None and stop.reply.text:
+                    self.save_reply(stop.reply)  # what the visitor saw stays
+                ended = self.stop_for(asked)
+                if ended:
+                    return ended
+                continue  # the hand-over could not be made: ask again here
             row = self.save_reply(reply)
             history.append(chat_message(row))
             self.publish()
@@ -268,15 +274,46 @@ class TurnRunner:
                 return Turn.Status.INCOMPLETE, str(ProviderError("refused").message)
             if not reply.tool_calls:
                 return Turn.Status.COMPLETED, None
-            for call in reply.tool_calls:
-                if self.cancelled():
-                    return Turn.Status.CANCELLED, None
-                result = self.run_tool(call)
-                row = self.save_step(["tool_calls"], role=Message.Role.TOOL, content=result.output,
-                                     tool_call_id=call.id, tool_name=call.name, is_error=result.is_error)
-                history.append(chat_message(row))
-                self.publish()
+            ended = self.run_calls(reply.tool_calls, history)
+            if ended:
+                return ended
         return Turn.Status.INCOMPLETE, step_limit_message(cfg["MAX_STEPS"])
+
+    def run_calls(self, calls, history, *, interrupted_first=False):
+        """Run ``calls`` in order, saving and publishing each result; returns ``(status, error)``
+        when the turn must stop first, else None. ``interrupted_first``: the first was running
+        when the previous job died; it runs again only if its tool is idempotent."""
+        for number, call in enumerate(calls):
+            ended = self.stop_for(self.stop_requested())
+            if ended:
+                return ended
+            tool = self.tools.get(call.name)
+            if interrupted_first and number == 0 and tool is not None and not tool.idempotent:
+                result = interrupted_result(call)
+                record_call(self.record, "tool", call.name, result.outcome, started_offset=self.budget.elapsed(),
+                            remaining_before=self.budget.remaining(), detail=result.detail)
+            else:
+                result = self.run_tool(call)
+            row = self.save_step(["tool_calls"], role=Message.Role.TOOL, content=result.output,
+                                 tool_call_id=call.id, tool_name=call.name, is_error=result.is_error)
+            history.append(chat_message(row))
+            self.publish()
+        return None
+
+    def stop_for(self, asked):
+        """``(status, error)`` for a stop request (``stop_requested()``): ``cancelled``; or, for a
+        worker shutting down, ``(None, None)`` once another job continues the turn (``resume``).
+        None to go on: nothing was asked, or the turn cannot be handed over."""
+        if not asked:
+            return None
+        if asked == "cancel":
+            return Turn.Status.CANCELLED, None
+        from .resume import continue_turn
+
+        if continue_turn(self.turn, "its worker shut down", from_job_id=self.turn.job_id):
+            return None, None
+        state.clear_handoff(self.turn.id)  # no time left to hand over: finish here
+        return None
 
     def count_model_call(self, reply):
         """Add one model call and its usage to the turn (saved by the round-trip's ``save_step``)."""

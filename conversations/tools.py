@@ -248,6 +248,14 @@ def cap(text, limit):
     return text[:kept] + note
 
 
+def interrupted_result(call):
+    """The result of a call that was running when its worker stopped, for a tool that is not
+    ``idempotent``: it is not run twice, and the model is told so."""
+    return ToolResult(call.id, call.name, f"Error: the tool {call.name} was interrupted (its worker stopped) and "
+                      "was not run again, since running it twice may not be safe.", outcome=Outcome.ERROR,
+                      detail="interrupted when its worker stopped; not idempotent, so not run again")
+
+
 def run_tool(t, call, context, limit, max_chars):
     """Run tool ``t`` for ``call`` within ``limit`` seconds; always return a ``ToolResult``.
 

@@ -274,5 +274,7 @@ def repair(turn):
     problem = jobs.job_problem(turn)
     if problem is None:
         return None
+    from .resume import resume_or_fail
+
     logger.error("Turn %s repaired: %s", turn.id, problem)
-    return finalize(turn, Turn.Status.FAILED, crashed_message())
+    return resume_or_fail(turn, problem, dead_job_id=turn.job_id)

@@ -27,6 +27,8 @@ FAST = {
     "BACKOFF_MAX": 0.2,
     "STATE_TTL": 60,
     "DEMO_DELAY": 0.05,
+    # A dead job ends its turn, as the safety-net tests expect; tests/test_resume.py turns resuming on.
+    "MAX_RESUMES": 0,
 }
 
 

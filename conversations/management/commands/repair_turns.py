@@ -24,6 +24,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from conversations import jobs, turns
+from conversations.resume import resume_or_fail
 from conversations.conf import get_config
 from conversations.models import Turn
 
@@ -104,8 +105,8 @@ class Command(BaseCommand):
             return "left alone"
         if dry_run:
             return "would repair"
-        if turns.finalize(turn, Turn.Status.FAILED, turns.crashed_message()) is None:
+        if resume_or_fail(turn, reason, dead_job_id=turn.job_id) is None:
             return "already done"
         logger.error("Turn %s repaired by repair_turns: %s", turn.id, reason,
                      extra={"turn_id": str(turn.id), "reason": reason})
-        return "repaired"
+        return "resumed" if turn.status == Turn.Status.RUNNING else "repaired"
