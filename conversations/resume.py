@@ -34,16 +34,22 @@ def time_left(turn, now=None):
     return (turn.deadline_at - (now or timezone.now())).total_seconds()
 
 
+def can_hand_over(turn, cfg):
+    """Whether running ``turn`` may still be continued by another job: fewer than ``MAX_RESUMES``
+    so far, and its deadline leaves ``MIN_CALL_BUDGET``."""
+    left = time_left(turn)
+    return turn.resumes < cfg["MAX_RESUMES"] and left is not None and left >= cfg["MIN_CALL_BUDGET"]
+
+
 def continue_turn(turn, cause, *, from_job_id):
     """Enqueue a new job for running ``turn`` that goes on from its saved transcript, if
     ``from_job_id`` is still its job, it may resume once more (``MAX_RESUMES``), it was not
     asked to stop, and its deadline leaves ``MIN_CALL_BUDGET``. Returns the new job's id, or
     None (someone else continued it, or it must end instead)."""
     cfg = get_config()
-    left = time_left(turn)
-    if (turn.status != Turn.Status.RUNNING or turn.cancel_requested or left is None
-            or left < cfg["MIN_CALL_BUDGET"] or turn.resumes >= cfg["MAX_RESUMES"]):
+    if turn.status != Turn.Status.RUNNING or turn.cancel_requested or not can_hand_over(turn, cfg):
         return None
+    left = time_left(turn)
     number = turn.resumes + 1
     job_id = continuation_job_id(turn, number)
     won = Turn.objects.filter(pk=turn.pk, status=Turn.Status.RUNNING, job_id=from_job_id, resumes=turn.resumes,

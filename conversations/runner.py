@@ -164,8 +164,12 @@ class TurnRunner:
         return state.stop_requested(self.turn.id)
 
     def cancelled(self):
-        """Whether a call in flight must be shut (checked by its watchdog)."""
-        return self.stop_requested() is not None
+        """Whether a call in flight must be shut (checked by its watchdog): on a Stop, or when the
+        worker shuts down and the turn can be handed over (else the call is let finish here)."""
+        from .resume import can_hand_over
+
+        asked = self.stop_requested()
+        return asked == "cancel" or (asked == "handoff" and can_hand_over(self.turn, self.config))
 
     # -- the loop ------------------------------------------------------------------------
 
