@@ -186,3 +186,27 @@ def worker_env(**conversations):
     return env
 
 
+# Each operation of the API: its name in test messages, and its path and method in the schema.
+OPERATIONS = {
+    "list conversations": ("/api/conversations/", "get"),
+    "start a conversation": ("/api/conversations/", "post"),
+    "read a conversation": ("/api/conversations/{conversation_id}/", "get"),
+    "send a message": ("/api/conversations/{conversation_id}/turns/", "post"),
+    "poll": ("/api/conversations/{conversation_id}/turns/{turn_id}/", "get"),
+    "stop": ("/api/conversations/{conversation_id}/turns/{turn_id}/cancel/", "post"),
+}
+
+
+def call_every_endpoint(client, turn, content="Hello?", **message_headers):
+    """One request to each operation of the API, as the widget makes them, about ``turn`` (a
+    ``start_turn`` answer); ``{name in OPERATIONS: response}``."""
+    conversation = turn["conversation"]
+    return {
+        "list conversations": client.get("/api/conversations/"),
+        "start a conversation": api_post(client, "/api/conversations/"),
+        "read a conversation": client.get(f"/api/conversations/{conversation}/"),
+        "send a message": api_post(client, f"/api/conversations/{conversation}/turns/", {"content": content},
+                                   **message_headers),
+        "poll": client.get(turn["poll_url"]),
+        "stop": api_post(client, turn["cancel_url"]),
+    }

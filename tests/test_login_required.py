@@ -5,7 +5,7 @@ import pytest
 from django.test import Client
 
 from conversations.models import Conversation, Turn
-from tests.helpers import api_post, logged_in_client, make_client, poll_until_done, start_turn
+from tests.helpers import api_post, call_every_endpoint, logged_in_client, make_client, poll_until_done, start_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -13,17 +13,6 @@ SIGN_IN = {"detail": "Please sign in to chat with the assistant."}
 LOGIN_REQUIRED_MIDDLEWARE = "django.contrib.auth.middleware.LoginRequiredMiddleware"
 
 
-def call_every_endpoint(client, turn):
-    """One request to each operation of the API, as the widget makes them; ``{name: response}``."""
-    conversation = turn["conversation"]
-    return {
-        "list conversations": client.get("/api/conversations/"),
-        "start a conversation": api_post(client, "/api/conversations/"),
-        "read a conversation": client.get(f"/api/conversations/{conversation}/"),
-        "send a message": api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "Hello?"}),
-        "poll": client.get(turn["poll_url"]),
-        "stop": api_post(client, turn["cancel_url"]),
-    }
 
 
 def client_from(page):

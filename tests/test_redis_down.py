@@ -9,7 +9,7 @@ the database.
 import pytest
 
 from conversations.models import Message, Turn
-from tests.helpers import NOWHERE, api_post, make_client, start_turn
+from tests.helpers import NOWHERE, api_post, call_every_endpoint, make_client, start_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,18 +29,6 @@ def redis_down(settings):
     return down
 
 
-def call_every_endpoint(client, turn):
-    """One request to each operation of the API, as the widget makes them; ``{name: response}``."""
-    conversation = turn["conversation"]
-    return {
-        "list conversations": client.get("/api/conversations/"),
-        "start a conversation": api_post(client, "/api/conversations/"),
-        "read a conversation": client.get(f"/api/conversations/{conversation}/"),
-        "send a message": api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "Still there?"},
-                                   HTTP_IDEMPOTENCY_KEY="message-2"),
-        "poll": client.get(turn["poll_url"]),
-        "stop": api_post(client, turn["cancel_url"]),
-    }
 
 
 def assert_unavailable(response, name):
@@ -67,7 +55,7 @@ def test_with_sessions_in_the_cache_every_endpoint_answers_503_with_a_sentence(r
     worker()
     redis_down()
 
-    answers = call_every_endpoint(client, turn)
+    answers = call_every_endpoint(client, turn, "Still there?", HTTP_IDEMPOTENCY_KEY="message-2")
 
     for name, response in answers.items():
         assert_unavailable(response, name)
@@ -85,7 +73,7 @@ def test_with_sessions_in_the_database_what_needs_redis_answers_503_and_the_rest
     worker()
     redis_down()
 
-    answers = call_every_endpoint(client, turn)
+    answers = call_every_endpoint(client, turn, "Still there?", HTTP_IDEMPOTENCY_KEY="message-2")
 
     for name in ("start a conversation", "send a message", "poll"):  # throttles and states live in Redis
         assert_unavailable(answers[name], name)

@@ -5,7 +5,7 @@ import json
 import pytest
 from drf_spectacular.validation import validate_schema
 
-from tests.helpers import make_client
+from tests.helpers import OPERATIONS, call_every_endpoint, make_client
 
 pytestmark = pytest.mark.django_db
 
@@ -142,14 +142,7 @@ def test_the_refusal_of_anonymous_callers_under_login_required_is_documented(sch
     conversation = started["conversation"]
     conversations_settings.update(LOGIN_REQUIRED=True)
 
-    answers = {
-        ("/api/conversations/", "get"): client.get("/api/conversations/"),
-        ("/api/conversations/", "post"): api_post(client, "/api/conversations/"),
-        (CONVERSATION, "get"): client.get(f"/api/conversations/{conversation}/"),
-        (TURNS, "post"): api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "x"}),
-        (POLL, "get"): client.get(started["poll_url"]),
-        (CANCEL, "post"): api_post(client, started["cancel_url"]),
-    }
+    answers = {OPERATIONS[name]: response for name, response in call_every_endpoint(client, started).items()}
 
     assert set(answers) == {(path, method) for path in schema["paths"] for method in schema["paths"][path]}
     for (path, method), response in answers.items():
@@ -169,14 +162,7 @@ def test_the_answer_every_operation_gives_while_redis_is_down_is_documented(sche
     settings.CACHES = {alias: {**conf, "LOCATION": NOWHERE} for alias, conf in settings.CACHES.items()}
     settings.RQ_QUEUES = {name: {**conf, "URL": NOWHERE} for name, conf in settings.RQ_QUEUES.items()}
 
-    answers = {
-        ("/api/conversations/", "get"): client.get("/api/conversations/"),
-        ("/api/conversations/", "post"): api_post(client, "/api/conversations/"),
-        (CONVERSATION, "get"): client.get(f"/api/conversations/{conversation}/"),
-        (TURNS, "post"): api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "x"}),
-        (POLL, "get"): client.get(started["poll_url"]),
-        (CANCEL, "post"): api_post(client, started["cancel_url"]),
-    }
+    answers = {OPERATIONS[name]: response for name, response in call_every_endpoint(client, started).items()}
 
     assert set(answers) == {(path, method) for path in schema["paths"] for method in schema["paths"][path]}
     for (path, method), response in answers.items():
