@@ -43,14 +43,23 @@ class Chat:
         page.on("request", self._on_request)
         page.on("response", self._on_response)
         page.on("dialog", self._on_dialog)
+        # The widget draws in a shadow root, which an observer of the document does not see into:
+        # each shadow root is observed as it is attached.
         page.add_init_script("""
             window.__batches = [];
-            new MutationObserver(function (records) {
+            var observer = new MutationObserver(function (records) {
               var added = [];
               records.forEach(function (r) { r.addedNodes.forEach(function (n) {
                 if (n.nodeType === 1 && n.tagName === "LI") { added.push(n.className); } }); });
               if (added.length) { window.__batches.push(added); }
-            }).observe(document, {childList: true, subtree: true});
+            });
+            observer.observe(document, {childList: true, subtree: true});
+            var attachShadow = Element.prototype.attachShadow;
+            Element.prototype.attachShadow = function (init) {
+              var root = attachShadow.call(this, init);
+              observer.observe(root, {childList: true, subtree: true});
+              return root;
+            };
         """)
 
     @staticmethod
