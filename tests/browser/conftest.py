@@ -96,14 +96,16 @@ class Chat:
 
 @pytest.fixture
 def chat_page(browser, live_server):
-    """A fresh browser context (English) on the live server; ``chat_page(locale=...)`` for another."""
+    """A fresh browser context (English) on the live server; ``chat_page(locale=..., **context_options)``
+    for another."""
     from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     contexts = []
 
-    def open_context(locale="en-US"):
-        context = browser.new_context(locale=locale)
+    def open_context(locale="en-US", **options):
+        """``options``: any of Playwright's ``new_context`` options (viewport, forced_colors...)."""
+        context = browser.new_context(locale=locale, **options)
         context.set_default_timeout(TIMEOUT_MS)
         contexts.append(context)
         return Chat(context.new_page(), live_server.url)

@@ -7,6 +7,7 @@ import json
 
 from django.template import engines
 from django.test import RequestFactory
+from django.utils import translation
 
 PAGE = """{% load conversations %}<!doctype html><html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1"><title>A host page</title>
@@ -27,11 +28,13 @@ p, span, div, section { text-indent: 2em; text-align: right; font-style: italic;
 """
 
 
-def render(body, style=""):
-    """The page's HTML: ``body`` (Django template text, with the conversations tags loaded)."""
+def render(body, style="", language="en"):
+    """The page's HTML: ``body`` (Django template text, with the conversations tags loaded), in
+    ``language`` (whatever an earlier request of this thread left active)."""
     request = RequestFactory().get("/host-page/")
     source = PAGE.replace("STYLE", style).replace("BODY", body)
-    return engines["django"].from_string(source).render({"request": request}, request=request)
+    with translation.override(language):
+        return engines["django"].from_string(source).render({"request": request}, request=request)
 
 
 def open_host_page(chat, body, style="", path="/host-page/"):
