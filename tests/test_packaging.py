@@ -6,6 +6,7 @@ The site runs from a venv of its own with the wheel installed (tests/fresh_site.
 of this checkout (the demo project, the tests) is importable there.
 """
 
+import concurrent.futures
 import os
 import re
 import time
@@ -241,36 +242,43 @@ def test_a_site_with_its_own_styles_and_email_users_runs_both_widget_modes_untou
     site.manage("createsuperuser", "--no-input", "--email", "admin@example.com",
                 env={"DJANGO_SUPERUSER_PASSWORD": "a long enough password"})
 
-    with site.serve() as base, sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1000, "height": 800})
-        page.set_default_timeout(20_000)
-        expect.set_options(timeout=20_000)
+    def through_the_widget(base):
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1000, "height": 800})
+            page.set_default_timeout(20_000)
+            expect.set_options(timeout=20_000)
 
-        def styles_on(look, mode):
-            page.goto(f"{base}/{look}-{mode}/")
-            if mode == "launcher":
-                page.locator(".cvw-launcher").click()
-            expect(page.locator(".cvw-msg-assistant")).to_contain_text("demo assistant")
-            return page.evaluate(STYLES_OF, [PARTS, COMPARED])
+            def styles_on(look, mode):
+                page.goto(f"{base}/{look}-{mode}/")
+                if mode == "launcher":
+                    page.locator(".cvw-launcher").click()
+                expect(page.locator(".cvw-msg-assistant")).to_contain_text("demo assistant")
+                return page.evaluate(STYLES_OF, [PARTS, COMPARED])
 
-        # A turn through the real widget on the host page, run by the site's worker.
-        page.goto(f"{base}/host-inline/")
-        page.locator(".cvw-input").fill("Hello!")
-        page.locator(".cvw-input").press("Enter")
-        expect(page.locator(".cvw-status")).to_have_text("The assistant is thinking…")
-        site.manage("rqworker", "--burst")
-        expect(page.locator(".cvw-msg-assistant")).to_contain_text("Hello! I am the demo assistant of this site")
-        # The host's rules are in force on its own elements ...
-        assert page.locator("main > label").evaluate("el => getComputedStyle(el).textTransform") == "uppercase"
-        # ... and none of them reached the widget, in either mode (the conversation follows, restored).
-        for mode in ("inline", "launcher"):
-            host, bare = styles_on("host", mode), styles_on("bare", mode)
-            assert host[".cvw-label"]["text-transform"] == "none" and host[".cvw-panel"]["width"] == "576px"
-            for part in PARTS:
-                assert host[part] == bare[part], (mode, part, {p: (host[part][p], bare[part][p]) for p in COMPARED
-                                                               if host[part] and host[part][p] != bare[part][p]})
-        browser.close()
+            # A turn through the real widget on the host page, run by the site's worker.
+            page.goto(f"{base}/host-inline/")
+            page.locator(".cvw-input").fill("Hello!")
+            page.locator(".cvw-input").press("Enter")
+            expect(page.locator(".cvw-status")).to_have_text("The assistant is thinking…")
+            site.manage("rqworker", "--burst")
+            expect(page.locator(".cvw-msg-assistant")).to_contain_text("Hello! I am the demo assistant of this site")
+            # The host's rules are in force on its own elements ...
+            assert page.locator("main > label").evaluate("el => getComputedStyle(el).textTransform") == "uppercase"
+            # ... and none of them reached the widget, in either mode (the conversation follows, restored).
+            for mode in ("inline", "launcher"):
+                host, bare = styles_on("host", mode), styles_on("bare", mode)
+                assert host[".cvw-label"]["text-transform"] == "none" and host[".cvw-panel"]["width"] == "576px"
+                for part in PARTS:
+                    assert host[part] == bare[part], (mode, part, {p: (host[part][p], bare[part][p]) for p in COMPARED
+                                                                   if host[part] and host[part][p] != bare[part][p]})
+            browser.close()
+
+    with site.serve() as base:
+        # Playwright's sync API runs an event loop in its thread, and the browser tests' session
+        # keeps one running in this one: this browser gets a thread of its own.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(through_the_widget, base).result()
 
         # The admin of a site whose users have no username: search and ordering by owner work.
         operator = requests.Session()
