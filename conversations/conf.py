@@ -62,13 +62,12 @@ DEFAULTS = {
     # When an anonymous visitor logs in, their conversations active within this many seconds become
     # the user's (readable from all their sessions); 0 = none (the browser keeps its own either way).
     "CLAIM_ON_LOGIN_WITHIN": 300,
-    # Conversations for signed-in users only: anonymous API calls are refused (403) and the widget
-    # shows a sign-in link to LOGIN_URL instead of its text box.
-    "LOGIN_REQUIRED": False,
     # Larger API request bodies are refused (413) before they are read.
     "MAX_REQUEST_BYTES": 65536,
     # Seconds the demo model pauses per reply, so the widget shows each step land.
     "DEMO_DELAY": 0.8,
+    # Only logged-in users may chat: anonymous callers get 403 "Please sign in…" from every API endpoint.
+    "LOGIN_REQUIRED": False,
 }
 
 _LIST_KEYS = {"TOOLS"}
