@@ -7,7 +7,8 @@ A fake OpenAI-compatible server streams an answer word by word (one word every 0
 ``--seconds``) to a turn run by a real ``rqworker``, served by gunicorn, as in production:
 
 - lag: from the provider sending a word to the poll view first returning it (a poller asking
-  every 10 ms, so the figure is the pipeline's, not the poll interval's);
+  every 10 ms, so the figure is the pipeline's, not the poll interval's), and to the word
+  appearing in the real widget in headless Chromium (its own polling included; one run);
 - polls: requests and bytes a widget-like poller (every 0.3 s while text grows, with ETags)
   makes for the whole answer;
 - one partial publish (cache only), timed in this process;
@@ -64,6 +65,67 @@ def measure_lag(base, fake, count):
         shown = next((at for at, length in seen if length >= cumulative), None)
         if shown is not None:
             lags.append(shown - sent_at)
+    return lags
+
+
+WATCH_WIDGET = """
+    window.__shown = [];
+    function watch(root) {
+      new MutationObserver(function () {
+        var answers = root.querySelectorAll(".cvw-msg-assistant");
+        if (!answers.length) { return; }
+        var words = (answers[answers.length - 1].textContent.match(/w\\d{4}/g) || []).length;
+        window.__shown.push([Date.now(), words]);
+      }).observe(root, {childList: true, subtree: true, characterData: true});
+    }
+    var attachShadow = Element.prototype.attachShadow;
+    Element.prototype.attachShadow = function (init) { var root = attachShadow.call(this, init); watch(root); return root; };
+"""
+
+
+def serve_static(route):
+    """Answer a request for /static/… from the app's and the demo's static directories."""
+    from urllib.parse import urlsplit
+
+    from bench.common import ROOT
+
+    name = urlsplit(route.request.url).path.split("/static/", 1)[1]
+    for folder in (ROOT / "conversations" / "static", ROOT / "static"):
+        if (folder / name).is_file():
+            return route.fulfill(path=str(folder / name))
+    return route.fulfill(status=404)
+
+
+def measure_widget_lag(base, fake, count):
+    """Seconds from each word leaving the provider to its appearing in the real widget, in
+    Debian's headless Chromium (wall clocks: both run on this machine)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser.conftest import CHROMIUM_ARGS, chromium_path
+
+    offset = time.time() - time.monotonic()  # the fake stamps its sends on the monotonic clock
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.add_init_script(WATCH_WIDGET)
+        page.route("**/static/**", serve_static)  # gunicorn, as in production, serves no static files
+        page.goto(base + "/")
+        already = len(fake.sent_at)
+        page.locator(".cvw-input").fill("Stream for me")
+        page.locator(".cvw-input").press("Enter")
+        deadline = time.monotonic() + count * WORD_INTERVAL + 30
+        while time.monotonic() < deadline:
+            shown = page.evaluate("window.__shown")
+            if shown and shown[-1][1] >= count:
+                break
+            page.wait_for_timeout(200)
+        browser.close()
+    sent = fake.sent_at[already:][1:count + 1]  # the first event carries no text
+    lags = []
+    for index, sent_at in enumerate(sent):
+        seen = next((at / 1000 for at, words in shown if words >= index + 1), None)
+        if seen is not None:
+            lags.append(seen - (sent_at + offset))
     return lags
 
 
@@ -133,7 +195,7 @@ def main():
 
     from tests.fakes import FakeProvider
 
-    lags, polls, stops = [], [], []
+    lags, polls, stops, widget = [], [], [], []
     with FakeProvider() as fake:
         settings = {"PROVIDER": "openai", "BASE_URL": fake.url, "API_KEY": "bench", "TOOLS": "",
                     "JOB_TIMEOUT": int(args.seconds + 40), "CALL_TIMEOUT": int(args.seconds + 10),
@@ -149,6 +211,8 @@ def main():
                 polls.append(measure_polls(base, fake))
                 queue_stream(fake, count)
                 stops.append(measure_stop(base, fake))
+            queue_stream(fake, count)
+            widget = measure_widget_lag(base, fake, count)
             publish_us = measure_publish()
 
     print(machine())
@@ -157,6 +221,8 @@ def main():
     table(["measure", "p50", "p95", "max", "n"], [
         ["provider sends a word → poll view returns it (ms)", f"{median(lags) * 1000:.0f}",
          f"{percentile(lags, 0.95) * 1000:.0f}", f"{max(lags) * 1000:.0f}", str(len(lags))],
+        ["provider sends a word → it shows in the widget, Chromium (ms)", f"{median(widget) * 1000:.0f}",
+         f"{percentile(widget, 0.95) * 1000:.0f}", f"{max(widget) * 1000:.0f}", str(len(widget))],
         ["Stop → provider connection closed (ms)", f"{median([s[0] for s in stops]) * 1000:.0f}",
          f"{percentile([s[0] for s in stops], 0.95) * 1000:.0f}", f"{max(s[0] for s in stops) * 1000:.0f}",
          str(len(stops))],
