@@ -17,7 +17,7 @@ kept as it is, never asked again of another provider.
 import logging
 
 from .breaker import CircuitBreaker, provider_key
-from .budget import BudgetExhausted
+from .budget import Budget, BudgetExhausted
 from .http import BudgetedHTTP
 from .providers import BaseProvider, ProviderError, get_provider_class
 from .types import Outcome, record_call
@@ -29,27 +29,16 @@ OUTAGE_CODES = frozenset({"timeout", "connection", "unavailable", "rate_limited"
 ENTRY_KEYS = ("PROVIDER", "MODEL", "BASE_URL", "API_KEY")
 
 
-class ReservedBudget:
+class ReservedBudget(Budget):
     """The turn's budget less ``reserve`` seconds kept back for the next provider in the chain:
     what a provider that is not the last sees (``remaining``, ``call_timeout``, ``can_start``)."""
 
-    def __init__(self, budget, reserve):
+    def __init__(self, budget, reserve):  # a view of ``budget``: its clock, start and deadline
+        self.__dict__.update(budget.__dict__)
         self.budget, self.reserve = budget, float(reserve)
-
-    def elapsed(self):
-        return self.budget.elapsed()
 
     def remaining(self):
         return max(0.0, self.budget.remaining() - self.reserve)
-
-    def call_timeout(self, cap):
-        return min(float(cap), self.remaining())
-
-    def can_start(self, minimum):
-        return self.remaining() >= minimum
-
-    def __getattr__(self, name):  # seconds, deadline, clock…: the turn's own
-        return getattr(self.budget, name)
 
 
 def chain_entries(config):

@@ -84,35 +84,24 @@ def enqueue_turn(turn, *, saved=False):
 
     ``saved``: the turn's row already holds ``job_fields()`` (``turns.create`` inserts them).
     """
-    cfg = get_config()
     if not saved:
         turn.save(update_fields=job_fields(turn))
-    get_queue().enqueue(
-        perform_turn,
-        str(turn.id),
-        job_id=turn.job_id,
-        job_timeout=cfg["JOB_TIMEOUT"],
-        result_ttl=cfg["STATE_TTL"],
-        failure_ttl=max(cfg["STATE_TTL"], 86400),
-        description=f"conversation turn {turn.id}",
-    )
-    return turn.job_id
+    return _enqueue(turn, turn.job_id, job_timeout=get_config()["JOB_TIMEOUT"],
+                    description=f"conversation turn {turn.id}")
 
 
 def enqueue_continuation(turn, job_id, *, job_timeout):
     """Enqueue job ``job_id`` continuing running ``turn`` (``resume.continue_turn``), at the front
     of the queue: its deadline is already running."""
+    return _enqueue(turn, job_id, job_timeout=job_timeout, description=f"conversation turn {turn.id}, continued",
+                    at_front=True)
+
+
+def _enqueue(turn, job_id, *, job_timeout, description, at_front=False):
     cfg = get_config()
-    get_queue().enqueue(
-        perform_turn,
-        str(turn.id),
-        job_id=job_id,
-        job_timeout=job_timeout,
-        result_ttl=cfg["STATE_TTL"],
-        failure_ttl=max(cfg["STATE_TTL"], 86400),
-        description=f"conversation turn {turn.id}, continued",
-        at_front=True,
-    )
+    get_queue().enqueue(perform_turn, str(turn.id), job_id=job_id, job_timeout=job_timeout,
+                        result_ttl=cfg["STATE_TTL"], failure_ttl=max(cfg["STATE_TTL"], 86400),
+                        description=description, at_front=at_front)
     return job_id
 
 
