@@ -7,6 +7,8 @@ here: code reads ``get_config()[KEY]``, never ``.get(KEY, fallback)``.
 """
 
 import difflib
+import json
+from collections.abc import Mapping
 from functools import lru_cache
 from types import MappingProxyType
 
@@ -72,12 +74,34 @@ DEFAULTS = {
     "MAX_REQUEST_BYTES": 65536,
     # Seconds the demo model pauses per reply, so the widget shows each step land.
     "DEMO_DELAY": 0.8,
+    # API keys that assistants (edited in the admin, which never stores a key) name: {name: value},
+    # the value the key itself or "env:VARIABLE" to read it from the worker's environment.
+    "CREDENTIALS": {},
+    # Prices per million tokens, by model name: {"gpt-4o-mini": {"input": "0.15", "output": "0.60"}};
+    # each turn's cost is computed from them at its final write.
+    "PRICES": {},
+    # Ratings of answers per owner and per client address (DRF rates; "" = off).
+    "RATING_RATE_PER_OWNER": "30/min",
+    "RATING_RATE_PER_IP": "60/min",
 }
 
 _LIST_KEYS = {"TOOLS"}
+_DICT_KEYS = {"CREDENTIALS", "PRICES"}
+
+
+def _frozen(value):
+    """``value`` as a read-only mapping (nested mappings too), like the lists that become tuples."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({key: _frozen(item) for key, item in value.items()})
+    return value
 
 
 def _coerce(key, value, default):
+    if key in _DICT_KEYS:  # a JSON object when it comes from the environment
+        value = json.loads(value) if isinstance(value, str) else value
+        if not isinstance(value, Mapping):
+            raise ValueError(key)
+        return _frozen(value)
     if key in _LIST_KEYS:  # a tuple, so that the shared configuration cannot be changed through it
         if isinstance(value, str):
             return tuple(item.strip() for item in value.split(",") if item.strip())
@@ -100,7 +124,7 @@ def get_config():
     tuples); ``{**get_config(), KEY: value}`` makes a changed copy.
     """
     user = getattr(settings, "CONVERSATIONS", {}) or {}
-    config = {key: tuple(value) if key in _LIST_KEYS else value for key, value in DEFAULTS.items()}
+    config = {key: tuple(value) if key in _LIST_KEYS else _frozen(value) for key, value in DEFAULTS.items()}
     for key, value in user.items():
         try:
             config[key] = _coerce(key, value, DEFAULTS.get(key))

@@ -25,7 +25,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.timeouts import JobTimeoutException
 
-from . import state, turns
+from . import assistants, state, turns
 from .budget import TurnClock
 from .conf import get_config
 from .models import Turn
@@ -71,7 +71,7 @@ def get_queue():
 def job_fields(turn):
     """Set the job's id and clocks on ``turn`` (not saved). The job id is ours, not RQ's, because
     inside ``transaction.atomic()`` django-rq defers the enqueue to the commit and returns None."""
-    cfg = get_config()
+    cfg = assistants.settings_for(turn.assistant)  # an assistant may set its own job timeout
     turn.job_id = job_id_for(turn)
     turn.job_timeout = cfg["JOB_TIMEOUT"]
     turn.deadline_margin = cfg["DEADLINE_MARGIN"]
@@ -79,7 +79,7 @@ def job_fields(turn):
 
 
 def enqueue_turn(turn, *, saved=False):
-    """Enqueue ``turn`` with ``job_timeout = JOB_TIMEOUT``; returns the job id.
+    """Enqueue ``turn`` with ``job_timeout = JOB_TIMEOUT`` (its assistant's, when it sets one); returns the job id.
 
     ``saved``: the turn's row already holds ``job_fields()`` (``turns.create`` inserts them).
     """
@@ -90,7 +90,7 @@ def enqueue_turn(turn, *, saved=False):
         perform_turn,
         str(turn.id),
         job_id=turn.job_id,
-        job_timeout=cfg["JOB_TIMEOUT"],
+        job_timeout=turn.job_timeout,
         result_ttl=cfg["STATE_TTL"],
         failure_ttl=max(cfg["STATE_TTL"], 86400),
         description=f"conversation turn {turn.id}",
@@ -106,11 +106,17 @@ def perform_turn(turn_id):
     clock = TurnClock(job_timeout, cfg["DEADLINE_MARGIN"])
     close_old_connections()
     try:
-        turn = Turn.objects.select_related("conversation", "conversation__user").get(pk=turn_id)
+        turn = Turn.objects.select_related("conversation", "conversation__user", "assistant").get(pk=turn_id)
     except Turn.DoesNotExist:
         logger.warning("Turn %s no longer exists; nothing to do", turn_id)
         return None
     if turn.done:  # cancelled (or repaired) before a worker picked it up
+        return turn.status
+    try:
+        cfg = assistants.config_for_turn(turn, cfg)
+    except assistants.NotSetUp as exc:  # e.g. a tool removed from TOOLS since the assistant was saved
+        logger.error("Turn %s cannot run: the assistant %s", turn_id, exc)
+        turns.finalize(turn, Turn.Status.FAILED, exc.message)
         return turn.status
     try:
         runner = TurnRunner(turn, clock=clock, config=cfg)

@@ -20,7 +20,9 @@ from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 
 from . import state
+from .assistants import provider_error_message
 from .budget import BudgetExhausted
+from .costs import turn_cost
 from .http import BudgetedHTTP, CallCancelled, ensure_call_budget
 from .models import CallRecord, Conversation, Message, Turn
 from .providers import ProviderError, get_provider_class
@@ -208,7 +210,7 @@ class TurnRunner:
         turn.provider = self.provider.name
         turn.model = getattr(self.provider, "model", "") or ""
         turn.save(update_fields=["status", "started_at", "job_timeout", "deadline_margin", "deadline_at",
-                                 "provider", "model"])
+                                 "provider", "model", "assistant_version"])
         self.publish()
 
     def run(self):
@@ -220,7 +222,7 @@ class TurnRunner:
             status, error = Turn.Status.INCOMPLETE, deadline_message()
         except ProviderError as exc:
             logger.error("Turn %s failed: %s", self.turn.id, exc)
-            status, error = Turn.Status.FAILED, exc.message
+            status, error = Turn.Status.FAILED, provider_error_message(self.turn, exc)
         finally:
             if self.http is not None:
                 self.http.close()
@@ -329,8 +331,9 @@ class TurnRunner:
             with transaction.atomic():
                 self.save_records()
                 shown = self.save_streamed()
+                turn.cost = turn_cost(turn.model, turn.input_tokens, turn.output_tokens)
                 turn.save(update_fields=["status", "error", "finished_at", "margin_left", "model_calls",
-                                         "tool_calls", "input_tokens", "output_tokens"])
+                                         "tool_calls", "input_tokens", "output_tokens", "cost"])
             if shown is not None:
                 self.rows.append(shown)
                 self.streamed = None

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 
 from django.core.cache import cache
@@ -178,6 +179,8 @@ def worker_env(**conversations):
     for key, value in {**get_config(), **conversations}.items():
         if key == "TOOLS":
             value = ",".join(value)
+        elif isinstance(value, Mapping):  # CREDENTIALS, PRICES: JSON, as conf reads them from the environment
+            value = json.dumps(dict(value), default=dict)
         env[f"CONVERSATIONS_{key}"] = str(value)
     return env
 
