@@ -1,13 +1,19 @@
 """``{% load conversations %}{% chat_widget %}``: the chat widget on any Django page."""
 
+import json
+import logging
+
 from django import template
+from django.db import DatabaseError
 from django.middleware.csrf import get_token
 from django.urls import reverse
 from django.utils.translation import gettext as _
 
-from ..conf import get_config
+from ..assistants import settings_for
+from ..models import Assistant
 
 register = template.Library()
+logger = logging.getLogger("conversations.widget")
 
 
 def widget_strings():
@@ -38,23 +44,45 @@ def widget_strings():
 
 
 @register.inclusion_tag("conversations/widget.html", takes_context=True)
-def chat_widget(context, title=""):
+def chat_widget(context, title="", assistant=""):
     """Render the widget (its element, CSS and script) with every string translated.
 
-    ``title`` replaces the header text. Called once per ``{% chat_widget %}``; returns the
-    template context of ``conversations/widget.html``.
+    ``title`` replaces the header text (by default the assistant's name). ``assistant`` is the
+    slug of the assistant that answers the conversations this widget starts; an unknown or
+    inactive one renders nothing and logs a warning, so that a page never breaks on it. Called
+    once per ``{% chat_widget %}``; returns the template context of ``conversations/widget.html``.
     """
+    chosen = None
+    if assistant:
+        chosen = find_assistant(str(assistant), context.get("request"))
+        if chosen is None:
+            return {"hidden": True}
     request = context.get("request")
     # Also sets the csrftoken cookie for the widget's POSTs.
     csrf_token = get_token(request) if request is not None else ""
-    cfg = get_config()
+    cfg = settings_for(chosen)
     strings = widget_strings()
-    if title:
-        strings["title"] = str(title)
+    if title or chosen is not None:
+        strings["title"] = str(title or chosen.name)
     return {
         "api_url": reverse("conversations:conversation-list"),
         "job_timeout": cfg["JOB_TIMEOUT"],
         "max_length": cfg["MAX_MESSAGE_LENGTH"],
         "csrf_token": csrf_token,
         "strings": strings,
+        "assistant": chosen,
+        "suggestions": json.dumps(list(chosen.suggestions), ensure_ascii=False) if chosen is not None else "",
     }
+
+
+def find_assistant(slug, request=None):
+    """The active assistant ``slug``, or None (logged as a warning with the page's path)."""
+    path = getattr(request, "path", "?")
+    try:
+        found = Assistant.objects.filter(slug=slug, active=True).first()
+    except DatabaseError:  # e.g. its table not migrated yet: the page still renders, without the widget
+        logger.warning("chat_widget: assistants cannot be read on %s", path, exc_info=True)
+        return None
+    if found is None:
+        logger.warning("chat_widget: no active assistant %r on %s; the widget is not shown", slug, path)
+    return found
