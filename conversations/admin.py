@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 
 from . import turns
 from .models import Conversation, Message, Turn
+from .admin_filters import NearDeadlineFilter, RatingFilter
 from .timeline import job_status, owner_label, redact, seconds, turn_page
 
 # -- operations ----------------------------------------------------------------------------
@@ -63,33 +64,6 @@ def stop_turn(turn):
         return turns.stop(turn, end_orphaned=True).status
     except RedisError:
         return UNREACHABLE
-
-
-class NearDeadlineFilter(admin.SimpleListFilter):
-    """Turns whose final write came close to, or after, the job's own deadline.
-
-    ``margin_left`` is the time left before RQ's job timeout at the final write, and the own
-    deadline sits ``deadline_margin`` before that timeout. "Near" means the final write came
-    later than ``NEAR_SECONDS`` before the own deadline; "overran" that it came after it, in
-    the margin kept for the final write. Turns that never reached a final write are in neither.
-    """
-
-    title = gettext_lazy("ended near the deadline")
-    parameter_name = "deadline"
-    NEAR_SECONDS = 5.0
-
-    def lookups(self, request, model_admin):
-        return [
-            ("near", gettext_lazy("within %(s)d s of its deadline or later") % {"s": self.NEAR_SECONDS}),
-            ("overran", gettext_lazy("after its deadline")),
-        ]
-
-    def queryset(self, request, queryset):
-        if self.value() == "near":
-            return queryset.filter(margin_left__lt=F("deadline_margin") + self.NEAR_SECONDS)
-        if self.value() == "overran":
-            return queryset.filter(margin_left__lt=F("deadline_margin"))
-        return queryset
 
 
 # -- model admins --------------------------------------------------------------------------

@@ -263,3 +263,18 @@ def test_the_fingerprint_covers_the_configuration_not_the_greeting():
     assert fingerprint(greeting="Hi") == fingerprint(greeting="Hello") == fingerprint(name="Renamed")
     assert len({fingerprint(), fingerprint(system_prompt="p2"), fingerprint(model="demo"),
                 fingerprint(tools=["search_faq"]), fingerprint(max_steps=2), fingerprint(credential="k")}) == 6
+
+
+@pytest.mark.django_db
+def test_the_schema_lists_the_active_assistants_a_conversation_may_name():
+    from drf_spectacular.validation import validate_schema
+
+    make_assistant("support")
+    make_assistant("retired", active=False)
+    schema = make_client().get("/api/schema/?format=json").json()
+    validate_schema(schema)
+    body = schema["components"]["schemas"]["ConversationCreate"]["properties"]["assistant"]
+    enums = [schema["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]["enum"] for ref in body["oneOf"]]
+    assert ["support"] in enums and "retired" not in str(enums)
+    # "" and null: the site's default.
+    assert api_post(make_client(), "/api/conversations/", {"assistant": ""}).json()["assistant"] is None

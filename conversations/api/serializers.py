@@ -59,17 +59,39 @@ class TurnCreateSerializer(serializers.Serializer):
     )
 
 
+class AssistantSlugField(serializers.CharField):
+    """The slug of an active assistant (validated by the serializer against the database)."""
+
+
+class AssistantSlugFieldSchema(OpenApiSerializerFieldExtension):
+    """Describes ``AssistantSlugField`` with the slugs of the assistants active when the schema is
+    generated; "" and null mean the site's default."""
+
+    target_class = AssistantSlugField
+
+    def map_serializer_field(self, auto_schema, direction):
+        """The JSON schema of an assistant's slug: one of the active ones, or null."""
+        from django.db import DatabaseError
+
+        try:
+            slugs = list(Assistant.objects.filter(active=True).order_by("slug").values_list("slug", flat=True))
+        except DatabaseError:
+            slugs = []
+        if not slugs:  # an empty enum is not valid OpenAPI
+            return {"type": "string", "nullable": True, "maxLength": 0}
+        return {"type": "string", "nullable": True, "enum": ["", *slugs, None]}
+
+
 class ConversationCreateSerializer(serializers.Serializer):
     """``POST /api/conversations/``: which assistant answers the new conversation (its slug);
-    absent or null: the site's default. ``validated_data["assistant"]`` is the ``Assistant``."""
+    absent, "" or null: the site's default. ``validated_data["assistant"]`` is the ``Assistant``."""
 
-    assistant = serializers.CharField(required=False, allow_null=True, max_length=50,
-                                      error_messages={"invalid": _("Name an assistant by its slug."),
-                                                      "blank": _("Name an assistant by its slug.")})
+    assistant = AssistantSlugField(required=False, allow_null=True, allow_blank=True, max_length=50,
+                                   error_messages={"invalid": _("Name an assistant by its slug.")})
 
     def validate_assistant(self, slug):
-        """The active ``Assistant`` named ``slug`` (None for None); an unknown or inactive one is refused."""
-        if slug is None:
+        """The active ``Assistant`` named ``slug`` (None for "" or None); an unknown or inactive one is refused."""
+        if not slug:
             return None
         assistant = Assistant.objects.filter(slug=slug, active=True).first()
         if assistant is None:
