@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 from . import turns
 from .models import Conversation, Message, Turn
 from .admin_filters import NearDeadlineFilter, RatingFilter
+from .assistant_admin import TurnAssistantColumns
 from .timeline import job_status, owner_label, redact, seconds, turn_page
 
 # -- operations ----------------------------------------------------------------------------
@@ -145,24 +146,27 @@ class ConversationAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
 
 @admin.register(Turn)
-class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
+class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
     """The turn list and the turn page (timeline, transcript, RQ job), with re-run and cancel."""
 
-    list_display = ("short_id", "status_badge", "conversation_short", "owner_short", "started", "duration_text",
-                    "model_calls", "tool_calls", "tokens", "margin_left_text")
+    list_display = ("short_id", "status_badge", "assistant_short", "conversation_short", "owner_short", "started",
+                    "duration_text", "model_calls", "tool_calls", "tokens", "margin_left_text", "rating_text",
+                    "cost_text")
     list_display_links = ("short_id",)
-    list_filter = ("status", NearDeadlineFilter, "provider", "model")
-    list_select_related = ("conversation", "conversation__user")
+    list_filter = ("status", NearDeadlineFilter, RatingFilter, "assistant", "provider", "model")
+    list_select_related = ("conversation", "conversation__user", "assistant", "assistant_version")
     date_hierarchy = "enqueued_at"
     search_help_text = gettext_lazy("A turn or conversation id, a username or email, or words of a message.")
-    actions = ["rerun_selected", "cancel_selected"]
+    actions = ["rerun_selected", "cancel_selected", "export_rated_csv"]
     fieldsets = [
-        (None, {"fields": ("status_badge", "error_text", "conversation_link", "owner", ("provider", "model"))}),
+        (None, {"fields": ("status_badge", "error_text", "conversation_link", "owner", ("provider", "model"),
+                           "assistant_link", "version_text")}),
+        (gettext_lazy("Visitor's rating"), {"fields": (("rating_text", "rated_at"), "rating_comment_text")}),
         (gettext_lazy("Clocks"), {"fields": (("enqueued_at", "started_at", "finished_at"), "duration_text",
                                              ("job_timeout", "deadline_margin", "deadline_at"),
                                              "margin_left_text")}),
         (gettext_lazy("Work"), {"fields": (("model_calls", "tool_calls"), ("input_tokens", "output_tokens"),
-                                           "cancel_requested")}),
+                                           "cost_text", "cancel_requested")}),
         (gettext_lazy("RQ job"), {"fields": ("job_id", "rq_status")}),
     ]
     readonly_fields = flatten_fieldsets(fieldsets)  # every field the page shows
@@ -172,7 +176,8 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     def get_queryset(self, request):
         elapsed = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
-        return super().get_queryset(request).select_related("conversation__user").annotate(elapsed=elapsed)
+        return super().get_queryset(request).select_related(
+            "conversation__user", "assistant", "assistant_version").annotate(elapsed=elapsed)
 
     def get_search_fields(self, request):
         """The owner's login name and email, whatever the user model calls them, and the messages."""

@@ -91,7 +91,7 @@ def overview(days=30, now=None, alias="default"):
     aggregates = dict(
         turns=Count("pk"), **statuses,
         rated=Count("pk", filter=~Q(rating="")), thumbs_up=Count("pk", filter=Q(rating=Turn.Rating.UP)),
-        input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"), cost=Sum("cost"),
+        tokens_in=Sum("input_tokens"), tokens_out=Sum("output_tokens"), total_cost=Sum("cost"),
         unpriced=Count("pk", filter=Q(cost__isnull=True) & (Q(input_tokens__gt=0) | Q(output_tokens__gt=0))),
     )
     in_query = has_percentile_cont(alias)
