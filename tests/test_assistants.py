@@ -278,3 +278,64 @@ def test_the_schema_lists_the_active_assistants_a_conversation_may_name():
     assert ["support"] in enums and "retired" not in str(enums)
     # "" and null: the site's default.
     assert api_post(make_client(), "/api/conversations/", {"assistant": ""}).json()["assistant"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sentences_naming_an_assistant_are_translated(worker, settings):
+    make_assistant("soporte", name="Soporte", tools=["no_such_tool"])
+    client = make_client()
+    refused = api_post(client, "/api/conversations/", {"assistant": "nadie"}, HTTP_ACCEPT_LANGUAGE="es")
+    assert refused.json() == {"assistant": ["No hay ningún asistente «nadie» en este sitio."]}
+
+    settings.LANGUAGE_CODE = "es"  # the job writes its sentences in the site's language, as for every turn error
+    turn = start(client, "soporte", "Hola")
+    worker()
+    final = poll_until_done(client, turn["poll_url"])
+    assert final["error"] == ("El asistente «Soporte» no está bien configurado: sus herramientas “no_such_tool” no "
+                              "están entre las registradas en el sitio.")
+
+
+# -- checks ------------------------------------------------------------------------------------
+
+
+def test_credentials_and_prices_are_checked_at_start_up(conversations_settings):
+    from django.core.checks import Error, Warning
+
+    from conversations.checks import check_config
+
+    conversations_settings.update(
+        CREDENTIALS={"ok": "sk-1", "number": 5, "unset": "env:TEST_NO_SUCH_VARIABLE"},
+        PRICES={"fine": {"input": "0.15", "output": 0.6}, "words": {"input": "cheap", "output": "1"},
+                "half": {"input": "1"}, "negative": {"input": "-1", "output": "1"}})
+    found = {(m.id, m.msg) for m in check_config()}
+    assert {m for m in found if m[0].startswith("conversations.E04") or m[0] == "conversations.W040"} == {
+        ("conversations.E040", "CREDENTIALS['number'] must be an API key or \"env:VARIABLE\" (a non-empty string)."),
+        ("conversations.W040", "CREDENTIALS['unset'] reads the environment variable TEST_NO_SUCH_VARIABLE, which is "
+                               "not set in this process."),
+        ("conversations.E041", "PRICES['words'] has an input price that is not a decimal number: 'cheap'."),
+        ("conversations.E041", "PRICES['half'] must be {\"input\": …, \"output\": …}, with nothing else."),
+        ("conversations.E041", "PRICES['negative'] has an input price that is not a number of at least 0: '-1'."),
+    }
+    assert all(isinstance(m, Error if m.id.startswith("conversations.E") else Warning) for m in check_config())
+
+
+def test_settings_from_the_environment_may_hold_credentials_and_prices_as_json(settings):
+    from conversations.conf import get_config
+
+    settings.CONVERSATIONS = {"PRICES": '{"m": {"input": "0.5", "output": "1.5"}}', "CREDENTIALS": '{"k": "env:K"}'}
+    assert get_config()["PRICES"]["m"]["output"] == "1.5" and dict(get_config()["CREDENTIALS"]) == {"k": "env:K"}
+    with pytest.raises(TypeError):  # read-only, like the rest of the configuration
+        get_config()["PRICES"]["m"]["input"] = "0"
+
+
+@pytest.mark.django_db
+def test_assistants_that_cannot_work_are_listed_by_the_database_check():
+    from conversations.checks import check_assistants
+
+    make_assistant("support", tools=["gone"])
+    make_assistant("off", tools=["gone"], active=False)
+    assert check_assistants() == []  # runserver's checks: no database named, none touched
+    (warning,) = check_assistants(databases=["default"])
+    assert warning.id == "conversations.W041"
+    assert warning.msg == ("The assistant 'support' is not set up correctly: its tools “gone” are not among the "
+                           "site's registered tools.")

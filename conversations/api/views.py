@@ -171,14 +171,13 @@ class ConversationDetailView(ConversationAPIView):
         conversation = owned_conversation(request, conversation_id)
         messages = list(conversation.messages.order_by("id"))
         active = conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES).first()
-        rated = conversation.turns.exclude(rating="").values_list("id", "rating", "rating_comment")
         return Response({
             "id": str(conversation.id),
             "created_at": conversation.created_at,
             "assistant": conversation.assistant.slug if conversation.assistant_id else None,
             "messages": [{**state.message_dict(m), "turn": str(m.turn_id)} for m in messages],
             "active_turn": turn_summary(active) if active else None,
-            "ratings": {str(turn): {"value": value, "comment": comment} for turn, value, comment in rated},
+            "ratings": conversation.ratings(),
         })
 
 
