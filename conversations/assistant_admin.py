@@ -150,8 +150,7 @@ class AssistantAdmin(admin.ModelAdmin):
         for row in rows:
             row["ended"] = [(label, row[f"status_{value}"]) for value, label in Turn.Status.choices
                             if row[f"status_{value}"]]
-            row["duration_text"] = seconds(row["duration_median"].total_seconds() if row["duration_median"] is not None
-                                           else None, 1)
+            row["duration_text"] = seconds(row["duration_median"], 1)
             row["margin_text"] = seconds(row["margin_p10"], 1)
             row["turns_url"] = turns_url(row)
         context = {**self.admin_site.each_context(request), "opts": self.opts, "rows": rows, "days": days,
