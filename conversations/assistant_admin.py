@@ -14,6 +14,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
@@ -41,13 +42,10 @@ class LinesField(forms.CharField):
 class AssistantForm(forms.ModelForm):
     """Tools are chosen among the site's registered ones, the credential among the configured names."""
 
-    base_url = forms.URLField(required=False, max_length=500, assume_scheme="https", label=gettext_lazy("endpoint"),
-                              help_text=Assistant._meta.get_field("base_url").help_text)
-    tools = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple,
-                                      label=gettext_lazy("tools"))
-    credential = forms.ChoiceField(required=False, label=gettext_lazy("credential"))
-    suggestions = LinesField(required=False, label=gettext_lazy("suggested first questions"),
-                             help_text=gettext_lazy("One per line, at most 4."))
+    base_url = forms.URLField(required=False, max_length=500, assume_scheme="https")
+    tools = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple)
+    credential = forms.ChoiceField(required=False)
+    suggestions = LinesField(required=False, help_text=gettext_lazy("One per line, at most 4."))
 
     class Meta:
         model = Assistant
@@ -55,6 +53,10 @@ class AssistantForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        for name in ("base_url", "tools", "credential", "suggestions"):  # labels and help as the model's fields
+            model_field = Assistant._meta.get_field(name)
+            self.fields[name].label = capfirst(model_field.verbose_name)
+            self.fields[name].help_text = self.fields[name].help_text or model_field.help_text
         try:
             names = list(registered_tools())
         except (ImportError, TypeError, ValueError):  # conversations.E011 names the broken tool
@@ -65,7 +67,6 @@ class AssistantForm(forms.ModelForm):
         if self.instance.credential and self.instance.credential not in credentials:
             credentials.append(self.instance.credential)  # shown, so that clean() can say it is gone
         self.fields["credential"].choices = [("", _("— the site's API_KEY —"))] + [(c, c) for c in credentials]
-        self.fields["credential"].help_text = Assistant._meta.get_field("credential").help_text
 
 
 class VersionInline(admin.TabularInline):
@@ -217,9 +218,9 @@ class TurnAssistantColumns:
     def rating_text(self, obj):
         if not obj.rating:
             return "—"
-        symbol = "👍" if obj.rating == Turn.Rating.UP else "👎"
-        return format_html('<span class="turn-rating turn-rating-{}" title="{}">{}</span>{}', obj.rating,
-                           obj.get_rating_display(), symbol, " 💬" if obj.rating_comment else "")
+        return format_html('<span class="turn-rating turn-rating-{}">{}</span>{}', obj.rating, obj.get_rating_display(),
+                           format_html(' <span class="turn-rating-comment" title="{}">✎</span>', obj.rating_comment)
+                           if obj.rating_comment else "")
 
     @admin.display(description=gettext_lazy("visitor's comment"))
     def rating_comment_text(self, obj):

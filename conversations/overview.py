@@ -110,7 +110,8 @@ def day_of(days):
 
 
 def overview(days=30, now=None, alias="default"):
-    """The rows of the overview, newest day first and by assistant name within a day; each a
+    """The rows of the overview, newest day first and by assistant name within a day (the site's
+    settings last); each a
     dict of the group's numbers (durations and margins in seconds). ``assistant`` is None for
     turns answered by the site's settings."""
     window = local_days(days, now)
@@ -126,7 +127,7 @@ def overview(days=30, now=None, alias="default"):
     if in_query:
         aggregates.update({name: PercentileCont(expression, p) for name, expression, p in PERCENTILES})
     rows = list(base.values(*GROUP, "assistant__name", "assistant__slug").annotate(**aggregates)
-                .order_by("-day", "assistant__name"))
+                .order_by("-day", F("assistant__name").asc(nulls_last=True)))
     if not in_query:
         for name, expression, p in PERCENTILES:
             values = window_percentiles(base, expression, p)
