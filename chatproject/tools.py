@@ -19,7 +19,7 @@ ZONES = {
 }
 
 
-@tool
+@tool(idempotent=True)  # read-only
 def current_time(city: str) -> str:
     """The current local time in a city (e.g. "Tokyo", "New York") or "UTC"."""
     key = city.strip().lower()
@@ -45,7 +45,7 @@ def _faq():
     return [(_words(e["question"] + " " + " ".join(e.get("keywords", []))), e) for e in entries]
 
 
-@tool
+@tool(idempotent=True)  # read-only
 def search_faq(query: str, limit: int = 2) -> str:
     """Search the site's frequently asked questions; returns the best matching answers."""
     wanted = _words(query)

@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 
 from . import turns
 from .models import Conversation, Message, Turn
-from .admin_filters import NearDeadlineFilter, RatingFilter
+from .admin_filters import NearDeadlineFilter, QueueFilter, RatingFilter
 from .assistant_admin import TurnAssistantColumns
 from .timeline import job_status, owner_label, redact, seconds, turn_page
 
@@ -153,7 +153,7 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
                     "duration_text", "model_calls", "tool_calls", "tokens", "margin_left_text", "rating_text",
                     "cost_text")
     list_display_links = ("short_id",)
-    list_filter = ("status", NearDeadlineFilter, RatingFilter, "assistant", "provider", "model")
+    list_filter = ("status", QueueFilter, NearDeadlineFilter, RatingFilter, "assistant", "provider", "model")
     list_select_related = ("conversation", "conversation__user", "assistant", "assistant_version")
     date_hierarchy = "enqueued_at"
     search_help_text = gettext_lazy("A turn or conversation id, a username or email, or words of a message.")
@@ -221,7 +221,7 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
     @admin.display(description=gettext_lazy("started"), ordering="started_at")
     def started(self, obj):
         if obj.started_at is None:
-            return "—"
+            return _("never") if obj.done else "—"  # "never": it ended in the queue (see QueueFilter)
         return date_format(timezone.localtime(obj.started_at), "SHORT_DATETIME_FORMAT")
 
     @admin.display(description=gettext_lazy("conversation"))

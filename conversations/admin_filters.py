@@ -1,8 +1,11 @@
-"""The turn list's own filters: turns that ended near their deadline, and the visitor's rating."""
+"""The turn list's own filters: turns that ended near their deadline, turns no worker started, and the
+visitor's rating."""
 
 from django.contrib import admin
 from django.db.models import F
 from django.utils.translation import gettext_lazy
+
+from .models import Turn
 
 
 class NearDeadlineFilter(admin.SimpleListFilter):
@@ -29,6 +32,27 @@ class NearDeadlineFilter(admin.SimpleListFilter):
             return queryset.filter(margin_left__lt=F("deadline_margin") + self.NEAR_SECONDS)
         if self.value() == "overran":
             return queryset.filter(margin_left__lt=F("deadline_margin"))
+        return queryset
+
+
+class QueueFilter(admin.SimpleListFilter):
+    """Turns that no worker ever started: still waiting in the queue, or ended there (no worker
+    picked them up within ``QUEUE_WAIT``, the queue was unreachable, or the visitor stopped them)."""
+
+    title = gettext_lazy("picked up by a worker")
+    parameter_name = "worker"
+
+    def lookups(self, request, model_admin):
+        return [
+            ("waiting", gettext_lazy("not yet: waiting in the queue")),
+            ("never", gettext_lazy("never: ended in the queue")),
+        ]
+
+    def queryset(self, request, queryset):
+        if self.value() == "waiting":
+            return queryset.filter(status=Turn.Status.QUEUED)
+        if self.value() == "never":
+            return queryset.filter(status__in=Turn.DONE_STATUSES, started_at__isnull=True)
         return queryset
 
 

@@ -14,6 +14,10 @@ from django.utils.module_loading import import_string
 from .conf import get_config, unknown_keys
 
 
+# Seconds the widget keeps polling past JOB_TIMEOUT (its data-give-up-margin default).
+WIDGET_GIVE_UP_MARGIN = 30
+
+
 @register()
 def check_config(app_configs=None, **kwargs):
     try:
@@ -32,8 +36,16 @@ def check_config(app_configs=None, **kwargs):
             f"JOB_TIMEOUT ({job}).",
             hint="Use the same value, so every clock is nested the way the deadline assumes.",
             id="conversations.E007"))
-    errors += _check_provider(cfg) + _check_tools(cfg) + _check_rates(cfg) + _check_credentials(cfg)
-    errors += _check_prices(cfg)
+    errors += _check_provider(cfg) + _check_fallbacks(cfg) + _check_tools(cfg) + _check_rates(cfg)
+    errors += _check_credentials(cfg) + _check_prices(cfg)
+    if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
+        errors.append(Warning(
+            "LoginRequiredMiddleware is on but CONVERSATIONS['LOGIN_REQUIRED'] is not: the chat API is exempt from "
+            "the middleware (a redirect to a login page means nothing to the widget), so anonymous visitors can "
+            "still chat.",
+            hint="Set CONVERSATIONS['LOGIN_REQUIRED'] = True to keep the assistant to logged-in users, or silence "
+                 "this warning if anonymous visitors of your public pages may chat.",
+            id="conversations.W007"))
     if not _final_writing_worker(getattr(settings, "RQ", {}).get("WORKER_CLASS", "")):
         errors.append(Warning(
             "The RQ worker class is not conversations.worker.Worker: a killed work horse leaves its turn without "
@@ -85,8 +97,18 @@ def clock_errors(cfg):
             "its whole limit late in a turn leaves too little time for the model to read its result.",
             hint="Make TOOL_RESERVE at least MIN_CALL_BUDGET.",
             id="conversations.W004"))
+    if cfg["QUEUE_WAIT"] > WIDGET_GIVE_UP_MARGIN:
+        errors.append(Warning(
+            f"QUEUE_WAIT ({cfg['QUEUE_WAIT']}s) is longer than the widget's give-up margin "
+            f"({WIDGET_GIVE_UP_MARGIN}s): the widget stops polling JOB_TIMEOUT plus that margin after the message "
+            "was sent, so a turn that waits this long for a worker and then runs its whole JOB_TIMEOUT ends after "
+            "the visitor was told it did not finish.",
+            hint=f"Keep QUEUE_WAIT at most {WIDGET_GIVE_UP_MARGIN}s and add workers rather than let turns wait, or "
+                 "give the widget a data-give-up-margin of at least QUEUE_WAIT and silence this warning.",
+            id="conversations.W006"))
     for key in ("JOB_TIMEOUT", "DEADLINE_MARGIN", "CALL_TIMEOUT", "CONNECT_TIMEOUT", "MIN_CALL_BUDGET", "STATE_TTL",
-                "MAX_STEPS", "MAX_ATTEMPTS", "TOOL_TIMEOUT", "STALE_AFTER", "STREAM_IDLE_TIMEOUT", "PUBLISH_INTERVAL"):
+                "MAX_STEPS", "MAX_ATTEMPTS", "TOOL_TIMEOUT", "STALE_AFTER", "STREAM_IDLE_TIMEOUT", "PUBLISH_INTERVAL",
+                "QUEUE_WAIT"):
         if cfg[key] <= 0:
             errors.append(Error(f"{key} must be positive (it is {cfg[key]}).", hint="Use a positive number.",
                                 id="conversations.E004"))
@@ -122,6 +144,32 @@ def _check_provider(cfg):
                         hint="Set CONVERSATIONS_API_KEY (or BASE_URL for a local server that needs none).",
                         id="conversations.W002")]
     return []
+
+
+def _check_fallbacks(cfg):
+    """Each FALLBACKS entry names a provider that loads, with keys the chain knows; the reserve
+    kept for the next provider lets a call start (conversations.E013, E014)."""
+    from .fallback import ENTRY_KEYS
+    from .providers import get_provider_class
+
+    errors = []
+    for number, entry in enumerate(cfg["FALLBACKS"], start=1):
+        unknown = sorted(set(entry) - set(ENTRY_KEYS))
+        try:
+            get_provider_class(entry.get("PROVIDER", ""))
+        except (ImportError, TypeError, ValueError) as exc:
+            errors.append(Error(f"FALLBACKS entry {number} names no usable PROVIDER ({entry.get('PROVIDER')!r}): "
+                                f"{exc}", hint="Use 'demo', 'openai', 'anthropic' or the dotted path of a "
+                                               "BaseProvider subclass.", id="conversations.E013"))
+        if unknown:
+            errors.append(Error(f"FALLBACKS entry {number} has unknown keys: {', '.join(unknown)}.",
+                                hint=f"An entry takes {', '.join(ENTRY_KEYS)}.", id="conversations.E013"))
+    if cfg["FALLBACKS"] and cfg["FALLBACK_RESERVE"] < cfg["MIN_CALL_BUDGET"]:
+        errors.append(Error(
+            f"FALLBACK_RESERVE ({cfg['FALLBACK_RESERVE']}s) is smaller than MIN_CALL_BUDGET "
+            f"({cfg['MIN_CALL_BUDGET']}s): a provider that hangs would leave the next too little time to start.",
+            hint="Make FALLBACK_RESERVE at least MIN_CALL_BUDGET.", id="conversations.E014"))
+    return errors
 
 
 def _check_tools(cfg):

@@ -30,6 +30,17 @@ DEFAULTS = {
     "CONNECT_TIMEOUT": 10,
     "MIN_CALL_BUDGET": 5,
     "MAX_ATTEMPTS": 3,
+    # Providers tried in order after the site's own when it is down: [{"PROVIDER", "MODEL", "BASE_URL",
+    # "API_KEY"}, …] (see conversations/fallback.py). Each but the last keeps FALLBACK_RESERVE seconds
+    # of the turn's budget back for the next; FAILOVER_ON_AUTH also moves on after a 401/403.
+    "FALLBACKS": [],
+    "FALLBACK_RESERVE": 15,
+    "FAILOVER_ON_AUTH": False,
+    # A provider failing BREAKER_FAILURES times within BREAKER_WINDOW seconds is skipped for
+    # BREAKER_COOLDOWN seconds, then probed by one call (conversations/breaker.py).
+    "BREAKER_FAILURES": 5,
+    "BREAKER_WINDOW": 60,
+    "BREAKER_COOLDOWN": 30,
     "BACKOFF_BASE": 1.0,
     "BACKOFF_MAX": 20.0,
     # Stream model replies (the visitor watches the answer being written); False for endpoints that
@@ -42,11 +53,18 @@ DEFAULTS = {
     # Time kept back from a tool's limit for the round-trip after it.
     "TOOL_RESERVE": 5,
     "MAX_STEPS": 8,
+    # Times a turn is continued by a new job after its work horse died or its worker shut down
+    # (each within the turn's own deadline); then it ends failed as before.
+    "MAX_RESUMES": 2,
     # Live state in the Django cache.
     "CACHE_ALIAS": "default",
     "STATE_TTL": 600,
     # A running turn whose state has not changed for this long gets its RQ job checked by the poll view.
     "STALE_AFTER": 45,
+    # Seconds a turn may wait in the queue for a worker. A turn no worker has picked up by then is
+    # ended (failed, "not available right now") by the poll view, repair_turns or its own job,
+    # and never runs later. Keep it well under JOB_TIMEOUT: the widget gives up after that.
+    "QUEUE_WAIT": 30,
     "QUEUE": "default",
     "TOOLS": [],
     "TOOL_RESULT_MAX_CHARS": 4000,
@@ -74,6 +92,8 @@ DEFAULTS = {
     "MAX_REQUEST_BYTES": 65536,
     # Seconds the demo model pauses per reply, so the widget shows each step land.
     "DEMO_DELAY": 0.8,
+    # Only logged-in users may chat: anonymous callers get 403 "Please sign in…" from every API endpoint.
+    "LOGIN_REQUIRED": False,
     # API keys that assistants (edited in the admin, which never stores a key) name: {name: value},
     # the value the key itself or "env:VARIABLE" to read it from the worker's environment.
     "CREDENTIALS": {},
@@ -102,6 +122,11 @@ def _coerce(key, value, default):
         if not isinstance(value, Mapping):
             raise ValueError(key)
         return _frozen(value)
+    if key == "FALLBACKS":  # a list of dicts; from the environment, as JSON
+        entries = json.loads(value) if isinstance(value, str) else value
+        if not isinstance(entries, (list, tuple)) or not all(isinstance(e, dict) for e in entries):
+            raise ValueError(key)
+        return tuple(MappingProxyType(dict(e)) for e in entries)
     if key in _LIST_KEYS:  # a tuple, so that the shared configuration cannot be changed through it
         if isinstance(value, str):
             return tuple(item.strip() for item in value.split(",") if item.strip())
@@ -124,12 +149,14 @@ def get_config():
     tuples); ``{**get_config(), KEY: value}`` makes a changed copy.
     """
     user = getattr(settings, "CONVERSATIONS", {}) or {}
-    config = {key: tuple(value) if key in _LIST_KEYS else _frozen(value) for key, value in DEFAULTS.items()}
+    config = {key: tuple(value) if key in _LIST_KEYS or key == "FALLBACKS" else _frozen(value)
+              for key, value in DEFAULTS.items()}
     for key, value in user.items():
         try:
             config[key] = _coerce(key, value, DEFAULTS.get(key))
         except ValueError:
-            raise ValueError(f"CONVERSATIONS[{key!r}] = {value!r} is not a valid {type(DEFAULTS[key]).__name__}")
+            raise ValueError(f"CONVERSATIONS[{key!r}] = {value!r} is not a valid {type(DEFAULTS[key]).__name__}"
+                             + (" of provider dicts" if key == "FALLBACKS" else ""))
     return MappingProxyType(config)
 
 

@@ -83,3 +83,19 @@ def trim_history(messages, max_chars):
     while kept and kept[0].role != "user" and any(m.role == "user" for m in kept):
         kept.pop(0)  # only an unanswerable transcript (no user message at all) keeps its head
     return system + kept
+
+
+def unfinished_step(rows):
+    """What a job that died left of its turn (``rows``: the turn's transcript, in order): returns
+    ``(answered, calls)``. ``answered``: its last message is the model's final answer (only the
+    final write was missing). ``calls``: the ``ToolCall``s of the last model reply that have no
+    result yet, in order; the first may have been running when the job died."""
+    for index in range(len(rows) - 1, -1, -1):
+        row = rows[index]
+        if row.role != "assistant":
+            continue
+        if not row.tool_calls:
+            return index == len(rows) - 1, []
+        done = {r.tool_call_id for r in rows[index + 1:] if r.role == "tool"}
+        return False, [c for c in chat_message(row).tool_calls if c.id not in done]
+    return False, []

@@ -151,6 +151,7 @@ class BudgetedHTTP:
         self.cancelled = cancelled  # () -> bool: whether the turn was stopped (checked during calls)
         self.recorder = recorder
         self.name = name
+        self.provider = ""  # the provider's kind, for the log line (set by whoever builds the provider)
         self.turn_id = turn_id
         self.session = session or new_session()
         self._environment = {}
@@ -291,10 +292,11 @@ class BudgetedHTTP:
         finally:
             duration = time.monotonic() - started
             logger.info(
-                "provider call turn=%s name=%s attempt=%d timeout=%.2f remaining=%.2f duration=%.3f outcome=%s status=%s",
-                self.turn_id, self.name, attempt, limit, remaining, duration, outcome, status,
+                "provider call turn=%s provider=%s name=%s attempt=%d timeout=%.2f remaining=%.2f duration=%.3f "
+                "outcome=%s status=%s",
+                self.turn_id, self.provider, self.name, attempt, limit, remaining, duration, outcome, status,
                 extra={
-                    "turn_id": self.turn_id, "attempt": attempt, "timeout": round(limit, 3),
+                    "turn_id": self.turn_id, "provider": self.provider, "attempt": attempt, "timeout": round(limit, 3),
                     "remaining": round(remaining, 3), "duration": round(duration, 3), "outcome": outcome,
                 },
             )

@@ -20,6 +20,7 @@ import django_rq
 from django.db import close_old_connections
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from redis.exceptions import RedisError
 from rq import get_current_job
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
@@ -98,8 +99,30 @@ def enqueue_turn(turn, *, saved=False):
     return turn.job_id
 
 
+def enqueue_continuation(turn, job_id, *, job_timeout):
+    """Enqueue job ``job_id`` continuing running ``turn`` (``resume.continue_turn``), at the front
+    of the queue: its deadline is already running."""
+    cfg = get_config()
+    get_queue().enqueue(
+        perform_turn,
+        str(turn.id),
+        job_id=job_id,
+        job_timeout=job_timeout,
+        result_ttl=cfg["STATE_TTL"],
+        failure_ttl=max(cfg["STATE_TTL"], 86400),
+        description=f"conversation turn {turn.id}, continued",
+        at_front=True,
+    )
+    return job_id
+
+
 def perform_turn(turn_id):
-    """The RQ job: run one turn under its deadline; always end with a final write."""
+    """The RQ job: run one turn under its deadline; always end with a final write.
+
+    A turn that waited in the queue past ``QUEUE_WAIT`` is ended instead of run, and a turn
+    that is no longer queued when the job claims it (stopped, or ended by the poll view or
+    ``repair_turns`` while it waited) is left as it is: nothing is ever run late.
+    """
     cfg = get_config()
     job = get_current_job()
     job_timeout = job.timeout if job is not None and job.timeout and job.timeout > 0 else cfg["JOB_TIMEOUT"]
@@ -111,6 +134,21 @@ def perform_turn(turn_id):
         logger.warning("Turn %s no longer exists; nothing to do", turn_id)
         return None
     if turn.done:  # cancelled (or repaired) before a worker picked it up
+        return turn.status
+    if turn.status == Turn.Status.RUNNING:  # a continuation, or a job whose turn moved on
+        if job is None or job.id != turn.job_id:
+            return turn.status
+        return _continue(turn, cfg)
+    if turns.waited_too_long(turn):  # the visitor has been (or is now) told to try again later
+        try:
+            turns.end_unclaimed(turn)
+        except RedisError:  # the row says it; the poll view rebuilds the state from it
+            logger.exception("Could not publish the end of turn %s", turn_id)
+        logger.warning("Turn %s started %.0fs after it was enqueued, past QUEUE_WAIT: not run", turn_id,
+                       (timezone.now() - turn.enqueued_at).total_seconds())
+        return turn.status
+    if not turns.claim(turn):  # stopped or ended a moment ago, between the read above and now
+        turn.refresh_from_db()
         return turn.status
     try:
         cfg = assistants.config_for_turn(turn, cfg)
@@ -132,6 +170,27 @@ def perform_turn(turn_id):
         raise
     except Exception:
         logger.exception("Turn %s crashed", turn_id)
+        runner.finish(Turn.Status.FAILED, turns.crashed_message())
+        raise
+    return turn.status
+
+
+def _continue(turn, cfg):
+    """Run the rest of ``turn`` (this job is its continuation) under what is left of its own
+    deadline: the budget ends at ``deadline_at``, never later."""
+    from .resume import time_left
+
+    left = max(0.0, time_left(turn) or 0.0)
+    clock = TurnClock(left + cfg["DEADLINE_MARGIN"], cfg["DEADLINE_MARGIN"])
+    runner = TurnRunner(turn, clock=clock, config=cfg)
+    try:
+        runner.run(resuming=True)
+    except JobTimeoutException:
+        logger.error("Turn %s hit the RQ job timeout after resuming", turn.id)
+        runner.finish(Turn.Status.FAILED, timeout_message())
+        raise
+    except Exception:
+        logger.exception("Turn %s crashed after resuming", turn.id)
         runner.finish(Turn.Status.FAILED, turns.crashed_message())
         raise
     return turn.status
@@ -168,8 +227,9 @@ def warm_up():
 
 
 def turn_id_from_job(job):
+    """The turn a job runs (its first job, or a continuation's ``…-rN``), or None."""
     if job.id.startswith(JOB_PREFIX):
-        return job.id[len(JOB_PREFIX):]
+        return job.id[len(JOB_PREFIX):].split("-r")[0]
     return None
 
 

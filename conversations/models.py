@@ -160,6 +160,8 @@ class Turn(models.Model):
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
+    # Times a new job continued the turn after its work horse died or its worker shut down.
+    resumes = models.PositiveSmallIntegerField(default=0)
     idempotency_key = models.CharField(max_length=200, blank=True)
     # What answered: the conversation's assistant (None: the site's settings) and the version of its
     # configuration the job ran with (None until the job starts, or when it could not be built).
@@ -236,6 +238,7 @@ class CallRecord(models.Model):
     class Kind(models.TextChoices):
         MODEL = "model", _("model call")
         TOOL = "tool", _("tool run")
+        RESUME = "resume", _("resumed")
 
     Outcome = Outcome  # defined with the call types, which must not import models
 

@@ -16,38 +16,20 @@ import time
 from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.utils import timezone
-from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 
-from . import state
-from .assistants import provider_error_message
+from . import assistants, costs, state
 from .budget import BudgetExhausted
-from .costs import turn_cost
-from .http import BudgetedHTTP, CallCancelled, ensure_call_budget
+from .endings import cut_short_message, deadline_message, length_message, step_limit_message
+from .fallback import ProviderChain, build_provider
+from .http import CallCancelled, ensure_call_budget
 from .models import CallRecord, Conversation, Message, Turn
-from .providers import ProviderError, get_provider_class
-from .tools import ToolContext, load_tools, run_tool
-from .history import chat_message, trim_history
+from .providers import ProviderError
+from .history import chat_message, trim_history, unfinished_step
+from .tools import ToolContext, interrupted_result, load_tools, run_tool
 from .types import ChatMessage, Outcome, ToolResult, record_call
 
 logger = logging.getLogger("conversations.runner")
-
-
-def deadline_message():
-    return _("I ran out of time before I could finish this answer. Please ask again to continue.")
-
-
-def step_limit_message(steps):
-    return _("I stopped after %(steps)d steps without reaching a final answer. Please ask again to continue.") % {
-        "steps": steps}
-
-
-def cut_short_message():
-    return _("The answer was cut short: the connection to the AI service broke off. Please ask again to continue.")
-
-
-def length_message():
-    return _("The answer was cut short because it reached the length limit.")
 
 
 class TurnRunner:
@@ -67,18 +49,17 @@ class TurnRunner:
         if publisher is not None:
             self.publisher = publisher
         self.tools = load_tools(config["TOOLS"]) if tools is None else tools
-        self.http = None
+        self.https = []
         if provider is None:
-            cls = get_provider_class(config["PROVIDER"])
-            self.http = BudgetedHTTP(self.budget, config, recorder=self.record, turn_id=str(turn.id),
-                                     cancelled=self.cancelled)
-            provider = cls(config, http=self.http, budget=self.budget)
+            provider, self.https = build_provider(config, self.budget, recorder=self.record,
+                                                  cancelled=self.cancelled, turn_id=str(turn.id))
+        self.http = self.https[0] if self.https else None
         self.provider = provider
         # A provider written before streaming existed takes no on_text: it is called as it expects.
         self.provider_streams = "on_text" in inspect.signature(provider.complete).parameters
         # Every model call of the turn, attempted or skipped, is recorded under this one name.
         self.model_name = getattr(provider, "model", "") or provider.name
-        if self.http is not None:
+        if self.http is not None and not isinstance(provider, ProviderChain):
             self.http.name = self.model_name
         self.earlier, self.rows = self.transcript()
         self.pending_records = []
@@ -144,10 +125,16 @@ class TurnRunner:
         return reply
 
     def save_reply(self, reply):
-        """Count the call and save its reply as this round-trip's assistant message; returns the row."""
+        """Count the call and save its reply as this round-trip's assistant message; returns the row.
+        Through a chain of providers, the turn records the one that answered."""
         self.count_model_call(reply)
-        return self.save_step(["model_calls", "input_tokens", "output_tokens"], role=Message.Role.ASSISTANT,
-                              content=reply.text, tool_calls=[c.as_dict() for c in reply.tool_calls])
+        fields = ["model_calls", "input_tokens", "output_tokens"]
+        if isinstance(self.provider, ProviderChain):
+            answered = self.provider.answered.provider
+            self.turn.provider, self.turn.model = answered.name, getattr(answered, "model", "") or ""
+            fields += ["provider", "model"]
+        return self.save_step(fields, role=Message.Role.ASSISTANT, content=reply.text,
+                              tool_calls=[c.as_dict() for c in reply.tool_calls])
 
     def save_streamed(self):
         """The text of a reply that was streaming when the turn ended another way (a job timeout,
@@ -172,8 +159,17 @@ class TurnRunner:
         if owner is not None:
             conversation.user_id, conversation.owner_token = owner
 
+    def stop_requested(self):
+        """``"cancel"``, ``"handoff"`` (the worker is shutting down) or None; see ``state.stop_requested``."""
+        return state.stop_requested(self.turn.id)
+
     def cancelled(self):
-        return state.cancel_requested(self.turn.id)
+        """Whether a call in flight must be shut (checked by its watchdog): on a Stop, or when the
+        worker shuts down and the turn can be handed over (else the call is let finish here)."""
+        from .resume import can_hand_over
+
+        asked = self.stop_requested()
+        return asked == "cancel" or (asked == "handoff" and can_hand_over(self.turn, self.config))
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -207,29 +203,36 @@ class TurnRunner:
         turn.job_timeout = self.clock.job_timeout
         turn.deadline_margin = self.clock.margin
         turn.deadline_at = turn.started_at + timezone.timedelta(seconds=self.budget.seconds)
-        turn.provider = self.provider.name
-        turn.model = getattr(self.provider, "model", "") or ""
+        first = self.provider.links[0].provider if isinstance(self.provider, ProviderChain) else self.provider
+        turn.provider = first.name
+        turn.model = getattr(first, "model", "") or ""
         turn.save(update_fields=["status", "started_at", "job_timeout", "deadline_margin", "deadline_at",
                                  "provider", "model", "assistant_version"])
         self.publish()
 
-    def run(self):
-        """Run the loop to its end and write the final state. Returns the turn."""
-        self.start()
+    def run(self, *, resuming=False):
+        """Run the loop to its end and write the final state. Returns the turn. ``resuming``: this
+        job continues a turn another job began (``resume``), from its saved transcript."""
+        if resuming:
+            self.publish()  # running again; the widget keeps what it showed
+        else:
+            self.start()
         try:
-            status, error = self.loop()
+            status, error = self.loop(resuming=resuming)
+            if status is None:  # handed over to another worker: it writes the final state
+                return self.turn
         except BudgetExhausted:
             status, error = Turn.Status.INCOMPLETE, deadline_message()
         except ProviderError as exc:
             logger.error("Turn %s failed: %s", self.turn.id, exc)
-            status, error = Turn.Status.FAILED, provider_error_message(self.turn, exc)
+            status, error = Turn.Status.FAILED, assistants.provider_error_message(self.turn, exc)
         finally:
-            if self.http is not None:
-                self.http.close()
+            for http in self.https:
+                http.close()
         self.finish(status, error)
         return self.turn
 
-    def loop(self):
+    def loop(self, *, resuming=False):
         """The model/tool round-trips. Returns ``(status, error)`` for the final write.
 
         Before every model call: the cancel flag, then the budget (a call that could not get
@@ -240,18 +243,30 @@ class TurnRunner:
         cfg = self.config
         history = self.history()
         tools = list(self.tools.values())
-        for _step in range(cfg["MAX_STEPS"]):
-            if self.cancelled():
-                return Turn.Status.CANCELLED, None
+        if resuming:
+            answered, calls = unfinished_step(self.rows)
+            if answered:  # the dead job had saved the answer but not the final state
+                return Turn.Status.COMPLETED, None
+            ended = self.run_calls(calls, history, interrupted_first=True)
+            if ended:
+                return ended
+        for _step in range(cfg["MAX_STEPS"] - self.turn.model_calls):
+            ended = self.stop_for(self.stop_requested())
+            if ended:
+                return ended
             ensure_call_budget(self.budget, cfg["MIN_CALL_BUDGET"], turn_id=str(self.turn.id), name=self.model_name,
                                recorder=self.record)
             try:
                 reply = self.call_model(trim_history(history, cfg["HISTORY_MAX_CHARS"]), tools)
             except CallCancelled as stop:
                 self.streamed = None
-                if getattr(stop, "reply", None) is not None and stop.reply.text:  # what the visitor saw stays
-                    self.save_reply(stop.reply)
-                return Turn.Status.CANCELLED, None
+                asked = self.stop_requested() or "cancel"
+                if asked == "cancel" and getattr(stop, "reply", None) is not None and stop.reply.text:
+                    self.save_reply(stop.reply)  # what the visitor saw stays
+                ended = self.stop_for(asked)
+                if ended:
+                    return ended
+                continue  # the hand-over could not be made: ask again here
             row = self.save_reply(reply)
             history.append(chat_message(row))
             self.publish()
@@ -263,15 +278,46 @@ class TurnRunner:
                 return Turn.Status.INCOMPLETE, str(ProviderError("refused").message)
             if not reply.tool_calls:
                 return Turn.Status.COMPLETED, None
-            for call in reply.tool_calls:
-                if self.cancelled():
-                    return Turn.Status.CANCELLED, None
-                result = self.run_tool(call)
-                row = self.save_step(["tool_calls"], role=Message.Role.TOOL, content=result.output,
-                                     tool_call_id=call.id, tool_name=call.name, is_error=result.is_error)
-                history.append(chat_message(row))
-                self.publish()
+            ended = self.run_calls(reply.tool_calls, history)
+            if ended:
+                return ended
         return Turn.Status.INCOMPLETE, step_limit_message(cfg["MAX_STEPS"])
+
+    def run_calls(self, calls, history, *, interrupted_first=False):
+        """Run ``calls`` in order, saving and publishing each result; returns ``(status, error)``
+        when the turn must stop first, else None. ``interrupted_first``: the first was running
+        when the previous job died; it runs again only if its tool is idempotent."""
+        for number, call in enumerate(calls):
+            ended = self.stop_for(self.stop_requested())
+            if ended:
+                return ended
+            tool = self.tools.get(call.name)
+            if interrupted_first and number == 0 and tool is not None and not tool.idempotent:
+                result = interrupted_result(call)
+                record_call(self.record, "tool", call.name, result.outcome, started_offset=self.budget.elapsed(),
+                            remaining_before=self.budget.remaining(), detail=result.detail)
+            else:
+                result = self.run_tool(call)
+            row = self.save_step(["tool_calls"], role=Message.Role.TOOL, content=result.output,
+                                 tool_call_id=call.id, tool_name=call.name, is_error=result.is_error)
+            history.append(chat_message(row))
+            self.publish()
+        return None
+
+    def stop_for(self, asked):
+        """``(status, error)`` for a stop request (``stop_requested()``): ``cancelled``; or, for a
+        worker shutting down, ``(None, None)`` once another job continues the turn (``resume``).
+        None to go on: nothing was asked, or the turn cannot be handed over."""
+        if not asked:
+            return None
+        if asked == "cancel":
+            return Turn.Status.CANCELLED, None
+        from .resume import continue_turn
+
+        if continue_turn(self.turn, "its worker shut down", from_job_id=self.turn.job_id):
+            return None, None
+        state.clear_handoff(self.turn.id)  # no time left to hand over: finish here
+        return None
 
     def count_model_call(self, reply):
         """Add one model call and its usage to the turn (saved by the round-trip's ``save_step``)."""
@@ -331,7 +377,7 @@ class TurnRunner:
             with transaction.atomic():
                 self.save_records()
                 shown = self.save_streamed()
-                turn.cost = turn_cost(turn.model, turn.input_tokens, turn.output_tokens)
+                turn.cost = costs.turn_cost(turn.model, turn.input_tokens, turn.output_tokens)
                 turn.save(update_fields=["status", "error", "finished_at", "margin_left", "model_calls",
                                          "tool_calls", "input_tokens", "output_tokens", "cost"])
             if shown is not None:

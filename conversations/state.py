@@ -99,6 +99,29 @@ def cancel_requested(turn_id):
     return bool(_cache().get(cancel_key(turn_id)))
 
 
+def handoff_key(turn_id):
+    return f"conversations:turn:{turn_id}:handoff"
+
+
+def request_handoff(turn_id):
+    """Ask the job running ``turn_id`` to stop at its next step and let another worker go on
+    (its worker is shutting down)."""
+    _cache().set(handoff_key(turn_id), True, timeout=get_config()["STATE_TTL"])
+
+
+def stop_requested(turn_id):
+    """What the turn's job is asked to do, read in one round trip: ``"cancel"`` (the visitor or
+    an operator stopped it), ``"handoff"`` (its worker is shutting down) or None."""
+    found = _cache().get_many([cancel_key(turn_id), handoff_key(turn_id)])
+    if found.get(cancel_key(turn_id)):
+        return "cancel"
+    return "handoff" if found.get(handoff_key(turn_id)) else None
+
+
+def clear_handoff(turn_id):
+    _cache().delete(handoff_key(turn_id))
+
+
 def message_dict(message):
     """The JSON form of a ``Message`` row, as the poll view and the widget see it."""
     data = {"id": message.id, "role": message.role, "content": message.content}

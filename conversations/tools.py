@@ -66,6 +66,9 @@ class Tool:
     function: typing.Callable
     takes_context: bool = False
     timeout: float | None = None
+    # Whether running it twice for one call does no harm (it only reads, or its effect is the
+    # same): a tool a stopped worker interrupted is run again only then.
+    idempotent: bool = False
 
     @property
     def required(self):
@@ -115,8 +118,9 @@ def _schema_for(annotation):
     raise TypeError(f"unsupported tool parameter type: {annotation!r}")
 
 
-def tool(function=None, *, name=None, description=None, timeout=None):
-    """Decorator: make ``function`` a ``Tool`` (usable bare, ``@tool``, or with options, ``@tool(timeout=5)``)."""
+def tool(function=None, *, name=None, description=None, timeout=None, idempotent=False):
+    """Decorator: make ``function`` a ``Tool`` (usable bare, ``@tool``, or with options,
+    ``@tool(timeout=5, idempotent=True)``)."""
 
     def wrap(fn):
         signature = inspect.signature(fn)
@@ -145,6 +149,7 @@ def tool(function=None, *, name=None, description=None, timeout=None):
             function=fn,
             takes_context=takes_context,
             timeout=timeout,
+            idempotent=idempotent,
         )
 
     return wrap(function) if function is not None else wrap
@@ -241,6 +246,14 @@ def cap(text, limit):
         note = f"… [cut: {len(text) - kept} more characters]"
         kept = max(0, limit - len(note))
     return text[:kept] + note
+
+
+def interrupted_result(call):
+    """The result of a call that was running when its worker stopped, for a tool that is not
+    ``idempotent``: it is not run twice, and the model is told so."""
+    return ToolResult(call.id, call.name, f"Error: the tool {call.name} was interrupted (its worker stopped) and "
+                      "was not run again, since running it twice may not be safe.", outcome=Outcome.ERROR,
+                      detail="interrupted when its worker stopped; not idempotent, so not run again")
 
 
 def run_tool(t, call, context, limit, max_chars):

@@ -6,6 +6,8 @@ before the job can run, a turn that could not be enqueued ends failed, only an u
 gets a final state — is written once. RQ's side (enqueueing, the job, its health) is in ``jobs``.
 """
 
+import datetime
+import functools
 import logging
 
 from django.db import IntegrityError, transaction
@@ -14,6 +16,7 @@ from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 
 from . import assistants, costs, jobs, state
+from .conf import get_config
 from .models import Conversation, Message, Turn
 
 logger = logging.getLogger("conversations.turns")
@@ -35,12 +38,21 @@ def unavailable_message():
     return _("The assistant is unavailable right now. Please try again in a minute.")
 
 
+def not_picked_up_message():
+    return _("The assistant is not available right now. Please try again later.")
+
+
 def ensure_idle(conversation):
     """Raise ``TurnActive`` when a turn of ``conversation`` is still queued or running.
 
     Call with the conversation's row locked (``start()`` does), so that two requests cannot
-    both find it idle.
+    both find it idle. A turn still queued past ``QUEUE_WAIT`` is ended here (at the commit,
+    its state is published) rather than refused for: the visitor is never stuck behind it.
     """
+    cutoff = timezone.now() - datetime.timedelta(seconds=get_config()["QUEUE_WAIT"])
+    for turn in conversation.turns.filter(status=Turn.Status.QUEUED, enqueued_at__lt=cutoff):
+        if _end_unclaimed_row(turn):
+            transaction.on_commit(functools.partial(_publish_quietly, turn))
     if conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES).exists():
         raise TurnActive()
 
@@ -202,13 +214,69 @@ def end_unqueued(turn):
         pass
 
 
+def waited_too_long(turn, now=None):
+    """Whether ``turn`` is still queued more than ``QUEUE_WAIT`` seconds after it was enqueued:
+    no worker picked it up in time, so it must end, and never run."""
+    if turn.status != Turn.Status.QUEUED or turn.enqueued_at is None:
+        return False
+    return ((now or timezone.now()) - turn.enqueued_at).total_seconds() > get_config()["QUEUE_WAIT"]
+
+
+def end_unclaimed(turn):
+    """End ``turn`` ``failed`` with ``not_picked_up_message()`` if it is still queued; returns the
+    published state, or None when it was not queued any more (a job claimed it, or it ended).
+
+    One conditional UPDATE on ``status = queued``, the same row ``claim()`` updates: whichever
+    comes first wins, so a turn is either run by its job or ended here, never both. The state
+    is published after the row; a ``RedisError`` from that is raised (the row already says it).
+    """
+    if not _end_unclaimed_row(turn):
+        return None
+    return state.publish(state.state_from_db(turn))
+
+
+def _end_unclaimed_row(turn):
+    updated = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(
+        status=Turn.Status.FAILED, error=not_picked_up_message(), finished_at=timezone.now())
+    turn.refresh_from_db()
+    if updated:
+        logger.warning("Turn %s ended: no worker picked it up within QUEUE_WAIT (%ss)", turn.id,
+                       get_config()["QUEUE_WAIT"], extra={"turn_id": str(turn.id)})
+    return bool(updated)
+
+
+def _publish_quietly(turn):
+    try:
+        state.publish(state.state_from_db(turn))
+    except RedisError:  # the row says it; the poll view rebuilds a state from the row
+        logger.exception("Could not publish the end of turn %s", turn.id)
+
+
+def claim(turn):
+    """Called by the job before it runs ``turn``: mark it running, if it is still queued. Returns
+    whether the job may run it (False: it was stopped or ended while it waited, see ``end_unclaimed``)."""
+    now = timezone.now()
+    claimed = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(
+        status=Turn.Status.RUNNING, started_at=now)
+    if claimed:
+        turn.status, turn.started_at = Turn.Status.RUNNING, now
+    return bool(claimed)
+
+
 def repair(turn):
-    """Called by the poll view for a stale or missing state: if ``turn`` is unfinished but its
-    job can no longer finish it, end it ``failed``. Returns the new state, or None."""
+    """Called by the poll view for a stale or missing state: end ``turn`` if it waited in the
+    queue past ``QUEUE_WAIT`` (``end_unclaimed``), or if it is unfinished but its job can no
+    longer finish it (``failed``). Returns the new state, or None."""
     if turn.done:
         return None
+    if waited_too_long(turn):
+        ended = end_unclaimed(turn)
+        if ended is not None:
+            return ended
     problem = jobs.job_problem(turn)
     if problem is None:
         return None
+    from .resume import resume_or_fail
+
     logger.error("Turn %s repaired: %s", turn.id, problem)
-    return finalize(turn, Turn.Status.FAILED, crashed_message())
+    return resume_or_fail(turn, problem, dead_job_id=turn.job_id)

@@ -1,9 +1,10 @@
-"""An RQ worker that never leaves a turn without a final state.
+"""An RQ worker that never leaves a turn without a final state, and hands turns over when it stops.
 
 When a work horse dies abruptly (SIGKILL, the OOM killer, ``os._exit``) RQ marks the job
 failed in the parent process but calls no failure callback, so the job's own ``finally``
 and ``except`` blocks never run. ``handle_work_horse_killed`` runs in the parent on exactly
-that path; it writes ``done: true, status: failed``. Set it with
+that path: the turn is continued by a new job when its deadline allows (``resume``), else
+ended ``failed``. On a warm shutdown the running turn hands over at its next step. Set it with
 ``RQ = {"WORKER_CLASS": "conversations.worker.Worker"}``.
 """
 
@@ -33,6 +34,21 @@ class Worker(rq.Worker):
         connections.close_all()
         return super().execute_job(job, queue)
 
+    def handle_warm_shutdown_request(self):
+        """Called by RQ in the parent on a warm shutdown (SIGTERM): ask the turn being run to hand
+        over at its next step (``resume``), so the worker exits within seconds, not JOB_TIMEOUT."""
+        super().handle_warm_shutdown_request()
+        from . import state
+        from .jobs import turn_id_from_job
+
+        job = self.get_current_job()
+        turn_id = turn_id_from_job(job) if job is not None else None
+        if turn_id is not None:
+            try:
+                state.request_handoff(turn_id)
+            except Exception:  # noqa: BLE001 - then the turn simply finishes here, as before
+                logger.warning("Could not ask turn %s to hand over", turn_id, exc_info=True)
+
     def handle_work_horse_killed(self, job, retpid, ret_val, rusage):
         """Called by RQ in the parent when the horse ended by a signal or a non-zero ``os._exit``.
 
@@ -42,7 +58,7 @@ class Worker(rq.Worker):
         super().handle_work_horse_killed(job, retpid, ret_val, rusage)
         from .jobs import turn_id_from_job
         from .models import Turn
-        from .turns import crashed_message, finalize
+        from .resume import resume_or_fail
 
         turn_id = turn_id_from_job(job)
         if turn_id is None:
@@ -50,8 +66,8 @@ class Worker(rq.Worker):
         close_old_connections()
         try:
             turn = Turn.objects.select_related("conversation").get(pk=turn_id)
-            if finalize(turn, Turn.Status.FAILED, crashed_message()) is not None:
-                logger.error("Turn %s: work horse died (ret_val=%s); final state written", turn_id, ret_val)
+            if resume_or_fail(turn, f"its work horse died (exit status {ret_val})", dead_job_id=job.id) is not None:
+                logger.error("Turn %s: work horse died (ret_val=%s); continued or ended", turn_id, ret_val)
         except Exception:  # noqa: BLE001 - the worker itself must keep running
             logger.exception("Could not finalise turn %s after its work horse died", turn_id)
         finally:

@@ -28,6 +28,8 @@ FAST = {
     "BACKOFF_MAX": 0.2,
     "STATE_TTL": 60,
     "DEMO_DELAY": 0.05,
+    # A dead job ends its turn, as the safety-net tests expect; tests/test_resume.py turns resuming on.
+    "MAX_RESUMES": 0,
 }
 
 
@@ -179,9 +181,37 @@ def worker_env(**conversations):
     for key, value in {**get_config(), **conversations}.items():
         if key == "TOOLS":
             value = ",".join(value)
+        elif key == "FALLBACKS":
+            value = json.dumps([dict(entry) for entry in value])
         elif isinstance(value, Mapping):  # CREDENTIALS, PRICES: JSON, as conf reads them from the environment
             value = json.dumps(dict(value), default=dict)
         env[f"CONVERSATIONS_{key}"] = str(value)
     return env
 
 
+# Each operation of the API: its name in test messages, and its path and method in the schema.
+OPERATIONS = {
+    "list conversations": ("/api/conversations/", "get"),
+    "start a conversation": ("/api/conversations/", "post"),
+    "read a conversation": ("/api/conversations/{conversation_id}/", "get"),
+    "send a message": ("/api/conversations/{conversation_id}/turns/", "post"),
+    "poll": ("/api/conversations/{conversation_id}/turns/{turn_id}/", "get"),
+    "stop": ("/api/conversations/{conversation_id}/turns/{turn_id}/cancel/", "post"),
+    "rate an answer": ("/api/conversations/{conversation_id}/turns/{turn_id}/rating/", "post"),
+}
+
+
+def call_every_endpoint(client, turn, content="Hello?", **message_headers):
+    """One request to each operation of the API, as the widget makes them, about ``turn`` (a
+    ``start_turn`` answer); ``{name in OPERATIONS: response}``."""
+    conversation = turn["conversation"]
+    return {
+        "list conversations": client.get("/api/conversations/"),
+        "start a conversation": api_post(client, "/api/conversations/"),
+        "read a conversation": client.get(f"/api/conversations/{conversation}/"),
+        "send a message": api_post(client, f"/api/conversations/{conversation}/turns/", {"content": content},
+                                   **message_headers),
+        "poll": client.get(turn["poll_url"]),
+        "stop": api_post(client, turn["cancel_url"]),
+        "rate an answer": api_post(client, turn["cancel_url"].replace("/cancel/", "/rating/"), {"value": "up"}),
+    }

@@ -274,6 +274,25 @@ def test_turn_and_conversation_search_work_for_a_site_whose_users_log_in_by_emai
 
 
 @pytest.mark.django_db
+def test_turns_no_worker_picked_up_are_listed_as_never_started_with_their_sentence(admin_client):
+    ran = completed_turn()
+    waiting = make_turn("queued", started_at=None, deadline_at=None)
+    unpicked = make_turn("queued", started_at=None, deadline_at=None, job_id="conversations-turn-x",
+                         enqueued_at=timezone.now() - timezone.timedelta(seconds=31))
+    turns.end_unclaimed(unpicked)
+
+    never = admin_client.get(CHANGELIST, {"worker": "never"}).content.decode()
+    queued = admin_client.get(CHANGELIST, {"worker": "waiting"}).content.decode()
+    page = admin_client.get(turn_url(unpicked)).content.decode()
+
+    assert str(unpicked.id) in never and str(ran.id) not in never and str(waiting.id) not in never
+    row = never.split(f'title="{unpicked.id}"', 1)[1].split("</tr>", 1)[0]
+    assert 'turn-status-failed">failed' in row and '<td class="field-started">never</td>' in row
+    assert str(waiting.id) in queued and str(unpicked.id) not in queued and str(ran.id) not in queued
+    assert "The assistant is not available right now. Please try again later." in page
+
+
+@pytest.mark.django_db
 def test_turn_list_filters_by_status_and_model(admin_client):
     completed, failed = completed_turn(), failed_turn()
     other_model = make_turn("completed", model="other-model", margin_left=100.0)

@@ -78,6 +78,37 @@ def test_non_positive_clock(conversations_settings, key):
                                     id="conversations.E004")]
 
 
+def test_a_queue_wait_of_zero_would_end_every_turn_before_a_worker_could_take_it(conversations_settings):
+    conversations_settings.update(QUEUE_WAIT=0)
+    assert check_config() == [Error("QUEUE_WAIT must be positive (it is 0).", hint="Use a positive number.",
+                                    id="conversations.E004")]
+
+
+def test_a_queue_wait_longer_than_the_widget_waits_past_the_job_timeout(conversations_settings):
+    conversations_settings.update(QUEUE_WAIT=31)
+    assert check_config() == [Warning(
+        "QUEUE_WAIT (31s) is longer than the widget's give-up margin (30s): the widget stops polling JOB_TIMEOUT "
+        "plus that margin after the message was sent, so a turn that waits this long for a worker and then runs "
+        "its whole JOB_TIMEOUT ends after the visitor was told it did not finish.",
+        hint="Keep QUEUE_WAIT at most 30s and add workers rather than let turns wait, or give the widget a "
+             "data-give-up-margin of at least QUEUE_WAIT and silence this warning.",
+        id="conversations.W006")]
+    conversations_settings.update(QUEUE_WAIT=30)
+    assert check_config() == []
+
+
+def test_login_required_middleware_without_login_required_leaves_the_chat_open(conversations_settings, settings):
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "django.contrib.auth.middleware.LoginRequiredMiddleware"]
+    assert check_config() == [Warning(
+        "LoginRequiredMiddleware is on but CONVERSATIONS['LOGIN_REQUIRED'] is not: the chat API is exempt from the "
+        "middleware (a redirect to a login page means nothing to the widget), so anonymous visitors can still chat.",
+        hint="Set CONVERSATIONS['LOGIN_REQUIRED'] = True to keep the assistant to logged-in users, or silence this "
+             "warning if anonymous visitors of your public pages may chat.",
+        id="conversations.W007")]
+    conversations_settings.update(LOGIN_REQUIRED=True)
+    assert check_config() == []
+
+
 def test_unparseable_number(conversations_settings, settings):
     settings.CONVERSATIONS = {**settings.CONVERSATIONS, "JOB_TIMEOUT": "two minutes"}
     assert check_config() == [Error("CONVERSATIONS['JOB_TIMEOUT'] = 'two minutes' is not a valid int",

@@ -16,6 +16,7 @@ from rq.job import Job
 
 from conversations import jobs, state, turns
 from conversations.models import Turn
+from tests.fakes import FakeProvider, openai_text
 from tests.helpers import make_client, start_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -86,10 +87,10 @@ def test_running_turn_whose_job_is_alive_is_left_alone():
 
 def test_queued_turn_whose_job_vanished_is_ended():
     client, body, turn, job = queued_turn()
-    age(turn, 600)
+    age(turn, 20)  # past the grace below, within QUEUE_WAIT (30 s)
     job.delete()  # e.g. Redis restarted without persistence
 
-    out = repair()
+    out = repair("--grace", "10")
 
     assert f"{turn.id}  queued" in out and "job gone  -> repaired" in out
     turn.refresh_from_db()
@@ -98,16 +99,37 @@ def test_queued_turn_whose_job_vanished_is_ended():
     assert final["done"] is True and final["status"] == "failed"
 
 
-def test_queued_turn_waiting_behind_a_backlog_is_left_alone():
+def test_queued_turn_waiting_behind_a_backlog_within_queue_wait_is_left_alone():
     client, body, turn, job = queued_turn()
-    age(turn, 600)  # old, but its job is still in the queue: a worker will get to it
+    age(turn, 20)  # past the grace, but its job is still in the queue and QUEUE_WAIT (30 s) is not over
 
-    out = repair()
+    out = repair("--grace", "10")
 
     assert "left alone" in out
     turn.refresh_from_db()
     assert turn.status == "queued"
     assert jobs.get_queue().job_ids == [turn.job_id]
+
+
+def test_queued_turn_no_worker_picked_up_within_queue_wait_is_ended_and_never_runs(worker, conversations_settings):
+    with FakeProvider(default=openai_text("Hello!")) as fake:
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="sk-test")
+        client, body, turn, job = queued_turn()
+        age(turn, 31)  # no worker running, and nobody polling
+
+        out = repair()
+
+        assert f"{turn.id}  queued" in out and "not picked up within QUEUE_WAIT (30s)  -> repaired" in out
+        assert "1 overdue turn(s), 1 repaired" in out
+        final = client.get(body["poll_url"]).json()
+        assert final["done"] is True and final["status"] == "failed"
+        assert final["error"] == "The assistant is not available right now. Please try again later."
+        worker()  # a worker that starts afterwards takes the job, and leaves the turn as it ended
+        assert fake.requests == []
+    turn.refresh_from_db()
+    assert turn.status == "failed" and turn.started_at is None and turn.model_calls == 0
+    assert client.get(body["poll_url"]).json() == final
+    assert "0 overdue turn(s)" in repair()
 
 
 def test_recent_queued_turn_is_not_even_checked():

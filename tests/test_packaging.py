@@ -6,6 +6,7 @@ The site runs from a venv of its own with the wheel installed (tests/fresh_site.
 of this checkout (the demo project, the tests) is importable there.
 """
 
+import concurrent.futures
 import os
 import re
 import time
@@ -13,6 +14,7 @@ import time
 import pytest
 import requests
 
+from tests.browser.pages import AGGRESSIVE
 from tests.fresh_site import ROOT, FreshSite, build_wheel, make_venv, readme_block, wheel_metadata, wheel_names
 
 pytestmark = pytest.mark.slow
@@ -131,7 +133,7 @@ def test_a_site_configured_from_the_readme_renders_the_widget_and_collects_its_f
         "from django.template import engines; from django.test import RequestFactory\n"
         f"print(engines['django'].from_string({template!r}).render(request=RequestFactory().get('/')))")
 
-    assert '<div class="cvw" data-conversations-widget data-api-url="/api/conversations/"' in html
+    assert '<conversations-widget data-conversations-widget data-mode="inline" data-api-url="/api/conversations/"' in html
     assert '<script src="/static/conversations/widget.js" defer></script>' in html
     site.manage("collectstatic", "--no-input")
     collected = site.directory / "staticfiles" / "conversations"
@@ -164,3 +166,128 @@ def poll_until_done(session, url, timeout=15):
         if state["done"] or time.monotonic() > deadline:
             return state
         time.sleep(0.1)
+
+
+# -- a real site's own look and users (issue 14) ----------------------------------------------
+
+ACCOUNTS_MODELS = '''
+from django.contrib.auth.models import AbstractBaseUser, BaseUserManager, PermissionsMixin
+from django.db import models
+
+
+class UserManager(BaseUserManager):
+    def create_user(self, email, password=None, **extra):
+        user = self.model(email=self.normalize_email(email), **extra)
+        user.set_password(password)
+        user.save()
+        return user
+
+    def create_superuser(self, email, password=None, **extra):
+        return self.create_user(email, password, is_staff=True, is_superuser=True, **extra)
+
+
+class User(AbstractBaseUser, PermissionsMixin):
+    """Signs in with an email address: there is no username at all."""
+    email = models.EmailField(unique=True)
+    is_staff = models.BooleanField(default=False)
+    is_active = models.BooleanField(default=True)
+    USERNAME_FIELD = EMAIL_FIELD = "email"
+    objects = UserManager()
+'''
+
+PAGE_TEMPLATE = """{% load conversations %}<!doctype html><html lang="en"><head><meta charset="utf-8">
+<title>My site</title><style>{{ style|safe }}</style></head><body><main><h1>My site</h1>
+<p>Our own page, with our own styles.</p><label>A label of ours</label> <button>A button of ours</button>
+<ol><li>A list of ours</li></ol>{% chat_widget mode=mode %}</main></body></html>"""
+
+# The widget's text sizes are in rem on purpose (they follow the reader's font size), so the bare
+# page shares the host's root font size: everything else of the host's must stay out.
+STYLES = {"host": AGGRESSIVE, "bare": "html { font-size: 18px; }"}
+
+# What the host's rules would change if they reached in.
+COMPARED = ["font-family", "font-size", "font-style", "font-weight", "line-height", "letter-spacing", "word-spacing",
+            "text-transform", "text-indent", "text-align", "color", "background-color", "padding-top", "padding-left",
+            "margin-top", "margin-left", "border-top-width", "border-top-style", "border-top-color", "box-sizing",
+            "width", "height", "list-style-type", "display", "position", "white-space", "outline-style"]
+PARTS = [".cvw", ".cvw-panel", ".cvw-header", ".cvw-log", ".cvw-list", ".cvw-msg-user", ".cvw-msg-assistant",
+         ".cvw-msg-assistant p", ".cvw-label", ".cvw-input", ".cvw-send", ".cvw-hint", ".cvw-status", ".cvw-launcher",
+         ".cvw-close"]
+STYLES_OF = """([parts, properties]) => {
+    const root = document.querySelector('conversations-widget').shadowRoot;
+    return Object.fromEntries(parts.map(part => { const el = root.querySelector(part);
+        if (!el) { return [part, null]; }
+        const style = getComputedStyle(el);
+        return [part, Object.fromEntries(properties.map(p => [p, style.getPropertyValue(p)]))]; })); }"""
+
+
+def test_a_site_with_its_own_styles_and_email_users_runs_both_widget_modes_untouched(new_site):
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.browser.conftest import CHROMIUM_ARGS, chromium_path
+
+    pages = ", ".join(f'path("{look}-{mode}/", TemplateView.as_view(template_name="page.html", '
+                      f'extra_context={{"mode": "{mode}", "style": {STYLES[look]!r}}}))'
+                      for look in STYLES for mode in ("inline", "launcher"))
+    site = new_site(
+        settings='INSTALLED_APPS += ["accounts"]\nAUTH_USER_MODEL = "accounts.User"\n'
+                 'TEMPLATES[0]["DIRS"] = [BASE_DIR / "templates"]',
+        urls=f"from django.views.generic import TemplateView\nurlpatterns += [{pages}]")
+    (site.directory / "accounts").mkdir()
+    (site.directory / "accounts" / "__init__.py").write_text("")
+    (site.directory / "accounts" / "models.py").write_text(ACCOUNTS_MODELS)
+    (site.directory / "templates").mkdir()
+    (site.directory / "templates" / "page.html").write_text(PAGE_TEMPLATE)
+    site.manage("makemigrations", "accounts")
+    site.manage("migrate")
+    site.manage("createsuperuser", "--no-input", "--email", "admin@example.com",
+                env={"DJANGO_SUPERUSER_PASSWORD": "a long enough password"})
+
+    def through_the_widget(base):
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1000, "height": 800})
+            page.set_default_timeout(20_000)
+            expect.set_options(timeout=20_000)
+
+            def styles_on(look, mode):
+                page.goto(f"{base}/{look}-{mode}/")
+                if mode == "launcher":
+                    page.locator(".cvw-launcher").click()
+                expect(page.locator(".cvw-msg-assistant")).to_contain_text("demo assistant")
+                return page.evaluate(STYLES_OF, [PARTS, COMPARED])
+
+            # A turn through the real widget on the host page, run by the site's worker.
+            page.goto(f"{base}/host-inline/")
+            page.locator(".cvw-input").fill("Hello!")
+            page.locator(".cvw-input").press("Enter")
+            expect(page.locator(".cvw-status")).to_have_text("The assistant is thinking…")
+            site.manage("rqworker", "--burst")
+            expect(page.locator(".cvw-msg-assistant")).to_contain_text("Hello! I am the demo assistant of this site")
+            # The host's rules are in force on its own elements ...
+            assert page.locator("main > label").evaluate("el => getComputedStyle(el).textTransform") == "uppercase"
+            # ... and none of them reached the widget, in either mode (the conversation follows, restored).
+            for mode in ("inline", "launcher"):
+                host, bare = styles_on("host", mode), styles_on("bare", mode)
+                assert host[".cvw-label"]["text-transform"] == "none" and host[".cvw-panel"]["width"] == "576px"
+                for part in PARTS:
+                    assert host[part] == bare[part], (mode, part, {p: (host[part][p], bare[part][p]) for p in COMPARED
+                                                                   if host[part] and host[part][p] != bare[part][p]})
+            browser.close()
+
+    with site.serve() as base:
+        # Playwright's sync API runs an event loop in its thread, and the browser tests' session
+        # keeps one running in this one: this browser gets a thread of its own.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(through_the_widget, base).result()
+
+        # The admin of a site whose users have no username: search and ordering by owner work.
+        operator = requests.Session()
+        operator.get(f"{base}/admin/login/", timeout=10)
+        operator.post(f"{base}/admin/login/", timeout=10, data={
+            "username": "admin@example.com", "password": "a long enough password", "next": "/admin/",
+            "csrfmiddlewaretoken": operator.cookies["csrftoken"]})
+        for changelist in ("turn", "conversation"):
+            for query in ("?q=example.com", "?q=Hello", "?o=4", "?o=-4.1", "?o=2"):
+                answer = operator.get(f"{base}/admin/conversations/{changelist}/{query}", timeout=10)
+                assert answer.status_code == 200, (changelist, query, answer.status_code)
+                assert "/admin/login/" not in answer.url

@@ -5,7 +5,7 @@ import json
 import pytest
 from drf_spectacular.validation import validate_schema
 
-from tests.helpers import make_client
+from tests.helpers import OPERATIONS, call_every_endpoint, make_client
 
 pytestmark = pytest.mark.django_db
 
@@ -42,11 +42,12 @@ def test_the_schema_lists_every_endpoint_and_only_the_api(schema):
 def test_the_schema_documents_every_answer(schema):
     assert statuses(schema, TURNS, "post") == {"200", "202", "400", "403", "404", "409", "413", "415", "422",
                                                     "429", "503"}
-    assert statuses(schema, POLL, "get") == {"200", "304", "404"}
+    assert statuses(schema, POLL, "get") == {"200", "304", "403", "404", "503"}
     assert statuses(schema, CANCEL, "post") == {"202", "403", "404", "413", "415", "503"}
-    assert statuses(schema, CONVERSATION, "get") == {"200", "404"}
-    assert statuses(schema, "/api/conversations/", "post") == {"201", "400", "403", "413", "415", "429"}
-    assert statuses(schema, RATING, "post") == {"200", "201", "400", "403", "404", "409", "413", "415", "429"}
+    assert statuses(schema, CONVERSATION, "get") == {"200", "403", "404", "503"}
+    assert statuses(schema, "/api/conversations/", "post") == {"201", "400", "403", "413", "415", "429", "503"}
+    assert statuses(schema, "/api/conversations/", "get") == {"200", "403", "503"}
+    assert statuses(schema, RATING, "post") == {"200", "201", "400", "403", "404", "409", "413", "415", "429", "503"}
     throttled = schema["paths"][TURNS]["post"]["responses"]["429"]
     assert "Retry-After" in throttled["headers"]
 
@@ -74,8 +75,8 @@ def test_swagger_ui_is_served_only_in_debug(settings):
 
 
 def test_every_answer_the_api_gives_is_documented(schema, conversations_settings, django_db_blocker):
-    """Provoke each status each operation can answer (503s aside: tests/test_turn_flow.py) and check
-    the schema documents it for that operation; a fuzzer rarely reaches a 409, a 422 or a 429."""
+    """Provoke each status each operation can answer (503s: the next test) and check the schema
+    documents it for that operation; a fuzzer rarely reaches a 409, a 422 or a 429."""
     from tests.helpers import api_post, start_turn
 
     conversations_settings.update(MAX_TURNS_PER_CONVERSATION=2, CONVERSATION_RATE_PER_OWNER="3/hour")
@@ -151,3 +152,52 @@ def test_every_answer_the_api_gives_is_documented(schema, conversations_settings
     assert answers[("/api/conversations/", "post")] == {"201", "400", "403", "413", "415", "429"}
     assert answers[(RATING, "post")] == {"200", "201", "400", "403", "404", "409", "413", "415", "429"}
     assert answers[(CANCEL, "post")] == {"202", "403", "404", "413", "415"}
+
+
+def test_the_refusal_of_anonymous_callers_under_login_required_is_documented(schema, conversations_settings):
+    from tests.helpers import api_post, start_turn
+
+    client = make_client()
+    started = start_turn(client, "Hello")
+    conversation = started["conversation"]
+    conversations_settings.update(LOGIN_REQUIRED=True)
+
+    answers = {OPERATIONS[name]: response for name, response in call_every_endpoint(client, started).items()}
+
+    assert set(answers) == {(path, method) for path in schema["paths"] for method in schema["paths"][path]}
+    for (path, method), response in answers.items():
+        assert response.status_code == 403, (method, path, response.status_code)
+        assert "403" in statuses(schema, path, method), (method, path)
+        assert "LOGIN_REQUIRED" in schema["paths"][path][method]["responses"]["403"]["description"], (method, path)
+
+
+def test_the_answer_every_operation_gives_while_redis_is_down_is_documented(schema, settings):
+    """Every operation, with the cache (sessions included) and the queue unreachable, answers a
+    503 that its schema documents, with the error body the schema describes."""
+    from tests.helpers import NOWHERE, api_post, start_turn
+
+    client = make_client()
+    started = start_turn(client, "Hello")
+    conversation = started["conversation"]
+    settings.CACHES = {alias: {**conf, "LOCATION": NOWHERE} for alias, conf in settings.CACHES.items()}
+    settings.RQ_QUEUES = {name: {**conf, "URL": NOWHERE} for name, conf in settings.RQ_QUEUES.items()}
+
+    answers = {OPERATIONS[name]: response for name, response in call_every_endpoint(client, started).items()}
+
+    assert set(answers) == {(path, method) for path in schema["paths"] for method in schema["paths"][path]}
+    for (path, method), response in answers.items():
+        assert response.status_code == 503, (method, path, response.status_code)
+        assert "503" in statuses(schema, path, method), (method, path)
+        documented = schema["paths"][path][method]["responses"]["503"]["content"]["application/json"]["schema"]
+        assert documented == {"$ref": "#/components/schemas/Error"}
+        assert set(response.json()) == set(schema["components"]["schemas"]["Error"]["properties"])
+
+
+def test_the_session_cookie_is_optional_unless_only_logged_in_users_may_chat(conversations_settings):
+    def security(path, method):
+        return json.loads(make_client().get("/api/schema/?format=json").content)["paths"][path][method]["security"]
+
+    assert security("/api/conversations/", "post") == [{"sessionCookie": []}, {}]  # a first visit has none yet
+    conversations_settings.update(LOGIN_REQUIRED=True)
+    assert security("/api/conversations/", "post") == [{"sessionCookie": []}]
+    assert security(TURNS, "post") == [{"sessionCookie": []}]

@@ -2,6 +2,8 @@ from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import SessionAuthentication
 
+from ..conf import get_config
+
 
 class CsrfSessionAuthentication(SessionAuthentication):
     """Session authentication that checks CSRF for anonymous visitors as well.
@@ -23,6 +25,13 @@ class CsrfSessionScheme(OpenApiAuthenticationExtension):
 
     target_class = CsrfSessionAuthentication
     name = "sessionCookie"
+
+    def get_security_requirement(self, auto_schema):
+        """The session cookie, optional (``{}``) unless ``LOGIN_REQUIRED``: an anonymous visitor's
+        first request has no session yet. (The views' permission is not DRF's ``AllowAny``, from
+        which drf-spectacular would infer that itself.)"""
+        requirement = {self.name: []}
+        return requirement if get_config()["LOGIN_REQUIRED"] else [requirement, {}]
 
     def get_security_definition(self, auto_schema):
         """The OpenAPI security scheme: an API key in the session cookie."""

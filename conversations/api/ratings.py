@@ -13,13 +13,13 @@ from rest_framework.response import Response
 from ..models import Turn
 from . import serializers
 from .throttling import RatingIPThrottle, RatingOwnerThrottle
-from .views import (CONVERSATION_ID, CSRF_FAILED, ERROR, NOT_FOUND, NOT_JSON, RETRY_AFTER, TOO_LARGE, TURN_ID,
-                    Conflict, ConversationAPIView, owned_conversation)
+from .views import (CONVERSATION_ID, CSRF_OR_SIGN_IN, ERROR, NOT_FOUND, NOT_JSON, RETRY_AFTER, TOO_LARGE, TURN_ID,
+                    UNAVAILABLE, Conflict, ConversationAPIView, owned_conversation)
 
 
 class RatingView(ConversationAPIView):
-    """Rate a finished answer. The checks, in order: body size (413), CSRF (403), rate limits
-    (429), the body (400), ownership (404), the turn finished (409)."""
+    """Rate a finished answer. The checks, in order: body size (413), CSRF or sign-in (403), rate
+    limits (429), the body (400), ownership (404), the turn finished (409); 503 when Redis is down."""
 
     throttle_classes = [RatingOwnerThrottle, RatingIPThrottle]
 
@@ -34,7 +34,7 @@ class RatingView(ConversationAPIView):
             201: OpenApiResponse(serializers.RatingSerializer, description="The answer's first rating."),
             200: OpenApiResponse(serializers.RatingSerializer, description="The rating replaced the earlier one."),
             400: serializers.ValidationErrorSerializer,
-            403: CSRF_FAILED,
+            403: CSRF_OR_SIGN_IN,
             404: NOT_FOUND,
             409: OpenApiResponse(ERROR, description="The turn is still queued or running: only a finished answer "
                                                     "can be rated."),
@@ -42,6 +42,7 @@ class RatingView(ConversationAPIView):
             415: NOT_JSON,
             429: OpenApiResponse(ERROR, description="Too many ratings (RATING_RATE_PER_OWNER, RATING_RATE_PER_IP); "
                                                     "see Retry-After."),
+            503: UNAVAILABLE,
         },
         summary="Rate an answer: thumbs up or down, with an optional comment",
     )

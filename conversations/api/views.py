@@ -28,6 +28,8 @@ from ..owners import owned_filter, owner_matches, owner_token, owns_state, stamp
 from . import serializers
 from .authentication import CsrfSessionAuthentication
 from .parsers import LimitedJSONParser, check_content_length
+from .permissions import LoginNotRequiredMixin, SignedInIfRequired, may_chat, sign_in_message
+from .sessions import UNAVAILABLE_ERRORS, check_session_store, save_session
 from .throttling import ConversationIPThrottle, ConversationOwnerThrottle, TurnIPThrottle, TurnOwnerThrottle
 
 logger = logging.getLogger("conversations.api")
@@ -68,9 +70,15 @@ _IDEMPOTENCY_RE = re.compile(IDEMPOTENCY_PATTERN)
 
 ERROR = serializers.ErrorSerializer
 NOT_FOUND = OpenApiResponse(ERROR, description="Not found, or not yours (the API never says which).")
-CSRF_FAILED = OpenApiResponse(ERROR, description="CSRF check failed: send the csrftoken cookie and X-CSRFToken.")
 TOO_LARGE = OpenApiResponse(ERROR, description="The body is larger than MAX_REQUEST_BYTES; it was not read.")
 NOT_JSON = OpenApiResponse(ERROR, description="The body is not application/json.")
+SIGN_IN = OpenApiResponse(ERROR, description="The caller is anonymous while LOGIN_REQUIRED is on: "
+                                             "\"Please sign in to chat with the assistant.\"")
+CSRF_OR_SIGN_IN = OpenApiResponse(ERROR, description="CSRF check failed (send the csrftoken cookie and "
+                                                     "X-CSRFToken), or the caller is anonymous while LOGIN_REQUIRED "
+                                                     "is on.")
+UNAVAILABLE = OpenApiResponse(ERROR, description="Redis (the cache, the sessions kept there, or the queue) is "
+                                                 "unreachable; nothing was changed. Try again later.")
 CONVERSATION_ID = OpenApiParameter("conversation_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 TURN_ID = OpenApiParameter("turn_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 RETRY_AFTER = OpenApiParameter("Retry-After", OpenApiTypes.INT, OpenApiParameter.HEADER, response=[429],
@@ -110,16 +118,46 @@ def owned_conversation(request, conversation_id, *, for_update=False, user=None)
     return get_object_or_404(queryset, pk=conversation_id)
 
 
-class ConversationAPIView(APIView):
+class RedisDownMixin:
+    """An unreachable Redis answers 503 ``{"detail": "<sentence>"}`` from every API view, never
+    Django's HTML 500: errors raised in the view (throttle history, live states, the queue) are
+    turned into a ``ServiceUnavailable``; a session kept in the cache is checked before anything
+    trusts it, and a changed session is saved inside the view (see ``sessions``)."""
+
+    def handle_exception(self, exc):
+        """DRF's, with Redis errors answered 503 instead of re-raised; returns the response."""
+        if isinstance(exc, UNAVAILABLE_ERRORS):
+            logger.error("Redis is unreachable; %s %s answered 503: %r", self.request.method, self.request.path, exc)
+            exc = ServiceUnavailable(turns.unavailable_message())
+        return super().handle_exception(exc)
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        """Save the session before the response goes out, so that a failure is still a 503."""
+        if response.status_code < 500:
+            try:
+                save_session(request)
+            except UNAVAILABLE_ERRORS as exc:
+                response = self.handle_exception(exc)
+        return super().finalize_response(request, response, *args, **kwargs)
+
+
+class ConversationAPIView(LoginNotRequiredMixin, RedisDownMixin, APIView):
     """Base of the API views: session authentication with CSRF for everyone, JSON bodies only,
-    and a body over ``MAX_REQUEST_BYTES`` refused (413) before anything reads it."""
+    a body over ``MAX_REQUEST_BYTES`` refused (413) before anything reads it, and anonymous
+    callers refused (403) while ``LOGIN_REQUIRED`` is on."""
 
     authentication_classes = [CsrfSessionAuthentication]
-    permission_classes = [AllowAny]
+    permission_classes = [SignedInIfRequired]
     parser_classes = [LimitedJSONParser]
+
+    def permission_denied(self, request, message=None, code=None):
+        """Always a 403 with the permission's sentence: DRF's own would give an anonymous caller
+        "Authentication credentials were not provided." instead."""
+        raise PermissionDenied(message)
 
     def initial(self, request, *args, **kwargs):
         check_content_length(request)
+        check_session_store(request)
         super().initial(request, *args, **kwargs)
 
 
@@ -137,7 +175,7 @@ class ConversationListView(ConversationAPIView):
         raise Throttled(wait, detail=_("You have started too many conversations. Please continue one of them "
                                        "or try again later."))
 
-    @extend_schema(responses={200: serializers.ConversationSerializer(many=True)},
+    @extend_schema(responses={200: serializers.ConversationSerializer(many=True), 403: SIGN_IN, 503: UNAVAILABLE},
                    summary="The caller's 50 most recent conversations")
     def get(self, request):
         get_token(request)  # sets the csrftoken cookie, for a widget on a page Django did not render
@@ -145,10 +183,11 @@ class ConversationListView(ConversationAPIView):
         return Response([{"id": str(c.id), "created_at": c.created_at} for c in conversations])
 
     @extend_schema(request=serializers.ConversationCreateSerializer, parameters=[RETRY_AFTER],
-                   responses={201: serializers.NewConversationSerializer, 403: CSRF_FAILED, 413: TOO_LARGE,
+                   responses={201: serializers.NewConversationSerializer, 403: CSRF_OR_SIGN_IN, 413: TOO_LARGE,
                               415: NOT_JSON, 400: serializers.ValidationErrorSerializer,
                               429: OpenApiResponse(ERROR, description="Too many new conversations (per owner or "
-                                                                      "per IP); see Retry-After.")},
+                                                                      "per IP); see Retry-After."),
+                              503: UNAVAILABLE},
                    summary="Start a conversation owned by the caller (user, or anonymous session)")
     def post(self, request):
         serializer = serializers.ConversationCreateSerializer(data=request.data)
@@ -165,7 +204,8 @@ class ConversationDetailView(ConversationAPIView):
     """The whole transcript, and the turn still running if there is one (to resume polling)."""
 
     @extend_schema(parameters=[CONVERSATION_ID],
-                   responses={200: serializers.ConversationDetailSerializer, 404: NOT_FOUND},
+                   responses={200: serializers.ConversationDetailSerializer, 403: SIGN_IN, 404: NOT_FOUND,
+                              503: UNAVAILABLE},
                    summary="A conversation's transcript and its active turn")
     def get(self, request, conversation_id):
         conversation = owned_conversation(request, conversation_id)
@@ -212,8 +252,9 @@ class TurnListView(ConversationAPIView):
             200: OpenApiResponse(serializers.TurnSummarySerializer, description="A retry: the turn this Idempotency-Key "
                                                                       "already started."),
             400: serializers.ValidationErrorSerializer,
-            403: OpenApiResponse(ERROR, description="CSRF check failed, or the conversation reached "
-                                                    "MAX_TURNS_PER_CONVERSATION."),
+            403: OpenApiResponse(ERROR, description="CSRF check failed, the conversation reached "
+                                                    "MAX_TURNS_PER_CONVERSATION, or the caller is anonymous "
+                                                    "while LOGIN_REQUIRED is on."),
             404: NOT_FOUND,
             409: OpenApiResponse(ERROR, description="A turn of this conversation is still queued or running."),
             413: TOO_LARGE,
@@ -223,8 +264,9 @@ class TurnListView(ConversationAPIView):
                                                     "once (MAX_ACTIVE_TURNS_PER_OWNER), or the owner's "
                                                     "DAILY_TOKEN_BUDGET is spent or held for running turns; see "
                                                     "Retry-After."),
-            503: OpenApiResponse(ERROR, description="Redis is unreachable. If the message was saved before the "
-                                                    "enqueue failed, its turn ended failed with this message."),
+            503: OpenApiResponse(ERROR, description="Redis is unreachable. Nothing was saved, or, if the enqueue "
+                                                    "itself failed, the message was saved and its turn ended "
+                                                    "failed with this message; either way, send it again later."),
         },
         summary="Send a message: starts a turn and answers with its poll URL",
     )
@@ -292,7 +334,7 @@ class TurnListView(ConversationAPIView):
         raise PermissionDenied(refusal.message)
 
 
-class TurnDetailView(APIView):
+class TurnDetailView(LoginNotRequiredMixin, RedisDownMixin, APIView):
     """The poll view. A state in the cache is served with no SQL query (ownership is in the state);
     a missing or stale one is rebuilt from the database, and a turn whose job died is ended.
 
@@ -312,11 +354,22 @@ class TurnDetailView(APIView):
         DRF machinery). Anything else (a missing, stale or foreign state, an unverified session,
         a malformed id) takes DRF's path through ``get``."""
         self.cached = None  # (state, session data) read here, used again by ``get``
+        self.unreachable = None  # or the Redis error the read here raised, answered by DRF's path
         if request.method == "GET" and conversation_id is not None and turn_id is not None:
-            self.cached = data, session = state.read_with_session(turn_id, request)
-            if data is not None and not self.is_stale(data) and self.serves(data, session, conversation_id):
-                return self.respond(request, data)
+            try:
+                self.cached = data, session = state.read_with_session(turn_id, request)
+            except UNAVAILABLE_ERRORS as exc:
+                self.unreachable = exc
+            else:
+                if data is not None and not self.is_stale(data) and self.serves(data, session, conversation_id):
+                    return self.respond(request, data)
         return super().dispatch(request, conversation_id=conversation_id, turn_id=turn_id, **kwargs)
+
+    def initial(self, request, *args, **kwargs):
+        if self.unreachable is not None:
+            raise self.unreachable
+        check_session_store(request)
+        super().initial(request, *args, **kwargs)
 
     @staticmethod
     def serves(data, session, conversation_id):
@@ -325,7 +378,9 @@ class TurnDetailView(APIView):
         if data["conversation"] != str(conversation_id) or not owns_state(session, data["owner"]):
             return False
         user_id = data["owner"].get("user")
-        return user_id is None or stamp_matches(state.read_auth_stamp(user_id), session)
+        if user_id is None:  # an anonymous visitor's state: theirs, unless only users may chat
+            return not get_config()["LOGIN_REQUIRED"]
+        return stamp_matches(state.read_auth_stamp(user_id), session)
 
     @staticmethod
     def verified_user(request):
@@ -357,14 +412,16 @@ class TurnDetailView(APIView):
                                      description="The ETag of the state the client already has.")],
         responses={200: serializers.TurnStateSerializer,
                    304: OpenApiResponse(description="The state has not changed since the ETag sent."),
-                   404: NOT_FOUND},
+                   403: SIGN_IN, 404: NOT_FOUND, 503: UNAVAILABLE},
         summary="Poll a turn until done is true",
     )
     def get(self, request, conversation_id, turn_id):
+        user = self.verified_user(request)
+        if not may_chat(user):
+            raise PermissionDenied(sign_in_message())
         if conversation_id is None or turn_id is None:  # not a UUID (see urls.AnyUUIDConverter)
             raise NotFound()
         data, _session = self.cached or state.read_with_session(turn_id, request)
-        user = self.verified_user(request)
         if data is None or self.is_stale(data):
             data = self.rebuild(request, user, conversation_id, turn_id, data)
         user_id = user.pk if user.is_authenticated else None
@@ -375,12 +432,19 @@ class TurnDetailView(APIView):
 
     @staticmethod
     def is_stale(data):
-        return not data["done"] and time.time() - data.get("updated_at", 0) > get_config()["STALE_AFTER"]
+        """Whether ``data`` must be checked against the database: a state not done that has not
+        changed for ``STALE_AFTER`` seconds, or a queued one older than ``QUEUE_WAIT`` (its turn
+        may have to end unrun)."""
+        if data["done"]:
+            return False
+        cfg, age = get_config(), time.time() - data.get("updated_at", 0)
+        return age > cfg["STALE_AFTER"] or (data["status"] == Turn.Status.QUEUED and age > cfg["QUEUE_WAIT"])
 
     def rebuild(self, request, user, conversation_id, turn_id, cached):
         """For a missing or stale ``cached`` state: 404 unless the caller owns the turn; end the
-        turn if its job died; else the cached state, or one rebuilt from the database when there
-        is none or the row says the turn ended and the cache does not (a write the cache missed)."""
+        turn if no worker picked it up within ``QUEUE_WAIT`` or its job died; else the cached
+        state, or one rebuilt from the database when there is none or the row says the turn
+        ended and the cache does not (a write the cache missed)."""
         conversation = owned_conversation(request, conversation_id, user=user)
         turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)
         repaired = turns.repair(turn)
@@ -395,10 +459,11 @@ class TurnCancelView(ConversationAPIView):
     """``POST``: stop a turn. A queued turn ends at once; a running one stops before its next call."""
 
     @extend_schema(parameters=[CONVERSATION_ID, TURN_ID],
-                   request=None, responses={202: serializers.TurnSummarySerializer, 403: CSRF_FAILED, 404: NOT_FOUND,
-                                            413: TOO_LARGE, 415: NOT_JSON,
-                                            503: OpenApiResponse(ERROR, description="Redis is unreachable and "
-                                                                 "the turn is running: it cannot be asked to stop.")},
+                   request=None, responses={202: serializers.TurnSummarySerializer, 403: CSRF_OR_SIGN_IN,
+                                            404: NOT_FOUND, 413: TOO_LARGE, 415: NOT_JSON,
+                                            503: OpenApiResponse(ERROR, description="Redis is unreachable: the "
+                                                                 "turn is running and cannot be asked to stop, or "
+                                                                 "the caller's session cannot be read.")},
                    summary="Stop a turn")
     def post(self, request, conversation_id, turn_id):
         conversation = owned_conversation(request, conversation_id)

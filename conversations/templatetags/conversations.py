@@ -4,6 +4,8 @@ import json
 import logging
 
 from django import template
+from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
 from django.db import DatabaseError
 from django.middleware.csrf import get_token
 from django.urls import reverse
@@ -40,23 +42,39 @@ def widget_strings():
         "send_failed": _("Your message could not be sent. Check your connection and try again."),
         "busy": _("The assistant is still answering. Wait for it to finish or press Stop."),
         "gone": _("This conversation is no longer available. Send your message again to start a new one."),
+        # Translators: the label of the button that closes the assistant's floating panel.
+        "close": _("Close"),
+        # Translators: a link to the site's sign-in page, shown instead of the text box.
+        "sign_in": _("Sign in to chat with the assistant."),
     }
 
 
-@register.inclusion_tag("conversations/widget.html", takes_context=True)
-def chat_widget(context, title="", assistant=""):
-    """Render the widget (its element, CSS and script) with every string translated.
+MODES = ("inline", "launcher")
 
-    ``title`` replaces the header text (by default the assistant's name). ``assistant`` is the
-    slug of the assistant that answers the conversations this widget starts; an unknown or
-    inactive one renders nothing and logs a warning, so that a page never breaks on it. Called
-    once per ``{% chat_widget %}``; returns the template context of ``conversations/widget.html``.
+
+@register.inclusion_tag("conversations/widget.html", takes_context=True)
+def chat_widget(context, title="", mode="inline", key="", assistant=""):
+    """Render the widget (its element and script) with every string translated.
+
+    ``title`` replaces the header text (by default the assistant's name); ``mode`` is
+    ``"inline"`` (a panel where the tag is) or ``"launcher"`` (a button in a corner of the window
+    that opens the panel); ``key`` names the widget's conversation, for a page with several
+    widgets that should keep theirs wherever they stand (without it, the widget's place on the
+    page is its key, or the assistant's slug when it has one: a conversation belongs to one
+    assistant, so a widget never resumes another assistant's). ``assistant`` is the slug of the
+    assistant that answers the conversations this widget starts; an unknown or inactive one
+    renders nothing and logs a warning, so that a page never breaks on it. When
+    ``CONVERSATIONS["LOGIN_REQUIRED"]`` is on and the visitor is anonymous, the widget shows a
+    sign-in link instead of its text box. Returns the context of ``conversations/widget.html``.
     """
+    if mode not in MODES:
+        raise template.TemplateSyntaxError(f"chat_widget: mode must be one of {', '.join(MODES)}, not {mode!r}")
     chosen = None
     if assistant:
         chosen = find_assistant(str(assistant), context.get("request"))
         if chosen is None:
             return {"hidden": True}
+        key = key or f"assistant-{chosen.slug}"
     request = context.get("request")
     # Also sets the csrftoken cookie for the widget's POSTs.
     csrf_token = get_token(request) if request is not None else ""
@@ -64,11 +82,19 @@ def chat_widget(context, title="", assistant=""):
     strings = widget_strings()
     if title or chosen is not None:
         strings["title"] = str(title or chosen.name)
+    login_url = ""
+    user = getattr(request, "user", None)
+    if cfg["LOGIN_REQUIRED"] and not (user is not None and user.is_authenticated):
+        # Back to this page once signed in, the way Django's own login_required sends a visitor.
+        login_url = redirect_to_login(request.get_full_path() if request is not None else "/", settings.LOGIN_URL).url
     return {
+        "mode": mode,
+        "key": str(key),
         "api_url": reverse("conversations:conversation-list"),
         "job_timeout": cfg["JOB_TIMEOUT"],
         "max_length": cfg["MAX_MESSAGE_LENGTH"],
         "csrf_token": csrf_token,
+        "login_url": login_url,
         "strings": strings,
         "assistant": chosen,
         "suggestions": json.dumps(list(chosen.suggestions), ensure_ascii=False) if chosen is not None else "",

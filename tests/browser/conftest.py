@@ -43,14 +43,23 @@ class Chat:
         page.on("request", self._on_request)
         page.on("response", self._on_response)
         page.on("dialog", self._on_dialog)
+        # The widget draws in a shadow root, which an observer of the document does not see into:
+        # each shadow root is observed as it is attached.
         page.add_init_script("""
             window.__batches = [];
-            new MutationObserver(function (records) {
+            var observer = new MutationObserver(function (records) {
               var added = [];
               records.forEach(function (r) { r.addedNodes.forEach(function (n) {
                 if (n.nodeType === 1 && n.tagName === "LI") { added.push(n.className); } }); });
               if (added.length) { window.__batches.push(added); }
-            }).observe(document, {childList: true, subtree: true});
+            });
+            observer.observe(document, {childList: true, subtree: true});
+            var attachShadow = Element.prototype.attachShadow;
+            Element.prototype.attachShadow = function (init) {
+              var root = attachShadow.call(this, init);
+              observer.observe(root, {childList: true, subtree: true});
+              return root;
+            };
         """)
 
     @staticmethod
@@ -87,14 +96,16 @@ class Chat:
 
 @pytest.fixture
 def chat_page(browser, live_server):
-    """A fresh browser context (English) on the live server; ``chat_page(locale=...)`` for another."""
+    """A fresh browser context (English) on the live server; ``chat_page(locale=..., **context_options)``
+    for another."""
     from playwright.sync_api import expect
 
     expect.set_options(timeout=TIMEOUT_MS)
     contexts = []
 
-    def open_context(locale="en-US"):
-        context = browser.new_context(locale=locale)
+    def open_context(locale="en-US", **options):
+        """``options``: any of Playwright's ``new_context`` options (viewport, forced_colors...)."""
+        context = browser.new_context(locale=locale, **options)
         context.set_default_timeout(TIMEOUT_MS)
         contexts.append(context)
         return Chat(context.new_page(), live_server.url)

@@ -1,15 +1,18 @@
 """``manage.py repair_turns [--dry-run] [--grace SECONDS]``: end the turns nobody will finish.
 
-Meant for cron (every few minutes). A turn is a candidate when it is still ``queued`` or
-``running`` and either its own deadline (``deadline_at``) has passed, or it was enqueued
-(or started, without a recorded deadline) more than ``--grace`` seconds ago. A candidate is
-repaired only when its RQ job can no longer write a final state (``jobs.job_problem``: the
-job is gone, failed, stopped, finished without a final state, or stopped heartbeating), or
-when it never had a job at all. A turn waiting behind a backlog, or a job still inside its
-``job_timeout``, is reported and left alone, so running this while workers are busy is safe.
+Meant for cron (every few minutes). A turn still ``queued`` more than ``QUEUE_WAIT`` seconds
+after it was enqueued is ended (``turns.end_unclaimed``: failed, "not available right now"),
+whatever its job's state: no worker picked it up in time, so it must never run. Otherwise a
+turn is a candidate when it is still ``queued`` or ``running`` and either its own deadline
+(``deadline_at``) has passed, or it was enqueued (or started, without a recorded deadline)
+more than ``--grace`` seconds ago. A candidate is repaired only when its RQ job can no longer
+write a final state (``jobs.job_problem``: the job is gone, failed, stopped, finished without
+a final state, or stopped heartbeating), or when it never had a job at all. A running job
+still inside its ``job_timeout`` is reported and left alone.
 
-Repairing is ``turns.finalize``: the row is updated only if it is still unfinished, then the
-state is published with ``done: true``; running it twice changes nothing the second time.
+Ending and repairing change a row only if it is still unfinished (queued, for
+``end_unclaimed``), then publish the state with ``done: true``; running it twice changes
+nothing the second time.
 """
 
 import datetime
@@ -21,6 +24,8 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from conversations import jobs, turns
+from conversations.resume import resume_or_fail
+from conversations.conf import get_config
 from conversations.models import Turn
 
 logger = logging.getLogger("conversations.repair")
@@ -33,7 +38,8 @@ def candidates(now, grace):
         Q(deadline_at__lt=now) | Q(deadline_at__isnull=True, started_at__lt=old)
         | Q(deadline_at__isnull=True, started_at__isnull=True)
     )
-    queued_long = Q(status=Turn.Status.QUEUED) & (Q(enqueued_at__lt=old) | Q(enqueued_at__isnull=True))
+    queued_since = now - datetime.timedelta(seconds=min(grace, get_config()["QUEUE_WAIT"]))
+    queued_long = Q(status=Turn.Status.QUEUED) & (Q(enqueued_at__lt=queued_since) | Q(enqueued_at__isnull=True))
     return (Turn.objects.filter(running_late | queued_long)
             .select_related("conversation").order_by("enqueued_at"))
 
@@ -56,7 +62,8 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="Report only; change nothing.")
         parser.add_argument("--grace", type=float, default=300.0,
                             help="Seconds a queued turn (or a running one with no deadline) may wait before "
-                                 "its job is checked (default: 300).")
+                                 "its job is checked (default: 300). A turn still queued after "
+                                 "QUEUE_WAIT is ended whatever this says.")
 
     def handle(self, *args, dry_run=False, grace=300.0, **options):
         if grace < 0:
@@ -66,8 +73,13 @@ class Command(BaseCommand):
         try:
             connection = jobs.get_queue().connection
             for turn in candidates(now, grace):
-                status, reason = turn.status, stuck_reason(turn, connection=connection)
-                action = self.act(turn, reason, dry_run)
+                status = turn.status
+                if turns.waited_too_long(turn, now):
+                    reason = f"not picked up within QUEUE_WAIT ({get_config()['QUEUE_WAIT']}s)"
+                    action = self.end_unclaimed(turn, dry_run)
+                else:
+                    reason = stuck_reason(turn, connection=connection)
+                    action = self.act(turn, reason, dry_run)
                 overdue += 1
                 repaired += action in {"repaired", "would repair"}
                 since = turn.deadline_at or turn.started_at or turn.enqueued_at
@@ -79,14 +91,22 @@ class Command(BaseCommand):
         verb = "would be repaired" if dry_run else "repaired"
         self.stdout.write(f"{overdue} overdue turn(s), {repaired} {verb}, {overdue - repaired} left to their job.")
 
+    def end_unclaimed(self, turn, dry_run):
+        """End ``turn``, which waited in the queue past ``QUEUE_WAIT``; return what was done."""
+        if dry_run:
+            return "would repair"
+        if turns.end_unclaimed(turn) is None:
+            return "already done" if turn.done else "started meanwhile"
+        return "repaired"
+
     def act(self, turn, reason, dry_run):
         """Repair ``turn`` if ``reason`` says its job cannot; return what was done, for the report."""
         if reason is None:
             return "left alone"
         if dry_run:
             return "would repair"
-        if turns.finalize(turn, Turn.Status.FAILED, turns.crashed_message()) is None:
+        if resume_or_fail(turn, reason, dead_job_id=turn.job_id) is None:
             return "already done"
         logger.error("Turn %s repaired by repair_turns: %s", turn.id, reason,
                      extra={"turn_id": str(turn.id), "reason": reason})
-        return "repaired"
+        return "resumed" if turn.status == Turn.Status.RUNNING else "repaired"

@@ -1,12 +1,20 @@
 /* The conversations chat widget: plain JavaScript, no build step.
  *
- * Embed: an element with `data-conversations-widget` (options in data-* attributes, see
- * docs/widget.md), plus this script and widget.css. The widget posts the visitor's message,
- * then polls the turn's state with a setTimeout chain until `done`, drawing each step as it
- * lands. Model and tool text is only ever put in the page with textContent and createElement:
- * it is never parsed as HTML. */
+ * Embed: a <conversations-widget> element (or any element with `data-conversations-widget`),
+ * options in data-* attributes (see docs/widget.md), plus this script. The widget draws itself
+ * in the element's shadow root, with widget.css linked there, so the host page's styles and
+ * the widget's leave each other alone. It posts the visitor's message, then polls the turn's
+ * state with a setTimeout chain until `done`, drawing each step as it lands and a streamed
+ * answer as it grows. Model and tool text is only ever put in the page with textContent and
+ * createElement: it is never parsed as HTML. */
 (function () {
   "use strict";
+  if (window.ConversationsWidget) { window.ConversationsWidget.start(); return; } // the script twice on a page
+
+  // The stylesheet beside this script, unless the element names one (data-css-url): the tag
+  // does, since a hashed static file (ManifestStaticFilesStorage) has a name of its own.
+  var script = document.currentScript;
+  var CSS_URL = script && script.src ? script.src.replace(/\.js(?=[?#]|$)/, ".css") : "";
 
   // English defaults; the {% chat_widget %} tag passes every string translated.
   var STRINGS = {
@@ -29,7 +37,9 @@
     incomplete: "This answer is incomplete.",
     send_failed: "Your message could not be sent. Check your connection and try again.",
     busy: "The assistant is still answering. Wait for it to finish or press Stop.",
-    gone: "This conversation is no longer available. Send your message again to start a new one."
+    gone: "This conversation is no longer available. Send your message again to start a new one.",
+    close: "Close",
+    sign_in: "Sign in to chat with the assistant."
   };
   var FIRST_DELAY = 300;      // ms before the first poll, and again after every change
   var GROWTH = 1.5;           // back off while nothing changes …
@@ -37,6 +47,7 @@
   var MAX_RETRY_DELAY = 8000; // network errors back off up to this
   var REQUEST_TIMEOUT = 15000;
   var RESULT_CHARS = 160;     // a tool result is shown compactly
+  var NEAR_BOTTOM = 48;       // px: a reader this close to the end of the log is kept there as it grows
   var widgets = 0;
 
   function fmt(text, values) {
@@ -133,15 +144,30 @@
     return text.length > RESULT_CHARS ? text.slice(0, RESULT_CHARS - 1) + "…" : text;
   }
 
+  /* Draw `text` (an assistant message, complete or still growing) into `into`, touching only
+   * what changed: blocks equal to the ones shown stay the same nodes, so a streamed answer grows
+   * without its finished paragraphs being rebuilt (no flicker, a selection in them survives). */
+  function patch(into, text) {
+    var fresh = el("div");
+    renderMarkdown(text, fresh);
+    var blocks = Array.prototype.slice.call(fresh.childNodes), shown = into.childNodes;
+    blocks.forEach(function (block, i) {
+      if (!shown[i]) { into.appendChild(block); }
+      else if (!shown[i].isEqualNode(block)) { into.replaceChild(block, shown[i]); }
+    });
+    while (shown.length > blocks.length) { into.removeChild(into.lastChild); }
+  }
+
   // -- the widget ---------------------------------------------------------------------------
 
-  /* One widget per element; created by start() for each [data-conversations-widget]. */
-  function Widget(root) {
-    var data = root.dataset;
-    var given = root.querySelector("script[type='application/json']");
-    this.root = root;
+  /* One widget per element; created by start() (or the custom element) for each host element. */
+  function Widget(host) {
+    var data = host.dataset;
+    var given = host.querySelector("script[type='application/json']");
+    this.host = host;
     this.strings = Object.assign({}, STRINGS, given ? JSON.parse(given.textContent) : {},
                                  data.strings ? JSON.parse(data.strings) : {});
+    this.mode = data.mode === "launcher" ? "launcher" : "inline";
     this.apiUrl = new URL((data.apiUrl || "/api/conversations/").replace(/\/?$/, "/"), location.href).href;
     // An API on another origin (see SECURITY.md) needs its cookies sent cross-origin.
     this.credentials = new URL(this.apiUrl).origin === location.origin ? "same-origin" : "include";
@@ -150,38 +176,85 @@
     this.maxLength = Number(data.maxLength || 4000);
     this.csrf = data.csrfToken || "";
     this.csrfCookie = data.csrfCookie || "csrftoken";
-    this.storageKey = "cvw:" + this.apiUrl;
+    // Each widget of a page keeps its own conversation: its data-key, else its place on the page
+    // (so the first widget of every page of the site goes on with the same conversation).
+    this.n = ++widgets;
+    this.storageKey = "cvw:" + this.apiUrl + "#" + (data.key || this.n);
     this.conversationId = null;
     // What the widget is doing, one of STATUSES; the controls follow from it (setState).
     this.status = "idle";
-    this.turn = null;   // the turn being followed (waiting, streaming, stopping): see follow()
-    this.unsent = null; // the last message whose POST failed, and its Idempotency-Key
+    this.turn = null;      // the turn being followed (waiting, running, stopping): see follow()
+    this.unsent = null;    // the last message whose POST failed, and its Idempotency-Key
+    this.stopWanted = false; // Stop pressed while the message was still being posted
+    this.growing = null;   // the element of the assistant message being streamed, if any
     this.nodes = {};
-    this.build();
+    this.build(data.cssUrl || CSS_URL, data.loginUrl);
+    if (data.loginUrl) { return; } // a site for signed-in visitors only: the link, nothing to send
     this.bind();
     this.restore();
   }
 
   /* idle: nothing sent yet; sending: a message is being posted; waiting: its turn is queued or
-   * not yet seen running; streaming: the turn runs and its steps land; stopping: Stop was
+   * not yet seen running; running: the turn runs and its steps land; stopping: Stop was
    * pressed and the turn has not ended yet; ended: the last turn ended (answered or not).
    * true: the visitor must wait (Send disabled, Stop shown). */
-  var STATUSES = { idle: false, sending: true, waiting: true, streaming: true, stopping: true, ended: false };
+  var STATUSES = { idle: false, sending: true, waiting: true, running: true, stopping: true, ended: false };
 
-  Widget.prototype.build = function () {
-    var s = this.strings, n = ++widgets, root = this.root;
-    root.classList.add("cvw");
-    root.setAttribute("role", "region");
-    root.setAttribute("aria-label", s.region);
-    root.appendChild(el("div", "cvw-header", s.title));
-    // role="log" for its meaning; aria-live off because steps land every poll: only finished
-    // answers and endings are read out, through the separate announcer below.
-    this.log = el("ol", "cvw-log");
+  Widget.prototype.build = function (cssUrl, loginUrl) {
+    var s = this.strings, n = this.n, launcher = this.mode === "launcher";
+    var shadow = this.shadow = this.host.attachShadow({ mode: "open" });
+    // Shown once its stylesheet has loaded (or failed to: unstyled beats invisible).
+    var frame = this.frame = el("div", "cvw cvw-mode-" + this.mode);
+    if (cssUrl) {
+      var sheet = el("link");
+      sheet.rel = "stylesheet";
+      sheet.href = cssUrl;
+      frame.hidden = true;
+      sheet.onload = sheet.onerror = function () { frame.hidden = false; };
+      shadow.appendChild(sheet);
+    }
+    shadow.appendChild(frame);
+    var panel = this.panel = el("section", "cvw-panel");
+    panel.id = "cvw-panel-" + n;
+    panel.setAttribute("aria-label", s.region);
+    var header = el("div", "cvw-header");
+    header.appendChild(el("span", "cvw-title", s.title));
+    panel.appendChild(header);
+    if (launcher) {
+      // A panel over the page that does not block it: a non-modal dialog, no focus trap.
+      panel.setAttribute("role", "dialog");
+      panel.hidden = true;
+      this.launcher = el("button", "cvw-launcher", s.title);
+      this.launcher.type = "button";
+      this.launcher.setAttribute("aria-expanded", "false");
+      this.launcher.setAttribute("aria-controls", panel.id);
+      this.closeButton = el("button", "cvw-close", "×");
+      this.closeButton.type = "button";
+      this.closeButton.setAttribute("aria-label", s.close);
+      header.appendChild(this.closeButton);
+      frame.appendChild(this.launcher);
+    }
+    frame.appendChild(panel);
+    if (loginUrl) {
+      var signIn = el("p", "cvw-signin"), a = el("a", "", s.sign_in);
+      a.href = loginUrl;
+      signIn.appendChild(a);
+      panel.appendChild(signIn);
+      if (launcher) { this.bindLauncher(); }
+      return;
+    }
+    // The log role is on a wrapper, so the list inside keeps its own (list, listitem) semantics.
+    // aria-live off because steps land every poll: only finished answers and endings are read
+    // out, through the separate announcer below.
+    this.log = el("div", "cvw-log");
     this.log.setAttribute("role", "log");
     this.log.setAttribute("aria-live", "off");
     this.log.setAttribute("aria-label", s.log);
     this.log.tabIndex = 0;
+    this.list = el("ol", "cvw-list");
+    this.log.appendChild(this.list);
     this.statusLine = el("p", "cvw-status");
+    // Outside the panel: a closed launcher panel is display:none, and so would be its live region.
     this.announcer = el("div", "cvw-sr");
     this.announcer.setAttribute("aria-live", "polite");
     this.form = el("form", "cvw-form");
@@ -203,11 +276,37 @@
     actions.appendChild(this.sendButton);
     actions.appendChild(this.stopButton);
     [label, this.input, actions, hint].forEach(function (node) { this.form.appendChild(node); }, this);
-    [this.log, this.statusLine, this.announcer, this.form].forEach(function (node) { root.appendChild(node); });
+    [this.log, this.statusLine, this.form].forEach(function (node) { panel.appendChild(node); });
+    frame.appendChild(this.announcer);
+  };
+
+  /* The element focus is on inside this widget (its shadow root's), or null. */
+  Widget.prototype.focused = function () { return this.shadow.activeElement; };
+
+  Widget.prototype.bindLauncher = function () {
+    var self = this;
+    this.launcher.addEventListener("click", function () { self.setOpen(self.panel.hidden); });
+    this.closeButton.addEventListener("click", function () { self.setOpen(false); });
+    this.frame.addEventListener("keydown", function (event) {
+      if (event.key === "Escape" && !self.panel.hidden && !event.isComposing) { event.preventDefault(); self.setOpen(false); }
+    });
+  };
+
+  /* Open or close the launcher's panel: opening puts focus where the visitor types, closing
+   * gives it back to the launcher. */
+  Widget.prototype.setOpen = function (open) {
+    this.panel.hidden = !open;
+    this.launcher.setAttribute("aria-expanded", String(open));
+    this.frame.classList.toggle("cvw-open", open);
+    if (!open) { this.launcher.focus(); return; }
+    var target = this.input || this.panel.querySelector("a");
+    target.focus();
+    if (this.log) { this.log.scrollTop = this.log.scrollHeight; }
   };
 
   Widget.prototype.bind = function () {
     var self = this;
+    if (this.launcher) { this.bindLauncher(); }
     this.form.addEventListener("submit", function (event) { event.preventDefault(); self.submit(); });
     this.input.addEventListener("keydown", function (event) {
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); self.submit(); }
@@ -316,7 +415,7 @@
     if (!content) { return; }
     if (STATUSES[this.status]) { this.setStatusLine(this.strings.busy); return; }
     // The Send button is about to be disabled: keep focus where the next message is typed.
-    if (document.activeElement === this.sendButton) { this.input.focus(); }
+    if (this.focused() === this.sendButton) { this.input.focus(); }
     this.setState("sending");
     this.setStatusLine("");
     // The same text sent again after a failure reuses its key: if the first POST did reach the
@@ -344,6 +443,7 @@
     }).catch(function (error) {
       // Nothing the visitor wrote is lost: the text goes back into the box, with the reason.
       self.unsent = unsent;
+      self.stopWanted = false;
       pending.remove();
       if (!self.input.value) { self.input.value = content; }
       self.setState("idle");
@@ -365,6 +465,7 @@
     this.setState("waiting");
     this.setStatusLine(this.strings.thinking);
     this.schedule(FIRST_DELAY);
+    if (this.stopWanted) { this.stopWanted = false; this.cancel(); }
   };
 
   Widget.prototype.resolve = function (path) { return new URL(path, this.apiUrl).href; };
@@ -391,7 +492,12 @@
     turn.request = fetch(turn.pollUrl, { credentials: this.credentials, cache: "no-store", headers: headers,
                           signal: controller && controller.signal }).then(function (response) {
       if (response.status === 304) { return null; }
-      if (response.status === 404 || response.status === 403) { return { done: true, status: "gone" }; }
+      if (response.status === 404 || response.status === 403) {
+        // 403: no longer allowed (e.g. signed out on a site for signed-in visitors): its sentence.
+        return response.json().catch(function () { return {}; }).then(function (data) {
+          return { done: true, status: "gone", error: response.status === 403 && data.detail };
+        });
+      }
       if (!response.ok) { throw new Error("HTTP " + response.status); }
       turn.etag = response.headers.get("ETag");
       return response.json();
@@ -402,14 +508,16 @@
         self.setStatusLine(self.status === "stopping" ? self.strings.stopping : self.strings.thinking);
       }
       // Nothing new: a 304, or a server that ignores ETags. An ending is always new (a "gone"
-      // turn has no version, and neither has a turn before its first state).
+      // turn has no version, and neither has a turn before its first state). While a message is
+      // streamed the look stays quick, since its text is still growing.
       if (!state || (!state.done && state.version === turn.version)) {
-        turn.delay = Math.min(turn.delay * GROWTH, MAX_DELAY);
+        turn.delay = turn.streaming ? FIRST_DELAY : Math.min(turn.delay * GROWTH, MAX_DELAY);
       } else {
         turn.version = state.version;
-        (state.messages || []).forEach(function (m) { self.draw(m, turn.id); });
+        turn.streaming = false;
+        (state.messages || []).forEach(function (m) { turn.streaming = self.draw(m, turn.id); });
         if (state.done) { self.end(turn, state); return; }
-        if (state.status === "running" && self.status === "waiting") { self.setState("streaming"); }
+        if (state.status === "running" && self.status === "waiting") { self.setState("running"); }
         turn.delay = FIRST_DELAY;
       }
       self.schedule(turn.delay);
@@ -427,14 +535,15 @@
     this.turn = null;
     this.save(null);
     var endings = { cancelled: s.stopped, failed: state.error || s.failed, incomplete: state.error || s.incomplete,
-                    timeout: s.timed_out, gone: s.gone };
+                    timeout: s.timed_out, gone: state.error || s.gone };
     var ending = endings[state.status] || state.error;
     if (state.status === "gone") { this.forget(); }
     if (ending) { this.notice(ending); }
+    this.settle(); // a streamed message the turn ended in the middle of keeps the text shown
     var answer = null;
     (state.messages || []).forEach(function (m) { if (m.role === "assistant" && m.content) { answer = m.content; } });
     this.announce([answer && state.status === "completed" ? answer : "", ending || ""].join(" ").trim());
-    var hadFocus = this.root.contains(document.activeElement);
+    var hadFocus = !!this.focused() && this.focused() !== this.launcher;
     this.setState("ended");
     this.setStatusLine("");
     if (hadFocus) { this.input.focus(); }
@@ -442,9 +551,10 @@
 
   Widget.prototype.cancel = function () {
     var self = this, turn = this.turn, before = this.status;
-    if (!turn || before === "stopping") { return; }
+    if (!STATUSES[before] || before === "stopping") { return; }
     this.setState("stopping");
     this.setStatusLine(this.strings.stopping);
+    if (!turn) { this.stopWanted = true; return; } // still being posted: stopped once accepted (follow)
     this.request("POST", turn.cancelUrl, {}).then(function () {
       // Look at once rather than after the current back-off: the turn may already be over.
       if (self.turn !== turn) { return; }
@@ -459,63 +569,89 @@
 
   // -- drawing ------------------------------------------------------------------------------
 
-  Widget.prototype.bubble = function (role, text) {
-    var item = el("li", "cvw-msg cvw-msg-" + role);
-    if (role === "assistant") { renderMarkdown(text, item); } else { item.textContent = text; }
-    this.log.appendChild(item);
+  /* Add an item to the end of the log and bring it into view. */
+  Widget.prototype.add = function (item) {
+    this.list.appendChild(item);
     this.log.scrollTop = this.log.scrollHeight;
     return item;
   };
 
-  /* Draw one message of the transcript (once per id); `turnId` scopes its tool call ids. */
+  Widget.prototype.bubble = function (role, text) {
+    var item = el("li", "cvw-msg cvw-msg-" + role);
+    if (role === "assistant") { renderMarkdown(text, item); } else { item.textContent = text; }
+    return this.add(item);
+  };
+
+  /* Draw one message of the transcript (once per id); `turnId` scopes its tool call ids.
+   * Returns whether it is an assistant message still being streamed. */
   Widget.prototype.draw = function (message, turnId) {
     var self = this, key = "m" + message.id;
-    if (this.nodes[key]) { return; }
+    if (message.role === "assistant" && message.streaming) { this.grow(message.content || ""); return true; }
+    if (this.nodes[key]) { return false; }
     this.nodes[key] = true;
     if (message.role === "user") {
       var turn = this.turn;
-      if (turn && turn.pending && turnId === turn.id) { turn.pending = null; return; } // already shown
+      if (turn && turn.pending && turnId === turn.id) { turn.pending = null; return false; } // already shown
       this.bubble("user", message.content);
     } else if (message.role === "assistant") {
-      if (message.content) { this.bubble("assistant", message.content); }
+      // The finished message takes the place of its streamed one, reusing its element.
+      if (message.content) { this.grow(message.content); }
+      this.settle();
       (message.tool_calls || []).forEach(function (call) {
         var args = Object.keys(call.arguments || {}).map(function (k) { return String(call.arguments[k]); });
         var name = call.name + (args.length ? " (" + compact(args.join(", ")) + ")" : "");
-        var item = el("li", "cvw-msg cvw-step", fmt(self.strings.using_tool, { name: name }));
-        self.nodes["c" + turnId + call.id] = item;
-        self.log.appendChild(item);
+        self.nodes["c" + turnId + call.id] = self.add(el("li", "cvw-msg cvw-step", fmt(self.strings.using_tool, { name: name })));
       });
     } else if (message.role === "tool") {
-      var step = this.nodes["c" + turnId + message.tool_call_id];
-      if (!step) { step = el("li", "cvw-msg cvw-step"); this.log.appendChild(step); }
+      var step = this.nodes["c" + turnId + message.tool_call_id] || this.add(el("li", "cvw-msg cvw-step"));
       var text = fmt(message.is_error ? this.strings.tool_failed : this.strings.tool_result,
                      { name: message.name || "", result: compact(message.content) });
       step.appendChild(el("span", "cvw-result" + (message.is_error ? " cvw-result-error" : ""), text));
       step.classList.add("cvw-step-done");
+      this.log.scrollTop = this.log.scrollHeight;
     }
-    this.log.scrollTop = this.log.scrollHeight;
+    return false;
+  };
+
+  /* Show `text` as the assistant message being written, in place: the element is made once and
+   * patched as the text grows. A reader who scrolled up to read stays where they are. */
+  Widget.prototype.grow = function (text) {
+    var log = this.log, item = this.growing;
+    if (!item) {
+      item = this.growing = this.add(el("li", "cvw-msg cvw-msg-assistant cvw-growing"));
+      item.setAttribute("aria-busy", "true");
+    }
+    var atEnd = log.scrollHeight - log.scrollTop - log.clientHeight < NEAR_BOTTOM;
+    patch(item, text);
+    if (atEnd) { log.scrollTop = log.scrollHeight; }
+  };
+
+  /* The message being written is finished (or the turn ended): it becomes an ordinary one. */
+  Widget.prototype.settle = function () {
+    var item = this.growing;
+    if (!item) { return; }
+    this.growing = null;
+    item.classList.remove("cvw-growing");
+    item.removeAttribute("aria-busy");
   };
 
   Widget.prototype.notice = function (text) {
-    var item = el("li", "cvw-msg cvw-notice", text);
-    this.log.appendChild(item);
-    this.log.scrollTop = this.log.scrollHeight;
+    this.add(el("li", "cvw-msg cvw-notice", text));
   };
 
   Widget.prototype.announce = function (text) {
-    var announcer = this.announcer;
     // Markdown marks are noise when read aloud.
-    announcer.textContent = text.replace(/```|[*`#]/g, "");
+    this.announcer.textContent = text.replace(/```|[*`#]/g, "");
   };
 
   /* Enter `status` (a key of STATUSES) and set the controls from it. */
   Widget.prototype.setState = function (status) {
-    var busy = STATUSES[status], stopHadFocus = document.activeElement === this.stopButton;
+    var busy = STATUSES[status], stopHadFocus = this.focused() === this.stopButton;
     this.status = status;
     this.sendButton.disabled = busy;
     this.stopButton.hidden = !busy;
     this.log.setAttribute("aria-busy", busy ? "true" : "false");
-    this.root.classList.toggle("cvw-busy", busy);
+    this.frame.classList.toggle("cvw-busy", busy);
     if (stopHadFocus && !busy) { this.input.focus(); }
   };
 
@@ -524,13 +660,21 @@
     this.statusLine.classList.toggle("cvw-status-problem", !!problem);
   };
 
-  function start() {
-    var roots = document.querySelectorAll("[data-conversations-widget]");
-    Array.prototype.forEach.call(roots, function (root) {
-      if (!root.conversationsWidget) { root.conversationsWidget = new Widget(root); }
-    });
+  function attach(host) {
+    if (!host.conversationsWidget) { host.conversationsWidget = new Widget(host); }
   }
 
+  /* Start the widget of every host element on the page that has none yet. */
+  function start() {
+    Array.prototype.forEach.call(document.querySelectorAll("conversations-widget, [data-conversations-widget]"), attach);
+  }
+
+  // <conversations-widget> starts itself whenever it is put in a page, now or later.
+  if (window.customElements && !customElements.get("conversations-widget")) {
+    customElements.define("conversations-widget", class extends HTMLElement {
+      connectedCallback() { attach(this); }
+    });
+  }
   window.ConversationsWidget = { start: start, renderMarkdown: renderMarkdown };
   if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", start); } else { start(); }
 })();

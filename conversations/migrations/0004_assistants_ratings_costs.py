@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0002_call_outcome_cancelled'),
+        ('conversations', '0003_turn_resumes'),
     ]
 
     operations = [

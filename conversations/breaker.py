@@ -1,0 +1,107 @@
+"""A circuit breaker per provider, shared by every worker through Redis.
+
+After ``BREAKER_FAILURES`` failures of one provider (an outage: time-outs, refused
+connections, 408/429/5xx/529) within ``BREAKER_WINDOW`` seconds, the provider is *open*:
+skipped for ``BREAKER_COOLDOWN`` seconds, so one broken provider does not cost every turn its
+first attempt. Then it is *half-open*: exactly one call, by whichever worker asks first, may
+probe it; a success closes it, a failure opens it for another cool-down.
+
+State lives in the Redis of the turns' queue (the app needs it anyway), under
+``conversations:breaker:<provider key>:…``. When Redis cannot be read the breaker lets every
+call through: it must never be the reason a turn fails.
+"""
+
+import hashlib
+import logging
+import time
+
+from redis.exceptions import RedisError
+
+logger = logging.getLogger("conversations.breaker")
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
+
+
+def provider_key(config):
+    """A short, stable key for one provider entry (kind, endpoint and model; never the key)."""
+    identity = "|".join(str(config.get(name) or "") for name in ("PROVIDER", "BASE_URL", "MODEL"))
+    return hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
+class CircuitBreaker:
+    """The breaker of one provider. ``connection`` is a redis-py client; ``clock`` (``time.time``)
+    is a class attribute so tests can move time."""
+
+    clock = staticmethod(time.time)
+
+    def __init__(self, key, *, failures, window, cooldown, probe_timeout, connection, label=""):
+        self.prefix = f"conversations:breaker:{key}"
+        self.failures, self.window, self.cooldown = int(failures), float(window), float(cooldown)
+        self.probe_timeout = max(1, int(probe_timeout))
+        self.redis = connection
+        self.label = label or key
+
+    def _key(self, name):
+        return f"{self.prefix}:{name}"
+
+    def allow(self):
+        """Called before a call to this provider: ``True`` (closed), ``"probe"`` (half-open, and
+        this caller holds the one probe) or ``False`` (open, or another caller is probing)."""
+        try:
+            if self.redis.exists(self._key("open")):
+                return False
+            if not self.redis.exists(self._key("tripped")):
+                return True
+            return "probe" if self.redis.set(self._key("probe"), "1", nx=True, ex=self.probe_timeout) else False
+        except RedisError:
+            return True
+
+    def succeeded(self):
+        """The provider answered: closed again, its failures forgotten."""
+        try:
+            self.redis.delete(self._key("failures"), self._key("tripped"), self._key("probe"), self._key("open"))
+        except RedisError:
+            pass
+
+    def failed(self):
+        """The provider failed in a way that says it is down; opens the breaker at the threshold
+        (or at once after a failed probe). Returns the state afterwards."""
+        now = self.clock()
+        try:
+            if self.redis.exists(self._key("tripped")):  # a failed probe: another cool-down
+                return self._open(now)
+            pipe = self.redis.pipeline()
+            pipe.zadd(self._key("failures"), {f"{now:.6f}": now})
+            pipe.zremrangebyscore(self._key("failures"), 0, now - self.window)
+            pipe.zcard(self._key("failures"))
+            pipe.expire(self._key("failures"), int(self.window) + 1)
+            count = pipe.execute()[2]
+            if count >= self.failures:
+                return self._open(now)
+            return CLOSED
+        except RedisError:
+            return CLOSED
+
+    def _open(self, now):
+        logger.warning("Provider %s skipped for %ss after repeated failures", self.label, self.cooldown,
+                       extra={"provider": self.label})
+        pipe = self.redis.pipeline()
+        pipe.set(self._key("open"), f"{now:.3f}", ex=max(1, int(round(self.cooldown))))
+        # Remembered past the cool-down, so that the first call after it is a probe.
+        pipe.set(self._key("tripped"), f"{now:.3f}", ex=max(1, int(self.cooldown * 10 + self.window)))
+        pipe.delete(self._key("failures"), self._key("probe"))
+        pipe.execute()
+        return OPEN
+
+    def state(self):
+        """``{"state": closed|open|half-open, "recent_failures": n, "open_for": seconds}`` for the
+        admin and ``manage.py provider_health``; None when Redis cannot be read."""
+        try:
+            ttl = self.redis.ttl(self._key("open"))
+            tripped = self.redis.exists(self._key("tripped"))
+            recent = self.redis.zcount(self._key("failures"), self.clock() - self.window, "+inf")
+        except RedisError:
+            return None
+        if ttl and ttl > 0:
+            return {"state": OPEN, "recent_failures": recent, "open_for": ttl}
+        return {"state": HALF_OPEN if tripped else CLOSED, "recent_failures": recent, "open_for": 0}

@@ -1,0 +1,160 @@
+"""Fallback providers under the turn's clocks.
+
+``CONVERSATIONS["FALLBACKS"]`` lists providers to try, in order, after the site's own
+(``PROVIDER``, ``MODEL``, ``BASE_URL``, ``API_KEY``): each a dict with ``PROVIDER`` and, as
+needed, ``MODEL``, ``BASE_URL`` and ``API_KEY``. A model call goes to the first provider whose
+circuit is not open (``breaker``); when it is down — a connection error, a time-out,
+408/429/5xx/529 or an overloaded error, after the retries that still fit — the call moves to
+the next. A 4xx that is the request's own fault (400, 404, 422…) does not: the next provider
+would refuse it too; with ``FAILOVER_ON_AUTH`` a 401/403 (one provider's key) does.
+
+The clocks decide how far down the chain a call may go: every provider but the last sees the
+turn's budget less ``FALLBACK_RESERVE`` seconds, so a primary that hangs is cut off while the
+next still gets at least that long. A reply that streamed some text and then broke off is
+kept as it is, never asked again of another provider.
+"""
+
+import logging
+
+from .breaker import CircuitBreaker, provider_key
+from .budget import BudgetExhausted
+from .http import BudgetedHTTP
+from .providers import BaseProvider, ProviderError, get_provider_class
+from .types import Outcome, record_call
+
+logger = logging.getLogger("conversations.fallback")
+
+# ProviderError codes that say the provider, not the request, is the problem.
+OUTAGE_CODES = frozenset({"timeout", "connection", "unavailable", "rate_limited"})
+ENTRY_KEYS = ("PROVIDER", "MODEL", "BASE_URL", "API_KEY")
+
+
+class ReservedBudget:
+    """The turn's budget less ``reserve`` seconds kept back for the next provider in the chain:
+    what a provider that is not the last sees (``remaining``, ``call_timeout``, ``can_start``)."""
+
+    def __init__(self, budget, reserve):
+        self.budget, self.reserve = budget, float(reserve)
+
+    def elapsed(self):
+        return self.budget.elapsed()
+
+    def remaining(self):
+        return max(0.0, self.budget.remaining() - self.reserve)
+
+    def call_timeout(self, cap):
+        return min(float(cap), self.remaining())
+
+    def can_start(self, minimum):
+        return self.remaining() >= minimum
+
+    def __getattr__(self, name):  # seconds, deadline, clock…: the turn's own
+        return getattr(self.budget, name)
+
+
+def chain_entries(config):
+    """The providers to try, in order: the site's own, then ``FALLBACKS``; each a full config."""
+    entries = [dict(config)]
+    for entry in config["FALLBACKS"]:
+        entries.append({**config, "MODEL": "", "BASE_URL": "", "API_KEY": "",
+                        **{key: entry[key] for key in ENTRY_KEYS if key in entry}})
+    return entries
+
+
+class Link:
+    """One provider of the chain, with its own budgeted HTTP client and breaker."""
+
+    def __init__(self, config, budget, *, recorder, cancelled, turn_id, connection, last):
+        cls = get_provider_class(config["PROVIDER"])
+        self.budget = budget if last else ReservedBudget(budget, config["FALLBACK_RESERVE"])
+        self.http = BudgetedHTTP(self.budget, config, recorder=recorder, turn_id=turn_id, cancelled=cancelled)
+        self.provider = cls(config, http=self.http, budget=self.budget)
+        self.label = f"{self.provider.name}:{getattr(self.provider, 'model', '') or self.provider.name}"
+        self.http.name = getattr(self.provider, "model", "") or self.provider.name
+        self.http.provider = self.provider.name
+        self.breaker = CircuitBreaker(provider_key(config), failures=config["BREAKER_FAILURES"],
+                                      window=config["BREAKER_WINDOW"], cooldown=config["BREAKER_COOLDOWN"],
+                                      probe_timeout=config["CALL_TIMEOUT"] + 5, connection=connection,
+                                      label=self.label)
+
+
+class ProviderChain(BaseProvider):
+    """Calls the first provider of ``links`` that is up; see the module's docstring.
+
+    ``answered`` is the ``Link`` whose reply the last call returned; ``hops`` lists, for the
+    last call, ``(label, why it was left)`` for each provider passed over.
+    """
+
+    name = "chain"
+
+    def __init__(self, links, config, budget):
+        super().__init__(config, http=links[0].http, budget=budget)
+        self.links = links
+        self.answered = links[0]
+        self.hops = []
+
+    @property
+    def model(self):
+        return getattr(self.links[0].provider, "model", "")
+
+    def streams(self, on_text):
+        return any(link.provider.streams(on_text) for link in self.links)
+
+    def complete(self, messages, tools, on_text=None):
+        """The reply of the first provider up, or the last outage's ``ProviderError``."""
+        self.hops, failure = [], None
+        failover = OUTAGE_CODES | ({"auth"} if self.config["FAILOVER_ON_AUTH"] else set())
+        for index, link in enumerate(self.links):
+            last = index == len(self.links) - 1
+            if not link.breaker.allow():
+                self.hop(link, "circuit open")
+                continue
+            try:
+                reply = link.provider.complete(messages, tools, on_text=on_text)
+            except ProviderError as error:
+                if error.code not in failover:
+                    raise
+                link.breaker.failed()
+                failure = error
+                self.hop(link, f"{error.code}: {error.detail}"[:200], last=last)
+                continue
+            except BudgetExhausted:
+                # Only the reserve kept for the next provider was left: the next may still start.
+                if last or not self.budget.can_start(self.config["MIN_CALL_BUDGET"]):
+                    raise
+                self.hop(link, "no time left before the reserve", last=last)
+                continue
+            link.breaker.succeeded()
+            self.answered = link
+            return reply
+        if failure is not None:
+            raise failure
+        raise ProviderError("unavailable", "every provider of the chain is skipped: their circuits are open")
+
+    def hop(self, link, why, *, last=False):
+        """Note that ``link`` was passed over, and why; logged, and kept for the timeline."""
+        following = "" if last else f"; {self.budget.remaining():.1f}s left for the next"
+        self.hops.append((link.label, why))
+        logger.warning("Provider %s left: %s%s", link.label, why, following,
+                       extra={"provider": link.label, "reason": why})
+        if why == "circuit open":
+            record_call(link.http.recorder, "model", link.http.name, Outcome.SKIPPED,
+                        started_offset=self.budget.elapsed(), remaining_before=self.budget.remaining(),
+                        detail=f"{link.label}: circuit open, skipped{following}")
+
+
+def build_provider(config, budget, *, recorder, cancelled, turn_id):
+    """The turn's provider: the site's own, or a ``ProviderChain`` when ``FALLBACKS`` lists more.
+    Returns ``(provider, http clients to close at the end of the turn)``."""
+    entries = chain_entries(config)
+    if len(entries) == 1:
+        cls = get_provider_class(config["PROVIDER"])
+        http = BudgetedHTTP(budget, config, recorder=recorder, turn_id=turn_id, cancelled=cancelled)
+        http.provider = cls.name
+        return cls(config, http=http, budget=budget), [http]
+    from .jobs import get_queue
+
+    connection = get_queue().connection
+    links = [Link(entry, budget, recorder=recorder, cancelled=cancelled, turn_id=turn_id, connection=connection,
+                  last=index == len(entries) - 1) for index, entry in enumerate(entries)]
+    return ProviderChain(links, config, budget), [link.http for link in links]

@@ -1,0 +1,36 @@
+"""``manage.py provider_health``: the circuit breaker of every provider the turns may call.
+
+Prints one line per provider of the chain (the site's own, then ``FALLBACKS``): closed, open
+(and for how long still) or half-open (the next call probes it), with its recent failures.
+Exits 1 when any provider is open, so a monitoring check can run it; 0 otherwise.
+"""
+
+from django.core.management.base import BaseCommand, CommandError
+
+from conversations.breaker import CircuitBreaker, provider_key
+from conversations.conf import get_config
+from conversations.fallback import chain_entries
+
+
+class Command(BaseCommand):
+    help = "Show the circuit breaker of every provider (exit status 1 when one is open)."
+
+    def handle(self, *args, **options):
+        from conversations.jobs import get_queue
+
+        cfg = get_config()
+        connection = get_queue().connection
+        any_open = False
+        for entry in chain_entries(cfg):
+            label = f"{entry['PROVIDER']}:{entry['MODEL'] or '(default model)'}"
+            breaker = CircuitBreaker(provider_key(entry), failures=cfg["BREAKER_FAILURES"],
+                                     window=cfg["BREAKER_WINDOW"], cooldown=cfg["BREAKER_COOLDOWN"],
+                                     probe_timeout=cfg["CALL_TIMEOUT"], connection=connection, label=label)
+            state = breaker.state()
+            if state is None:
+                raise CommandError("Redis is unreachable: the breakers cannot be read.")
+            any_open = any_open or state["state"] == "open"
+            extra = f", open for {state['open_for']}s more" if state["state"] == "open" else ""
+            self.stdout.write(f"{label}: {state['state']} ({state['recent_failures']} recent failures{extra})")
+        if any_open:
+            raise SystemExit(1)

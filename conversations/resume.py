@@ -1,0 +1,99 @@
+"""A turn survives its worker: it is continued by a new job instead of failing.
+
+Every round-trip of a turn is saved as it lands, so when its work horse dies (SIGKILL, the
+OOM killer) or its worker shuts down, what was done is in the database and the turn can go on
+from there on any worker — with the same deadline, never a new, longer budget. The places
+that notice a dead job (the worker's parent, the poll view's repair, ``repair_turns``) call
+``resume_or_fail``; a job whose worker is shutting down calls ``continue_turn`` itself.
+
+``continue_turn`` lets exactly one caller win, however many notice the same death at once: a
+conditional UPDATE moves the turn's ``job_id`` from the dead job to the new one.
+"""
+
+import logging
+import math
+
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from . import jobs, state
+from .conf import get_config
+from .models import CallRecord, Turn
+
+logger = logging.getLogger("conversations.resume")
+
+
+def continuation_job_id(turn, number):
+    return f"{jobs.job_id_for(turn)}-r{number}"
+
+
+def time_left(turn, now=None):
+    """Seconds before the turn's own deadline (``deadline_at``), or None when it never started."""
+    if turn.deadline_at is None:
+        return None
+    return (turn.deadline_at - (now or timezone.now())).total_seconds()
+
+
+def can_hand_over(turn, cfg):
+    """Whether running ``turn`` may still be continued by another job: fewer than ``MAX_RESUMES``
+    so far, and its deadline leaves ``MIN_CALL_BUDGET``."""
+    left = time_left(turn)
+    return turn.resumes < cfg["MAX_RESUMES"] and left is not None and left >= cfg["MIN_CALL_BUDGET"]
+
+
+def continue_turn(turn, cause, *, from_job_id):
+    """Enqueue a new job for running ``turn`` that goes on from its saved transcript, if
+    ``from_job_id`` is still its job, it may resume once more (``MAX_RESUMES``), it was not
+    asked to stop, and its deadline leaves ``MIN_CALL_BUDGET``. Returns the new job's id, or
+    None (someone else continued it, or it must end instead)."""
+    cfg = get_config()
+    if turn.status != Turn.Status.RUNNING or turn.cancel_requested or not can_hand_over(turn, cfg):
+        return None
+    left = time_left(turn)
+    number = turn.resumes + 1
+    job_id = continuation_job_id(turn, number)
+    won = Turn.objects.filter(pk=turn.pk, status=Turn.Status.RUNNING, job_id=from_job_id, resumes=turn.resumes,
+                              cancel_requested=False).update(job_id=job_id, resumes=number)
+    if not won:
+        return None
+    turn.job_id, turn.resumes = job_id, number
+    state.clear_handoff(turn.id)  # the new job must not hand over again on the old worker's word
+    started = turn.started_at or timezone.now()
+    CallRecord.objects.create(turn=turn, kind=CallRecord.Kind.RESUME, name=cause[:200], attempt=number,
+                              started_offset=(timezone.now() - started).total_seconds(), remaining_before=left,
+                              timeout=left, outcome="ok", detail=f"continued by job {job_id}: {cause}"[:500])
+    # What is left of the turn's own deadline, plus the margin: never a longer budget.
+    jobs.enqueue_continuation(turn, job_id, job_timeout=math.ceil(left + cfg["DEADLINE_MARGIN"]))
+    try:
+        data = state.read(turn.id) or state.state_from_db(turn)
+        state.publish({**data, "resuming": True, "job_id": job_id})
+    except Exception:  # noqa: BLE001 - the continuation runs whether or not the widget hears of it
+        logger.warning("Could not publish that turn %s resumes", turn.id, exc_info=True)
+    logger.warning("Turn %s continued by a new job (%s): %s, %.1fs left", turn.id, job_id, cause, left,
+                   extra={"turn_id": str(turn.id), "cause": cause, "remaining": round(left, 3)})
+    return job_id
+
+
+def gave_up_message():
+    return _("The assistant stopped unexpectedly before finishing. Please try again.")
+
+
+def resume_or_fail(turn, cause, *, dead_job_id=None):
+    """For a turn whose job (``dead_job_id``, default its current one) can no longer finish it:
+    continue a running turn (``continue_turn``) or, when it may not be continued, end it as
+    before — ``cancelled`` if it was asked to stop, else ``failed``. Returns the published
+    state, or None when another caller continued or ended it first."""
+    from .turns import finalize
+
+    turn.refresh_from_db()
+    dead = dead_job_id or turn.job_id
+    if turn.done or turn.job_id != dead:
+        return None
+    if turn.status == Turn.Status.RUNNING and continue_turn(turn, cause, from_job_id=dead):
+        return state.read(turn.id)
+    turn.refresh_from_db()
+    if turn.done or turn.job_id != dead:
+        return None  # ended, or continued by another caller a moment ago
+    if turn.cancel_requested:
+        return finalize(turn, Turn.Status.CANCELLED, "")
+    return finalize(turn, Turn.Status.FAILED, gave_up_message())

@@ -1,0 +1,58 @@
+"""Host pages for the widget tests: a page of someone's site with ``{% chat_widget %}`` tags in
+it (rendered by the real tag) and, if the test wants, the host's own stylesheet. The page is
+served at a path of the live server by route interception, so its static files and API are the
+live server's."""
+
+import json
+
+from django.template import engines
+from django.test import RequestFactory
+from django.utils import translation
+
+PAGE = """{% load conversations %}<!doctype html><html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1"><title>A host page</title>
+<style>STYLE</style></head><body><main><h1>A host page</h1>BODY</main></body></html>"""
+
+# What a site's own stylesheet may do to every element of its pages (issue 14).
+AGGRESSIVE = """
+html { font-size: 18px; }
+body { font-family: Georgia, serif; color: #222; background: #f6f1e7; line-height: 2; letter-spacing: .05em; }
+* { box-sizing: content-box; }
+label { text-transform: uppercase; letter-spacing: .3em; color: red; font-size: 30px; }
+button { all: unset; background: hotpink; padding: 2em; font-family: cursive; }
+textarea { background: yellow; border: 5px dotted green; font-size: 22px; width: 50px; }
+ol, ul { list-style: upper-roman; padding: 3em; margin: 3em; }
+li { margin: 1em; border: 2px solid orange; }
+p, span, div, section { text-indent: 2em; text-align: right; font-style: italic; }
+:focus-visible { outline: none; }
+"""
+
+
+def render(body, style="", language="en"):
+    """The page's HTML: ``body`` (Django template text, with the conversations tags loaded), in
+    ``language`` (whatever an earlier request of this thread left active)."""
+    request = RequestFactory().get("/host-page/")
+    source = PAGE.replace("STYLE", style).replace("BODY", body)
+    with translation.override(language):
+        return engines["django"].from_string(source).render({"request": request}, request=request)
+
+
+def open_host_page(chat, body, style="", path="/host-page/"):
+    """Serve ``body`` at ``path`` and open it in ``chat``'s page, once its widgets are drawn."""
+    html = render(body, style)
+    chat.page.route(f"**{path}", lambda route: route.fulfill(content_type="text/html", body=html))
+    chat.page.goto(chat.base_url + path)
+    chat.page.locator(".cvw").first.wait_for(state="attached")
+    chat.page.wait_for_function("""() => [...document.querySelectorAll("[data-conversations-widget]")]
+        .every(host => host.shadowRoot && !host.shadowRoot.querySelector(".cvw").hidden)""")
+    return chat
+
+
+def plain_page(*widgets):
+    """A page that is no Django template, with one widget element per ``widgets`` item (its
+    data attributes), as the README's snippet builds it."""
+    hosts = "".join("<conversations-widget data-api-url=\"/api/conversations/\" {}></conversations-widget>".format(
+        " ".join(f"data-{k}='{json.dumps(v) if isinstance(v, dict) else v}'" for k, v in attrs.items()))
+        for attrs in widgets)
+    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Plain</title></head><body><main>"
+            f"{hosts}<script src=\"/static/conversations/widget.js\" defer></script></main></body></html>")

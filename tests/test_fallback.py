@@ -1,0 +1,196 @@
+"""Fallback providers and the shared circuit breaker, against two fake provider servers, with
+real Redis and real forking workers: the turn is answered by the next provider when the first
+is down, within the turn's clocks, and a provider that keeps failing is skipped by every
+worker until it has cooled down."""
+
+import time
+
+import pytest
+from django.core.checks import Error
+
+from conversations.checks import check_config
+from conversations.models import CallRecord, Turn
+from tests.fake_stream import openai_stream, streaming
+from tests.fakes import FakeProvider, hang, http_error, openai_text, retry_after, unavailable
+from tests.helpers import make_client, poll_until_done, start_turn
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+UNAVAILABLE = "The AI service is unavailable right now. Please try again in a minute."
+
+
+@pytest.fixture
+def chain(conversations_settings):
+    """A primary and a fallback OpenAI-compatible server, the site pointed at both."""
+    with FakeProvider(default=unavailable(500)) as primary, FakeProvider() as fallback:
+        conversations_settings.update(
+            PROVIDER="openai", BASE_URL=primary.url, API_KEY="sk-primary", MODEL="primary-model", TOOLS=[],
+            FALLBACKS=[{"PROVIDER": "openai", "BASE_URL": fallback.url, "API_KEY": "sk-fallback",
+                        "MODEL": "fallback-model"}],
+            JOB_TIMEOUT=12, DEADLINE_MARGIN=3, CALL_TIMEOUT=5, FALLBACK_RESERVE=3, MIN_CALL_BUDGET=1,
+            MAX_ATTEMPTS=2, STREAM=False, BREAKER_FAILURES=3, BREAKER_WINDOW=60, BREAKER_COOLDOWN=1)
+        yield primary, fallback
+
+
+def run_one(worker, content="Hello?"):
+    client = make_client()
+    started = start_turn(client, content)
+    began = time.monotonic()
+    worker()
+    final = poll_until_done(client, started["poll_url"])
+    return final, Turn.objects.get(pk=started["id"]), time.monotonic() - began
+
+
+def calls(turn):
+    return [(r.name, r.outcome) for r in CallRecord.objects.filter(turn=turn, kind="model").order_by("id")]
+
+
+def test_a_primary_that_answers_500_is_replaced_by_the_fallback(chain, worker):
+    primary, fallback = chain
+    fallback.add(openai_text("Answered by the fallback."))
+    final, turn, _ = run_one(worker)
+
+    assert final["status"] == "completed" and final["messages"][-1]["content"] == "Answered by the fallback."
+    assert (turn.provider, turn.model) == ("openai", "fallback-model")
+    assert calls(turn) == [("primary-model", "http_error"), ("primary-model", "http_error"),
+                           ("fallback-model", "ok")]
+    assert fallback.requests[0]["headers"]["Authorization"] == "Bearer sk-fallback"
+
+
+def test_a_primary_that_hangs_is_cut_off_so_the_fallback_answers_before_the_deadline(chain, worker,
+                                                                                     conversations_settings):
+    primary, fallback = chain
+    conversations_settings.update(MAX_ATTEMPTS=1)
+    primary.add(hang)
+    fallback.add(openai_text("Still answered."))
+    final, turn, elapsed = run_one(worker)
+
+    assert final["status"] == "completed" and final["messages"][-1]["content"] == "Still answered."
+    first = CallRecord.objects.filter(turn=turn, kind="model").order_by("id").first()
+    # The primary was allowed CALL_TIMEOUT (5 s), not all of the 9 s budget less nothing.
+    assert first.outcome == "timeout" and first.timeout == pytest.approx(5, abs=0.3)
+    assert turn.margin_left >= 3 - 0.5 and elapsed < 12
+
+
+def test_a_primary_whose_budget_leaves_only_the_reserve_is_capped_there(chain, worker, conversations_settings):
+    primary, fallback = chain
+    conversations_settings.update(MAX_ATTEMPTS=1, CALL_TIMEOUT=8, FALLBACK_RESERVE=4)
+    primary.add(hang)
+    fallback.add(openai_text("In time."))
+    final, turn, _ = run_one(worker)
+    first, second = CallRecord.objects.filter(turn=turn, kind="model").order_by("id")
+    assert first.timeout == pytest.approx(9 - 4, abs=0.3)  # the 9 s budget less the 4 s reserve
+    assert second.remaining_before >= 4 - 0.3 and final["status"] == "completed"
+
+
+def test_a_429_with_a_long_retry_after_moves_on_at_once(chain, worker):
+    primary, fallback = chain
+    primary.add(retry_after(60))
+    fallback.add(openai_text("No waiting."))
+    final, turn, elapsed = run_one(worker)
+    assert final["status"] == "completed" and elapsed < 4
+    assert calls(turn) == [("primary-model", "http_error"), ("fallback-model", "ok")]
+
+
+def test_a_request_the_provider_refuses_does_not_fail_over(chain, worker):
+    primary, fallback = chain
+    primary.add(http_error(400, "bad request"))
+    final, turn, _ = run_one(worker)
+    assert final["status"] == "failed" and fallback.requests == []
+
+
+@pytest.mark.parametrize("failover_on_auth", [False, True])
+def test_a_rejected_key_fails_over_only_when_the_setting_says_so(chain, worker, conversations_settings,
+                                                                 failover_on_auth):
+    primary, fallback = chain
+    conversations_settings.update(FAILOVER_ON_AUTH=failover_on_auth)
+    primary.add(http_error(401, "bad key", code="invalid_api_key"))
+    fallback.add(openai_text("With the other key."))
+    final, _, _ = run_one(worker)
+    assert final["status"] == ("completed" if failover_on_auth else "failed")
+    assert len(fallback.requests) == (1 if failover_on_auth else 0)
+
+
+def test_a_stream_cut_after_text_is_kept_not_asked_again_of_the_fallback(chain, worker, conversations_settings):
+    primary, fallback = chain
+    conversations_settings.update(STREAM=True, STREAM_IDLE_TIMEOUT=1)
+    primary.add(streaming(openai_stream(pieces=["Half ", "of ", "it "], done=False)[:4], then="reset"))
+    final, turn, _ = run_one(worker)
+    assert final["status"] == "incomplete" and final["messages"][-1]["content"] == "Half of it "
+    assert fallback.requests == []
+
+
+def test_when_every_provider_is_down_the_turn_fails_within_its_deadline_with_one_sentence(chain, worker):
+    primary, fallback = chain
+    fallback.default = unavailable(503)
+    final, turn, elapsed = run_one(worker)
+    assert (final["status"], final["error"]) == ("failed", UNAVAILABLE)
+    assert turn.margin_left >= 2 and elapsed < 12
+
+
+def test_after_k_failing_turns_the_primary_is_skipped_until_its_cool_down_then_probed_once(chain, worker,
+                                                                                         conversations_settings):
+    primary, fallback = chain
+    conversations_settings.update(BREAKER_COOLDOWN=3)
+    fallback.default = openai_text("From the fallback.")
+    for _ in range(2):  # BREAKER_FAILURES 3: each turn's primary attempts count as one failure
+        run_one(worker)
+    assert len(primary.requests) == 4  # MAX_ATTEMPTS 2, twice
+    run_one(worker)  # the third failure opens the circuit
+    seen = len(primary.requests)
+
+    final, turn, elapsed = run_one(worker)  # skipped: not even a first attempt
+    assert len(primary.requests) == seen and final["status"] == "completed" and elapsed < 3
+    assert calls(turn)[0] == ("primary-model", "skipped")
+
+    time.sleep(3.2)  # the cool-down
+    primary.add(openai_text("Back again."))
+    final, turn, _ = run_one(worker)  # the one probe
+    assert final["messages"][-1]["content"] == "Back again." and len(primary.requests) == seen + 1
+    assert turn.model == "primary-model"
+
+
+def test_several_workers_share_one_breaker(chain, worker_process, conversations_settings):
+    primary, fallback = chain
+    fallback.default = openai_text("Shared.")
+    conversations_settings.update(BREAKER_COOLDOWN=30, MAX_ATTEMPTS=1)
+    worker_process(2)
+    clients = []
+    for number in range(6):
+        client = make_client()
+        clients.append((client, start_turn(client, f"Turn {number}")))
+        poll_until_done(client, clients[-1][1]["poll_url"], timeout=30)
+    # Three failures opened it for every worker: the last three turns never reached the primary.
+    assert len(primary.requests) == 3
+    assert all(poll_until_done(c, s["poll_url"])["status"] == "completed" for c, s in clients)
+
+
+def test_a_chain_that_names_an_unknown_provider_is_refused_at_start_up(conversations_settings):
+    conversations_settings.update(FALLBACKS=[{"PROVIDER": "no.such.Provider"}, {"PROVIDER": "openai", "KEY": "x"}],
+                                  FALLBACK_RESERVE=0.5, MIN_CALL_BUDGET=1)
+    errors = [e for e in check_config() if e.id in ("conversations.E013", "conversations.E014")]
+    assert [e.id for e in errors] == ["conversations.E013", "conversations.E013", "conversations.E014"]
+    assert errors[1] == Error("FALLBACKS entry 2 has unknown keys: KEY.",
+                              hint="An entry takes PROVIDER, MODEL, BASE_URL, API_KEY.", id="conversations.E013")
+
+
+def test_provider_health_shows_each_breaker_and_fails_while_one_is_open(chain, worker, conversations_settings):
+    import io
+
+    from django.core.management import call_command
+
+    primary, fallback = chain
+    conversations_settings.update(BREAKER_COOLDOWN=30)
+    fallback.default = openai_text("Fine.")
+    out = io.StringIO()
+    call_command("provider_health", stdout=out)
+    assert out.getvalue().splitlines() == ["openai:primary-model: closed (0 recent failures)",
+                                           "openai:fallback-model: closed (0 recent failures)"]
+    for _ in range(3):
+        run_one(worker)
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("provider_health", stdout=out)
+    assert exited.value.code == 1
+    first = out.getvalue().splitlines()[0]
+    assert first.startswith("openai:primary-model: open (0 recent failures, open for ") and first.endswith("s more)")
