@@ -29,6 +29,8 @@ from redis.exceptions import RedisError
 
 from . import turns
 from .models import Conversation, Message, Turn
+from .admin_filters import NearDeadlineFilter, QueueFilter, RatingFilter
+from .assistant_admin import TurnAssistantColumns
 from .timeline import job_status, owner_label, redact, seconds, turn_page
 
 # -- operations ----------------------------------------------------------------------------
@@ -63,54 +65,6 @@ def stop_turn(turn):
         return turns.stop(turn, end_orphaned=True).status
     except RedisError:
         return UNREACHABLE
-
-
-class NearDeadlineFilter(admin.SimpleListFilter):
-    """Turns whose final write came close to, or after, the job's own deadline.
-
-    ``margin_left`` is the time left before RQ's job timeout at the final write, and the own
-    deadline sits ``deadline_margin`` before that timeout. "Near" means the final write came
-    later than ``NEAR_SECONDS`` before the own deadline; "overran" that it came after it, in
-    the margin kept for the final write. Turns that never reached a final write are in neither.
-    """
-
-    title = gettext_lazy("ended near the deadline")
-    parameter_name = "deadline"
-    NEAR_SECONDS = 5.0
-
-    def lookups(self, request, model_admin):
-        return [
-            ("near", gettext_lazy("within %(s)d s of its deadline or later") % {"s": self.NEAR_SECONDS}),
-            ("overran", gettext_lazy("after its deadline")),
-        ]
-
-    def queryset(self, request, queryset):
-        if self.value() == "near":
-            return queryset.filter(margin_left__lt=F("deadline_margin") + self.NEAR_SECONDS)
-        if self.value() == "overran":
-            return queryset.filter(margin_left__lt=F("deadline_margin"))
-        return queryset
-
-
-class QueueFilter(admin.SimpleListFilter):
-    """Turns that no worker ever started: still waiting in the queue, or ended there (no worker
-    picked them up within ``QUEUE_WAIT``, the queue was unreachable, or the visitor stopped them)."""
-
-    title = gettext_lazy("picked up by a worker")
-    parameter_name = "worker"
-
-    def lookups(self, request, model_admin):
-        return [
-            ("waiting", gettext_lazy("not yet: waiting in the queue")),
-            ("never", gettext_lazy("never: ended in the queue")),
-        ]
-
-    def queryset(self, request, queryset):
-        if self.value() == "waiting":
-            return queryset.filter(status=Turn.Status.QUEUED)
-        if self.value() == "never":
-            return queryset.filter(status__in=Turn.DONE_STATUSES, started_at__isnull=True)
-        return queryset
 
 
 # -- model admins --------------------------------------------------------------------------
@@ -192,24 +146,27 @@ class ConversationAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
 
 @admin.register(Turn)
-class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
+class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
     """The turn list and the turn page (timeline, transcript, RQ job), with re-run and cancel."""
 
-    list_display = ("short_id", "status_badge", "conversation_short", "owner_short", "started", "duration_text",
-                    "model_calls", "tool_calls", "tokens", "margin_left_text")
+    list_display = ("short_id", "status_badge", "assistant_short", "conversation_short", "owner_short", "started",
+                    "duration_text", "model_calls", "tool_calls", "tokens", "margin_left_text", "rating_text",
+                    "cost_text")
     list_display_links = ("short_id",)
-    list_filter = ("status", QueueFilter, NearDeadlineFilter, "provider", "model")
-    list_select_related = ("conversation", "conversation__user")
+    list_filter = ("status", QueueFilter, NearDeadlineFilter, RatingFilter, "assistant", "provider", "model")
+    list_select_related = ("conversation", "conversation__user", "assistant", "assistant_version")
     date_hierarchy = "enqueued_at"
     search_help_text = gettext_lazy("A turn or conversation id, a username or email, or words of a message.")
-    actions = ["rerun_selected", "cancel_selected"]
+    actions = ["rerun_selected", "cancel_selected", "export_rated_csv"]
     fieldsets = [
-        (None, {"fields": ("status_badge", "error_text", "conversation_link", "owner", ("provider", "model"))}),
+        (None, {"fields": ("status_badge", "error_text", "conversation_link", "owner", ("provider", "model"),
+                           "assistant_link", "version_text")}),
+        (gettext_lazy("Visitor's rating"), {"fields": (("rating_text", "rated_at"), "rating_comment_text")}),
         (gettext_lazy("Clocks"), {"fields": (("enqueued_at", "started_at", "finished_at"), "duration_text",
                                              ("job_timeout", "deadline_margin", "deadline_at"),
                                              "margin_left_text")}),
         (gettext_lazy("Work"), {"fields": (("model_calls", "tool_calls"), ("input_tokens", "output_tokens"),
-                                           "cancel_requested")}),
+                                           "cost_text", "cancel_requested")}),
         (gettext_lazy("RQ job"), {"fields": ("job_id", "rq_status")}),
     ]
     readonly_fields = flatten_fieldsets(fieldsets)  # every field the page shows
@@ -219,7 +176,8 @@ class TurnAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     def get_queryset(self, request):
         elapsed = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
-        return super().get_queryset(request).select_related("conversation__user").annotate(elapsed=elapsed)
+        return super().get_queryset(request).select_related(
+            "conversation__user", "assistant", "assistant_version").annotate(elapsed=elapsed)
 
     def get_search_fields(self, request):
         """The owner's login name and email, whatever the user model calls them, and the messages."""

@@ -5,8 +5,10 @@ timeout, with a margin left for the final write. ``check_config()`` is run by Dj
 framework (``manage.py check``, ``runserver``, ``rqworker``); it returns a list of messages.
 """
 
+import os
+
 from django.conf import settings
-from django.core.checks import Error, Warning, register
+from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from .conf import get_config, unknown_keys
@@ -22,7 +24,43 @@ def check_config(app_configs=None, **kwargs):
         cfg = get_config()
     except ValueError as exc:
         return [Error(str(exc), hint="Use a number for timeouts and limits.", id="conversations.E000")]
-    errors = _check_keys()
+    errors = _check_keys() + clock_errors(cfg)
+    job = cfg["JOB_TIMEOUT"]
+    queue = getattr(settings, "RQ_QUEUES", {}).get(cfg["QUEUE"])
+    if queue is None:
+        errors.append(Error(f"RQ_QUEUES has no queue named {cfg['QUEUE']!r}.",
+                            hint="Add it to RQ_QUEUES or set CONVERSATIONS['QUEUE'].", id="conversations.E006"))
+    elif queue.get("DEFAULT_TIMEOUT") not in (None, job):
+        errors.append(Error(
+            f"RQ_QUEUES[{cfg['QUEUE']!r}]['DEFAULT_TIMEOUT'] ({queue.get('DEFAULT_TIMEOUT')}) disagrees with "
+            f"JOB_TIMEOUT ({job}).",
+            hint="Use the same value, so every clock is nested the way the deadline assumes.",
+            id="conversations.E007"))
+    errors += _check_provider(cfg) + _check_fallbacks(cfg) + _check_tools(cfg) + _check_rates(cfg)
+    errors += _check_credentials(cfg) + _check_prices(cfg)
+    if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
+        errors.append(Warning(
+            "LoginRequiredMiddleware is on but CONVERSATIONS['LOGIN_REQUIRED'] is not: the chat API is exempt from "
+            "the middleware (a redirect to a login page means nothing to the widget), so anonymous visitors can "
+            "still chat.",
+            hint="Set CONVERSATIONS['LOGIN_REQUIRED'] = True to keep the assistant to logged-in users, or silence "
+                 "this warning if anonymous visitors of your public pages may chat.",
+            id="conversations.W007"))
+    if not _final_writing_worker(getattr(settings, "RQ", {}).get("WORKER_CLASS", "")):
+        errors.append(Warning(
+            "The RQ worker class is not conversations.worker.Worker: a killed work horse leaves its turn without "
+            "a final state until a poll notices.",
+            hint='Set RQ = {"WORKER_CLASS": "conversations.worker.Worker"} (or subclass it).',
+            id="conversations.W001"))
+    return errors
+
+
+def clock_errors(cfg):
+    """The rules the clocks of ``cfg`` (a merged configuration) must follow, as check messages:
+    every call fits in the job's own deadline, which fits in RQ's job timeout with a margin left
+    for the final write. ``check_config`` applies them to the site's settings, and an assistant's
+    ``clean()`` to the site's settings with its own limits over them."""
+    errors = []
     job, margin, call = cfg["JOB_TIMEOUT"], cfg["DEADLINE_MARGIN"], cfg["CALL_TIMEOUT"]
     min_call = cfg["MIN_CALL_BUDGET"]
     if margin >= job:
@@ -78,31 +116,6 @@ def check_config(app_configs=None, **kwargs):
         errors.append(Error(
             f"STATE_TTL ({cfg['STATE_TTL']}s) is shorter than JOB_TIMEOUT ({job}s): a turn's state could expire "
             "while it runs.", hint="Make STATE_TTL at least JOB_TIMEOUT.", id="conversations.E005"))
-    queue = getattr(settings, "RQ_QUEUES", {}).get(cfg["QUEUE"])
-    if queue is None:
-        errors.append(Error(f"RQ_QUEUES has no queue named {cfg['QUEUE']!r}.",
-                            hint="Add it to RQ_QUEUES or set CONVERSATIONS['QUEUE'].", id="conversations.E006"))
-    elif queue.get("DEFAULT_TIMEOUT") not in (None, job):
-        errors.append(Error(
-            f"RQ_QUEUES[{cfg['QUEUE']!r}]['DEFAULT_TIMEOUT'] ({queue.get('DEFAULT_TIMEOUT')}) disagrees with "
-            f"JOB_TIMEOUT ({job}).",
-            hint="Use the same value, so every clock is nested the way the deadline assumes.",
-            id="conversations.E007"))
-    errors += _check_provider(cfg) + _check_fallbacks(cfg) + _check_tools(cfg) + _check_rates(cfg)
-    if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
-        errors.append(Warning(
-            "LoginRequiredMiddleware is on but CONVERSATIONS['LOGIN_REQUIRED'] is not: the chat API is exempt from "
-            "the middleware (a redirect to a login page means nothing to the widget), so anonymous visitors can "
-            "still chat.",
-            hint="Set CONVERSATIONS['LOGIN_REQUIRED'] = True to keep the assistant to logged-in users, or silence "
-                 "this warning if anonymous visitors of your public pages may chat.",
-            id="conversations.W007"))
-    if not _final_writing_worker(getattr(settings, "RQ", {}).get("WORKER_CLASS", "")):
-        errors.append(Warning(
-            "The RQ worker class is not conversations.worker.Worker: a killed work horse leaves its turn without "
-            "a final state until a poll notices.",
-            hint='Set RQ = {"WORKER_CLASS": "conversations.worker.Worker"} (or subclass it).',
-            id="conversations.W001"))
     return errors
 
 
@@ -176,7 +189,8 @@ def _check_rates(cfg):
     from rest_framework.throttling import SimpleRateThrottle
 
     errors = []
-    for key in ("TURN_RATE_PER_OWNER", "TURN_RATE_PER_IP", "CONVERSATION_RATE_PER_OWNER", "CONVERSATION_RATE_PER_IP"):
+    for key in ("TURN_RATE_PER_OWNER", "TURN_RATE_PER_IP", "CONVERSATION_RATE_PER_OWNER", "CONVERSATION_RATE_PER_IP",
+                "RATING_RATE_PER_OWNER", "RATING_RATE_PER_IP"):
         rate = cfg[key]
         if not rate or str(rate).strip() == "0":
             continue
@@ -291,3 +305,68 @@ def _check_keys():
                     hint=f"Did you mean {match!r}?" if match else "The settings are listed in conversations/conf.py.",
                     id="conversations.W005")
             for key, match in unknown_keys()]
+
+
+# -- assistants, their credentials, and prices ----------------------------------------------
+# Ids E040… and W040…
+
+
+def _check_credentials(cfg):
+    """A credential is a key or ``env:VARIABLE``; one whose variable is unset here is probably
+    unset on the workers too (where it is read), so every turn of an assistant naming it fails."""
+    from .assistants import ENV_PREFIX
+
+    messages = []
+    for name, value in cfg["CREDENTIALS"].items():
+        if not isinstance(value, str) or not value or value == ENV_PREFIX:
+            messages.append(Error(
+                f"CREDENTIALS[{name!r}] must be an API key or \"env:VARIABLE\" (a non-empty string).",
+                hint='For example {"support-key": "env:SUPPORT_OPENAI_KEY"}: the key is read from that '
+                     "environment variable when a turn starts.", id="conversations.E040"))
+        elif value.startswith(ENV_PREFIX) and not os.environ.get(value[len(ENV_PREFIX):]):
+            messages.append(Warning(
+                f"CREDENTIALS[{name!r}] reads the environment variable {value[len(ENV_PREFIX):]}, which is not set "
+                "in this process.",
+                hint="Set it wherever workers run: every turn of an assistant that uses this credential fails "
+                     "without it.", id="conversations.W040"))
+    return messages
+
+
+def _check_prices(cfg):
+    """Each price is a decimal number of the site's currency per million tokens, input and output."""
+    from .costs import price_problem
+
+    return [Error(f"PRICES[{model!r}] {problem}.",
+                  hint='Write {"model-name": {"input": "0.15", "output": "0.60"}}: prices per million tokens, '
+                       "as decimal strings.", id="conversations.E041")
+            for model, entry in cfg["PRICES"].items()
+            for problem in [price_problem(entry)] if problem]
+
+
+@register(Tags.database)
+def check_assistants(app_configs=None, databases=None, **kwargs):
+    """Assistants whose provider, tools, credential, prompt or clocks cannot work any more (a
+    setting changed after they were saved). A database check, as Django's own are: it runs when
+    a database is named (``migrate``, ``check --database default``), and then only once the
+    assistants' table exists; warnings, so that they never stop a migration. A turn of such an
+    assistant ends failed with a sentence naming it, and the admin refuses to save it."""
+    from django.db import DatabaseError, connections
+
+    from .assistants import problems
+    from .models import Assistant
+
+    messages = []
+    for alias in databases or []:
+        try:
+            if Assistant._meta.db_table not in connections[alias].introspection.table_names():
+                continue
+            assistants = list(Assistant.objects.using(alias).filter(active=True).order_by("slug"))
+        except DatabaseError:
+            continue
+        for assistant in assistants:
+            for field, reason in problems(assistant):
+                messages.append(Warning(
+                    f"The assistant {assistant.slug!r} is not set up correctly: {reason}",
+                    hint="Correct it in the admin, or switch it off; meanwhile each of its turns ends failed.",
+                    obj=assistant, id="conversations.W041"))
+    return messages

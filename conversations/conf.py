@@ -8,6 +8,7 @@ here: code reads ``get_config()[KEY]``, never ``.get(KEY, fallback)``.
 
 import difflib
 import json
+from collections.abc import Mapping
 from functools import lru_cache
 from types import MappingProxyType
 
@@ -93,12 +94,34 @@ DEFAULTS = {
     "DEMO_DELAY": 0.8,
     # Only logged-in users may chat: anonymous callers get 403 "Please sign in…" from every API endpoint.
     "LOGIN_REQUIRED": False,
+    # API keys that assistants (edited in the admin, which never stores a key) name: {name: value},
+    # the value the key itself or "env:VARIABLE" to read it from the worker's environment.
+    "CREDENTIALS": {},
+    # Prices per million tokens, by model name: {"gpt-4o-mini": {"input": "0.15", "output": "0.60"}};
+    # each turn's cost is computed from them at its final write.
+    "PRICES": {},
+    # Ratings of answers per owner and per client address (DRF rates; "" = off).
+    "RATING_RATE_PER_OWNER": "30/min",
+    "RATING_RATE_PER_IP": "60/min",
 }
 
 _LIST_KEYS = {"TOOLS"}
+_DICT_KEYS = {"CREDENTIALS", "PRICES"}
+
+
+def _frozen(value):
+    """``value`` as a read-only mapping (nested mappings too), like the lists that become tuples."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({key: _frozen(item) for key, item in value.items()})
+    return value
 
 
 def _coerce(key, value, default):
+    if key in _DICT_KEYS:  # a JSON object when it comes from the environment
+        value = json.loads(value) if isinstance(value, str) else value
+        if not isinstance(value, Mapping):
+            raise ValueError(key)
+        return _frozen(value)
     if key == "FALLBACKS":  # a list of dicts; from the environment, as JSON
         entries = json.loads(value) if isinstance(value, str) else value
         if not isinstance(entries, (list, tuple)) or not all(isinstance(e, dict) for e in entries):
@@ -126,7 +149,7 @@ def get_config():
     tuples); ``{**get_config(), KEY: value}`` makes a changed copy.
     """
     user = getattr(settings, "CONVERSATIONS", {}) or {}
-    config = {key: tuple(value) if key in _LIST_KEYS or key == "FALLBACKS" else value
+    config = {key: tuple(value) if key in _LIST_KEYS or key == "FALLBACKS" else _frozen(value)
               for key, value in DEFAULTS.items()}
     for key, value in user.items():
         try:

@@ -26,7 +26,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.timeouts import JobTimeoutException
 
-from . import state, turns
+from . import assistants, state, turns
 from .budget import TurnClock
 from .conf import get_config
 from .models import Turn
@@ -72,7 +72,7 @@ def get_queue():
 def job_fields(turn):
     """Set the job's id and clocks on ``turn`` (not saved). The job id is ours, not RQ's, because
     inside ``transaction.atomic()`` django-rq defers the enqueue to the commit and returns None."""
-    cfg = get_config()
+    cfg = assistants.settings_for(turn.assistant)  # an assistant may set its own job timeout
     turn.job_id = job_id_for(turn)
     turn.job_timeout = cfg["JOB_TIMEOUT"]
     turn.deadline_margin = cfg["DEADLINE_MARGIN"]
@@ -80,14 +80,14 @@ def job_fields(turn):
 
 
 def enqueue_turn(turn, *, saved=False):
-    """Enqueue ``turn`` with ``job_timeout = JOB_TIMEOUT``; returns the job id.
+    """Enqueue ``turn`` with ``job_timeout = JOB_TIMEOUT`` (its assistant's, when it sets one); returns the job id.
 
     ``saved``: the turn's row already holds ``job_fields()`` (``turns.create`` inserts them).
     """
     if not saved:
         turn.save(update_fields=job_fields(turn))
-    return _enqueue(turn, turn.job_id, job_timeout=get_config()["JOB_TIMEOUT"],
-                    description=f"conversation turn {turn.id}")
+    # The assistant's own JOB_TIMEOUT when it sets one (job_fields() wrote it on the turn).
+    return _enqueue(turn, turn.job_id, job_timeout=turn.job_timeout, description=f"conversation turn {turn.id}")
 
 
 def enqueue_continuation(turn, job_id, *, job_timeout):
@@ -118,7 +118,7 @@ def perform_turn(turn_id):
     clock = TurnClock(job_timeout, cfg["DEADLINE_MARGIN"])
     close_old_connections()
     try:
-        turn = Turn.objects.select_related("conversation", "conversation__user").get(pk=turn_id)
+        turn = Turn.objects.select_related("conversation", "conversation__user", "assistant").get(pk=turn_id)
     except Turn.DoesNotExist:
         logger.warning("Turn %s no longer exists; nothing to do", turn_id)
         return None
@@ -138,6 +138,12 @@ def perform_turn(turn_id):
         return turn.status
     if not turns.claim(turn):  # stopped or ended a moment ago, between the read above and now
         turn.refresh_from_db()
+        return turn.status
+    try:
+        cfg = assistants.config_for_turn(turn, cfg)
+    except assistants.NotSetUp as exc:  # e.g. a tool removed from TOOLS since the assistant was saved
+        logger.error("Turn %s cannot run: the assistant %s", turn_id, exc)
+        turns.finalize(turn, Turn.Status.FAILED, exc.message)
         return turn.status
     try:
         runner = TurnRunner(turn, clock=clock, config=cfg)

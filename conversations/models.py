@@ -1,12 +1,91 @@
-"""Conversations, their turns, the messages of each turn and a record of every call a turn made."""
+"""Assistants and their versions; conversations, their turns, the messages of each turn and a
+record of every call a turn made."""
 
 import uuid
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from .types import Outcome
+
+
+class Assistant(models.Model):
+    """A configuration that answers visitors, edited in the admin: its own prompt, provider, model,
+    endpoint, tools and (where set) limits over the site's ``CONVERSATIONS`` settings. It names
+    a credential of ``CONVERSATIONS["CREDENTIALS"]``; an API key is never stored here."""
+
+    MAX_SUGGESTIONS = 4
+    SUGGESTION_MAX_LENGTH = 200
+
+    slug = models.SlugField(_("slug"), unique=True, help_text=_('What a page names: {% chat_widget assistant="slug" %}.'))
+    name = models.CharField(_("name"), max_length=100, help_text=_("Shown to visitors as the widget's title."))
+    active = models.BooleanField(_("active"), default=True, help_text=_(
+        "An inactive assistant is offered nowhere, and its conversations get no more answers."))
+    system_prompt = models.TextField(_("system prompt"))
+    provider = models.CharField(_("provider"), max_length=200, default="demo", help_text=_(
+        "demo, openai, anthropic, or the dotted path of a BaseProvider subclass."))
+    model = models.CharField(_("model"), max_length=200, blank=True, help_text=_("Empty: the provider's default."))
+    base_url = models.URLField(_("endpoint"), max_length=500, blank=True, help_text=_(
+        "The API's base URL; empty for the vendor's own."))
+    credential = models.CharField(_("credential"), max_length=100, blank=True, help_text=_(
+        'A name in CONVERSATIONS["CREDENTIALS"]; empty: the site\'s API_KEY.'))
+    tools = models.JSONField(_("tools"), default=list, blank=True, help_text=_(
+        "Names of the site's registered tools this assistant may use."))
+    max_steps = models.PositiveSmallIntegerField(_("model round-trips per turn"), null=True, blank=True,
+                                                 validators=[MinValueValidator(1)])
+    max_tokens = models.PositiveIntegerField(_("longest answer (tokens)"), null=True, blank=True,
+                                             validators=[MinValueValidator(1)])
+    call_timeout = models.PositiveIntegerField(_("call timeout (s)"), null=True, blank=True)
+    job_timeout = models.PositiveIntegerField(_("job timeout (s)"), null=True, blank=True)
+    greeting = models.CharField(_("greeting"), max_length=500, blank=True, help_text=_(
+        "The widget's first message, before the visitor writes."))
+    suggestions = models.JSONField(_("suggested first questions"), default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = _("assistant")
+        verbose_name_plural = _("assistants")
+
+    def __str__(self):
+        return self.name
+
+    def clean(self):
+        """Refuse what cannot work, where it can be known before a turn: a provider or tool that
+        does not exist, a model the provider refuses, an unknown credential, a prompt too long,
+        clocks the system checks would refuse (``assistants.problems``)."""
+        from django.core.exceptions import ValidationError
+
+        from .assistants import problems
+
+        errors = {}
+        for field, reason in problems(self):
+            errors.setdefault(field or "__all__", []).append(reason)
+        if errors:
+            raise ValidationError(errors)
+
+
+class AssistantVersion(models.Model):
+    """One configuration an assistant answered with, kept once per distinct fingerprint, so that a
+    turn shows what answered it however the assistant has changed since."""
+
+    assistant = models.ForeignKey(Assistant, on_delete=models.CASCADE, related_name="versions")
+    fingerprint = models.CharField(max_length=12, help_text=_("The start of the configuration's SHA-256."))
+    snapshot = models.JSONField(help_text=_("Prompt, provider, model, endpoint, credential name, tools, limits."))
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = _("assistant version")
+        verbose_name_plural = _("assistant versions")
+        constraints = [models.UniqueConstraint(fields=["assistant", "fingerprint"],
+                                               name="conversations_assistantversion_unique")]
+
+    def __str__(self):
+        return f"{self.assistant_id and self.assistant.slug}@{self.fingerprint}"
 
 
 class Conversation(models.Model):
@@ -19,6 +98,9 @@ class Conversation(models.Model):
     # Random token kept in the visitor's session; survives login (the session key does not).
     owner_token = models.CharField(max_length=64, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # The assistant that answers every turn of the conversation; None: the site's settings.
+    assistant = models.ForeignKey(Assistant, null=True, blank=True, on_delete=models.PROTECT,
+                                  related_name="conversations")
 
     class Meta:
         ordering = ["-created_at"]
@@ -27,6 +109,11 @@ class Conversation(models.Model):
 
     def __str__(self):
         return str(self.id)
+
+    def ratings(self):
+        """The visitor's rating of each rated turn: ``{turn id: {"value", "comment"}}`` (one query)."""
+        rated = self.turns.exclude(rating="").values_list("id", "rating", "rating_comment")
+        return {str(turn): {"value": value, "comment": comment} for turn, value, comment in rated}
 
     @property
     def owner_label(self):
@@ -45,6 +132,10 @@ class Turn(models.Model):
         INCOMPLETE = "incomplete", _("incomplete")
         FAILED = "failed", _("failed")
         CANCELLED = "cancelled", _("cancelled")
+
+    class Rating(models.TextChoices):
+        UP = "up", _("thumbs up")
+        DOWN = "down", _("thumbs down")
 
     ACTIVE_STATUSES = frozenset({Status.QUEUED, Status.RUNNING})
     DONE_STATUSES = frozenset({Status.COMPLETED, Status.INCOMPLETE, Status.FAILED, Status.CANCELLED})
@@ -72,11 +163,23 @@ class Turn(models.Model):
     # Times a new job continued the turn after its work horse died or its worker shut down.
     resumes = models.PositiveSmallIntegerField(default=0)
     idempotency_key = models.CharField(max_length=200, blank=True)
+    # What answered: the conversation's assistant (None: the site's settings) and the version of its
+    # configuration the job ran with (None until the job starts, or when it could not be built).
+    assistant = models.ForeignKey(Assistant, null=True, blank=True, on_delete=models.PROTECT, related_name="turns")
+    assistant_version = models.ForeignKey(AssistantVersion, null=True, blank=True, on_delete=models.PROTECT,
+                                          related_name="turns")
+    # Input and output tokens at CONVERSATIONS["PRICES"] when the final state was written (costs.py).
+    cost = models.DecimalField(max_digits=14, decimal_places=8, null=True, blank=True)
+    # The visitor's rating of the answer: one per turn, changeable.
+    rating = models.CharField(max_length=4, choices=Rating.choices, blank=True, db_index=True)
+    rating_comment = models.CharField(max_length=500, blank=True)
+    rated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-enqueued_at"]
         verbose_name = _("turn")
         verbose_name_plural = _("turns")
+        indexes = [models.Index(fields=["assistant", "enqueued_at"], name="conv_turn_assistant_day")]
         constraints = [
             models.UniqueConstraint(
                 fields=["conversation", "idempotency_key"],

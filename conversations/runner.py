@@ -18,7 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import state
+from . import assistants, costs, state
 from .budget import BudgetExhausted
 from .endings import cut_short_message, deadline_message, length_message, step_limit_message
 from .fallback import ProviderChain, build_provider
@@ -207,7 +207,7 @@ class TurnRunner:
         turn.provider = first.name
         turn.model = getattr(first, "model", "") or ""
         turn.save(update_fields=["status", "started_at", "job_timeout", "deadline_margin", "deadline_at",
-                                 "provider", "model"])
+                                 "provider", "model", "assistant_version"])
         self.publish()
 
     def run(self, *, resuming=False):
@@ -225,7 +225,7 @@ class TurnRunner:
             status, error = Turn.Status.INCOMPLETE, deadline_message()
         except ProviderError as exc:
             logger.error("Turn %s failed: %s", self.turn.id, exc)
-            status, error = Turn.Status.FAILED, exc.message
+            status, error = Turn.Status.FAILED, assistants.provider_error_message(self.turn, exc)
         finally:
             for http in self.https:
                 http.close()
@@ -377,8 +377,9 @@ class TurnRunner:
             with transaction.atomic():
                 self.save_records()
                 shown = self.save_streamed()
+                turn.cost = costs.turn_cost(turn.model, turn.input_tokens, turn.output_tokens)
                 turn.save(update_fields=["status", "error", "finished_at", "margin_left", "model_calls",
-                                         "tool_calls", "input_tokens", "output_tokens"])
+                                         "tool_calls", "input_tokens", "output_tokens", "cost"])
             if shown is not None:
                 self.rows.append(shown)
                 self.streamed = None

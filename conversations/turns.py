@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 
-from . import jobs, state
+from . import assistants, costs, jobs, state
 from .conf import get_config
 from .models import Conversation, Message, Turn
 
@@ -63,8 +63,9 @@ def create(conversation, content, **fields):
     Call inside ``transaction.atomic()``: the message is saved before the job can run, and
     django-rq enqueues at the commit.
     """
-    cfg = get_config()
-    turn = Turn(conversation=conversation, enqueued_at=timezone.now(),
+    assistant = conversation.assistant  # answers every turn of the conversation (None: the site's settings)
+    cfg = assistants.settings_for(assistant)
+    turn = Turn(conversation=conversation, enqueued_at=timezone.now(), assistant=assistant,
                 provider=str(cfg["PROVIDER"]), model=str(cfg["MODEL"]), **fields)
     jobs.job_fields(turn)
     turn.save(force_insert=True)
@@ -179,6 +180,7 @@ def finalize(turn, status, error):
         return None
     if updated:
         keep_streamed_text(turn)
+        costs.save_cost(turn)
     return state.publish(state.state_from_db(turn))
 
 

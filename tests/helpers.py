@@ -6,6 +6,7 @@ import os
 import threading
 import time
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 
 from django.core.cache import cache
@@ -182,6 +183,8 @@ def worker_env(**conversations):
             value = ",".join(value)
         elif key == "FALLBACKS":
             value = json.dumps([dict(entry) for entry in value])
+        elif isinstance(value, Mapping):  # CREDENTIALS, PRICES: JSON, as conf reads them from the environment
+            value = json.dumps(dict(value), default=dict)
         env[f"CONVERSATIONS_{key}"] = str(value)
     return env
 
@@ -194,6 +197,7 @@ OPERATIONS = {
     "send a message": ("/api/conversations/{conversation_id}/turns/", "post"),
     "poll": ("/api/conversations/{conversation_id}/turns/{turn_id}/", "get"),
     "stop": ("/api/conversations/{conversation_id}/turns/{turn_id}/cancel/", "post"),
+    "rate an answer": ("/api/conversations/{conversation_id}/turns/{turn_id}/rating/", "post"),
 }
 
 
@@ -209,4 +213,5 @@ def call_every_endpoint(client, turn, content="Hello?", **message_headers):
                                    **message_headers),
         "poll": client.get(turn["poll_url"]),
         "stop": api_post(client, turn["cancel_url"]),
+        "rate an answer": api_post(client, turn["cancel_url"].replace("/cancel/", "/rating/"), {"value": "up"}),
     }

@@ -13,6 +13,7 @@ CONVERSATION = "/api/conversations/{conversation_id}/"
 TURNS = "/api/conversations/{conversation_id}/turns/"
 POLL = "/api/conversations/{conversation_id}/turns/{turn_id}/"
 CANCEL = "/api/conversations/{conversation_id}/turns/{turn_id}/cancel/"
+RATING = "/api/conversations/{conversation_id}/turns/{turn_id}/rating/"
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def test_the_schema_is_public_valid_openapi_3(schema):
 
 
 def test_the_schema_lists_every_endpoint_and_only_the_api(schema):
-    assert set(schema["paths"]) == {"/api/conversations/", CONVERSATION, TURNS, POLL, CANCEL}
+    assert set(schema["paths"]) == {"/api/conversations/", CONVERSATION, TURNS, POLL, CANCEL, RATING}
     assert set(schema["paths"]["/api/conversations/"]) == {"get", "post"}
     assert set(schema["paths"][TURNS]) == {"post"}
 
@@ -44,8 +45,9 @@ def test_the_schema_documents_every_answer(schema):
     assert statuses(schema, POLL, "get") == {"200", "304", "403", "404", "503"}
     assert statuses(schema, CANCEL, "post") == {"202", "403", "404", "413", "415", "503"}
     assert statuses(schema, CONVERSATION, "get") == {"200", "403", "404", "503"}
-    assert statuses(schema, "/api/conversations/", "post") == {"201", "403", "413", "415", "429", "503"}
+    assert statuses(schema, "/api/conversations/", "post") == {"201", "400", "403", "413", "415", "429", "503"}
     assert statuses(schema, "/api/conversations/", "get") == {"200", "403", "503"}
+    assert statuses(schema, RATING, "post") == {"200", "201", "400", "403", "404", "409", "413", "415", "429", "503"}
     throttled = schema["paths"][TURNS]["post"]["responses"]["429"]
     assert "Retry-After" in throttled["headers"]
 
@@ -127,10 +129,28 @@ def test_every_answer_the_api_gives_is_documented(schema, conversations_settings
     seen("/api/conversations/", "post", api_post(client, "/api/conversations/", CONTENT_LENGTH="999999"))  # 413
     seen("/api/conversations/", "get", client.get("/api/conversations/"))
 
+    rating = f"/api/conversations/{conversation}/turns/{turn}/rating/"
+    conversations_settings.update(RATING_RATE_PER_OWNER="3/min", CONVERSATION_RATE_PER_OWNER="")
+    seen("/api/conversations/", "post", api_post(client, "/api/conversations/", {"assistant": "nobody"}))  # 400
+    seen(RATING, "post", api_post(client, rating, {"value": "meh"}))  # 400
+    seen(RATING, "post", api_post(client, rating, {"value": "up"}))  # 201
+    seen(RATING, "post", api_post(client, rating, {"value": "down"}))  # 200: changed
+    seen(RATING, "post", client.post(rating, '{"value": "up"}', content_type="application/json"))  # 403
+    seen(RATING, "post", client.post(rating, "value=up", content_type="application/x-www-form-urlencoded",
+                                     HTTP_X_CSRFTOKEN=client.csrf))  # 415
+    seen(RATING, "post", api_post(client, rating, {"value": "up"}, CONTENT_LENGTH="999999"))  # 413
+    seen(RATING, "post", api_post(client, rating, {"value": "up"}))  # 429
+    stranger = make_client()
+    seen(RATING, "post", api_post(stranger, rating, {"value": "up"}))  # 404
+    unfinished = start_turn(stranger, "Hello")
+    seen(RATING, "post", api_post(stranger, f"/api/conversations/{unfinished['conversation']}/turns/"
+                                            f"{unfinished['id']}/rating/", {"value": "up"}))  # 409
+
     for (path, method), given in answers.items():
         assert given <= statuses(schema, path, method), (method, path, given - statuses(schema, path, method))
     assert answers[(TURNS, "post")] == {"200", "202", "400", "403", "404", "409", "413", "415", "422", "429"}
-    assert answers[("/api/conversations/", "post")] == {"201", "403", "413", "415", "429"}
+    assert answers[("/api/conversations/", "post")] == {"201", "400", "403", "413", "415", "429"}
+    assert answers[(RATING, "post")] == {"200", "201", "400", "403", "404", "409", "413", "415", "429"}
     assert answers[(CANCEL, "post")] == {"202", "403", "404", "413", "415"}
 
 

@@ -5,7 +5,7 @@ from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import serializers
 
 from ..conf import get_config
-from ..models import Turn
+from ..models import Assistant, Turn
 
 # C0 and C1 control characters except tab and newline, plus DEL.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -59,6 +59,70 @@ class TurnCreateSerializer(serializers.Serializer):
     )
 
 
+class AssistantSlugField(serializers.CharField):
+    """The slug of an active assistant (validated by the serializer against the database)."""
+
+
+class AssistantSlugFieldSchema(OpenApiSerializerFieldExtension):
+    """Describes ``AssistantSlugField`` with the slugs of the assistants active when the schema is
+    generated; "" and null mean the site's default."""
+
+    target_class = AssistantSlugField
+
+    def map_serializer_field(self, auto_schema, direction):
+        """The JSON schema of an assistant's slug: one of the active ones, or null."""
+        from django.db import DatabaseError
+
+        try:
+            slugs = list(Assistant.objects.filter(active=True).order_by("slug").values_list("slug", flat=True))
+        except DatabaseError:
+            slugs = []
+        if not slugs:  # an empty enum is not valid OpenAPI
+            return {"type": "string", "nullable": True, "maxLength": 0}
+        return {"type": "string", "nullable": True, "enum": ["", *slugs, None]}
+
+
+class ConversationCreateSerializer(serializers.Serializer):
+    """``POST /api/conversations/``: which assistant answers the new conversation (its slug);
+    absent, "" or null: the site's default. ``validated_data["assistant"]`` is the ``Assistant``."""
+
+    assistant = AssistantSlugField(required=False, allow_null=True, allow_blank=True, max_length=50,
+                                   error_messages={"invalid": _("Name an assistant by its slug.")})
+
+    def validate_assistant(self, slug):
+        """The active ``Assistant`` named ``slug`` (None for "" or None); an unknown or inactive one is refused."""
+        if not slug:
+            return None
+        assistant = Assistant.objects.filter(slug=slug, active=True).first()
+        if assistant is None:
+            raise serializers.ValidationError(
+                _("There is no assistant “%(slug)s” on this site.") % {"slug": slug})
+        return assistant
+
+
+class CommentField(serializers.CharField):
+    """A visitor's comment on an answer: text, control characters (but tab and newline) removed."""
+
+    def run_validation(self, data=serializers.empty):
+        if data is not serializers.empty and data is not None:
+            if not isinstance(data, str):
+                self.fail("invalid")
+            data = _CONTROL.sub("", data)
+        return super().run_validation(data)
+
+
+RATING_CHOICES = [choice for choice, _label in Turn.Rating.choices]
+
+
+class RatingCreateSerializer(serializers.Serializer):
+    value = serializers.ChoiceField(choices=RATING_CHOICES, error_messages={
+        "required": _("Rate the answer “up” or “down”."), "invalid_choice": _("Rate the answer “up” or “down”."),
+        "null": _("Rate the answer “up” or “down”.")})
+    comment = CommentField(required=False, allow_blank=True, default="", max_length=500, error_messages={
+        "invalid": _("The comment must be text."),
+        "max_length": _("The comment is too long: at most 500 characters are allowed.")})
+
+
 # -- Response shapes. The views build plain dicts; these describe them in the OpenAPI schema. --
 
 class ConversationSerializer(serializers.Serializer):
@@ -98,9 +162,29 @@ class TurnSummarySerializer(serializers.Serializer):
     cancel_url = serializers.CharField()
 
 
-class ConversationDetailSerializer(ConversationSerializer):
+class NewConversationSerializer(ConversationSerializer):
+    assistant = serializers.SlugField(allow_null=True, help_text="The assistant's slug; null: the site's default.")
+
+
+class RatingSerializer(serializers.Serializer):
+    """A visitor's rating of one answer (a finished turn)."""
+
+    turn = serializers.UUIDField()
+    value = serializers.ChoiceField(choices=RATING_CHOICES)
+    comment = serializers.CharField(allow_blank=True)
+    rated_at = serializers.DateTimeField()
+
+
+class RatingShortSerializer(serializers.Serializer):
+    value = serializers.ChoiceField(choices=RATING_CHOICES)
+    comment = serializers.CharField(allow_blank=True)
+
+
+class ConversationDetailSerializer(NewConversationSerializer):
     messages = TranscriptMessageSerializer(many=True)
     active_turn = TurnSummarySerializer(allow_null=True)
+    ratings = serializers.DictField(child=RatingShortSerializer(),
+                                    help_text="The visitor's rating of each rated turn, by turn id.")
 
 
 class TurnStateSerializer(serializers.Serializer):
@@ -126,4 +210,7 @@ class ValidationErrorSerializer(serializers.Serializer):
 
     detail = serializers.CharField(required=False)
     content = serializers.ListField(child=serializers.CharField(), required=False)
+    assistant = serializers.ListField(child=serializers.CharField(), required=False)
+    value = serializers.ListField(child=serializers.CharField(), required=False)
+    comment = serializers.ListField(child=serializers.CharField(), required=False)
     non_field_errors = serializers.ListField(child=serializers.CharField(), required=False)

@@ -89,3 +89,13 @@ class ConversationOwnerThrottle(OwnerThrottle):
 class ConversationIPThrottle(AddressThrottle):
     scope = "conversations_new_ip"
     config_key = "CONVERSATION_RATE_PER_IP"
+
+
+class RatingOwnerThrottle(OwnerThrottle):
+    scope = "conversations_ratings_owner"
+    config_key = "RATING_RATE_PER_OWNER"
+
+
+class RatingIPThrottle(AddressThrottle):
+    scope = "conversations_ratings_ip"
+    config_key = "RATING_RATE_PER_IP"

@@ -2,7 +2,7 @@ import uuid
 
 from django.urls import path, register_converter
 
-from . import views
+from . import ratings, views
 
 
 class AnyUUIDConverter:
@@ -37,4 +37,6 @@ urlpatterns = [
          name="turn-detail"),
     path("conversations/<anyuuid:conversation_id>/turns/<anyuuid:turn_id>/cancel/", views.TurnCancelView.as_view(),
          name="turn-cancel"),
+    path("conversations/<anyuuid:conversation_id>/turns/<anyuuid:turn_id>/rating/", ratings.RatingView.as_view(),
+         name="turn-rating"),
 ]

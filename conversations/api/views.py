@@ -182,19 +182,22 @@ class ConversationListView(ConversationAPIView):
         conversations = Conversation.objects.filter(owned_filter(request)).order_by("-created_at")[:50]
         return Response([{"id": str(c.id), "created_at": c.created_at} for c in conversations])
 
-    @extend_schema(request=None, parameters=[RETRY_AFTER],
-                   responses={201: serializers.ConversationSerializer, 403: CSRF_OR_SIGN_IN, 413: TOO_LARGE,
-                              415: NOT_JSON,
+    @extend_schema(request=serializers.ConversationCreateSerializer, parameters=[RETRY_AFTER],
+                   responses={201: serializers.NewConversationSerializer, 403: CSRF_OR_SIGN_IN, 413: TOO_LARGE,
+                              415: NOT_JSON, 400: serializers.ValidationErrorSerializer,
                               429: OpenApiResponse(ERROR, description="Too many new conversations (per owner or "
                                                                       "per IP); see Retry-After."),
                               503: UNAVAILABLE},
                    summary="Start a conversation owned by the caller (user, or anonymous session)")
     def post(self, request):
+        serializer = serializers.ConversationCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        assistant = serializer.validated_data.get("assistant")
         user = request.user if request.user.is_authenticated else None
         token = owner_token(request, create=True)
-        conversation = Conversation.objects.create(user=user, owner_token=token)
-        return Response({"id": str(conversation.id), "created_at": conversation.created_at},
-                        status=status.HTTP_201_CREATED)
+        conversation = Conversation.objects.create(user=user, owner_token=token, assistant=assistant)
+        return Response({"id": str(conversation.id), "created_at": conversation.created_at,
+                         "assistant": assistant.slug if assistant else None}, status=status.HTTP_201_CREATED)
 
 
 class ConversationDetailView(ConversationAPIView):
@@ -211,8 +214,10 @@ class ConversationDetailView(ConversationAPIView):
         return Response({
             "id": str(conversation.id),
             "created_at": conversation.created_at,
+            "assistant": conversation.assistant.slug if conversation.assistant_id else None,
             "messages": [{**state.message_dict(m), "turn": str(m.turn_id)} for m in messages],
             "active_turn": turn_summary(active) if active else None,
+            "ratings": conversation.ratings(),
         })
 
 

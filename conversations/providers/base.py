@@ -90,6 +90,13 @@ class BaseProvider:
         self.http = http
         self.budget = budget
 
+    @classmethod
+    def check_model(cls, model):
+        """Called when an assistant naming this provider is saved: a sentence saying why the
+        provider cannot use ``model``, or None when it can, or cannot know before a call (most
+        cannot: their list of models is on the server, and a rejected name fails the first turn)."""
+        return None
+
     @property
     def model(self):
         """The model asked for: the ``MODEL`` setting, else the provider's default."""

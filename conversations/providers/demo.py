@@ -13,6 +13,8 @@ the HTTP providers' attempts are, so the admin's timeline shows where the turn's
 import re
 import time
 
+from django.utils.translation import gettext as _
+
 from ..http import CallCancelled
 from ..types import ModelReply, Outcome, ToolCall, Usage, record_call
 from .base import BaseProvider
@@ -39,6 +41,13 @@ class DemoProvider(BaseProvider):
     name = "demo"
     default_model = "demo"
     sleep = staticmethod(time.sleep)
+
+    @classmethod
+    def check_model(cls, model):
+        """The demo model is the only one here."""
+        if model in ("", cls.default_model):
+            return None
+        return _("the demo provider has no model “%(model)s”: leave the model empty.") % {"model": model}
 
     def streams(self, on_text):
         return on_text is not None and bool(self.config["STREAM"])

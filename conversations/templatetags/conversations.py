@@ -1,15 +1,21 @@
 """``{% load conversations %}{% chat_widget %}``: the chat widget on any Django page."""
 
+import json
+import logging
+
 from django import template
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
+from django.db import DatabaseError
 from django.middleware.csrf import get_token
 from django.urls import reverse
 from django.utils.translation import gettext as _
 
-from ..conf import get_config
+from ..assistants import settings_for
+from ..models import Assistant
 
 register = template.Library()
+logger = logging.getLogger("conversations.widget")
 
 
 def widget_strings():
@@ -47,25 +53,35 @@ MODES = ("inline", "launcher")
 
 
 @register.inclusion_tag("conversations/widget.html", takes_context=True)
-def chat_widget(context, title="", mode="inline", key=""):
+def chat_widget(context, title="", mode="inline", key="", assistant=""):
     """Render the widget (its element and script) with every string translated.
 
-    ``title`` replaces the header text; ``mode`` is ``"inline"`` (a panel where the tag is) or
-    ``"launcher"`` (a button in a corner of the window that opens the panel); ``key`` names the
-    widget's conversation, for a page with several widgets that should keep theirs wherever they
-    stand (without it, the widget's place on the page is its key). When
+    ``title`` replaces the header text (by default the assistant's name); ``mode`` is
+    ``"inline"`` (a panel where the tag is) or ``"launcher"`` (a button in a corner of the window
+    that opens the panel); ``key`` names the widget's conversation, for a page with several
+    widgets that should keep theirs wherever they stand (without it, the widget's place on the
+    page is its key, or the assistant's slug when it has one: a conversation belongs to one
+    assistant, so a widget never resumes another assistant's). ``assistant`` is the slug of the
+    assistant that answers the conversations this widget starts; an unknown or inactive one
+    renders nothing and logs a warning, so that a page never breaks on it. When
     ``CONVERSATIONS["LOGIN_REQUIRED"]`` is on and the visitor is anonymous, the widget shows a
     sign-in link instead of its text box. Returns the context of ``conversations/widget.html``.
     """
     if mode not in MODES:
         raise template.TemplateSyntaxError(f"chat_widget: mode must be one of {', '.join(MODES)}, not {mode!r}")
+    chosen = None
+    if assistant:
+        chosen = find_assistant(str(assistant), context.get("request"))
+        if chosen is None:
+            return {"hidden": True}
+        key = key or f"assistant-{chosen.slug}"
     request = context.get("request")
     # Also sets the csrftoken cookie for the widget's POSTs.
     csrf_token = get_token(request) if request is not None else ""
-    cfg = get_config()
+    cfg = settings_for(chosen)
     strings = widget_strings()
-    if title:
-        strings["title"] = str(title)
+    if title or chosen is not None:
+        strings["title"] = str(title or chosen.name)
     login_url = ""
     user = getattr(request, "user", None)
     if cfg["LOGIN_REQUIRED"] and not (user is not None and user.is_authenticated):
@@ -80,4 +96,19 @@ def chat_widget(context, title="", mode="inline", key=""):
         "csrf_token": csrf_token,
         "login_url": login_url,
         "strings": strings,
+        "assistant": chosen,
+        "suggestions": json.dumps(list(chosen.suggestions), ensure_ascii=False) if chosen is not None else "",
     }
+
+
+def find_assistant(slug, request=None):
+    """The active assistant ``slug``, or None (logged as a warning with the page's path)."""
+    path = getattr(request, "path", "?")
+    try:
+        found = Assistant.objects.filter(slug=slug, active=True).first()
+    except DatabaseError:  # e.g. its table not migrated yet: the page still renders, without the widget
+        logger.warning("chat_widget: assistants cannot be read on %s", path, exc_info=True)
+        return None
+    if found is None:
+        logger.warning("chat_widget: no active assistant %r on %s; the widget is not shown", slug, path)
+    return found

@@ -1,0 +1,249 @@
+"""The admin of assistants: editing them (a form that offers the site's registered tools and
+configured credentials, and refuses what cannot work), the versions each has answered with,
+the overview of what each did and cost per day, and, for the turn list, the assistant, rating
+and cost columns and the CSV export of rated turns."""
+
+import csv
+import json
+
+from django import forms
+from django.contrib import admin
+from django.db.models import Count, OuterRef, Subquery
+from django.http import HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.text import capfirst
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from .assistants import registered_tools
+from .conf import get_config
+from .models import Assistant, AssistantVersion, Message, Turn
+from .overview import overview
+from .timeline import seconds
+
+OVERVIEW_DAYS = (7, 30, 90)
+
+
+class LinesField(forms.CharField):
+    """A list of strings edited as lines of a textarea (empty lines dropped)."""
+
+    widget = forms.Textarea(attrs={"rows": 4})
+
+    def prepare_value(self, value):
+        return "\n".join(value) if isinstance(value, list) else value
+
+    def to_python(self, value):
+        return [line.strip() for line in (value or "").splitlines() if line.strip()]
+
+
+class AssistantForm(forms.ModelForm):
+    """Tools are chosen among the site's registered ones, the credential among the configured names."""
+
+    base_url = forms.URLField(required=False, max_length=500, assume_scheme="https")
+    tools = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple)
+    credential = forms.ChoiceField(required=False)
+    suggestions = LinesField(required=False, help_text=gettext_lazy("One per line, at most 4."))
+
+    class Meta:
+        model = Assistant
+        fields = "__all__"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in ("base_url", "tools", "credential", "suggestions"):  # labels and help as the model's fields
+            model_field = Assistant._meta.get_field(name)
+            self.fields[name].label = capfirst(model_field.verbose_name)
+            self.fields[name].help_text = self.fields[name].help_text or model_field.help_text
+        try:
+            names = list(registered_tools())
+        except (ImportError, TypeError, ValueError):  # conversations.E011 names the broken tool
+            names = []
+        current = list(self.instance.tools or []) if self.instance.pk else []
+        self.fields["tools"].choices = [(name, name) for name in dict.fromkeys(names + current)]
+        credentials = list(get_config()["CREDENTIALS"])
+        if self.instance.credential and self.instance.credential not in credentials:
+            credentials.append(self.instance.credential)  # shown, so that clean() can say it is gone
+        self.fields["credential"].choices = [("", _("— the site's API_KEY —"))] + [(c, c) for c in credentials]
+
+
+class VersionInline(admin.TabularInline):
+    """The configurations the assistant has answered with, newest first (read-only)."""
+
+    model = AssistantVersion
+    fields = ("fingerprint", "created_at", "turn_count", "configuration")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(turn_count=Count("turns"))
+
+    @admin.display(description=gettext_lazy("turns"))
+    def turn_count(self, obj):
+        return obj.turn_count
+
+    @admin.display(description=gettext_lazy("configuration"))
+    def configuration(self, obj):
+        return configuration_html(obj)
+
+
+def configuration_html(version):
+    """A version's snapshot as escaped, indented JSON."""
+    return format_html('<pre class="assistant-snapshot">{}</pre>',
+                       json.dumps(version.snapshot, indent=2, ensure_ascii=False, sort_keys=True))
+
+
+@admin.register(Assistant)
+class AssistantAdmin(admin.ModelAdmin):
+    form = AssistantForm
+    list_display = ("name", "slug", "active", "provider", "model", "tool_list", "turn_count")
+    list_filter = ("active", "provider")
+    search_fields = ("name", "slug", "model")
+    prepopulated_fields = {"slug": ["name"]}
+    inlines = [VersionInline]
+    change_list_template = "admin/conversations/assistant/change_list.html"
+    fieldsets = [
+        (None, {"fields": ("name", "slug", "active")}),
+        (gettext_lazy("What answers"), {"fields": ("system_prompt", ("provider", "model"), "base_url", "credential",
+                                                   "tools")}),
+        (gettext_lazy("Limits (empty: the site's)"), {"fields": (("max_steps", "max_tokens"),
+                                                                 ("call_timeout", "job_timeout"))}),
+        (gettext_lazy("What the widget shows first"), {"fields": ("greeting", "suggestions")}),
+    ]
+
+    class Media:
+        css = {"all": ["conversations/admin.css"]}
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(turn_count=Count("turns"))
+
+    @admin.display(description=gettext_lazy("tools"))
+    def tool_list(self, obj):
+        return ", ".join(obj.tools) or "—"
+
+    @admin.display(description=gettext_lazy("turns"), ordering="turn_count")
+    def turn_count(self, obj):
+        return obj.turn_count
+
+    def get_urls(self):
+        name = f"{self.opts.app_label}_{self.opts.model_name}_overview"
+        return [path("overview/", self.admin_site.admin_view(self.overview_view), name=name)] + super().get_urls()
+
+    def overview_view(self, request):
+        """Per assistant and day: turns, endings, median duration, low margin, thumbs up, tokens, cost."""
+        if not request.user.has_perm("conversations.view_turn"):
+            from django.core.exceptions import PermissionDenied
+
+            raise PermissionDenied
+        try:
+            days = int(request.GET.get("days", 30))
+        except ValueError:
+            days = 30
+        days = days if days in OVERVIEW_DAYS else 30
+        rows = overview(days)
+        for row in rows:
+            row["ended"] = [(label, row[f"status_{value}"]) for value, label in Turn.Status.choices
+                            if row[f"status_{value}"]]
+            row["duration_text"] = seconds(row["duration_median"], 1)
+            row["margin_text"] = seconds(row["margin_p10"], 1)
+            row["turns_url"] = turns_url(row)
+        context = {**self.admin_site.each_context(request), "opts": self.opts, "rows": rows, "days": days,
+                   "day_choices": OVERVIEW_DAYS, "title": _("What each assistant did, per day")}
+        return TemplateResponse(request, "admin/conversations/assistant/overview.html", context)
+
+
+def turns_url(row):
+    """The turn list filtered to one row of the overview."""
+    url = reverse("admin:conversations_turn_changelist")
+    assistant = f"assistant__id__exact={row['assistant']}" if row["assistant"] else "assistant__isnull=True"
+    day = row["day"]
+    return f"{url}?{assistant}&enqueued_at__year={day.year}&enqueued_at__month={day.month}&enqueued_at__day={day.day}"
+
+
+# -- the turn list: assistant, version, rating and cost; the CSV export -------------------------
+
+CSV_COLUMNS = ["turn", "finished_at", "assistant", "version", "rating", "comment", "question", "answer", "status",
+               "model", "input_tokens", "output_tokens", "cost"]
+# A spreadsheet runs a cell that starts with one of these as a formula (CSV injection).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value):
+    """``value`` as a CSV cell that no spreadsheet runs: text starting like a formula gets a quote."""
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
+def rated_rows(queryset):
+    """The rated turns of ``queryset`` with their question and last answer, in one query."""
+    messages = Message.objects.filter(turn=OuterRef("pk"))
+    question = messages.filter(role=Message.Role.USER).order_by("id").values("content")[:1]
+    answer = messages.filter(role=Message.Role.ASSISTANT).exclude(content="").order_by("-id").values("content")[:1]
+    return (queryset.exclude(rating="").select_related("assistant", "assistant_version")
+            .annotate(question=Subquery(question), answer=Subquery(answer)).order_by("finished_at"))
+
+
+class TurnAssistantColumns:
+    """What ``TurnAdmin`` shows of assistants, ratings and costs, and its CSV export action."""
+
+    @admin.display(description=gettext_lazy("assistant"), ordering="assistant__name")
+    def assistant_short(self, obj):
+        if obj.assistant_id is None:
+            return "—"
+        version = obj.assistant_version.fingerprint[:7] if obj.assistant_version_id else ""
+        return format_html('{} <span class="assistant-version" title="{}">{}</span>', obj.assistant.name,
+                           _("configuration version"), version)
+
+    @admin.display(description=gettext_lazy("assistant"))
+    def assistant_link(self, obj):
+        if obj.assistant_id is None:
+            return _("the site's settings")
+        url = reverse("admin:conversations_assistant_change", args=[obj.assistant_id])
+        return format_html('<a href="{}">{}</a> ({})', url, obj.assistant.name, obj.assistant.slug)
+
+    @admin.display(description=gettext_lazy("configuration that answered"))
+    def version_text(self, obj):
+        if obj.assistant_version_id is None:
+            return "—"
+        return format_html("{}{}", obj.assistant_version.fingerprint, configuration_html(obj.assistant_version))
+
+    @admin.display(description=gettext_lazy("rating"), ordering="rating")
+    def rating_text(self, obj):
+        if not obj.rating:
+            return "—"
+        return format_html('<span class="turn-rating turn-rating-{}">{}</span>{}', obj.rating, obj.get_rating_display(),
+                           format_html(' <span class="turn-rating-comment" title="{}">✎</span>', obj.rating_comment)
+                           if obj.rating_comment else "")
+
+    @admin.display(description=gettext_lazy("visitor's comment"))
+    def rating_comment_text(self, obj):
+        return obj.rating_comment or "—"
+
+    @admin.display(description=gettext_lazy("cost"), ordering="cost")
+    def cost_text(self, obj):
+        return "—" if obj.cost is None else f"{obj.cost:.4f}"
+
+    # A bulk copy of visitors' words leaving the admin: for staff trusted to operate on turns.
+    @admin.action(description=gettext_lazy("Export the rated ones among the selected turns as CSV"),
+                  permissions=["operate"])
+    def export_rated_csv(self, request, queryset):
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        stamp = timezone.localtime().strftime("%Y%m%d-%H%M")
+        response["Content-Disposition"] = f'attachment; filename="rated-turns-{stamp}.csv"'
+        writer = csv.writer(response)
+        writer.writerow(CSV_COLUMNS)
+        for turn in rated_rows(queryset).iterator():
+            writer.writerow([csv_cell(value) for value in (
+                turn.pk, turn.finished_at.isoformat() if turn.finished_at else "",
+                turn.assistant.slug if turn.assistant_id else "",
+                turn.assistant_version.fingerprint if turn.assistant_version_id else "", turn.rating,
+                turn.rating_comment, turn.question, turn.answer, turn.status, turn.model, turn.input_tokens,
+                turn.output_tokens, turn.cost)])
+        return response

@@ -1,0 +1,248 @@
+"""Assistants: configurations edited in the admin, each answering the conversations started with it.
+
+A site with no assistant works from its ``CONVERSATIONS`` settings alone, which stay the
+defaults of every assistant. An assistant replaces what makes an answer — prompt, provider,
+model, endpoint, tools — and the limits it sets (``LIMITS``); it names a credential instead of
+holding an API key.
+
+- ``settings_for(assistant)``: the site's configuration with the assistant's own over it (no
+  credential read, no tool imported): what the web process needs (the job timeout, the
+  provider and model a queued turn shows).
+- ``problems(assistant)``: why it cannot answer, field by field: the admin refuses to save it,
+  a system check lists it, a turn of it ends failed.
+- ``config_for_turn(turn)``: in the job, the configuration the turn runs with (credential
+  resolved, tools narrowed to the assistant's), and the version of the assistant it records.
+"""
+
+import hashlib
+import json
+import os
+
+from django.utils.translation import gettext as _
+
+from .conf import get_config
+
+ENV_PREFIX = "env:"
+
+# Assistant field → the setting it replaces when set (None keeps the site's).
+LIMITS = {"max_steps": "MAX_STEPS", "max_tokens": "MAX_TOKENS", "call_timeout": "CALL_TIMEOUT",
+          "job_timeout": "JOB_TIMEOUT"}
+
+
+class NotSetUp(Exception):
+    """A turn's assistant cannot answer it; ``message`` is the sentence the visitor is shown."""
+
+    def __init__(self, assistant, reason):
+        self.reason = reason
+        self.message = _("The assistant “%(name)s” is not set up correctly: %(reason)s") % {
+            "name": assistant.name, "reason": reason}
+        super().__init__(f"{assistant.slug}: {reason}")
+
+
+class Inactive(NotSetUp):
+    def __init__(self, assistant):
+        super().__init__(assistant, "")
+        self.message = _("The assistant “%(name)s” is no longer available. Please start a new conversation.") % {
+            "name": assistant.name}
+
+
+def overrides(assistant):
+    """The settings ``assistant`` replaces: ``{KEY: value}``."""
+    values = {"SYSTEM_PROMPT": assistant.system_prompt, "PROVIDER": assistant.provider,
+              "MODEL": assistant.model, "BASE_URL": assistant.base_url}
+    values.update({key: getattr(assistant, field) for field, key in LIMITS.items()
+                   if getattr(assistant, field) is not None})
+    return values
+
+
+def settings_for(assistant, cfg=None):
+    """The configuration a turn of ``assistant`` runs with, before its credential and tools are
+    resolved; the site's (``cfg``, by default ``get_config()``) for None."""
+    cfg = get_config() if cfg is None else cfg
+    return cfg if assistant is None else {**cfg, **overrides(assistant)}
+
+
+# -- credentials -------------------------------------------------------------------------
+
+
+class CredentialError(LookupError):
+    """A credential cannot be resolved; ``reason`` ends "The assistant … is not set up correctly: "."""
+
+    def __init__(self, reason):
+        self.reason = reason
+        super().__init__(reason)
+
+
+def resolve_credential(name, cfg=None):
+    """The API key that credential ``name`` stands for: ``CREDENTIALS[name]`` itself, or the
+    environment variable it names with ``env:`` (read now, in the process that calls). Raises
+    ``CredentialError``."""
+    credentials = (get_config() if cfg is None else cfg)["CREDENTIALS"]
+    if name not in credentials:
+        raise CredentialError(_("its credential “%(name)s” is not in the site's CREDENTIALS setting.") % {
+            "name": name})
+    value = credentials[name]
+    if isinstance(value, str) and value.startswith(ENV_PREFIX):
+        variable = value[len(ENV_PREFIX):]
+        if not os.environ.get(variable):
+            raise CredentialError(_("the environment variable %(variable)s of its credential “%(name)s” is not "
+                                    "set.") % {"variable": variable, "name": name})
+        return os.environ[variable]
+    if not isinstance(value, str) or not value:
+        raise CredentialError(_("its credential “%(name)s” is not a key.") % {"name": name})
+    return value
+
+
+def credential_values(cfg=None):
+    """Every API key the site's credentials resolve to here (for redaction)."""
+    cfg = get_config() if cfg is None else cfg
+    values = []
+    for name in cfg["CREDENTIALS"]:
+        try:
+            values.append(resolve_credential(name, cfg))
+        except CredentialError:
+            pass
+    return values
+
+
+# -- what can be known before a turn -----------------------------------------------------------
+
+
+def registered_tools(cfg=None):
+    """The site's tools ``{name: dotted path}``; raises what ``load_tools`` raises."""
+    from .tools import load_tools
+
+    cfg = get_config() if cfg is None else cfg
+    return {next(iter(load_tools([path]))): path for path in cfg["TOOLS"]}
+
+
+def max_prompt_chars(cfg):
+    """The longest system prompt: half of ``HISTORY_MAX_CHARS``. The prompt is sent with every call
+    and counts against that budget (``history.trim_history``), so a longer one would leave less
+    room for the conversation than for itself: earlier exchanges would be dropped within a turn
+    or two."""
+    return cfg["HISTORY_MAX_CHARS"] // 2
+
+
+def problems(assistant, cfg=None):
+    """Why ``assistant`` cannot answer, as ``[(field or None, reason)]`` (empty when it can).
+
+    Only what can be known without calling the provider: a model name that the provider's
+    server rejects shows at the first turn (which ends failed, naming the assistant).
+    """
+    from .checks import clock_errors
+    from .providers import get_provider_class
+
+    site = get_config() if cfg is None else cfg
+    found = []
+    try:
+        cls = get_provider_class(assistant.provider)
+    except (ImportError, TypeError, ValueError) as exc:
+        found.append(("provider", _("its provider “%(provider)s” cannot be used (%(error)s).") % {
+            "provider": assistant.provider, "error": exc}))
+    else:
+        refusal = cls.check_model(assistant.model)
+        if refusal:
+            found.append(("model", str(refusal)))
+    if not isinstance(assistant.tools, list) or not all(isinstance(name, str) for name in assistant.tools):
+        found.append(("tools", _("its tools must be a list of tool names.")))
+    else:
+        try:
+            known = registered_tools(site)
+        except (ImportError, TypeError, ValueError):
+            known = None  # the site's own tools are broken: conversations.E011 says so
+        missing = sorted(set(assistant.tools) - set(known)) if known is not None else []
+        if missing:
+            found.append(("tools", _("its tools %(tools)s are not among the site's registered tools.") % {
+                "tools": ", ".join(f"“{name}”" for name in missing)}))
+    if assistant.credential:
+        try:
+            resolve_credential(assistant.credential, site)
+        except CredentialError as exc:
+            found.append(("credential", exc.reason))
+    limit = max_prompt_chars(site)
+    if len(assistant.system_prompt or "") > limit:
+        found.append(("system_prompt", _("its system prompt has %(length)d characters; at most %(limit)d (half of "
+                                         "HISTORY_MAX_CHARS) are allowed.") % {
+            "length": len(assistant.system_prompt), "limit": limit}))
+    if not isinstance(assistant.suggestions, list) or len(assistant.suggestions) > assistant.MAX_SUGGESTIONS or any(
+            not isinstance(s, str) or not s.strip() or len(s) > assistant.SUGGESTION_MAX_LENGTH
+            for s in assistant.suggestions):
+        found.append(("suggestions", _("at most %(count)d suggested questions, each of 1 to %(length)d "
+                                       "characters.") % {"count": assistant.MAX_SUGGESTIONS,
+                                                         "length": assistant.SUGGESTION_MAX_LENGTH}))
+    clocks = settings_for(assistant, site)
+    for error in clock_errors(clocks):
+        if error.is_serious():
+            fields = [f for f, key in LIMITS.items() if getattr(assistant, f) is not None and key in error.msg]
+            found.append((fields[0] if fields else None, error.msg))
+    return found
+
+
+# -- the job's side ----------------------------------------------------------------------------
+
+
+def snapshot(assistant, cfg):
+    """What answers for ``assistant`` under ``cfg`` (its settings merged): the part of its
+    configuration that a version records and a fingerprint covers."""
+    return {"system_prompt": cfg["SYSTEM_PROMPT"], "provider": cfg["PROVIDER"], "model": cfg["MODEL"],
+            "base_url": cfg["BASE_URL"], "credential": assistant.credential, "tools": sorted(assistant.tools),
+            "limits": {key: cfg[key] for key in LIMITS.values()}}
+
+
+def fingerprint(data):
+    """The first 12 hex digits of the SHA-256 of ``data`` as canonical JSON."""
+    text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def record_version(assistant, cfg):
+    """The ``AssistantVersion`` of ``assistant`` under ``cfg``, created the first time it answers."""
+    from .models import AssistantVersion
+
+    data = snapshot(assistant, cfg)
+    version, _created = AssistantVersion.objects.get_or_create(
+        assistant=assistant, fingerprint=fingerprint(data), defaults={"snapshot": data})
+    return version
+
+
+def config_for_turn(turn, cfg=None):
+    """The configuration ``turn`` runs with: the site's for a turn with no assistant; else its
+    assistant's, with its credential resolved and the site's tools narrowed to its own. Sets
+    ``turn.assistant_version`` (not saved). Raises ``NotSetUp`` (``Inactive``) with the
+    visitor's sentence when the assistant cannot answer."""
+    site = get_config() if cfg is None else cfg
+    assistant = turn.assistant
+    if assistant is None:
+        return site
+    if not assistant.active:
+        raise Inactive(assistant)
+    found = problems(assistant, site)
+    if found:
+        raise NotSetUp(assistant, found[0][1])
+    config = settings_for(assistant, site)
+    tools = registered_tools(site)
+    config["TOOLS"] = tuple(tools[name] for name in assistant.tools)
+    if assistant.credential:
+        config["API_KEY"] = resolve_credential(assistant.credential, site)
+    turn.assistant_version = record_version(assistant, config)
+    return config
+
+
+# ProviderError codes that mean the assistant's configuration is wrong, and the reason to give.
+def _setup_reasons():
+    return {
+        "auth": _("the AI service rejected its credentials."),
+        "unknown_model": _("the AI service does not know its model “%(model)s”."),
+        "stream_refused": _("the AI service would not stream its answer."),
+        "redirected": _("its endpoint answered with a redirect, which is not followed."),
+    }
+
+
+def provider_error_message(turn, error):
+    """The sentence a turn ending with ``error`` (a ``ProviderError``) shows: the provider's own,
+    or, for a configuration the service refused, one naming the turn's assistant."""
+    reason = _setup_reasons().get(error.code)
+    if turn.assistant_id is None or reason is None:
+        return error.message
+    return NotSetUp(turn.assistant, reason % {"model": turn.model}).message

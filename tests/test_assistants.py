@@ -1,0 +1,341 @@
+"""Several assistants on one site: chosen by the page, each answering with its own prompt, model,
+endpoint, credential, tools and limits, recorded on every turn; what cannot work is refused when
+it is saved, and otherwise ends the turn with a sentence naming the assistant."""
+
+import logging
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.template import Context, Template
+from django.test import RequestFactory
+
+from conversations import assistants
+from conversations.models import Assistant, AssistantVersion, Conversation, Turn
+from tests.fakes import FakeProvider, Reply, openai_text, openai_tool_calls
+from tests.helpers import api_post, make_client, poll_until_done
+
+
+def make_assistant(slug, **fields):
+    values = {"name": slug.title(), "system_prompt": f"You are {slug.title()}.", "provider": "demo"}
+    values.update(fields)
+    return Assistant.objects.create(slug=slug, **values)
+
+
+def render(template, path="/help/"):
+    request = RequestFactory().get(path)
+    return Template("{% load conversations %}" + template).render(Context({"request": request}))
+
+
+def start(client, assistant, content):
+    """Start a conversation with ``assistant`` (a slug, or None) and send ``content``; the 202 body."""
+    body = {"assistant": assistant} if assistant is not None else {}
+    created = api_post(client, "/api/conversations/", body)
+    assert created.status_code == 201, created.content
+    assert created.json()["assistant"] == assistant
+    response = api_post(client, f"/api/conversations/{created.json()['id']}/turns/", {"content": content})
+    assert response.status_code == 202, response.content
+    return response.json()
+
+
+# -- choosing one --------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_tag_renders_each_assistants_widget_with_its_slug_title_greeting_and_suggestions():
+    make_assistant("support", name="Help desk", greeting="Hi! Ask me about refunds.",
+                   suggestions=["How do refunds work?", "Where is my \"order\"?"], job_timeout=30)
+    make_assistant("shop", name="Shop", greeting="")
+
+    html = render('{% chat_widget assistant="support" %}{% chat_widget assistant="shop" %}')
+
+    assert html.count("data-conversations-widget") == 2
+    support, shop = html.split("data-conversations-widget")[1:]
+    assert 'data-assistant="support"' in support and 'data-assistant="shop"' in shop
+    assert 'data-greeting="Hi! Ask me about refunds."' in support
+    # The suggestions are JSON in the attribute, escaped for HTML.
+    assert 'data-suggestions="[&quot;How do refunds work?&quot;, &quot;Where is my \\&quot;order\\&quot;?&quot;]"' \
+        in support
+    assert 'data-job-timeout="30"' in support and 'data-job-timeout="10"' in shop
+    assert '"title": "Help desk"' in support and '"title": "Shop"' in shop
+
+
+@pytest.mark.django_db
+def test_the_tag_without_an_assistant_is_unchanged():
+    html = render("{% chat_widget %}")
+    assert "data-conversations-widget" in html and "data-assistant" not in html
+    assert '"title": "Assistant"' in html
+
+
+@pytest.mark.django_db
+def test_an_unknown_or_inactive_assistant_renders_nothing_and_logs_a_warning(caplog):
+    make_assistant("retired", active=False)
+    with caplog.at_level(logging.WARNING, logger="conversations.widget"):
+        html = render('<p>page</p>{% chat_widget assistant="nobody" %}{% chat_widget assistant="retired" %}')
+    assert html == "<p>page</p>"
+    assert [r.getMessage() for r in caplog.records] == [
+        "chat_widget: no active assistant 'nobody' on /help/; the widget is not shown",
+        "chat_widget: no active assistant 'retired' on /help/; the widget is not shown"]
+
+
+@pytest.mark.django_db
+def test_a_conversation_starts_with_an_active_assistant_and_refuses_others_with_a_sentence():
+    make_assistant("support")
+    make_assistant("retired", active=False)
+    client = make_client()
+
+    created = api_post(client, "/api/conversations/", {"assistant": "support"})
+    default = api_post(client, "/api/conversations/", {})
+    unknown = api_post(client, "/api/conversations/", {"assistant": "nobody"})
+    inactive = api_post(client, "/api/conversations/", {"assistant": "retired"})
+    wrong_type = api_post(client, "/api/conversations/", {"assistant": ["support"]})
+
+    assert created.status_code == 201 and created.json()["assistant"] == "support"
+    assert Conversation.objects.get(pk=created.json()["id"]).assistant.slug == "support"
+    assert default.status_code == 201 and default.json()["assistant"] is None
+    assert unknown.status_code == 400
+    assert unknown.json() == {"assistant": ["There is no assistant “nobody” on this site."]}
+    assert inactive.json() == {"assistant": ["There is no assistant “retired” on this site."]}
+    assert wrong_type.status_code == 400
+    assert Conversation.objects.count() == 2
+    detail = client.get(f"/api/conversations/{created.json()['id']}/").json()
+    assert detail["assistant"] == "support" and detail["ratings"] == {}
+
+
+# -- two assistants on one page -------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_assistants_on_one_page_answer_with_their_own_prompt_model_key_and_tools(
+        worker, conversations_settings, monkeypatch):
+    monkeypatch.setenv("TEST_SUPPORT_KEY", "sk-support-from-env")
+    conversations_settings.update(CREDENTIALS={"support-key": "env:TEST_SUPPORT_KEY", "shop-key": "sk-shop-literal"},
+                                  PRICES={"support-model": {"input": "1.00", "output": "2.00"}})
+    with FakeProvider() as support_api, FakeProvider() as shop_api:
+        support_api.add(openai_tool_calls(("search_faq", {"query": "refunds"})), openai_text("Within 30 days."))
+        shop_api.add(openai_text("It is noon in Tokyo.", model="shop-model"))
+        make_assistant("support", provider="openai", base_url=support_api.url, model="support-model",
+                       credential="support-key", tools=["search_faq"], system_prompt="You are the help desk.")
+        make_assistant("shop", provider="openai", base_url=shop_api.url, model="shop-model", credential="shop-key",
+                       tools=["current_time"], system_prompt="You sell things.", job_timeout=20, max_steps=3)
+        page = render('{% chat_widget assistant="support" %}{% chat_widget assistant="shop" %}', path="/")
+        assert 'data-assistant="support"' in page and 'data-assistant="shop"' in page
+
+        client = make_client()
+        first = start(client, "support", "How do refunds work?")
+        second = start(client, "shop", "What time is it in Tokyo?")
+        worker()
+        answers = [poll_until_done(client, turn["poll_url"]) for turn in (first, second)]
+
+    assert [a["status"] for a in answers] == ["completed", "completed"]
+    assert answers[0]["messages"][-1]["content"] == "Within 30 days."
+    assert answers[1]["messages"][-1]["content"] == "It is noon in Tokyo."
+    asked_support, asked_shop = support_api.requests[0], shop_api.requests[0]
+    assert len(support_api.requests) == 2 and len(shop_api.requests) == 1
+    assert asked_support["json"]["messages"][0] == {"role": "system", "content": "You are the help desk."}
+    assert asked_shop["json"]["messages"][0] == {"role": "system", "content": "You sell things."}
+    assert [t["function"]["name"] for t in asked_support["json"]["tools"]] == ["search_faq"]
+    assert [t["function"]["name"] for t in asked_shop["json"]["tools"]] == ["current_time"]
+    assert (asked_support["json"]["model"], asked_shop["json"]["model"]) == ("support-model", "shop-model")
+    assert asked_support["headers"]["Authorization"] == "Bearer sk-support-from-env"
+    assert asked_shop["headers"]["Authorization"] == "Bearer sk-shop-literal"
+
+    support_turn = Turn.objects.select_related("assistant", "assistant_version").get(pk=first["id"])
+    shop_turn = Turn.objects.select_related("assistant", "assistant_version").get(pk=second["id"])
+    assert (support_turn.assistant.slug, shop_turn.assistant.slug) == ("support", "shop")
+    # Each turn ran under its assistant's clocks: the site's 10 s, the shop's own 20 s.
+    assert (support_turn.job_timeout, shop_turn.job_timeout) == (10, 20)
+    snapshot = shop_turn.assistant_version.snapshot
+    assert snapshot == {"system_prompt": "You sell things.", "provider": "openai", "model": "shop-model",
+                        "base_url": shop_api.url, "credential": "shop-key", "tools": ["current_time"],
+                        "limits": {"MAX_STEPS": 3, "MAX_TOKENS": 1024, "CALL_TIMEOUT": 5, "JOB_TIMEOUT": 20}}
+    assert "sk-shop-literal" not in str(snapshot)
+    assert len(shop_turn.assistant_version.fingerprint) == 12
+    # (13 + 11) input and (5 + 7) output tokens at 1.00 and 2.00 per million; the shop's model has no price.
+    assert str(support_turn.cost) == "0.00004800" and shop_turn.cost is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_changing_an_assistant_makes_a_new_version_and_leaves_earlier_turns_alone(worker):
+    support = make_assistant("support", system_prompt="Version one.")
+    client = make_client()
+    first = start(client, "support", "Hello")
+    worker()
+    poll_until_done(client, first["poll_url"])
+    support.system_prompt = "Version two."
+    support.save()
+    conversation = first["conversation"]
+    second = api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "Hello again"}).json()
+    worker()
+    poll_until_done(client, second["poll_url"])
+    third = api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "And again"}).json()
+    worker()
+    poll_until_done(client, third["poll_url"])
+
+    versions = {str(turn.pk): turn.assistant_version for turn in Turn.objects.select_related("assistant_version")}
+    one, two, three = (versions[t["id"]] for t in (first, second, third))
+    assert one.snapshot["system_prompt"] == "Version one." and two.snapshot["system_prompt"] == "Version two."
+    assert one.fingerprint != two.fingerprint and two == three
+    assert AssistantVersion.objects.filter(assistant=support).count() == 2
+
+
+# -- what cannot work --------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_saving_refuses_what_cannot_work(conversations_settings):
+    conversations_settings.update(CREDENTIALS={"ok": "sk-x", "unset": "env:TEST_NO_SUCH_VARIABLE"},
+                                  HISTORY_MAX_CHARS=100)
+    bad = Assistant(slug="bad", name="Bad", system_prompt="x" * 51, provider="no.such.Provider",
+                    tools=["search_faq", "delete_everything"], credential="missing", job_timeout=3)
+    with pytest.raises(ValidationError) as refused:
+        bad.full_clean()
+    errors = refused.value.message_dict
+    assert errors["provider"][0].startswith("its provider “no.such.Provider” cannot be used")
+    assert errors["tools"] == ["its tools “delete_everything” are not among the site's registered tools."]
+    assert errors["credential"] == ["its credential “missing” is not in the site's CREDENTIALS setting."]
+    assert errors["system_prompt"] == ["its system prompt has 51 characters; at most 50 (half of HISTORY_MAX_CHARS) "
+                                       "are allowed."]
+    # The clocks: the same rule and sentence as the system check (conversations.E001) for the site's settings.
+    assert errors["job_timeout"] == ["DEADLINE_MARGIN (4s) must be smaller than JOB_TIMEOUT (3s)."]
+
+    demo = Assistant(slug="demo", name="Demo", system_prompt="Hi", provider="demo", model="gpt-4o",
+                     credential="unset", suggestions=["a", "b", "c", "d", "e"], call_timeout=20)
+    errors = pytest.raises(ValidationError, demo.full_clean).value.message_dict
+    assert errors["model"] == ["the demo provider has no model “gpt-4o”: leave the model empty."]
+    assert errors["credential"] == ["the environment variable TEST_NO_SUCH_VARIABLE of its credential “unset” is "
+                                    "not set."]
+    assert errors["suggestions"] == ["at most 4 suggested questions, each of 1 to 200 characters."]
+    assert "call_timeout" not in errors  # longer than the site's (5 s) is allowed: it still fits in the job
+
+    Assistant(slug="good", name="Good", system_prompt="x" * 50, provider="openai", model="gpt-4o-mini",
+              credential="ok", tools=["search_faq"], max_steps=2, call_timeout=3).full_clean()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_assistant_broken_after_it_was_saved_ends_its_turn_failed_naming_it(worker, conversations_settings):
+    make_assistant("support", name="Support", tools=["search_faq", "current_time"])
+    client = make_client()
+    turn = start(client, "support", "Hello")
+    # The site drops a tool the assistant uses, between the message and the job.
+    conversations_settings.update(TOOLS=["chatproject.tools.search_faq"])
+    worker()
+    final = poll_until_done(client, turn["poll_url"])
+
+    assert final["status"] == "failed"
+    assert final["error"] == ("The assistant “Support” is not set up correctly: its tools “current_time” are not "
+                              "among the site's registered tools.")
+    assert Turn.objects.get(pk=turn["id"]).assistant_version is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_model_the_service_rejects_ends_the_turn_failed_naming_the_assistant(worker):
+    with FakeProvider() as api:
+        api.add(Reply(404, {"error": {"message": "The model `gpt-nope` does not exist", "type": "invalid_request_error",
+                                      "code": "model_not_found"}}))
+        make_assistant("support", name="Support", provider="openai", base_url=api.url, model="gpt-nope")
+        client = make_client()
+        turn = start(client, "support", "Hello")
+        worker()
+        final = poll_until_done(client, turn["poll_url"])
+
+    assert final["status"] == "failed"
+    assert final["error"] == "The assistant “Support” is not set up correctly: the AI service does not know its " \
+                             "model “gpt-nope”."
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_switched_off_assistant_answers_no_more_in_its_conversations(worker):
+    support = make_assistant("support", name="Support")
+    client = make_client()
+    turn = start(client, "support", "Hello")
+    Assistant.objects.filter(pk=support.pk).update(active=False)
+    worker()
+    final = poll_until_done(client, turn["poll_url"])
+    assert final["status"] == "failed"
+    assert final["error"] == "The assistant “Support” is no longer available. Please start a new conversation."
+
+
+def test_the_fingerprint_covers_the_configuration_not_the_greeting():
+    def fingerprint(**fields):
+        assistant = Assistant(**{"slug": "a", "name": "A", "system_prompt": "p", "provider": "demo", **fields})
+        return assistants.fingerprint(assistants.snapshot(assistant, assistants.settings_for(assistant)))
+
+    assert fingerprint(greeting="Hi") == fingerprint(greeting="Hello") == fingerprint(name="Renamed")
+    assert len({fingerprint(), fingerprint(system_prompt="p2"), fingerprint(model="demo"),
+                fingerprint(tools=["search_faq"]), fingerprint(max_steps=2), fingerprint(credential="k")}) == 6
+
+
+@pytest.mark.django_db
+def test_the_schema_lists_the_active_assistants_a_conversation_may_name():
+    from drf_spectacular.validation import validate_schema
+
+    make_assistant("support")
+    make_assistant("retired", active=False)
+    schema = make_client().get("/api/schema/?format=json").json()
+    validate_schema(schema)
+    body = schema["components"]["schemas"]["ConversationCreate"]["properties"]["assistant"]
+    enums = [schema["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]["enum"] for ref in body["oneOf"]]
+    assert ["support"] in enums and "retired" not in str(enums)
+    # "" and null: the site's default.
+    assert api_post(make_client(), "/api/conversations/", {"assistant": ""}).json()["assistant"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sentences_naming_an_assistant_are_translated(worker, settings):
+    make_assistant("soporte", name="Soporte", tools=["no_such_tool"])
+    client = make_client()
+    refused = api_post(client, "/api/conversations/", {"assistant": "nadie"}, HTTP_ACCEPT_LANGUAGE="es")
+    assert refused.json() == {"assistant": ["No hay ningún asistente «nadie» en este sitio."]}
+
+    settings.LANGUAGE_CODE = "es"  # the job writes its sentences in the site's language, as for every turn error
+    turn = start(client, "soporte", "Hola")
+    worker()
+    final = poll_until_done(client, turn["poll_url"])
+    assert final["error"] == ("El asistente «Soporte» no está bien configurado: sus herramientas “no_such_tool” no "
+                              "están entre las registradas en el sitio.")
+
+
+# -- checks ------------------------------------------------------------------------------------
+
+
+def test_credentials_and_prices_are_checked_at_start_up(conversations_settings):
+    from django.core.checks import Error, Warning
+
+    from conversations.checks import check_config
+
+    conversations_settings.update(
+        CREDENTIALS={"ok": "sk-1", "number": 5, "unset": "env:TEST_NO_SUCH_VARIABLE"},
+        PRICES={"fine": {"input": "0.15", "output": 0.6}, "words": {"input": "cheap", "output": "1"},
+                "half": {"input": "1"}, "negative": {"input": "-1", "output": "1"}})
+    found = {(m.id, m.msg) for m in check_config()}
+    assert {m for m in found if m[0].startswith("conversations.E04") or m[0] == "conversations.W040"} == {
+        ("conversations.E040", "CREDENTIALS['number'] must be an API key or \"env:VARIABLE\" (a non-empty string)."),
+        ("conversations.W040", "CREDENTIALS['unset'] reads the environment variable TEST_NO_SUCH_VARIABLE, which is "
+                               "not set in this process."),
+        ("conversations.E041", "PRICES['words'] has an input price that is not a decimal number: 'cheap'."),
+        ("conversations.E041", "PRICES['half'] must be {\"input\": …, \"output\": …}, with nothing else."),
+        ("conversations.E041", "PRICES['negative'] has an input price that is not a number of at least 0: '-1'."),
+    }
+    assert all(isinstance(m, Error if m.id.startswith("conversations.E") else Warning) for m in check_config())
+
+
+def test_settings_from_the_environment_may_hold_credentials_and_prices_as_json(settings):
+    from conversations.conf import get_config
+
+    settings.CONVERSATIONS = {"PRICES": '{"m": {"input": "0.5", "output": "1.5"}}', "CREDENTIALS": '{"k": "env:K"}'}
+    assert get_config()["PRICES"]["m"]["output"] == "1.5" and dict(get_config()["CREDENTIALS"]) == {"k": "env:K"}
+    with pytest.raises(TypeError):  # read-only, like the rest of the configuration
+        get_config()["PRICES"]["m"]["input"] = "0"
+
+
+@pytest.mark.django_db
+def test_assistants_that_cannot_work_are_listed_by_the_database_check():
+    from conversations.checks import check_assistants
+
+    make_assistant("support", tools=["gone"])
+    make_assistant("off", tools=["gone"], active=False)
+    assert check_assistants() == []  # runserver's checks: no database named, none touched
+    (warning,) = check_assistants(databases=["default"])
+    assert warning.id == "conversations.W041"
+    assert warning.msg == ("The assistant 'support' is not set up correctly: its tools “gone” are not among the "
+                           "site's registered tools.")

@@ -1,0 +1,93 @@
+"""A visitor rates an answer: thumbs up or down and a short comment, once per answer and
+changeable, only their own (404 otherwise) and only once it has finished (409)."""
+
+import pytest
+
+from conversations.models import Turn
+from tests.helpers import api_post, make_client, poll_until_done, start_turn
+
+pytestmark = pytest.mark.django_db
+
+
+def rating_url(turn):
+    return f"/api/conversations/{turn['conversation']}/turns/{turn['id']}/rating/"
+
+
+def finished_turn(client, worker):
+    turn = start_turn(client, "How do refunds work?")
+    worker()
+    poll_until_done(client, turn["poll_url"])
+    return turn
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_owner_rates_an_answer_changes_it_and_sees_it_in_the_conversation(visitor, worker):
+    turn = finished_turn(visitor, worker)
+
+    first = api_post(visitor, rating_url(turn), {"value": "down", "comment": "  Too vague.\x00 "})
+    changed = api_post(visitor, rating_url(turn), {"value": "up"})
+
+    assert first.status_code == 201
+    assert first.json() == {"turn": turn["id"], "value": "down", "comment": "Too vague.",
+                            "rated_at": first.json()["rated_at"]}
+    assert changed.status_code == 200 and changed.json()["value"] == "up" and changed.json()["comment"] == ""
+    row = Turn.objects.get(pk=turn["id"])
+    assert (row.rating, row.rating_comment) == ("up", "") and row.rated_at is not None
+    detail = visitor.get(f"/api/conversations/{turn['conversation']}/").json()
+    assert detail["ratings"] == {turn["id"]: {"value": "up", "comment": ""}}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_someone_elses_answer_is_not_found(worker):
+    owner, stranger = make_client(), make_client()
+    turn = finished_turn(owner, worker)
+
+    response = api_post(stranger, rating_url(turn), {"value": "down"})
+
+    assert response.status_code == 404
+    assert Turn.objects.get(pk=turn["id"]).rating == ""
+    bad_id = rating_url({"conversation": turn["conversation"], "id": "not-a-uuid"})
+    assert api_post(owner, bad_id, {"value": "up"}).status_code == 404
+
+
+def test_an_unfinished_answer_cannot_be_rated_yet():
+    client = make_client()
+    turn = start_turn(client, "Hello")  # queued: no worker runs it
+
+    response = api_post(client, rating_url(turn), {"value": "up"})
+
+    assert response.status_code == 409
+    assert response.json() == {"detail": "Only a finished answer can be rated. Wait for it to finish."}
+
+
+def test_bad_ratings_are_refused_with_a_sentence():
+    client = make_client()
+    turn = start_turn(client, "Hello")
+    Turn.objects.filter(pk=turn["id"]).update(status="completed")
+
+    def refused(body):
+        response = api_post(client, rating_url(turn), body)
+        assert response.status_code == 400, response.content
+        return response.json()
+
+    assert refused({}) == {"value": ["Rate the answer “up” or “down”."]}
+    assert refused({"value": "meh"}) == {"value": ["Rate the answer “up” or “down”."]}
+    assert refused({"value": "up", "comment": "x" * 501}) == {
+        "comment": ["The comment is too long: at most 500 characters are allowed."]}
+    assert refused({"value": "up", "comment": 5}) == {"comment": ["The comment must be text."]}
+    assert api_post(client, rating_url(turn), {"value": "up", "comment": "x" * 500}).status_code == 201
+    no_csrf = client.post(rating_url(turn), '{"value": "up"}', content_type="application/json")
+    assert no_csrf.status_code == 403
+
+
+def test_ratings_are_throttled_per_owner(conversations_settings):
+    conversations_settings.update(RATING_RATE_PER_OWNER="2/min")
+    client = make_client()
+    turn = start_turn(client, "Hello")
+    Turn.objects.filter(pk=turn["id"]).update(status="completed")
+
+    answers = [api_post(client, rating_url(turn), {"value": "up"}) for _ in range(3)]
+
+    assert [a.status_code for a in answers] == [201, 200, 429]
+    assert answers[2].json()["detail"].startswith("You are rating answers too quickly. Please wait a moment")
+    assert int(answers[2]["Retry-After"]) > 0
