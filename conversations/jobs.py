@@ -169,6 +169,11 @@ def _continue(turn, cfg):
     deadline: the budget ends at ``deadline_at``, never later."""
     from .resume import time_left
 
+    try:
+        cfg = assistants.config_for_turn(turn, cfg)
+    except assistants.NotSetUp as exc:  # changed since the turn began: end it as a first run would
+        turns.finalize(turn, Turn.Status.FAILED, exc.message)
+        return turn.status
     left = max(0.0, time_left(turn) or 0.0)
     clock = TurnClock(left + cfg["DEADLINE_MARGIN"], cfg["DEADLINE_MARGIN"])
     runner = TurnRunner(turn, clock=clock, config=cfg)

@@ -5,7 +5,7 @@ import pytest
 from django.test import Client
 
 from conversations.models import Conversation, Turn
-from tests.helpers import api_post, call_every_endpoint, logged_in_client, make_client, poll_until_done, start_turn
+from tests.helpers import call_every_endpoint, logged_in_client, make_client, poll_until_done, start_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,7 +13,7 @@ import pytest
 from django.core.cache import cache
 from django.db import connections
 
-from conversations import state, turns
+from conversations import turns
 from conversations.models import CallRecord, Message, Turn
 from conversations.resume import gave_up_message, resume_or_fail
 from conversations.tools import tool

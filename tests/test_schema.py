@@ -155,11 +155,10 @@ def test_every_answer_the_api_gives_is_documented(schema, conversations_settings
 
 
 def test_the_refusal_of_anonymous_callers_under_login_required_is_documented(schema, conversations_settings):
-    from tests.helpers import api_post, start_turn
+    from tests.helpers import start_turn
 
     client = make_client()
     started = start_turn(client, "Hello")
-    conversation = started["conversation"]
     conversations_settings.update(LOGIN_REQUIRED=True)
 
     answers = {OPERATIONS[name]: response for name, response in call_every_endpoint(client, started).items()}
@@ -174,11 +173,10 @@ def test_the_refusal_of_anonymous_callers_under_login_required_is_documented(sch
 def test_the_answer_every_operation_gives_while_redis_is_down_is_documented(schema, settings):
     """Every operation, with the cache (sessions included) and the queue unreachable, answers a
     503 that its schema documents, with the error body the schema describes."""
-    from tests.helpers import NOWHERE, api_post, start_turn
+    from tests.helpers import NOWHERE, start_turn
 
     client = make_client()
     started = start_turn(client, "Hello")
-    conversation = started["conversation"]
     settings.CACHES = {alias: {**conf, "LOCATION": NOWHERE} for alias, conf in settings.CACHES.items()}
     settings.RQ_QUEUES = {name: {**conf, "URL": NOWHERE} for name, conf in settings.RQ_QUEUES.items()}
 

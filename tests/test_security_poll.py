@@ -52,7 +52,7 @@ def test_the_poll_view_has_no_drf_check_that_its_fast_path_would_skip():
     from rest_framework.authentication import SessionAuthentication
     from rest_framework.permissions import AllowAny
 
-    from conversations.api.views import TurnDetailView
+    from conversations.api.poll import TurnDetailView
 
     view = TurnDetailView()
     assert view.get_throttles() == []

@@ -2,7 +2,7 @@ import uuid
 
 from django.urls import path, register_converter
 
-from . import ratings, views
+from . import poll, ratings, views
 
 
 class AnyUUIDConverter:
@@ -33,7 +33,7 @@ urlpatterns = [
     path("conversations/<anyuuid:conversation_id>/", views.ConversationDetailView.as_view(),
          name="conversation-detail"),
     path("conversations/<anyuuid:conversation_id>/turns/", views.TurnListView.as_view(), name="turn-list"),
-    path("conversations/<anyuuid:conversation_id>/turns/<anyuuid:turn_id>/", views.TurnDetailView.as_view(),
+    path("conversations/<anyuuid:conversation_id>/turns/<anyuuid:turn_id>/", poll.TurnDetailView.as_view(),
          name="turn-detail"),
     path("conversations/<anyuuid:conversation_id>/turns/<anyuuid:turn_id>/cancel/", views.TurnCancelView.as_view(),
          name="turn-cancel"),

@@ -1,12 +1,8 @@
 """The chat API. Every conversation and turn the caller does not own answers 404."""
 
-import json
 import logging
 import re
-import time
 
-from django.contrib.auth import get_user
-from django.http import HttpResponse, HttpResponseNotModified
 from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -15,20 +11,17 @@ from redis.exceptions import RedisError
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.utils import encoders
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied, Throttled, ValidationError
-from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import limits, state, turns
-from ..conf import get_config
 from ..models import Conversation, Message, Turn
-from ..owners import owned_filter, owner_matches, owner_token, owns_state, stamp_matches
+from ..owners import owned_filter, owner_token
 from . import serializers
 from .authentication import CsrfSessionAuthentication
 from .parsers import LimitedJSONParser, check_content_length
-from .permissions import LoginNotRequiredMixin, SignedInIfRequired, may_chat, sign_in_message
+from .permissions import LoginNotRequiredMixin, SignedInIfRequired
 from .sessions import UNAVAILABLE_ERRORS, check_session_store, save_session
 from .throttling import ConversationIPThrottle, ConversationOwnerThrottle, TurnIPThrottle, TurnOwnerThrottle
 
@@ -332,127 +325,6 @@ class TurnListView(ConversationAPIView):
         if refusal.retry_after is not None:
             raise LimitReached(refusal.message, refusal.retry_after)
         raise PermissionDenied(refusal.message)
-
-
-class TurnDetailView(LoginNotRequiredMixin, RedisDownMixin, APIView):
-    """The poll view. A state in the cache is served with no SQL query (ownership is in the state);
-    a missing or stale one is rebuilt from the database, and a turn whose job died is ended.
-
-    Who the caller is comes from the session in both paths, not from DRF's authentication
-    (none is configured, so that the fast path skips nothing DRF would do): the fast path trusts
-    the session's user only while its auth hash is the one last verified for that user; the slow
-    path asks Django (``verified_user``), which also checks the hash and ``is_active``.
-    """
-
-    authentication_classes = []
-    permission_classes = [AllowAny]
-    throttle_classes = []  # not a site's DEFAULT_THROTTLE_CLASSES, which the fast path would skip
-
-    def dispatch(self, request, conversation_id=None, turn_id=None, **kwargs):
-        """Every widget polls here, so the common case — a fresh cached state that the caller
-        owns — is answered with plain Django (one Redis round trip, two for a logged-in owner; no
-        DRF machinery). Anything else (a missing, stale or foreign state, an unverified session,
-        a malformed id) takes DRF's path through ``get``."""
-        self.cached = None  # (state, session data) read here, used again by ``get``
-        self.unreachable = None  # or the Redis error the read here raised, answered by DRF's path
-        if request.method == "GET" and conversation_id is not None and turn_id is not None:
-            try:
-                self.cached = data, session = state.read_with_session(turn_id, request)
-            except UNAVAILABLE_ERRORS as exc:
-                self.unreachable = exc
-            else:
-                if data is not None and not self.is_stale(data) and self.serves(data, session, conversation_id):
-                    return self.respond(request, data)
-        return super().dispatch(request, conversation_id=conversation_id, turn_id=turn_id, **kwargs)
-
-    def initial(self, request, *args, **kwargs):
-        if self.unreachable is not None:
-            raise self.unreachable
-        check_session_store(request)
-        super().initial(request, *args, **kwargs)
-
-    @staticmethod
-    def serves(data, session, conversation_id):
-        """Whether ``data`` is a state of ``conversation_id`` owned by the holder of ``session``, as
-        far as the cache can tell (a user's session only while its auth hash is verified)."""
-        if data["conversation"] != str(conversation_id) or not owns_state(session, data["owner"]):
-            return False
-        user_id = data["owner"].get("user")
-        if user_id is None:  # an anonymous visitor's state: theirs, unless only users may chat
-            return not get_config()["LOGIN_REQUIRED"]
-        return stamp_matches(state.read_auth_stamp(user_id), session)
-
-    @staticmethod
-    def verified_user(request):
-        """The caller's user as Django's authentication sees it (session auth hash and ``is_active``
-        checked; a session whose hash is stale is flushed), remembered for the fast path."""
-        # Not request.user: with no authentication classes DRF sets it (and the Django request's
-        # user, which AuthenticationMiddleware had made) to AnonymousUser.
-        user = get_user(request._request)
-        if user.is_authenticated:
-            state.write_auth_stamp(user)
-        return user
-
-    @staticmethod
-    def respond(request, data):
-        """The state as JSON with its ETag, or ``304`` when the caller already has this version."""
-        etag = f'"{data["id"]}-{data["version"]}"'
-        if etag in request.headers.get("If-None-Match", ""):
-            response = HttpResponseNotModified()
-        else:
-            body = json.dumps(public_state(data), cls=encoders.JSONEncoder, ensure_ascii=False, separators=(",", ":"))
-            response = HttpResponse(body, content_type="application/json")
-        response["ETag"] = etag
-        response["Cache-Control"] = "private, no-cache"
-        return response
-
-    @extend_schema(
-        parameters=[CONVERSATION_ID, TURN_ID,
-                    OpenApiParameter("If-None-Match", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
-                                     description="The ETag of the state the client already has.")],
-        responses={200: serializers.TurnStateSerializer,
-                   304: OpenApiResponse(description="The state has not changed since the ETag sent."),
-                   403: SIGN_IN, 404: NOT_FOUND, 503: UNAVAILABLE},
-        summary="Poll a turn until done is true",
-    )
-    def get(self, request, conversation_id, turn_id):
-        user = self.verified_user(request)
-        if not may_chat(user):
-            raise PermissionDenied(sign_in_message())
-        if conversation_id is None or turn_id is None:  # not a UUID (see urls.AnyUUIDConverter)
-            raise NotFound()
-        data, _session = self.cached or state.read_with_session(turn_id, request)
-        if data is None or self.is_stale(data):
-            data = self.rebuild(request, user, conversation_id, turn_id, data)
-        user_id = user.pk if user.is_authenticated else None
-        if data["conversation"] != str(conversation_id) or not owner_matches(data["owner"], user_id,
-                                                                             owner_token(request)):
-            raise NotFound()
-        return self.respond(request, data)
-
-    @staticmethod
-    def is_stale(data):
-        """Whether ``data`` must be checked against the database: a state not done that has not
-        changed for ``STALE_AFTER`` seconds, or a queued one older than ``QUEUE_WAIT`` (its turn
-        may have to end unrun)."""
-        if data["done"]:
-            return False
-        cfg, age = get_config(), time.time() - data.get("updated_at", 0)
-        return age > cfg["STALE_AFTER"] or (data["status"] == Turn.Status.QUEUED and age > cfg["QUEUE_WAIT"])
-
-    def rebuild(self, request, user, conversation_id, turn_id, cached):
-        """For a missing or stale ``cached`` state: 404 unless the caller owns the turn; end the
-        turn if no worker picked it up within ``QUEUE_WAIT`` or its job died; else the cached
-        state, or one rebuilt from the database when there is none or the row says the turn
-        ended and the cache does not (a write the cache missed)."""
-        conversation = owned_conversation(request, conversation_id, user=user)
-        turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)
-        repaired = turns.repair(turn)
-        if repaired is not None:
-            return repaired
-        if cached is None or (turn.done and not cached["done"]):  # once a turn is done, its row is the truth
-            return state.publish(state.state_from_db(turn))
-        return cached
 
 
 class TurnCancelView(ConversationAPIView):

@@ -13,7 +13,6 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from conversations.models import Assistant, Conversation, Turn
-from tests.browser.conftest import CHROMIUM_ARGS  # noqa: F401  (the same browser set-up)
 from tests.helpers import ROOT, api_post, make_client, poll_until_done
 
 pytestmark = pytest.mark.django_db(transaction=True)
