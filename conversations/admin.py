@@ -269,6 +269,18 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
 
     # -- the turn page -----------------------------------------------------------------------
 
+    def changelist_view(self, request, extra_context=None):
+        """The turn list, headed by each provider's circuit breaker (``manage.py provider_health``)."""
+        from .conf import get_config
+        from .fallback import provider_health
+        from .jobs import get_queue
+
+        try:
+            health = provider_health(get_config(), get_queue().connection)
+        except Exception:  # noqa: BLE001 - the list must show whatever Redis does
+            health = []
+        return super().changelist_view(request, {**(extra_context or {}), "provider_health": health})
+
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         if obj is not None:
             context.update(turn_page(obj), can_operate=self.has_operate_permission(request, obj))

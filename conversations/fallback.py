@@ -147,3 +147,17 @@ def build_provider(config, budget, *, recorder, cancelled, turn_id):
     links = [Link(entry, budget, recorder=recorder, cancelled=cancelled, turn_id=turn_id, connection=connection,
                   last=index == len(entries) - 1) for index, entry in enumerate(entries)]
     return ProviderChain(links, config, budget), [link.http for link in links]
+
+
+def provider_health(config, connection):
+    """``[(label, state)]`` for every provider of the chain, in order; ``state`` is the breaker's
+    (``CircuitBreaker.state()``: closed, open or half-open, recent failures), None when Redis
+    cannot be read. For ``manage.py provider_health`` and the admin's turn list."""
+    health = []
+    for entry in chain_entries(config):
+        label = f"{entry['PROVIDER']}:{entry['MODEL'] or '(default model)'}"
+        breaker = CircuitBreaker(provider_key(entry), failures=config["BREAKER_FAILURES"],
+                                 window=config["BREAKER_WINDOW"], cooldown=config["BREAKER_COOLDOWN"],
+                                 probe_timeout=config["CALL_TIMEOUT"], connection=connection, label=label)
+        health.append((label, breaker.state()))
+    return health

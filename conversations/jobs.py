@@ -235,6 +235,8 @@ def job_problem(turn, connection=None):
     try:
         job = Job.fetch(turn.job_id, connection=connection)
     except NoSuchJobError:
+        if state.is_enqueueing(turn.id, turn.job_id):  # a continuation, its row written a moment ago
+            return None
         return "job gone"
     status = job.get_status(refresh=False)
     if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):

@@ -52,6 +52,7 @@ def continue_turn(turn, cause, *, from_job_id):
     left = time_left(turn)
     number = turn.resumes + 1
     job_id = continuation_job_id(turn, number)
+    state.mark_enqueueing(turn.id, job_id)  # until it is in the queue, nobody takes it for dead
     won = Turn.objects.filter(pk=turn.pk, status=Turn.Status.RUNNING, job_id=from_job_id, resumes=turn.resumes,
                               cancel_requested=False).update(job_id=job_id, resumes=number)
     if not won:

@@ -118,6 +118,16 @@ def stop_requested(turn_id):
     return "handoff" if found.get(handoff_key(turn_id)) else None
 
 
+def mark_enqueueing(turn_id, job_id, seconds=10):
+    """Note that job ``job_id`` of the turn is about to be enqueued (the row names it first), so
+    that a look at the queue meanwhile does not take it for a job that vanished."""
+    _cache().set(f"conversations:turn:{turn_id}:enqueueing:{job_id}", True, timeout=seconds)
+
+
+def is_enqueueing(turn_id, job_id):
+    return bool(_cache().get(f"conversations:turn:{turn_id}:enqueueing:{job_id}"))
+
+
 def clear_handoff(turn_id):
     _cache().delete(handoff_key(turn_id))
 

@@ -194,3 +194,15 @@ def test_provider_health_shows_each_breaker_and_fails_while_one_is_open(chain, w
     assert exited.value.code == 1
     first = out.getvalue().splitlines()[0]
     assert first.startswith("openai:primary-model: open (0 recent failures, open for ") and first.endswith("s more)")
+
+
+def test_the_admins_turn_list_shows_each_providers_circuit(chain, worker, conversations_settings, admin_client):
+    primary, fallback = chain
+    conversations_settings.update(BREAKER_COOLDOWN=30)
+    fallback.default = openai_text("Fine.")
+    page = admin_client.get("/admin/conversations/turn/").content.decode()
+    assert "openai:primary-model\nanswering (0 recent failures)" in page
+    for _ in range(3):
+        run_one(worker)
+    page = admin_client.get("/admin/conversations/turn/").content.decode()
+    assert "openai:primary-model\nskipped for " in page and "openai:fallback-model\nanswering" in page

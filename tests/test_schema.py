@@ -56,7 +56,7 @@ def test_the_schema_describes_request_and_response_bodies(schema):
     components = schema["components"]["schemas"]
     assert components["TurnCreate"]["required"] == ["content"]
     assert set(components["TurnState"]["properties"]) == {"id", "conversation", "status", "done", "messages",
-                                                          "error", "version"}
+                                                          "error", "version", "resuming"}
     assert components["TurnSummary"]["properties"]["status"]["$ref"].endswith("StatusEnum")
     parameters = {p["name"]: p for p in schema["paths"][TURNS]["post"]["parameters"]}
     assert parameters["Idempotency-Key"]["in"] == "header"

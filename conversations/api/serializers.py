@@ -197,6 +197,8 @@ class TurnStateSerializer(serializers.Serializer):
     messages = MessageSerializer(many=True)
     error = serializers.CharField(allow_null=True, allow_blank=True)
     version = serializers.IntegerField()
+    resuming = serializers.BooleanField(help_text="True while a new job takes over from a worker that died or "
+                                                  "shut down (MAX_RESUMES); the messages stay as they were.")
 
 
 class ErrorSerializer(serializers.Serializer):

@@ -27,7 +27,7 @@ from .throttling import ConversationIPThrottle, ConversationOwnerThrottle, TurnI
 
 logger = logging.getLogger("conversations.api")
 
-PUBLIC_FIELDS = ("id", "conversation", "status", "done", "messages", "error", "version")
+PUBLIC_FIELDS = ("id", "conversation", "status", "done", "messages", "error", "version", "resuming")
 
 
 class Conflict(APIException):
@@ -94,7 +94,7 @@ def turn_summary(turn):
 
 
 def public_state(data):
-    return {key: data.get(key) for key in PUBLIC_FIELDS}
+    return {**{key: data.get(key) for key in PUBLIC_FIELDS}, "resuming": bool(data.get("resuming"))}
 
 
 def owned_conversation(request, conversation_id, *, for_update=False, user=None):

@@ -7,9 +7,8 @@ Exits 1 when any provider is open, so a monitoring check can run it; 0 otherwise
 
 from django.core.management.base import BaseCommand, CommandError
 
-from conversations.breaker import CircuitBreaker, provider_key
 from conversations.conf import get_config
-from conversations.fallback import chain_entries
+from conversations.fallback import provider_health
 
 
 class Command(BaseCommand):
@@ -18,15 +17,8 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         from conversations.jobs import get_queue
 
-        cfg = get_config()
-        connection = get_queue().connection
         any_open = False
-        for entry in chain_entries(cfg):
-            label = f"{entry['PROVIDER']}:{entry['MODEL'] or '(default model)'}"
-            breaker = CircuitBreaker(provider_key(entry), failures=cfg["BREAKER_FAILURES"],
-                                     window=cfg["BREAKER_WINDOW"], cooldown=cfg["BREAKER_COOLDOWN"],
-                                     probe_timeout=cfg["CALL_TIMEOUT"], connection=connection, label=label)
-            state = breaker.state()
+        for label, state in provider_health(get_config(), get_queue().connection):
             if state is None:
                 raise CommandError("Redis is unreachable: the breakers cannot be read.")
             any_open = any_open or state["state"] == "open"
