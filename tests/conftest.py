@@ -24,6 +24,16 @@ def _clean_redis():
 
 
 @pytest.fixture(autouse=True)
+def _language_reset():
+    """A request through the test client leaves its language active in this thread (LocaleMiddleware
+    activates it and nothing deactivates it): each test starts in the site's default language."""
+    yield
+    from django.utils import translation
+
+    translation.deactivate()
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hashing(settings):
     """Logins in tests need not resist brute force; the default hasher costs about a second per user here."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -175,6 +175,11 @@
     this.giveUpMargin = Number(data.giveUpMargin || 30);
     this.maxLength = Number(data.maxLength || 4000);
     this.csrf = data.csrfToken || "";
+    // The assistant this widget talks to ({% chat_widget assistant=… %}), its greeting and the
+    // questions it suggests before the first message.
+    this.assistant = data.assistant || "";
+    this.greeting = data.greeting || "";
+    this.suggestions = data.suggestions ? JSON.parse(data.suggestions) : [];
     this.csrfCookie = data.csrfCookie || "csrftoken";
     // Each widget of a page keeps its own conversation: its data-key, else its place on the page
     // (so the first widget of every page of the site goes on with the same conversation).
@@ -383,7 +388,7 @@
 
   Widget.prototype.restore = function () {
     var self = this, saved = this.load();
-    if (!saved.conversation) { return; }
+    if (!saved.conversation) { this.welcome(); return; }
     this.conversationId = saved.conversation;
     this.request("GET", this.apiUrl + saved.conversation + "/").then(function (data) {
       data.messages.forEach(function (m) { self.draw(m, m.turn); });
@@ -395,6 +400,22 @@
     });
   };
 
+  /* A new conversation: the assistant's greeting, and its suggested questions as buttons that
+   * send themselves (gone once a message is sent). */
+  Widget.prototype.welcome = function () {
+    var self = this;
+    if (this.greeting) { this.add(el("li", "cvw-msg cvw-msg-assistant cvw-greeting", this.greeting)); }
+    if (!this.suggestions.length) { return; }
+    var item = this.suggestionsItem = el("li", "cvw-msg cvw-suggestions");
+    this.suggestions.forEach(function (question) {
+      var button = el("button", "cvw-suggestion", question);
+      button.type = "button";
+      button.addEventListener("click", function () { self.input.value = question; self.submit(); });
+      item.appendChild(button);
+    });
+    this.add(item);
+  };
+
   Widget.prototype.forget = function () {
     this.conversationId = null;
     try { sessionStorage.removeItem(this.storageKey); } catch (e) { /* nothing kept */ }
@@ -403,7 +424,7 @@
   Widget.prototype.ensureConversation = function () {
     var self = this;
     if (this.conversationId) { return Promise.resolve(this.conversationId); }
-    return this.request("POST", this.apiUrl, {}).then(function (data) {
+    return this.request("POST", this.apiUrl, this.assistant ? { assistant: this.assistant } : {}).then(function (data) {
       self.conversationId = data.id;
       self.save(null);
       return data.id;
@@ -414,6 +435,7 @@
     var self = this, content = this.input.value.trim();
     if (!content) { return; }
     if (STATUSES[this.status]) { this.setStatusLine(this.strings.busy); return; }
+    if (this.suggestionsItem) { this.suggestionsItem.remove(); this.suggestionsItem = null; }
     // The Send button is about to be disabled: keep focus where the next message is typed.
     if (this.focused() === this.sendButton) { this.input.focus(); }
     this.setState("sending");
