@@ -75,7 +75,8 @@ class DemoProvider(BaseProvider):
 
     def deliver(self, reply, on_text):
         """Take ``DEMO_DELAY`` (never past the budget), handing the answer's words to ``on_text``
-        one by one over that time when streaming; ``CallCancelled`` when the turn is stopped."""
+        one by one over its second half when streaming (the first half is the time a real model
+        takes to its first word); ``CallCancelled`` when the turn is stopped."""
         delay = float(self.config["DEMO_DELAY"])
         if delay and self.budget is not None:
             delay = min(delay, max(0.0, self.budget.remaining() - 1))
@@ -88,7 +89,7 @@ class DemoProvider(BaseProvider):
                 stop.reply = ModelReply(text=sent, finish="cut") if sent else None
                 raise stop
             if delay:
-                self.sleep(delay / steps)
+                self.sleep(delay / 2 / steps + (delay / 2 if number == 0 else 0))
             if pieces:
                 sent += pieces[number]
                 on_text(pieces[number])

@@ -24,7 +24,9 @@ def wait_for_turn(status, timeout=20):
 
 
 def test_tool_step_appears_before_the_final_answer(chat_page, worker_process):
-    worker_process(DEMO_DELAY=0.8)
+    # The demo's answer starts half its delay after the tool step: 0.8 s, more than the widget's
+    # poll interval, so the step is drawn by an earlier poll than the answer.
+    worker_process(DEMO_DELAY=1.6)
     chat = chat_page().open()
     chat.send(QUESTION)
     # The visitor's message is there at once, before the POST has answered.
