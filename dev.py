@@ -4,8 +4,9 @@
     python3 dev.py demo [--port 8000]   the demo site with its worker, at http://127.0.0.1:8000/
     python3 dev.py test [pytest args]   the whole test suite (SQLite, and PostgreSQL when one answers;
                                         --sqlite or --postgres for one of them)
-    python3 dev.py test --newest ...    the same on the newest supported pair: Python 3.13 (from PATH or
-                                        pyenv) with the newest Django pyproject.toml allows, in ./.venv-newest
+    python3 dev.py test --newest ...    only the newest supported pair: Python 3.13 (from PATH or pyenv)
+                                        with the newest Django pyproject.toml allows, in ./.venv-newest
+                                        (`dev.py test` runs it after the first, on SQLite; --oldest skips it)
 
 Both create ./.venv and install the project into it (again only when pyproject.toml
 changes). When REDIS_URL is unset, the demo uses the Redis on 127.0.0.1:6379 if one answers
@@ -223,12 +224,24 @@ def postgres_url():
 
 
 def test(argv):
-    """``--sqlite`` / ``--postgres`` pick one database; ``--newest`` runs on the newest supported
-    pair (Python 3.13 and the newest Django allowed) instead of .venv's; the rest of ``argv``
-    goes to pytest."""
+    """The whole suite, as CI runs it: on .venv's pair (SQLite, and PostgreSQL when one answers),
+    then on the newest supported pair (Python 3.13 with the newest Django allowed) on SQLite.
+    ``--sqlite`` / ``--postgres`` pick one database for the first; ``--newest`` runs only the
+    newest pair, ``--oldest`` only .venv's; the rest of ``argv`` goes to pytest."""
     only = {flag for flag in ("--sqlite", "--postgres") if flag in argv}
-    newest = "--newest" in argv
-    argv = [arg for arg in argv if arg not in only and arg != "--newest"]
+    pairs = {flag for flag in ("--newest", "--oldest") if flag in argv}
+    argv = [arg for arg in argv if arg not in only | pairs]
+    if pairs != {"--newest"}:
+        failed = run_suite(argv, only, newest=False)
+        if pairs == {"--oldest"}:
+            return failed
+        return max(failed, run_suite(argv, {"--sqlite"}, newest=True))
+    return run_suite(argv, only, newest=True)
+
+
+def run_suite(argv, only, *, newest):
+    """Run pytest with ``argv`` on each database of ``only`` (both when empty), in .venv or, with
+    ``newest``, in .venv-newest; returns 1 if a run failed, else 0."""
     if newest:
         base = find_python(NEWEST_PYTHON)
         if base is None:
