@@ -1,12 +1,13 @@
 """The widget in real headless Chromium, against the live server, real RQ worker processes and Redis."""
 
+import threading
 import time
 
 import pytest
 from playwright.sync_api import expect
 
 from conversations.models import Turn
-from tests.fakes import FakeProvider, openai_text
+from tests.fakes import FakeProvider, openai_text, openai_tool_calls
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -23,19 +24,33 @@ def wait_for_turn(status, timeout=20):
     raise AssertionError(f"no turn reached {status!r} within {timeout}s")
 
 
-def test_tool_step_appears_before_the_final_answer(chat_page, worker_process):
-    # The demo's answer starts half its delay after the tool step: 0.8 s, more than the widget's
-    # poll interval, so the step is drawn by an earlier poll than the answer.
-    worker_process(DEMO_DELAY=1.6)
-    chat = chat_page().open()
-    chat.send(QUESTION)
-    # The visitor's message is there at once, before the POST has answered.
-    expect(chat.locator(".cvw-msg-user")).to_have_text(QUESTION, timeout=1000)
-    expect(chat.locator(".cvw-step")).to_contain_text("Using current_time (Tokyo)…")
-    answer = chat.locator(".cvw-msg-assistant")
-    expect(answer).to_contain_text("in Tokyo")
-    expect(chat.locator(".cvw-step .cvw-result")).to_contain_text("current_time: ")
-    expect(chat.locator(".cvw-stop")).to_be_hidden()
+def test_tool_step_appears_before_the_final_answer(chat_page, worker_process, conversations_settings):
+    # The model's second call is held until the step has been drawn, so the step cannot arrive
+    # with the answer in one poll, however the machine's load shifts the timing.
+    answer_may_come = threading.Event()
+
+    def held_answer(handler):
+        answer_may_come.wait(20)
+        handler.send_json(200, openai_text("It is 09:00 in Tokyo."))
+
+    with FakeProvider() as fake:
+        fake.add(openai_tool_calls(("current_time", {"city": "Tokyo"})), held_answer)
+        provider = {"PROVIDER": "openai", "BASE_URL": fake.url, "API_KEY": "sk-test", "MODEL": "fake-model"}
+        conversations_settings.update(**provider)
+        worker_process(**provider)
+        chat = chat_page().open()
+        chat.send(QUESTION)
+        # The visitor's message is there at once, before the POST has answered.
+        expect(chat.locator(".cvw-msg-user")).to_have_text(QUESTION, timeout=1000)
+        expect(chat.locator(".cvw-step")).to_contain_text("Using current_time (Tokyo)…")
+        expect(chat.locator(".cvw-step .cvw-result")).to_contain_text("current_time: ")
+        # Drawn while the model is still writing: no answer yet, and Stop is offered.
+        assert chat.locator(".cvw-msg-assistant").count() == 0
+        expect(chat.locator(".cvw-stop")).to_be_visible()
+        answer_may_come.set()
+        answer = chat.locator(".cvw-msg-assistant")
+        expect(answer).to_contain_text("in Tokyo")
+        expect(chat.locator(".cvw-stop")).to_be_hidden()
 
     batches = chat.batches()
     step_batch = next(i for i, b in enumerate(batches) if any("cvw-step" in c for c in b))
