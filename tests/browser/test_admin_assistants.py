@@ -20,13 +20,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def history(assistants, rng, days=7):
     """A week of finished turns for the overview: a few dozen per assistant and day."""
-    now = timezone.now()
+    # Each turn on its own day's date, whatever the time of the run: today's so far, earlier
+    # days' before 23:00 (a turn lasts seconds), so none slips into the day before the week.
+    now = timezone.localtime()
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
     rows = []
     for day in range(days):
         for assistant, share in assistants:
             conversation = Conversation.objects.create(owner_token="history", assistant=assistant)
             for _ in range(int(rng.randrange(20, 40) * share)):
-                start = now - timedelta(days=day, minutes=rng.randrange(600))
+                span = int((now - midnight).total_seconds()) if day == 0 else 23 * 3600
+                start = midnight - timedelta(days=day) + timedelta(seconds=rng.randrange(max(1, span)))
                 duration = rng.lognormvariate(1.0, 0.5)
                 tokens = rng.randrange(300, 3000), rng.randrange(30, 400)
                 rows.append(Turn(
