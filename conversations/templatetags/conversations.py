@@ -46,6 +46,13 @@ def widget_strings():
         "close": _("Close"),
         # Translators: a link to the site's sign-in page, shown instead of the text box.
         "sign_in": _("Sign in to chat with the assistant."),
+        # Translators: the thumbs up and down under an answer, and the comment that may follow.
+        "rate": _("Rate this answer"),
+        "rate_up": _("Helpful"),
+        "rate_down": _("Not helpful"),
+        "comment_label": _("Anything to add? (optional)"),
+        "comment_send": _("Send feedback"),
+        "rated": _("Thanks for your feedback."),
     }
 
 

@@ -49,7 +49,8 @@ class ScriptedApi:
 
     ``state``: what the poll serves (None: the queued state). ``refusal``: ``(status, body)`` for
     the next turn POST instead of a 202. ``hold``: keep turn POSTs unanswered (``release()``).
-    ``transcript``/``active``: what ``GET /api/conversations/<id>/`` serves after a reload.
+    ``transcript``/``active``/``rated``: what ``GET /api/conversations/<id>/`` serves after a reload;
+    ``ratings``: the rating POSTs received.
     """
 
     def __init__(self, page):
@@ -60,6 +61,8 @@ class ScriptedApi:
         self.transcript = []
         self.active = None
         self.cancels = 0
+        self.ratings = []  # the bodies of the rating POSTs; ``rated`` is what a reload is told
+        self.rated = {}
         self.polls = 0
         page.route(re.compile(r"/api/conversations/"), self._answer)
 
@@ -71,7 +74,12 @@ class ScriptedApi:
             return self._json(route, 201, {"id": CONVERSATION, "created_at": "2025-01-01T00:00:00Z"})
         if request.method == "GET" and path == f"{base}{CONVERSATION}/":
             return self._json(route, 200, {"id": CONVERSATION, "messages": self.transcript,
-                                           "active_turn": self.active})
+                                           "active_turn": self.active, "ratings": self.rated})
+        if request.method == "POST" and path == f"{base}{CONVERSATION}/turns/{TURN}/rating/":
+            body = json.loads(request.post_data or "{}")
+            self.ratings.append(body)
+            return self._json(route, 201, {"turn": str(TURN), "value": body.get("value"),
+                                           "comment": body.get("comment", ""), "rated_at": "2025-01-01T00:00:05Z"})
         if request.method == "POST" and path == f"{base}{CONVERSATION}/turns/":
             if self.hold:
                 self.held.append(route)

@@ -9,6 +9,7 @@ import pytest
 from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect
 
+from conversations.models import Assistant
 from tests.browser.pages import open_host_page
 from tests.browser.scripted import QUESTION, USER, ScriptedApi, assistant, state, streaming, tool_call, tool_result
 
@@ -111,10 +112,25 @@ def launcher_open(chat, api):
     shown(chat, api, state("completed", assistant(ANSWER), version=3), "no daylight saving time")
 
 
+def rated(chat, api):
+    completed(chat, api)
+    chat.page.get_by_role("button", name="Helpful", exact=True).click()
+    expect(chat.locator(".cvw-comment-input")).to_be_visible()
+    expect(chat.locator(".cvw-rate-said")).to_have_text("Thanks for your feedback.")
+
+
+def greeted(chat, api):
+    Assistant.objects.create(slug="support", name="Support", provider="demo", system_prompt="You are Support.",
+                             greeting="Hi! Ask me about refunds.",
+                             suggestions=["How do refunds work?", "Where is my order?"])
+    open_host_page(chat, '{% chat_widget assistant="support" %}')
+    expect(chat.locator(".cvw-suggestion")).to_have_count(2)
+
+
 STATES = {"idle": idle, "sending": sending, "waiting": waiting, "growing answer": growing, "tool step": tool_step,
           "completed": completed, "incomplete": incomplete, "failed": failed, "cancelled": cancelled,
           "error shown": refused, "restored after a reload": restored, "launcher closed": launcher_closed,
-          "launcher open": launcher_open}
+          "launcher open": launcher_open, "answer rated": rated, "greeting and suggestions": greeted}
 
 
 def assert_passes(page, name):
@@ -212,7 +228,11 @@ def test_keyboard_only_from_reaching_the_launcher_to_reading_an_answer_and_stopp
     page.keyboard.press("Enter")
     expect(chat.locator(".cvw-msg-assistant").last).to_contain_text("Paragraph 11")
     expect(chat.locator(".cvw-input")).to_be_focused()
-    # Reading the answer: back to the log, which scrolls with the keyboard.
+    # Back past the answer's thumbs (rating it is a keystroke away) to the log, which scrolls
+    # with the keyboard.
+    page.keyboard.press("Shift+Tab")
+    assert page.evaluate(FOCUSED) == "cvw-thumb"
+    page.keyboard.press("Shift+Tab")
     page.keyboard.press("Shift+Tab")
     assert page.evaluate(FOCUSED) == "cvw-log"
     log = chat.locator(".cvw-log")
@@ -227,7 +247,8 @@ def test_keyboard_only_from_reaching_the_launcher_to_reading_an_answer_and_stopp
     page.keyboard.press("Shift+Tab")
     page.keyboard.press("Shift+Tab")
     assert page.evaluate(FOCUSED) == "cvw-launcher"
-    assert tab_through(page, "#after") == ["cvw-close", "cvw-log", "cvw-input", "cvw-send", "#after"]
+    assert tab_through(page, "#after") == ["cvw-close", "cvw-log", "cvw-thumb", "cvw-thumb", "cvw-input", "cvw-send",
+                                           "#after"]
     chat.locator(".cvw-input").focus()
     page.keyboard.press("Escape")
     expect(chat.locator(".cvw-panel")).to_be_hidden()
@@ -328,6 +349,8 @@ def test_text_contrast_measured_from_computed_styles_meets_aa(chat_page):
                       assistant("It is `14:05`, see [the clock](https://example.com/).\n\n```\nnow()\n```", id=5),
                       error=CUT_SHORT, version=3)
     expect(chat.locator(".cvw-notice")).to_have_text(CUT_SHORT)
+    chat.page.get_by_role("button", name="Helpful", exact=True).click()  # the pressed thumb, the comment box, the thanks
+    expect(chat.locator(".cvw-rate-said")).to_have_text("Thanks for your feedback.")
     api.refusal = (429, {"detail": "Too many messages. Try again in 20 seconds."})
     chat.send(QUESTION)
     expect(chat.locator(".cvw-status")).to_have_text("Too many messages. Try again in 20 seconds.")
@@ -339,7 +362,8 @@ def test_text_contrast_measured_from_computed_styles_meets_aa(chat_page):
     assert stop["bg"] == "rgb(138, 17, 17)"  # Stop is drawn in the danger colour, not the accent
     assert {"cvw-launcher", "cvw-title", "cvw-msg cvw-msg-user", "cvw-send", "cvw-stop", "cvw-status",
             "cvw-status cvw-status-problem", "cvw-label", "cvw-hint", "cvw-msg cvw-notice", "cvw-result",
-            "cvw-result cvw-result-error", "a", "code"} <= elements, elements
+            "cvw-result cvw-result-error", "a", "code", "cvw-thumb", "label", "cvw-comment-send",
+            "cvw-rate-said"} <= elements, elements
     for r in measured.values():
         if not r["disabled"]:
             assert r["ratio"] >= (3 if r["large"] else 4.5), r

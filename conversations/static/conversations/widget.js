@@ -39,7 +39,13 @@
     busy: "The assistant is still answering. Wait for it to finish or press Stop.",
     gone: "This conversation is no longer available. Send your message again to start a new one.",
     close: "Close",
-    sign_in: "Sign in to chat with the assistant."
+    sign_in: "Sign in to chat with the assistant.",
+    rate: "Rate this answer",
+    rate_up: "Helpful",
+    rate_down: "Not helpful",
+    comment_label: "Anything to add? (optional)",
+    comment_send: "Send feedback",
+    rated: "Thanks for your feedback."
   };
   var FIRST_DELAY = 300;      // ms before the first poll, and again after every change
   var GROWTH = 1.5;           // back off while nothing changes …
@@ -192,6 +198,7 @@
     this.unsent = null;    // the last message whose POST failed, and its Idempotency-Key
     this.stopWanted = false; // Stop pressed while the message was still being posted
     this.growing = null;   // the element of the assistant message being streamed, if any
+    this.answers = {};     // turn id -> the element of its last assistant message (rated under it)
     this.nodes = {};
     this.build(data.cssUrl || CSS_URL, data.loginUrl);
     if (data.loginUrl) { return; } // a site for signed-in visitors only: the link, nothing to send
@@ -392,7 +399,10 @@
     this.conversationId = saved.conversation;
     this.request("GET", this.apiUrl + saved.conversation + "/").then(function (data) {
       data.messages.forEach(function (m) { self.draw(m, m.turn); });
-      var active = data.active_turn;
+      var active = data.active_turn, ratings = data.ratings || {};
+      Object.keys(self.answers).forEach(function (id) {
+        if (!active || id !== String(active.id)) { self.rateable(id, ratings[id]); }
+      });
       if (active) { self.follow(active, active.id === saved.turn && saved.since ? saved.since : Date.now()); }
       else { self.save(null); }
     }).catch(function (error) {
@@ -562,6 +572,7 @@
     if (state.status === "gone") { this.forget(); }
     if (ending) { this.notice(ending); }
     this.settle(); // a streamed message the turn ended in the middle of keeps the text shown
+    if (state.status === "completed" || state.status === "incomplete") { this.rateable(turn.id); }
     var answer = null;
     (state.messages || []).forEach(function (m) { if (m.role === "assistant" && m.content) { answer = m.content; } });
     this.announce([answer && state.status === "completed" ? answer : "", ending || ""].join(" ").trim());
@@ -617,7 +628,7 @@
       this.bubble("user", message.content);
     } else if (message.role === "assistant") {
       // The finished message takes the place of its streamed one, reusing its element.
-      if (message.content) { this.grow(message.content); }
+      if (message.content) { this.grow(message.content); this.answers[turnId] = this.growing; }
       this.settle();
       (message.tool_calls || []).forEach(function (call) {
         var args = Object.keys(call.arguments || {}).map(function (k) { return String(call.arguments[k]); });
@@ -655,6 +666,67 @@
     this.growing = null;
     item.classList.remove("cvw-growing");
     item.removeAttribute("aria-busy");
+  };
+
+  /* Thumbs up and down under the answer of the finished turn `turnId`, then (once one is chosen)
+   * an optional comment. Each choice is posted at once and may be changed; `saved` is the
+   * rating given before a reload ({value, comment}). */
+  Widget.prototype.rateable = function (turnId, saved) {
+    var self = this, s = this.strings, answer = this.answers[turnId];
+    if (!answer || !this.conversationId) { return; }
+    var url = this.apiUrl + this.conversationId + "/turns/" + turnId + "/rating/";
+    var rating = { value: saved ? saved.value : "", comment: saved ? saved.comment : "" };
+    var item = el("li", "cvw-rate"), group = el("div", "cvw-thumbs"), buttons = {}, busy = false;
+    group.setAttribute("role", "group");
+    group.setAttribute("aria-label", s.rate);
+    [["up", "\uD83D\uDC4D", s.rate_up], ["down", "\uD83D\uDC4E", s.rate_down]].forEach(function (choice) {
+      var button = buttons[choice[0]] = el("button", "cvw-thumb", choice[1]);
+      button.type = "button";
+      button.title = choice[2];
+      button.setAttribute("aria-label", choice[2]);
+      button.addEventListener("click", function () { send({ value: choice[0], comment: rating.comment }); });
+      group.appendChild(button);
+    });
+    var form = el("form", "cvw-comment"), id = "cvw-comment-" + this.n + "-" + turnId;
+    var label = el("label", "", s.comment_label), input = el("input", "cvw-comment-input");
+    label.htmlFor = input.id = id;
+    input.type = "text";
+    input.maxLength = 500;
+    input.value = rating.comment;
+    var submit = el("button", "cvw-comment-send", s.comment_send);
+    submit.type = "submit";
+    [label, input, submit].forEach(function (node) { form.appendChild(node); });
+    form.addEventListener("submit", function (event) {
+      event.preventDefault();
+      send({ value: rating.value, comment: input.value.trim() });
+    });
+    var said = el("p", "cvw-rate-said");
+    [group, form, said].forEach(function (node) { item.appendChild(node); });
+    function show() {
+      Object.keys(buttons).forEach(function (value) {
+        buttons[value].setAttribute("aria-pressed", String(rating.value === value));
+      });
+      form.hidden = !rating.value;
+    }
+    function send(body) {
+      if (busy) { return; }
+      busy = true;
+      self.request("POST", url, body).then(function (data) {
+        rating = { value: data.value, comment: data.comment };
+        show();
+        said.className = "cvw-rate-said";
+        said.textContent = s.rated;
+        self.announce(s.rated);
+      }, function (error) {
+        said.className = "cvw-rate-said cvw-status-problem";
+        said.textContent = error.message;
+        self.announce(error.message);
+      }).then(function () { busy = false; });
+    }
+    show();
+    var atEnd = this.log.scrollHeight - this.log.scrollTop - this.log.clientHeight < NEAR_BOTTOM;
+    this.list.insertBefore(item, answer.nextSibling);
+    if (atEnd) { this.log.scrollTop = this.log.scrollHeight; }
   };
 
   Widget.prototype.notice = function (text) {
