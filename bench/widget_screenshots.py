@@ -1,5 +1,5 @@
 """The screenshots of docs/widget.md: both widget modes on a host page with its own styles, one of
-them mid-stream. No server: Chromium gets the widget's files from this checkout and the API's
+them mid-stream, the other with its answer rated. No server: Chromium gets the widget's files from this checkout and the API's
 states from this script (route interception), in the shape the poll view serves them.
 
     .venv/bin/python bench/widget_screenshots.py [--out docs/images]
@@ -60,6 +60,9 @@ def shoot(page, mode, final, path, extra=""):
         if url == TURNS and route.request.method == "POST":
             return route.fulfill(status=202, content_type="application/json", body=json.dumps(
                 {"id": 1, "status": "queued", "done": False, "poll_url": TURNS + "1/", "cancel_url": TURNS + "1/cancel/"}))
+        if url == TURNS + "1/rating/":
+            return route.fulfill(status=201, content_type="application/json", body=json.dumps(
+                {"turn": "1", "rated_at": "2025-05-02T00:14:00Z", **json.loads(route.request.post_data)}))
         if url == TURNS + "1/":
             return route.fulfill(status=200, content_type="application/json", body=json.dumps(served["state"]))
         widget = WIDGET.format(mode=mode, extra=extra)
@@ -77,7 +80,12 @@ def shoot(page, mode, final, path, extra=""):
                                                 "content": ANSWER[:70]}], 3) if not final else \
         state("completed", [*STEP, {"id": 4, "role": "assistant", "content": ANSWER}], 3)
     page.locator(".cvw-growing" if not final else ".cvw-msg-assistant li >> nth=1").wait_for()
+    if final:  # the visitor found it helpful: the pressed thumb, the comment box and the thanks
+        page.get_by_role("button", name="Helpful", exact=True).click()
+        page.locator(".cvw-rate-said").wait_for()
+        page.locator(".cvw-log").evaluate("log => { log.scrollTop = log.scrollHeight; }")
     page.locator(".cvw-input").blur()
+    page.locator(".cvw-thumb").first.blur() if final else None
     page.screenshot(path=str(path))
 
 

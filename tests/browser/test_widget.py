@@ -47,6 +47,11 @@ def test_tool_step_appears_before_the_final_answer(chat_page, worker_process, co
         # Drawn while the model is still writing: no answer yet, and Stop is offered.
         assert chat.locator(".cvw-msg-assistant").count() == 0
         expect(chat.locator(".cvw-stop")).to_be_visible()
+        # While nothing changes, the polls carry the last ETag and come back 304.
+        for _ in range(100):
+            if 304 in {status for _, status in chat.responses}:
+                break
+            chat.page.wait_for_timeout(100)
         answer_may_come.set()
         answer = chat.locator(".cvw-msg-assistant")
         expect(answer).to_contain_text("in Tokyo")

@@ -231,7 +231,7 @@ def test_keyboard_only_from_reaching_the_launcher_to_reading_an_answer_and_stopp
     # Back past the answer's thumbs (rating it is a keystroke away) to the log, which scrolls
     # with the keyboard.
     page.keyboard.press("Shift+Tab")
-    assert page.evaluate(FOCUSED) == "cvw-thumb"
+    assert page.evaluate(FOCUSED) == "cvw-thumb cvw-thumb-down"
     page.keyboard.press("Shift+Tab")
     page.keyboard.press("Shift+Tab")
     assert page.evaluate(FOCUSED) == "cvw-log"
@@ -247,8 +247,8 @@ def test_keyboard_only_from_reaching_the_launcher_to_reading_an_answer_and_stopp
     page.keyboard.press("Shift+Tab")
     page.keyboard.press("Shift+Tab")
     assert page.evaluate(FOCUSED) == "cvw-launcher"
-    assert tab_through(page, "#after") == ["cvw-close", "cvw-log", "cvw-thumb", "cvw-thumb", "cvw-input", "cvw-send",
-                                           "#after"]
+    assert tab_through(page, "#after") == ["cvw-close", "cvw-log", "cvw-thumb cvw-thumb-up", "cvw-thumb cvw-thumb-down",
+                                           "cvw-input", "cvw-send", "#after"]
     chat.locator(".cvw-input").focus()
     page.keyboard.press("Escape")
     expect(chat.locator(".cvw-panel")).to_be_hidden()
@@ -362,7 +362,7 @@ def test_text_contrast_measured_from_computed_styles_meets_aa(chat_page):
     assert stop["bg"] == "rgb(138, 17, 17)"  # Stop is drawn in the danger colour, not the accent
     assert {"cvw-launcher", "cvw-title", "cvw-msg cvw-msg-user", "cvw-send", "cvw-stop", "cvw-status",
             "cvw-status cvw-status-problem", "cvw-label", "cvw-hint", "cvw-msg cvw-notice", "cvw-result",
-            "cvw-result cvw-result-error", "a", "code", "cvw-thumb", "label", "cvw-comment-send",
+            "cvw-result cvw-result-error", "a", "code", "cvw-thumb cvw-thumb-up", "cvw-thumb cvw-thumb-down", "label", "cvw-comment-send",
             "cvw-rate-said"} <= elements, elements
     for r in measured.values():
         if not r["disabled"]:

@@ -668,6 +668,19 @@
     item.removeAttribute("aria-busy");
   };
 
+  /* A thumb drawn as SVG: an emoji would need an emoji font, which many systems lack. Turned
+   * upside down by the stylesheet for "not helpful". */
+  function thumb() {
+    var ns = "http://www.w3.org/2000/svg", svg = document.createElementNS(ns, "svg");
+    var path = document.createElementNS(ns, "path");
+    svg.setAttribute("viewBox", "0 0 16 16");
+    svg.setAttribute("aria-hidden", "true");
+    svg.setAttribute("focusable", "false");
+    path.setAttribute("d", "M1 7h3v8H1zM6 7l3-5.5c1 0 2 .8 1.6 2.1L10 6.5h4c1 0 1.6.9 1.3 1.8L13.6 14c-.2.6-.7 1-1.3 1H6z");
+    svg.appendChild(path);
+    return svg;
+  }
+
   /* Thumbs up and down under the answer of the finished turn `turnId`, then (once one is chosen)
    * an optional comment. Each choice is posted at once and may be changed; `saved` is the
    * rating given before a reload ({value, comment}). */
@@ -676,14 +689,15 @@
     if (!answer || !this.conversationId) { return; }
     var url = this.apiUrl + this.conversationId + "/turns/" + turnId + "/rating/";
     var rating = { value: saved ? saved.value : "", comment: saved ? saved.comment : "" };
-    var item = el("li", "cvw-rate"), group = el("div", "cvw-thumbs"), buttons = {}, busy = false;
+    var item = el("li", "cvw-rate"), top = el("div", "cvw-rate-top"), group = el("div", "cvw-thumbs");
+    var buttons = {}, busy = false;
     group.setAttribute("role", "group");
     group.setAttribute("aria-label", s.rate);
-    [["up", "\uD83D\uDC4D", s.rate_up], ["down", "\uD83D\uDC4E", s.rate_down]].forEach(function (choice) {
-      var button = buttons[choice[0]] = el("button", "cvw-thumb", choice[1]);
+    [["up", s.rate_up], ["down", s.rate_down]].forEach(function (choice) {
+      var button = buttons[choice[0]] = el("button", "cvw-thumb cvw-thumb-" + choice[0]);
       button.type = "button";
-      button.title = choice[2];
-      button.setAttribute("aria-label", choice[2]);
+      button.appendChild(thumb());
+      button.appendChild(document.createTextNode(choice[1]));
       button.addEventListener("click", function () { send({ value: choice[0], comment: rating.comment }); });
       group.appendChild(button);
     });
@@ -701,7 +715,10 @@
       send({ value: rating.value, comment: input.value.trim() });
     });
     var said = el("p", "cvw-rate-said");
-    [group, form, said].forEach(function (node) { item.appendChild(node); });
+    top.appendChild(group);
+    top.appendChild(said);
+    item.appendChild(top);
+    item.appendChild(form);
     function show() {
       Object.keys(buttons).forEach(function (value) {
         buttons[value].setAttribute("aria-pressed", String(rating.value === value));
