@@ -62,11 +62,19 @@ def test_an_answer_is_rated_and_commented_by_keyboard_and_the_rating_survives_a_
     wait_for(lambda: Turn.objects.get().rating == "down")
     assert Turn.objects.get().rating_comment == "Clear and quick."
 
+    # A comment typed but not sent goes with the next thumb pressed rather than being dropped.
+    comment.fill("Clear, but slow.")
+    up.click()
+    wait_for(lambda: Turn.objects.get().rating == "up")
+    assert Turn.objects.get().rating_comment == "Clear, but slow."
+    down.click()
+    wait_for(lambda: Turn.objects.get().rating == "down")
+
     page.reload()
     expect(chat.locator(".cvw-msg-assistant")).to_contain_text("in Tokyo")
     expect(page.get_by_role("button", name="Not helpful")).to_have_attribute("aria-pressed", "true")
     expect(page.get_by_role("button", name="Helpful", exact=True)).to_have_attribute("aria-pressed", "false")
-    expect(page.get_by_role("textbox", name="Anything to add? (optional)")).to_have_value("Clear and quick.")
+    expect(page.get_by_role("textbox", name="Anything to add? (optional)")).to_have_value("Clear, but slow.")
 
 
 def test_each_answer_has_its_own_rating(chat_page, worker_process):

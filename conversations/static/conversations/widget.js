@@ -698,7 +698,8 @@
       button.type = "button";
       button.appendChild(thumb());
       button.appendChild(document.createTextNode(choice[1]));
-      button.addEventListener("click", function () { send({ value: choice[0], comment: rating.comment }); });
+      // The comment box's text goes with it, sent or not: a change of mind loses nothing typed.
+      button.addEventListener("click", function () { send({ value: choice[0], comment: input.value.trim() }); });
       group.appendChild(button);
     });
     var form = el("form", "cvw-comment"), id = "cvw-comment-" + this.n + "-" + turnId;
