@@ -16,11 +16,14 @@ holding an API key.
 
 import hashlib
 import json
+import logging
 import os
 
 from django.utils.translation import gettext as _
 
 from .conf import get_config
+
+logger = logging.getLogger("conversations.assistants")
 
 ENV_PREFIX = "env:"
 
@@ -214,7 +217,9 @@ def config_for_turn(turn, cfg=None):
     site = get_config() if cfg is None else cfg
     assistant = turn.assistant
     if assistant is None:
-        return site
+        if not any(entry.get("CREDENTIAL") for entry in site["FALLBACKS"]):
+            return site
+        return {**site, "FALLBACKS": resolve_chain(site["FALLBACKS"], site)}
     if not assistant.active:
         raise Inactive(assistant)
     found = problems(assistant, site)
@@ -225,8 +230,29 @@ def config_for_turn(turn, cfg=None):
     config["TOOLS"] = tuple(tools[name] for name in assistant.tools)
     if assistant.credential:
         config["API_KEY"] = resolve_credential(assistant.credential, site)
+    config["FALLBACKS"] = resolve_chain(config["FALLBACKS"], site)
     turn.assistant_version = record_version(assistant, config)
     return config
+
+
+def resolve_chain(entries, cfg):
+    """``entries`` (``FALLBACKS``) with each ``CREDENTIAL`` resolved to its key as ``API_KEY``, read
+    now, in the worker, as an assistant's own credential is. An entry whose key cannot be read
+    here (its environment variable unset: ``conversations.W040`` warned at start-up) is left out,
+    with an error logged: it could not answer, and the rest of the chain still may."""
+    chain = []
+    for number, entry in enumerate(entries, start=1):
+        if not entry.get("CREDENTIAL"):
+            chain.append(entry)
+            continue
+        try:
+            chain.append({**entry, "API_KEY": resolve_credential(entry["CREDENTIAL"], cfg)})
+        except CredentialError as exc:
+            logger.error("Fallback %d (%s) left out of the chain: %s", number, entry.get("PROVIDER"), exc.reason,
+                         extra={"provider": entry.get("PROVIDER")})
+    return tuple(chain)
+
+
 
 
 # ProviderError codes that mean the assistant's configuration is wrong, and the reason to give.

@@ -2,7 +2,8 @@
 
 ``CONVERSATIONS["FALLBACKS"]`` lists providers to try, in order, after the site's own
 (``PROVIDER``, ``MODEL``, ``BASE_URL``, ``API_KEY``): each a dict with ``PROVIDER`` and, as
-needed, ``MODEL``, ``BASE_URL`` and ``API_KEY``. A model call goes to the first provider whose
+needed, ``MODEL``, ``BASE_URL`` and either ``API_KEY`` or ``CREDENTIAL`` (a name in
+``CREDENTIALS``, resolved to its key by the job, ``assistants.config_for_turn``). A model call goes to the first provider whose
 circuit is not open (``breaker``); when it is down — a connection error, a time-out,
 408/429/5xx/529 or an overloaded error, after the retries that still fit — the call moves to
 the next. A 4xx that is the request's own fault (400, 404, 422…) does not: the next provider
@@ -26,7 +27,7 @@ logger = logging.getLogger("conversations.fallback")
 
 # ProviderError codes that say the provider, not the request, is the problem.
 OUTAGE_CODES = frozenset({"timeout", "connection", "unavailable", "rate_limited"})
-ENTRY_KEYS = ("PROVIDER", "MODEL", "BASE_URL", "API_KEY")
+ENTRY_KEYS = ("PROVIDER", "MODEL", "BASE_URL", "API_KEY", "CREDENTIAL")
 
 
 class ReservedBudget(Budget):
@@ -42,7 +43,9 @@ class ReservedBudget(Budget):
 
 
 def chain_entries(config):
-    """The providers to try, in order: the site's own, then ``FALLBACKS``; each a full config."""
+    """The providers to try, in order: the site's own, then ``FALLBACKS``; each a full config. An
+    entry's key is its ``API_KEY``: the job has resolved its ``CREDENTIAL`` into that
+    (``assistants.resolve_chain``); elsewhere (the admin, ``provider_health``) none is needed."""
     entries = [dict(config)]
     for entry in config["FALLBACKS"]:
         entries.append({**config, "MODEL": "", "BASE_URL": "", "API_KEY": "",
