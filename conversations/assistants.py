@@ -3,7 +3,8 @@
 A site with no assistant works from its ``CONVERSATIONS`` settings alone, which stay the
 defaults of every assistant. An assistant replaces what makes an answer — prompt, provider,
 model, endpoint, tools — and the limits it sets (``LIMITS``); it names a credential instead of
-holding an API key.
+holding an API key. Its ``fallbacks``, when set, replace the site's ``FALLBACKS`` (None keeps
+the site's, ``[]`` has none); each names a credential too.
 
 - ``settings_for(assistant)``: the site's configuration with the assistant's own over it (no
   credential read, no tool imported): what the web process needs (the job timeout, the
@@ -26,6 +27,8 @@ from .conf import get_config
 logger = logging.getLogger("conversations.assistants")
 
 ENV_PREFIX = "env:"
+# The keys of an entry of ``Assistant.fallbacks``; upper-cased, those of a ``FALLBACKS`` entry.
+CHAIN_KEYS = ("provider", "model", "base_url", "credential")
 
 # Assistant field → the setting it replaces when set (None keeps the site's).
 LIMITS = {"max_steps": "MAX_STEPS", "max_tokens": "MAX_TOKENS", "call_timeout": "CALL_TIMEOUT",
@@ -55,7 +58,19 @@ def overrides(assistant):
               "MODEL": assistant.model, "BASE_URL": assistant.base_url}
     values.update({key: getattr(assistant, field) for field, key in LIMITS.items()
                    if getattr(assistant, field) is not None})
+    if assistant.fallbacks is not None:
+        values["FALLBACKS"] = chain_settings(assistant.fallbacks)
     return values
+
+
+def chain_settings(fallbacks):
+    """An assistant's ``fallbacks`` as ``FALLBACKS`` entries: upper-case keys, the credential still
+    a name. Entries that are not a dict naming a provider are left out here (``problems`` names
+    them), so that the web process never fails on a chain saved before it broke."""
+    if not isinstance(fallbacks, list):
+        return ()
+    return tuple({key.upper(): entry[key] for key in CHAIN_KEYS if entry.get(key)} for entry in fallbacks
+                 if isinstance(entry, dict) and entry.get("provider") and isinstance(entry["provider"], str))
 
 
 def settings_for(assistant, cfg=None):
@@ -133,7 +148,7 @@ def problems(assistant, cfg=None):
     Only what can be known without calling the provider: a model name that the provider's
     server rejects shows at the first turn (which ends failed, naming the assistant).
     """
-    from .checks import clock_errors
+    from .checks import clock_errors, reserve_errors
     from .providers import get_provider_class
 
     site = get_config() if cfg is None else cfg
@@ -174,11 +189,64 @@ def problems(assistant, cfg=None):
         found.append(("suggestions", _("at most %(count)d suggested questions, each of 1 to %(length)d "
                                        "characters.") % {"count": assistant.MAX_SUGGESTIONS,
                                                          "length": assistant.SUGGESTION_MAX_LENGTH}))
+    found += [("fallbacks", reason) for reason in chain_problems(assistant.fallbacks, site)]
     clocks = settings_for(assistant, site)
     for error in clock_errors(clocks):
         if error.is_serious():
             fields = [f for f, key in LIMITS.items() if getattr(assistant, f) is not None and key in error.msg]
             found.append((fields[0] if fields else None, error.msg))
+    if assistant.fallbacks:  # an inherited chain's reserve is the site's check (conversations.E014)
+        found += [("fallbacks", error.msg) for error in reserve_errors(clocks)]
+    return found
+
+
+def chain_problems(fallbacks, site):
+    """Why an assistant's ``fallbacks`` cannot work, as reasons: the same as for its own provider,
+    entry by entry, and keys other than ``CHAIN_KEYS`` (an API key above all: keys never enter
+    the database)."""
+    from django.core.exceptions import ValidationError
+    from django.core.validators import URLValidator
+
+    from .providers import get_provider_class
+
+    if fallbacks is None:
+        return []
+    if not isinstance(fallbacks, list) or not all(isinstance(entry, dict) for entry in fallbacks):
+        return [_("its fallbacks must be a list of providers, each {\"provider\": …, \"model\": …, \"base_url\": …, "
+                  "\"credential\": …}.")]
+    found = []
+    for number, entry in enumerate(fallbacks, start=1):
+        unknown = sorted(set(entry) - set(CHAIN_KEYS))
+        if unknown:
+            found.append(_("its fallback %(number)d has unknown keys: %(keys)s (an entry takes provider, model, "
+                           "base_url and credential; never an API key).") % {
+                "number": number, "keys": ", ".join(str(key) for key in unknown)})
+        if not all(isinstance(entry.get(key, ""), str) for key in CHAIN_KEYS):
+            found.append(_("its fallback %(number)d must give its provider, model, base_url and credential as "
+                           "text.") % {"number": number})
+            continue
+        if not entry.get("provider"):
+            found.append(_("its fallback %(number)d names no provider.") % {"number": number})
+        else:
+            try:
+                refusal = get_provider_class(entry["provider"]).check_model(entry.get("model", ""))
+            except (ImportError, TypeError, ValueError) as exc:
+                found.append(_("its fallback %(number)d names a provider “%(provider)s” that cannot be used "
+                               "(%(error)s).") % {"number": number, "provider": entry["provider"], "error": exc})
+            else:
+                if refusal:
+                    found.append(_("in its fallback %(number)d, %(reason)s") % {"number": number, "reason": refusal})
+        if entry.get("base_url"):
+            try:
+                URLValidator()(entry["base_url"])
+            except ValidationError:
+                found.append(_("its fallback %(number)d has an endpoint that is not a URL: “%(url)s”.") % {
+                    "number": number, "url": entry["base_url"]})
+        if entry.get("credential"):
+            try:
+                resolve_credential(entry["credential"], site)
+            except CredentialError as exc:
+                found.append(_("in its fallback %(number)d, %(reason)s") % {"number": number, "reason": exc.reason})
     return found
 
 
@@ -187,10 +255,15 @@ def problems(assistant, cfg=None):
 
 def snapshot(assistant, cfg):
     """What answers for ``assistant`` under ``cfg`` (its settings merged): the part of its
-    configuration that a version records and a fingerprint covers."""
-    return {"system_prompt": cfg["SYSTEM_PROMPT"], "provider": cfg["PROVIDER"], "model": cfg["MODEL"],
+    configuration that a version records and a fingerprint covers. Its chain of fallbacks (its
+    own or the site's) is there by credential name, never a key; only when it has one, so that
+    an assistant without fallbacks keeps the fingerprint it had before chains existed."""
+    data = {"system_prompt": cfg["SYSTEM_PROMPT"], "provider": cfg["PROVIDER"], "model": cfg["MODEL"],
             "base_url": cfg["BASE_URL"], "credential": assistant.credential, "tools": sorted(assistant.tools),
             "limits": {key: cfg[key] for key in LIMITS.values()}}
+    if cfg["FALLBACKS"]:
+        data["fallbacks"] = [{key: entry.get(key.upper()) or "" for key in CHAIN_KEYS} for entry in cfg["FALLBACKS"]]
+    return data
 
 
 def fingerprint(data):

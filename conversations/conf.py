@@ -33,7 +33,7 @@ DEFAULTS = {
     # Providers tried in order after the site's own when it is down: [{"PROVIDER", "MODEL", "BASE_URL",
     # "API_KEY" or "CREDENTIAL" (a name in CREDENTIALS)}, …] (see conversations/fallback.py). Each but
     # the last keeps FALLBACK_RESERVE seconds of the turn's budget back for the next; FAILOVER_ON_AUTH
-    # also moves on after a 401/403.
+    # also moves on after a 401/403. An assistant's own chain (Assistant.fallbacks) replaces this one.
     "FALLBACKS": [],
     "FALLBACK_RESERVE": 15,
     "FAILOVER_ON_AUTH": False,

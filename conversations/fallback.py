@@ -3,11 +3,13 @@
 ``CONVERSATIONS["FALLBACKS"]`` lists providers to try, in order, after the site's own
 (``PROVIDER``, ``MODEL``, ``BASE_URL``, ``API_KEY``): each a dict with ``PROVIDER`` and, as
 needed, ``MODEL``, ``BASE_URL`` and either ``API_KEY`` or ``CREDENTIAL`` (a name in
-``CREDENTIALS``, resolved to its key by the job, ``assistants.config_for_turn``). A model call goes to the first provider whose
-circuit is not open (``breaker``); when it is down — a connection error, a time-out,
-408/429/5xx/529 or an overloaded error, after the retries that still fit — the call moves to
-the next. A 4xx that is the request's own fault (400, 404, 422…) does not: the next provider
-would refuse it too; with ``FAILOVER_ON_AUTH`` a 401/403 (one provider's key) does.
+``CREDENTIALS``, resolved to its key by the job, ``assistants.config_for_turn``). An assistant
+may have a chain of its own (``Assistant.fallbacks``), which replaces the site's. A model call
+goes to the first provider whose circuit is not open (``breaker``); when it is down — a
+connection error, a time-out, 408/429/5xx/529 or an overloaded error, after the retries that
+still fit — the call moves to the next. A 4xx that is the request's own fault (400, 404, 422…)
+does not: the next provider would refuse it too; with ``FAILOVER_ON_AUTH`` a 401/403 (one
+provider's key) does.
 
 The clocks decide how far down the chain a call may go: every provider but the last sees the
 turn's budget less ``FALLBACK_RESERVE`` seconds, so a primary that hangs is cut off while the
