@@ -13,6 +13,7 @@ the site's, ``[]`` has none); each names a credential too.
   a system check lists it, a turn of it ends failed.
 - ``config_for_turn(turn)``: in the job, the configuration the turn runs with (credential
   resolved, tools narrowed to the assistant's), and the version of the assistant it records.
+- ``chains()``: the active assistants' chains of providers, whose circuits the admin shows.
 """
 
 import hashlib
@@ -326,6 +327,15 @@ def resolve_chain(entries, cfg):
     return tuple(chain)
 
 
+def chains(cfg=None):
+    """``[(slug, settings)]`` for each active assistant whose turns go through a chain of providers
+    (its own provider, then its fallbacks or the site's): circuits besides the site's, which
+    ``fallback.provider_health`` shows too."""
+    from .models import Assistant
+
+    site = get_config() if cfg is None else cfg
+    configs = [(a.slug, settings_for(a, site)) for a in Assistant.objects.filter(active=True).order_by("slug")]
+    return [(slug, config) for slug, config in configs if config["FALLBACKS"]]
 
 
 # ProviderError codes that mean the assistant's configuration is wrong, and the reason to give.

@@ -154,15 +154,25 @@ def build_provider(config, budget, *, recorder, cancelled, turn_id):
     return ProviderChain(links, config, budget), [link.http for link in links]
 
 
-def provider_health(config, connection):
-    """``[(label, state)]`` for every provider of the chain, in order; ``state`` is the breaker's
-    (``CircuitBreaker.state()``: closed, open or half-open, recent failures), None when Redis
-    cannot be read. For ``manage.py provider_health`` and the admin's turn list."""
+def provider_health(config, connection, chains=()):
+    """``[(label, state)]`` for every provider of the site's chain, in order, then for those of
+    ``chains`` (``[(name, config)]``, the active assistants' chains: ``assistants.chains()``) not
+    shown yet, each once per breaker (``provider_key``) and labelled with the assistants whose
+    chain holds it. ``state`` is the breaker's (``CircuitBreaker.state()``: closed, open or
+    half-open, recent failures), None when Redis cannot be read. For ``manage.py
+    provider_health`` and the admin's turn list."""
+    rows = {}  # breaker key → [label, names of the assistants whose chain holds it (None: the site's)]
+    for owner, chain in [(None, config), *chains]:
+        for entry in chain_entries(chain):
+            label = f"{entry['PROVIDER']}:{entry['MODEL'] or '(default model)'}"
+            row = rows.setdefault(provider_key(entry), [label, [] if owner else None])
+            if owner and row[1] is not None and owner not in row[1]:
+                row[1].append(owner)
     health = []
-    for entry in chain_entries(config):
-        label = f"{entry['PROVIDER']}:{entry['MODEL'] or '(default model)'}"
-        breaker = CircuitBreaker(provider_key(entry), failures=config["BREAKER_FAILURES"],
-                                 window=config["BREAKER_WINDOW"], cooldown=config["BREAKER_COOLDOWN"],
-                                 probe_timeout=config["CALL_TIMEOUT"], connection=connection, label=label)
+    for key, (label, owners) in rows.items():
+        label = f"{label} ({', '.join(owners)})" if owners else label
+        breaker = CircuitBreaker(key, failures=config["BREAKER_FAILURES"], window=config["BREAKER_WINDOW"],
+                                 cooldown=config["BREAKER_COOLDOWN"], probe_timeout=config["CALL_TIMEOUT"],
+                                 connection=connection, label=label)
         health.append((label, breaker.state()))
     return health

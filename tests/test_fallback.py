@@ -264,3 +264,33 @@ def test_the_admins_turn_list_shows_each_providers_circuit(chain, worker, conver
         run_one(worker)
     page = admin_client.get("/admin/conversations/turn/").content.decode()
     assert "openai:primary-model\nskipped for " in page and "openai:fallback-model\nanswering" in page
+
+
+def test_provider_health_lists_the_active_assistants_chains_once_per_circuit(chain, admin_client):
+    import io
+
+    from django.core.management import call_command
+
+    from conversations.models import Assistant
+
+    primary, fallback = chain
+
+    def assistant(slug, **fields):
+        Assistant.objects.create(**{"slug": slug, "name": slug.title(), "system_prompt": "Hi.", "provider": "openai",
+                                    "base_url": primary.url, "model": "primary-model", **fields})
+
+    assistant("support", fallbacks=[{"provider": "openai", "base_url": fallback.url, "model": "fallback-model"},
+                                    {"provider": "demo"}])
+    assistant("helpdesk", fallbacks=[{"provider": "demo"}])
+    assistant("shop", model="shop-model")  # the site's chain after its own provider
+    assistant("plain", model="plain-model", fallbacks=[])  # no chain: no circuit
+    assistant("retired", model="retired-model", active=False, fallbacks=[{"provider": "demo"}])
+
+    out = io.StringIO()
+    call_command("provider_health", stdout=out)
+    assert out.getvalue().splitlines() == ["openai:primary-model: closed (0 recent failures)",
+                                           "openai:fallback-model: closed (0 recent failures)",
+                                           "demo:(default model) (helpdesk, support): closed (0 recent failures)",
+                                           "openai:shop-model (shop): closed (0 recent failures)"]
+    page = admin_client.get("/admin/conversations/turn/").content.decode()
+    assert "demo:(default model) (helpdesk, support)\nanswering" in page and "plain-model" not in page
