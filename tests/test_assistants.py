@@ -394,6 +394,22 @@ def test_the_sentences_naming_an_assistant_are_translated(worker, settings):
                               "están entre las registradas en el sitio.")
 
 
+@pytest.mark.django_db
+def test_the_sentences_about_a_chain_are_translated():
+    from django.utils import translation
+
+    soporte = Assistant(slug="soporte", name="Soporte", system_prompt="Hola", provider="demo",
+                        fallbacks=[{"provider": "openai", "credential": "nadie"}, {"provider": "demo", "clave": "x"}])
+    with translation.override("es"):
+        errors = pytest.raises(ValidationError, soporte.full_clean).value.message_dict["fallbacks"]
+        label = str(Assistant._meta.get_field("fallbacks").verbose_name)
+    assert errors == [
+        "en su proveedor de reserva 1, su credencial «nadie» no está en el ajuste CREDENTIALS del sitio.",
+        "su proveedor de reserva 2 tiene claves desconocidas: clave (una entrada admite provider, model, base_url y "
+        "credential; nunca una clave de API)."]
+    assert label == "proveedores de reserva"
+
+
 # -- checks ------------------------------------------------------------------------------------
 
 
