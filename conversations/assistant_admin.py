@@ -18,7 +18,7 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from .assistants import registered_tools
+from .assistants import CHAIN_KEYS, registered_tools
 from .conf import get_config
 from .models import Assistant, AssistantVersion, Message, Turn
 from .overview import overview
@@ -40,12 +40,17 @@ class LinesField(forms.CharField):
 
 
 class ChainField(forms.JSONField):
-    """An assistant's fallbacks as indented JSON. An empty box is None (the site's ``FALLBACKS``),
-    not the ``null`` that Django's JSON field would show; ``[]`` is no fallbacks."""
+    """An assistant's fallbacks as indented JSON, each entry's keys in the order of ``CHAIN_KEYS``
+    (PostgreSQL's jsonb keeps none). An empty box is None (the site's ``FALLBACKS``), not the
+    ``null`` that Django's JSON field would show; ``[]`` is no fallbacks."""
 
     def prepare_value(self, value):
         if value is None or isinstance(value, forms.fields.InvalidJSONInput):
             return value or ""
+        if isinstance(value, list):
+            rank = {key: index for index, key in enumerate(CHAIN_KEYS)}
+            value = [dict(sorted(e.items(), key=lambda item: rank.get(item[0], len(rank))))
+                     if isinstance(e, dict) else e for e in value]
         return json.dumps(value, indent=2, ensure_ascii=False)
 
 

@@ -99,7 +99,8 @@ def test_the_form_refuses_a_chain_naming_an_unknown_provider_or_credential_and_s
     assert support.fallbacks == chain
     change = reverse("admin:conversations_assistant_change", args=[support.pk])
     page = admin_client.get(change).content.decode()
-    assert html.escape(json.dumps(chain, indent=2)) in page and "secret" not in page  # names, never keys
+    # The chain as it was typed, keys in the usual order whatever the database kept; names, never keys.
+    assert html.escape(json.dumps(chain, indent=2)) in page and "secret" not in page
 
     # An empty box keeps the site's FALLBACKS (and shows empty again, not "null"); [] is no fallbacks at all.
     for typed, stored in (("", None), ("[]", [])):
