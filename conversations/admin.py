@@ -270,13 +270,15 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
     # -- the turn page -----------------------------------------------------------------------
 
     def changelist_view(self, request, extra_context=None):
-        """The turn list, headed by each provider's circuit breaker (``manage.py provider_health``)."""
+        """The turn list, headed by the circuit breaker of each provider of the site's chain and of
+        the active assistants' (``manage.py provider_health``)."""
+        from .assistants import chains
         from .conf import get_config
         from .fallback import provider_health
         from .jobs import get_queue
 
         try:
-            health = provider_health(get_config(), get_queue().connection)
+            health = provider_health(get_config(), get_queue().connection, chains())
         except Exception:  # noqa: BLE001 - the list must show whatever Redis does
             health = []
         return super().changelist_view(request, {**(extra_context or {}), "provider_health": health})

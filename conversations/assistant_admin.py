@@ -18,7 +18,7 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from .assistants import registered_tools
+from .assistants import CHAIN_KEYS, registered_tools
 from .conf import get_config
 from .models import Assistant, AssistantVersion, Message, Turn
 from .overview import overview
@@ -39,12 +39,28 @@ class LinesField(forms.CharField):
         return [line.strip() for line in (value or "").splitlines() if line.strip()]
 
 
+class ChainField(forms.JSONField):
+    """An assistant's fallbacks as indented JSON, each entry's keys in the order of ``CHAIN_KEYS``
+    (PostgreSQL's jsonb keeps none). An empty box is None (the site's ``FALLBACKS``), not the
+    ``null`` that Django's JSON field would show; ``[]`` is no fallbacks."""
+
+    def prepare_value(self, value):
+        if value is None or isinstance(value, forms.fields.InvalidJSONInput):
+            return value or ""
+        if isinstance(value, list):
+            rank = {key: index for index, key in enumerate(CHAIN_KEYS)}
+            value = [dict(sorted(e.items(), key=lambda item: rank.get(item[0], len(rank))))
+                     if isinstance(e, dict) else e for e in value]
+        return json.dumps(value, indent=2, ensure_ascii=False)
+
+
 class AssistantForm(forms.ModelForm):
     """Tools are chosen among the site's registered ones, the credential among the configured names."""
 
     base_url = forms.URLField(required=False, max_length=500, assume_scheme="https")
     tools = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple)
     credential = forms.ChoiceField(required=False)
+    fallbacks = ChainField(required=False, widget=forms.Textarea(attrs={"rows": 4, "class": "vLargeTextField"}))
     suggestions = LinesField(required=False, help_text=gettext_lazy("One per line, at most 4."))
 
     class Meta:
@@ -53,7 +69,7 @@ class AssistantForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        for name in ("base_url", "tools", "credential", "suggestions"):  # labels and help as the model's fields
+        for name in ("base_url", "tools", "credential", "fallbacks", "suggestions"):  # as the model's fields
             model_field = Assistant._meta.get_field(name)
             self.fields[name].label = capfirst(model_field.verbose_name)
             self.fields[name].help_text = self.fields[name].help_text or model_field.help_text
@@ -112,7 +128,7 @@ class AssistantAdmin(admin.ModelAdmin):
     fieldsets = [
         (None, {"fields": ("name", "slug", "active")}),
         (gettext_lazy("What answers"), {"fields": ("system_prompt", ("provider", "model"), "base_url", "credential",
-                                                   "tools")}),
+                                                   "tools", "fallbacks")}),
         (gettext_lazy("Limits (empty: the site's)"), {"fields": (("max_steps", "max_tokens"),
                                                                  ("call_timeout", "job_timeout"))}),
         (gettext_lazy("What the widget shows first"), {"fields": ("greeting", "suggestions")}),

@@ -3,7 +3,8 @@
 A site with no assistant works from its ``CONVERSATIONS`` settings alone, which stay the
 defaults of every assistant. An assistant replaces what makes an answer — prompt, provider,
 model, endpoint, tools — and the limits it sets (``LIMITS``); it names a credential instead of
-holding an API key.
+holding an API key. Its ``fallbacks``, when set, replace the site's ``FALLBACKS`` (None keeps
+the site's, ``[]`` has none); each names a credential too.
 
 - ``settings_for(assistant)``: the site's configuration with the assistant's own over it (no
   credential read, no tool imported): what the web process needs (the job timeout, the
@@ -12,17 +13,23 @@ holding an API key.
   a system check lists it, a turn of it ends failed.
 - ``config_for_turn(turn)``: in the job, the configuration the turn runs with (credential
   resolved, tools narrowed to the assistant's), and the version of the assistant it records.
+- ``chains()``: the active assistants' chains of providers, whose circuits the admin shows.
 """
 
 import hashlib
 import json
+import logging
 import os
 
 from django.utils.translation import gettext as _
 
 from .conf import get_config
 
+logger = logging.getLogger("conversations.assistants")
+
 ENV_PREFIX = "env:"
+# The keys of an entry of ``Assistant.fallbacks``; upper-cased, those of a ``FALLBACKS`` entry.
+CHAIN_KEYS = ("provider", "model", "base_url", "credential")
 
 # Assistant field → the setting it replaces when set (None keeps the site's).
 LIMITS = {"max_steps": "MAX_STEPS", "max_tokens": "MAX_TOKENS", "call_timeout": "CALL_TIMEOUT",
@@ -52,7 +59,19 @@ def overrides(assistant):
               "MODEL": assistant.model, "BASE_URL": assistant.base_url}
     values.update({key: getattr(assistant, field) for field, key in LIMITS.items()
                    if getattr(assistant, field) is not None})
+    if assistant.fallbacks is not None:
+        values["FALLBACKS"] = chain_settings(assistant.fallbacks)
     return values
+
+
+def chain_settings(fallbacks):
+    """An assistant's ``fallbacks`` as ``FALLBACKS`` entries: upper-case keys, the credential still
+    a name. Entries that are not a dict naming a provider are left out here (``problems`` names
+    them), so that the web process never fails on a chain saved before it broke."""
+    if not isinstance(fallbacks, list):
+        return ()
+    return tuple({key.upper(): entry[key] for key in CHAIN_KEYS if entry.get(key)} for entry in fallbacks
+                 if isinstance(entry, dict) and entry.get("provider") and isinstance(entry["provider"], str))
 
 
 def settings_for(assistant, cfg=None):
@@ -130,7 +149,7 @@ def problems(assistant, cfg=None):
     Only what can be known without calling the provider: a model name that the provider's
     server rejects shows at the first turn (which ends failed, naming the assistant).
     """
-    from .checks import clock_errors
+    from .checks import clock_errors, reserve_errors
     from .providers import get_provider_class
 
     site = get_config() if cfg is None else cfg
@@ -171,11 +190,64 @@ def problems(assistant, cfg=None):
         found.append(("suggestions", _("at most %(count)d suggested questions, each of 1 to %(length)d "
                                        "characters.") % {"count": assistant.MAX_SUGGESTIONS,
                                                          "length": assistant.SUGGESTION_MAX_LENGTH}))
+    found += [("fallbacks", reason) for reason in chain_problems(assistant.fallbacks, site)]
     clocks = settings_for(assistant, site)
     for error in clock_errors(clocks):
         if error.is_serious():
             fields = [f for f, key in LIMITS.items() if getattr(assistant, f) is not None and key in error.msg]
             found.append((fields[0] if fields else None, error.msg))
+    if assistant.fallbacks:  # an inherited chain's reserve is the site's check (conversations.E014)
+        found += [("fallbacks", error.msg) for error in reserve_errors(clocks)]
+    return found
+
+
+def chain_problems(fallbacks, site):
+    """Why an assistant's ``fallbacks`` cannot work, as reasons: the same as for its own provider,
+    entry by entry, and keys other than ``CHAIN_KEYS`` (an API key above all: keys never enter
+    the database)."""
+    from django.core.exceptions import ValidationError
+    from django.core.validators import URLValidator
+
+    from .providers import get_provider_class
+
+    if fallbacks is None:
+        return []
+    if not isinstance(fallbacks, list) or not all(isinstance(entry, dict) for entry in fallbacks):
+        return [_("its fallbacks must be a list of providers, each {\"provider\": …, \"model\": …, \"base_url\": …, "
+                  "\"credential\": …}.")]
+    found = []
+    for number, entry in enumerate(fallbacks, start=1):
+        unknown = sorted(set(entry) - set(CHAIN_KEYS))
+        if unknown:
+            found.append(_("its fallback %(number)d has unknown keys: %(keys)s (an entry takes provider, model, "
+                           "base_url and credential; never an API key).") % {
+                "number": number, "keys": ", ".join(str(key) for key in unknown)})
+        if not all(isinstance(entry.get(key, ""), str) for key in CHAIN_KEYS):
+            found.append(_("its fallback %(number)d must give its provider, model, base_url and credential as "
+                           "text.") % {"number": number})
+            continue
+        if not entry.get("provider"):
+            found.append(_("its fallback %(number)d names no provider.") % {"number": number})
+        else:
+            try:
+                refusal = get_provider_class(entry["provider"]).check_model(entry.get("model", ""))
+            except (ImportError, TypeError, ValueError) as exc:
+                found.append(_("its fallback %(number)d names a provider “%(provider)s” that cannot be used "
+                               "(%(error)s).") % {"number": number, "provider": entry["provider"], "error": exc})
+            else:
+                if refusal:
+                    found.append(_("in its fallback %(number)d, %(reason)s") % {"number": number, "reason": refusal})
+        if entry.get("base_url"):
+            try:
+                URLValidator()(entry["base_url"])
+            except ValidationError:
+                found.append(_("its fallback %(number)d has an endpoint that is not a URL: “%(url)s”.") % {
+                    "number": number, "url": entry["base_url"]})
+        if entry.get("credential"):
+            try:
+                resolve_credential(entry["credential"], site)
+            except CredentialError as exc:
+                found.append(_("in its fallback %(number)d, %(reason)s") % {"number": number, "reason": exc.reason})
     return found
 
 
@@ -184,10 +256,15 @@ def problems(assistant, cfg=None):
 
 def snapshot(assistant, cfg):
     """What answers for ``assistant`` under ``cfg`` (its settings merged): the part of its
-    configuration that a version records and a fingerprint covers."""
-    return {"system_prompt": cfg["SYSTEM_PROMPT"], "provider": cfg["PROVIDER"], "model": cfg["MODEL"],
+    configuration that a version records and a fingerprint covers. Its chain of fallbacks (its
+    own or the site's) is there by credential name, never a key; only when it has one, so that
+    an assistant without fallbacks keeps the fingerprint it had before chains existed."""
+    data = {"system_prompt": cfg["SYSTEM_PROMPT"], "provider": cfg["PROVIDER"], "model": cfg["MODEL"],
             "base_url": cfg["BASE_URL"], "credential": assistant.credential, "tools": sorted(assistant.tools),
             "limits": {key: cfg[key] for key in LIMITS.values()}}
+    if cfg["FALLBACKS"]:
+        data["fallbacks"] = [{key: entry.get(key.upper()) or "" for key in CHAIN_KEYS} for entry in cfg["FALLBACKS"]]
+    return data
 
 
 def fingerprint(data):
@@ -214,7 +291,9 @@ def config_for_turn(turn, cfg=None):
     site = get_config() if cfg is None else cfg
     assistant = turn.assistant
     if assistant is None:
-        return site
+        if not any(entry.get("CREDENTIAL") for entry in site["FALLBACKS"]):
+            return site
+        return {**site, "FALLBACKS": resolve_chain(site["FALLBACKS"], site)}
     if not assistant.active:
         raise Inactive(assistant)
     found = problems(assistant, site)
@@ -225,8 +304,38 @@ def config_for_turn(turn, cfg=None):
     config["TOOLS"] = tuple(tools[name] for name in assistant.tools)
     if assistant.credential:
         config["API_KEY"] = resolve_credential(assistant.credential, site)
+    config["FALLBACKS"] = resolve_chain(config["FALLBACKS"], site)
     turn.assistant_version = record_version(assistant, config)
     return config
+
+
+def resolve_chain(entries, cfg):
+    """``entries`` (``FALLBACKS``) with each ``CREDENTIAL`` resolved to its key as ``API_KEY``, read
+    now, in the worker, as an assistant's own credential is. An entry whose key cannot be read
+    here (its environment variable unset: ``conversations.W040`` warned at start-up) is left out,
+    with an error logged: it could not answer, and the rest of the chain still may."""
+    chain = []
+    for number, entry in enumerate(entries, start=1):
+        if not entry.get("CREDENTIAL"):
+            chain.append(entry)
+            continue
+        try:
+            chain.append({**entry, "API_KEY": resolve_credential(entry["CREDENTIAL"], cfg)})
+        except CredentialError as exc:
+            logger.error("Fallback %d (%s) left out of the chain: %s", number, entry.get("PROVIDER"), exc.reason,
+                         extra={"provider": entry.get("PROVIDER")})
+    return tuple(chain)
+
+
+def chains(cfg=None):
+    """``[(slug, settings)]`` for each active assistant whose turns go through a chain of providers
+    (its own provider, then its fallbacks or the site's): circuits besides the site's, which
+    ``fallback.provider_health`` shows too."""
+    from .models import Assistant
+
+    site = get_config() if cfg is None else cfg
+    configs = [(a.slug, settings_for(a, site)) for a in Assistant.objects.filter(active=True).order_by("slug")]
+    return [(slug, config) for slug, config in configs if config["FALLBACKS"]]
 
 
 # ProviderError codes that mean the assistant's configuration is wrong, and the reason to give.

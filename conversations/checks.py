@@ -147,8 +147,9 @@ def _check_provider(cfg):
 
 
 def _check_fallbacks(cfg):
-    """Each FALLBACKS entry names a provider that loads, with keys the chain knows; the reserve
-    kept for the next provider lets a call start (conversations.E013, E014)."""
+    """Each FALLBACKS entry names a provider that loads, with keys the chain knows and a credential
+    that ``CREDENTIALS`` has (its ``env:`` variable is ``conversations.W040``'s); the reserve kept
+    for the next provider lets a call start (conversations.E013, E014)."""
     from .fallback import ENTRY_KEYS
     from .providers import get_provider_class
 
@@ -163,13 +164,36 @@ def _check_fallbacks(cfg):
                                                "BaseProvider subclass.", id="conversations.E013"))
         if unknown:
             errors.append(Error(f"FALLBACKS entry {number} has unknown keys: {', '.join(unknown)}.",
-                                hint=f"An entry takes {', '.join(ENTRY_KEYS)}.", id="conversations.E013"))
+                                hint="An entry takes PROVIDER, MODEL, BASE_URL and either API_KEY or CREDENTIAL.",
+                                id="conversations.E013"))
+        errors += _fallback_credential_errors(number, entry, cfg["CREDENTIALS"])
+    return errors + reserve_errors(cfg)
+
+
+def _fallback_credential_errors(number, entry, credentials):
+    """A fallback names its key by CREDENTIAL or gives it as API_KEY, not both (conversations.E013)."""
+    if "CREDENTIAL" not in entry:
+        return []
+    if "API_KEY" in entry:
+        return [Error(f"FALLBACKS entry {number} has both API_KEY and CREDENTIAL.", hint="Keep one: CREDENTIAL "
+                      "names a key of CREDENTIALS (read when a turn starts), API_KEY is the key itself.",
+                      id="conversations.E013")]
+    if not isinstance(entry["CREDENTIAL"], str) or entry["CREDENTIAL"] not in credentials:
+        return [Error(f"FALLBACKS entry {number} names the credential {entry['CREDENTIAL']!r}, which is not in "
+                      "CREDENTIALS.", hint='Add it to CREDENTIALS ({"name": "env:VARIABLE"} or the key itself), or '
+                      "name one that is there.", id="conversations.E013")]
+    return []
+
+
+def reserve_errors(cfg):
+    """With fallbacks, the reserve kept back for the next provider must let a call start
+    (conversations.E014): for the site's chain here, and for an assistant's own in ``problems``."""
     if cfg["FALLBACKS"] and cfg["FALLBACK_RESERVE"] < cfg["MIN_CALL_BUDGET"]:
-        errors.append(Error(
+        return [Error(
             f"FALLBACK_RESERVE ({cfg['FALLBACK_RESERVE']}s) is smaller than MIN_CALL_BUDGET "
             f"({cfg['MIN_CALL_BUDGET']}s): a provider that hangs would leave the next too little time to start.",
-            hint="Make FALLBACK_RESERVE at least MIN_CALL_BUDGET.", id="conversations.E014"))
-    return errors
+            hint="Make FALLBACK_RESERVE at least MIN_CALL_BUDGET.", id="conversations.E014")]
+    return []
 
 
 def _check_tools(cfg):

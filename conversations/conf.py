@@ -31,8 +31,9 @@ DEFAULTS = {
     "MIN_CALL_BUDGET": 5,
     "MAX_ATTEMPTS": 3,
     # Providers tried in order after the site's own when it is down: [{"PROVIDER", "MODEL", "BASE_URL",
-    # "API_KEY"}, …] (see conversations/fallback.py). Each but the last keeps FALLBACK_RESERVE seconds
-    # of the turn's budget back for the next; FAILOVER_ON_AUTH also moves on after a 401/403.
+    # "API_KEY" or "CREDENTIAL" (a name in CREDENTIALS)}, …] (see conversations/fallback.py). Each but
+    # the last keeps FALLBACK_RESERVE seconds of the turn's budget back for the next; FAILOVER_ON_AUTH
+    # also moves on after a 401/403. An assistant's own chain (Assistant.fallbacks) replaces this one.
     "FALLBACKS": [],
     "FALLBACK_RESERVE": 15,
     "FAILOVER_ON_AUTH": False,
@@ -94,8 +95,9 @@ DEFAULTS = {
     "DEMO_DELAY": 0.8,
     # Only logged-in users may chat: anonymous callers get 403 "Please sign in…" from every API endpoint.
     "LOGIN_REQUIRED": False,
-    # API keys that assistants (edited in the admin, which never stores a key) name: {name: value},
-    # the value the key itself or "env:VARIABLE" to read it from the worker's environment.
+    # API keys that assistants (edited in the admin, which never stores a key) and FALLBACKS entries
+    # name: {name: value}, the value the key itself or "env:VARIABLE" to read it from the worker's
+    # environment.
     "CREDENTIALS": {},
     # Prices per million tokens, by model name: {"gpt-4o-mini": {"input": "0.15", "output": "0.60"}};
     # each turn's cost is computed from them at its final write.

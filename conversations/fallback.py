@@ -2,11 +2,14 @@
 
 ``CONVERSATIONS["FALLBACKS"]`` lists providers to try, in order, after the site's own
 (``PROVIDER``, ``MODEL``, ``BASE_URL``, ``API_KEY``): each a dict with ``PROVIDER`` and, as
-needed, ``MODEL``, ``BASE_URL`` and ``API_KEY``. A model call goes to the first provider whose
-circuit is not open (``breaker``); when it is down — a connection error, a time-out,
-408/429/5xx/529 or an overloaded error, after the retries that still fit — the call moves to
-the next. A 4xx that is the request's own fault (400, 404, 422…) does not: the next provider
-would refuse it too; with ``FAILOVER_ON_AUTH`` a 401/403 (one provider's key) does.
+needed, ``MODEL``, ``BASE_URL`` and either ``API_KEY`` or ``CREDENTIAL`` (a name in
+``CREDENTIALS``, resolved to its key by the job, ``assistants.config_for_turn``). An assistant
+may have a chain of its own (``Assistant.fallbacks``), which replaces the site's. A model call
+goes to the first provider whose circuit is not open (``breaker``); when it is down — a
+connection error, a time-out, 408/429/5xx/529 or an overloaded error, after the retries that
+still fit — the call moves to the next. A 4xx that is the request's own fault (400, 404, 422…)
+does not: the next provider would refuse it too; with ``FAILOVER_ON_AUTH`` a 401/403 (one
+provider's key) does.
 
 The clocks decide how far down the chain a call may go: every provider but the last sees the
 turn's budget less ``FALLBACK_RESERVE`` seconds, so a primary that hangs is cut off while the
@@ -26,7 +29,7 @@ logger = logging.getLogger("conversations.fallback")
 
 # ProviderError codes that say the provider, not the request, is the problem.
 OUTAGE_CODES = frozenset({"timeout", "connection", "unavailable", "rate_limited"})
-ENTRY_KEYS = ("PROVIDER", "MODEL", "BASE_URL", "API_KEY")
+ENTRY_KEYS = ("PROVIDER", "MODEL", "BASE_URL", "API_KEY", "CREDENTIAL")
 
 
 class ReservedBudget(Budget):
@@ -42,7 +45,9 @@ class ReservedBudget(Budget):
 
 
 def chain_entries(config):
-    """The providers to try, in order: the site's own, then ``FALLBACKS``; each a full config."""
+    """The providers to try, in order: the site's own, then ``FALLBACKS``; each a full config. An
+    entry's key is its ``API_KEY``: the job has resolved its ``CREDENTIAL`` into that
+    (``assistants.resolve_chain``); elsewhere (the admin, ``provider_health``) none is needed."""
     entries = [dict(config)]
     for entry in config["FALLBACKS"]:
         entries.append({**config, "MODEL": "", "BASE_URL": "", "API_KEY": "",
@@ -149,15 +154,25 @@ def build_provider(config, budget, *, recorder, cancelled, turn_id):
     return ProviderChain(links, config, budget), [link.http for link in links]
 
 
-def provider_health(config, connection):
-    """``[(label, state)]`` for every provider of the chain, in order; ``state`` is the breaker's
-    (``CircuitBreaker.state()``: closed, open or half-open, recent failures), None when Redis
-    cannot be read. For ``manage.py provider_health`` and the admin's turn list."""
+def provider_health(config, connection, chains=()):
+    """``[(label, state)]`` for every provider of the site's chain, in order, then for those of
+    ``chains`` (``[(name, config)]``, the active assistants' chains: ``assistants.chains()``) not
+    shown yet, each once per breaker (``provider_key``) and labelled with the assistants whose
+    chain holds it. ``state`` is the breaker's (``CircuitBreaker.state()``: closed, open or
+    half-open, recent failures), None when Redis cannot be read. For ``manage.py
+    provider_health`` and the admin's turn list."""
+    rows = {}  # breaker key → [label, names of the assistants whose chain holds it (None: the site's)]
+    for owner, chain in [(None, config), *chains]:
+        for entry in chain_entries(chain):
+            label = f"{entry['PROVIDER']}:{entry['MODEL'] or '(default model)'}"
+            row = rows.setdefault(provider_key(entry), [label, [] if owner else None])
+            if owner and row[1] is not None and owner not in row[1]:
+                row[1].append(owner)
     health = []
-    for entry in chain_entries(config):
-        label = f"{entry['PROVIDER']}:{entry['MODEL'] or '(default model)'}"
-        breaker = CircuitBreaker(provider_key(entry), failures=config["BREAKER_FAILURES"],
-                                 window=config["BREAKER_WINDOW"], cooldown=config["BREAKER_COOLDOWN"],
-                                 probe_timeout=config["CALL_TIMEOUT"], connection=connection, label=label)
+    for key, (label, owners) in rows.items():
+        label = f"{label} ({', '.join(owners)})" if owners else label
+        breaker = CircuitBreaker(key, failures=config["BREAKER_FAILURES"], window=config["BREAKER_WINDOW"],
+                                 cooldown=config["BREAKER_COOLDOWN"], probe_timeout=config["CALL_TIMEOUT"],
+                                 connection=connection, label=label)
         health.append((label, breaker.state()))
     return health

@@ -13,8 +13,9 @@ from .types import Outcome
 
 class Assistant(models.Model):
     """A configuration that answers visitors, edited in the admin: its own prompt, provider, model,
-    endpoint, tools and (where set) limits over the site's ``CONVERSATIONS`` settings. It names
-    a credential of ``CONVERSATIONS["CREDENTIALS"]``; an API key is never stored here."""
+    endpoint, tools, fallback providers and (where set) limits over the site's ``CONVERSATIONS``
+    settings. It names credentials of ``CONVERSATIONS["CREDENTIALS"]``; an API key is never
+    stored here."""
 
     MAX_SUGGESTIONS = 4
     SUGGESTION_MAX_LENGTH = 200
@@ -33,6 +34,12 @@ class Assistant(models.Model):
         'A name in CONVERSATIONS["CREDENTIALS"]; empty: the site\'s API_KEY.'))
     tools = models.JSONField(_("tools"), default=list, blank=True, help_text=_(
         "Names of the site's registered tools this assistant may use."))
+    # None keeps the site's FALLBACKS (as every assistant did before it had a chain of its own).
+    fallbacks = models.JSONField(_("fallback providers"), null=True, blank=True, default=None, help_text=_(
+        'Tried in order when the provider above is down, as JSON: [{"provider": "anthropic", "model": '
+        '"claude-sonnet-4-5", "base_url": "", "credential": "anthropic-key"}]. Each credential is a name in '
+        'CONVERSATIONS["CREDENTIALS"] (empty: no key), never a key itself. Empty: the site\'s FALLBACKS; []: '
+        "none."))
     max_steps = models.PositiveSmallIntegerField(_("model round-trips per turn"), null=True, blank=True,
                                                  validators=[MinValueValidator(1)])
     max_tokens = models.PositiveIntegerField(_("longest answer (tokens)"), null=True, blank=True,
@@ -56,7 +63,7 @@ class Assistant(models.Model):
     def clean(self):
         """Refuse what cannot work, where it can be known before a turn: a provider or tool that
         does not exist, a model the provider refuses, an unknown credential, a prompt too long,
-        clocks the system checks would refuse (``assistants.problems``)."""
+        clocks the system checks would refuse, a fallback with any of these (``assistants.problems``)."""
         from django.core.exceptions import ValidationError
 
         from .assistants import problems
@@ -74,7 +81,8 @@ class AssistantVersion(models.Model):
 
     assistant = models.ForeignKey(Assistant, on_delete=models.CASCADE, related_name="versions")
     fingerprint = models.CharField(max_length=12, help_text=_("The start of the configuration's SHA-256."))
-    snapshot = models.JSONField(help_text=_("Prompt, provider, model, endpoint, credential name, tools, limits."))
+    snapshot = models.JSONField(help_text=_("Prompt, provider, model, endpoint, credential name, tools, limits, "
+                                            "fallbacks."))
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -17,11 +17,16 @@ from .models import CallRecord, Turn
 
 
 def redact(text):
-    """``text`` with the provider API key blanked out, should a provider have echoed it back."""
+    """``text`` with every API key the site knows blanked out, should a provider have echoed one
+    back: the site's own, its fallbacks' and each of its credentials' (``assistants``)."""
+    from .assistants import credential_values
+
     text = "" if text is None else str(text)
-    key = str(get_config()["API_KEY"] or "")
-    if len(key) >= 4 and key in text:
-        text = text.replace(key, "[API key hidden]")
+    cfg = get_config()
+    keys = [cfg["API_KEY"], *(entry.get("API_KEY") for entry in cfg["FALLBACKS"]), *credential_values(cfg)]
+    for key in sorted({str(key) for key in keys if key}, key=len, reverse=True):
+        if len(key) >= 4 and key in text:
+            text = text.replace(key, "[API key hidden]")
     return text
 
 

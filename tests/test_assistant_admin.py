@@ -3,7 +3,9 @@ answered each turn, ratings on the turn list and page, the CSV export of rated t
 overview per assistant and day, whose query count does not grow with the turns."""
 
 import csv
+import html
 import io
+import json
 from datetime import timedelta
 from decimal import Decimal
 
@@ -69,6 +71,44 @@ def test_the_form_offers_the_sites_tools_and_credentials_and_refuses_what_cannot
     support = Assistant.objects.get()
     assert (support.tools, support.suggestions, support.credential) == (["search_faq"], ["Refunds?", "Shipping?"],
                                                                       "support-key")
+
+
+def test_the_form_refuses_a_chain_naming_an_unknown_provider_or_credential_and_saves_a_good_one(
+        admin_client, conversations_settings):
+    conversations_settings.update(CREDENTIALS={"support-key": "sk-support-secret", "backup-key": "sk-backup-secret"})
+    fields = {"name": "Support", "slug": "support", "active": "on", "system_prompt": "Be kind.", "provider": "demo",
+              "model": "", "base_url": "", "credential": "", "greeting": "", "suggestions": "",
+              "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
+    add = "/admin/conversations/assistant/add/"
+    assert "fallbacks" in admin_client.get(add).content.decode()
+
+    chain = [{"provider": "no.such.Provider"}, {"provider": "openai", "credential": "bakcup-key"}]
+    refused = admin_client.post(add, {**fields, "fallbacks": json.dumps(chain)})
+    page = html.unescape(refused.content.decode())
+    assert refused.status_code == 200 and not Assistant.objects.exists()
+    assert "Please correct the error below." in page
+    assert "its fallback 1 names a provider “no.such.Provider” that cannot be used (" in page
+    assert "in its fallback 2, its credential “bakcup-key” is not in the site's CREDENTIALS setting." in page
+    not_json = admin_client.post(add, {**fields, "fallbacks": "[{provider: openai}]"})
+    assert "Enter a valid JSON." in not_json.content.decode() and not Assistant.objects.exists()
+
+    chain = [{"provider": "openai", "model": "gpt-4o-mini", "credential": "backup-key"}, {"provider": "demo"}]
+    saved = admin_client.post(add, {**fields, "fallbacks": json.dumps(chain)})
+    assert saved.status_code == 302, saved.context["adminform"].form.errors
+    support = Assistant.objects.get()
+    assert support.fallbacks == chain
+    change = reverse("admin:conversations_assistant_change", args=[support.pk])
+    page = admin_client.get(change).content.decode()
+    # The chain as it was typed, keys in the usual order whatever the database kept; names, never keys.
+    assert html.escape(json.dumps(chain, indent=2)) in page and "secret" not in page
+
+    # An empty box keeps the site's FALLBACKS (and shows empty again, not "null"); [] is no fallbacks at all.
+    for typed, stored in (("", None), ("[]", [])):
+        assert admin_client.post(change, {**fields, "fallbacks": typed}).status_code == 302
+        support.refresh_from_db()
+        assert support.fallbacks == stored
+        box = admin_client.get(change).content.decode().split('name="fallbacks"', 1)[1].split("</textarea>", 1)[0]
+        assert box.split(">", 1)[1].strip() == typed
 
 
 # -- turns: assistant, version, rating, cost -----------------------------------------------------

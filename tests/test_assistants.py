@@ -2,6 +2,7 @@
 endpoint, credential, tools and limits, recorded on every turn; what cannot work is refused when
 it is saved, and otherwise ends the turn with a sentence naming the assistant."""
 
+import json
 import logging
 
 import pytest
@@ -11,7 +12,7 @@ from django.test import RequestFactory
 
 from conversations import assistants
 from conversations.models import Assistant, AssistantVersion, Conversation, Turn
-from tests.fakes import FakeProvider, Reply, openai_text, openai_tool_calls
+from tests.fakes import FakeProvider, Reply, openai_text, openai_tool_calls, unavailable
 from tests.helpers import api_post, make_client, poll_until_done
 
 
@@ -178,6 +179,48 @@ def test_changing_an_assistant_makes_a_new_version_and_leaves_earlier_turns_alon
     assert AssistantVersion.objects.filter(assistant=support).count() == 2
 
 
+@pytest.mark.django_db(transaction=True)
+def test_an_assistants_own_chain_answers_when_its_provider_is_down_and_leaves_the_other_assistant_alone(
+        worker, conversations_settings, monkeypatch):
+    monkeypatch.setenv("TEST_BACKUP_KEY", "sk-backup-from-env")
+    conversations_settings.update(CREDENTIALS={"support-key": "sk-support", "backup-key": "env:TEST_BACKUP_KEY"},
+                                  FALLBACK_RESERVE=2, MAX_ATTEMPTS=1, STREAM=False, TOOLS=[])
+    with FakeProvider(default=unavailable(500)) as support_api, FakeProvider() as backup_api, \
+            FakeProvider() as shop_api:
+        backup_api.add(openai_text("Refunds take 30 days.", model="backup-model"))
+        shop_api.add(openai_text("It is noon in Tokyo.", model="shop-model"))
+        make_assistant("support", name="Support", provider="openai", base_url=support_api.url, model="support-model",
+                       credential="support-key", fallbacks=[{"provider": "openai", "base_url": backup_api.url,
+                                                             "model": "backup-model", "credential": "backup-key"}])
+        make_assistant("shop", name="Shop", provider="openai", base_url=shop_api.url, model="shop-model")
+
+        client = make_client()
+        first = start(client, "support", "How do refunds work?")
+        second = start(client, "shop", "What time is it in Tokyo?")
+        worker()
+        support_answer, shop_answer = (poll_until_done(client, turn["poll_url"]) for turn in (first, second))
+
+    # The visitor of the help desk gets an answer, from its second provider, with that provider's key.
+    assert (support_answer["status"], support_answer["messages"][-1]["content"]) == ("completed",
+                                                                                     "Refunds take 30 days.")
+    assert [r["headers"]["Authorization"] for r in support_api.requests] == ["Bearer sk-support"]
+    assert [r["headers"]["Authorization"] for r in backup_api.requests] == ["Bearer sk-backup-from-env"]
+    support_turn = Turn.objects.select_related("assistant_version").get(pk=first["id"])
+    assert (support_turn.provider, support_turn.model) == ("openai", "backup-model")  # what the admin shows
+    assert [(c.name, c.outcome) for c in support_turn.calls.order_by("id")] == [("support-model", "http_error"),
+                                                                               ("backup-model", "ok")]
+    # The shop has no chain of its own and the site none: its one provider answered, nothing else was tried.
+    assert (shop_answer["status"], shop_answer["messages"][-1]["content"]) == ("completed", "It is noon in Tokyo.")
+    shop_turn = Turn.objects.get(pk=second["id"])
+    assert (shop_turn.model, len(shop_api.requests)) == ("shop-model", 1)
+    assert [(c.name, c.outcome) for c in shop_turn.calls.all()] == [("shop-model", "ok")]
+    # The version records the chain by credential name; no key is stored.
+    snapshot = support_turn.assistant_version.snapshot
+    assert snapshot["fallbacks"] == [{"provider": "openai", "model": "backup-model", "base_url": backup_api.url,
+                                      "credential": "backup-key"}]
+    assert "sk-" not in json.dumps(snapshot) and "fallbacks" not in shop_turn.assistant_version.snapshot
+
+
 # -- what cannot work --------------------------------------------------------------------------
 
 
@@ -209,6 +252,54 @@ def test_saving_refuses_what_cannot_work(conversations_settings):
 
     Assistant(slug="good", name="Good", system_prompt="x" * 50, provider="openai", model="gpt-4o-mini",
               credential="ok", tools=["search_faq"], max_steps=2, call_timeout=3).full_clean()
+
+
+@pytest.mark.django_db
+def test_saving_refuses_a_chain_of_fallbacks_that_cannot_work(conversations_settings):
+    conversations_settings.update(CREDENTIALS={"ok": "sk-x"}, MIN_CALL_BUDGET=1, FALLBACK_RESERVE=0.5)
+
+    def refused(fallbacks):
+        assistant = Assistant(slug="a", name="A", system_prompt="Hi", provider="demo", fallbacks=fallbacks)
+        return pytest.raises(ValidationError, assistant.full_clean).value.message_dict["fallbacks"]
+
+    assert refused({"provider": "openai"}) == refused(["openai"]) == [
+        'its fallbacks must be a list of providers, each {"provider": …, "model": …, "base_url": …, "credential": …}.']
+    errors = refused([{"provider": "no.such.Provider", "api_key": "sk-typed-here"},
+                      {"provider": "demo", "model": "gpt-4o", "base_url": "not a url", "credential": "missing"},
+                      {"model": "m"}, {"provider": "openai", "model": 4}, {"provider": "openai", "credential": "ok"}])
+    assert errors[0] == ("its fallback 1 has unknown keys: api_key (an entry takes provider, model, base_url and "
+                         "credential; never an API key).")
+    assert errors[1].startswith("its fallback 1 names a provider “no.such.Provider” that cannot be used (")
+    assert errors[2:] == [
+        "in its fallback 2, the demo provider has no model “gpt-4o”: leave the model empty.",
+        "its fallback 2 has an endpoint that is not a URL: “not a url”.",
+        "in its fallback 2, its credential “missing” is not in the site's CREDENTIALS setting.",
+        "its fallback 3 names no provider.",
+        "its fallback 4 must give its provider, model, base_url and credential as text.",
+        # Its own chain keeps FALLBACK_RESERVE for the next provider, as the site's does (conversations.E014).
+        "FALLBACK_RESERVE (0.5s) is smaller than MIN_CALL_BUDGET (1s): a provider that hangs would leave the next "
+        "too little time to start."]
+
+    conversations_settings.update(FALLBACK_RESERVE=1)
+    for fallbacks in (None, [], [{"provider": "openai", "model": "gpt-4o-mini", "base_url": "http://127.0.0.1:8080/v1",
+                                  "credential": "ok"}, {"provider": "demo"}]):
+        Assistant(slug="a", name="A", system_prompt="Hi", provider="demo", fallbacks=fallbacks).full_clean()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_chain_whose_key_is_unset_on_the_worker_ends_the_turn_failed_naming_the_assistant(
+        worker, conversations_settings, monkeypatch):
+    monkeypatch.setenv("TEST_BACKUP_KEY", "sk-backup")
+    conversations_settings.update(CREDENTIALS={"backup-key": "env:TEST_BACKUP_KEY"})
+    make_assistant("support", name="Support", fallbacks=[{"provider": "demo", "credential": "backup-key"}])
+    client = make_client()
+    turn = start(client, "support", "Hello")
+    monkeypatch.delenv("TEST_BACKUP_KEY")  # as on a worker started without it
+    worker()
+    final = poll_until_done(client, turn["poll_url"])
+    assert (final["status"], final["error"]) == (
+        "failed", "The assistant “Support” is not set up correctly: in its fallback 1, the environment variable "
+                  "TEST_BACKUP_KEY of its credential “backup-key” is not set.")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -262,7 +353,15 @@ def test_the_fingerprint_covers_the_configuration_not_the_greeting():
 
     assert fingerprint(greeting="Hi") == fingerprint(greeting="Hello") == fingerprint(name="Renamed")
     assert len({fingerprint(), fingerprint(system_prompt="p2"), fingerprint(model="demo"),
-                fingerprint(tools=["search_faq"]), fingerprint(max_steps=2), fingerprint(credential="k")}) == 6
+                fingerprint(tools=["search_faq"]), fingerprint(max_steps=2), fingerprint(credential="k"),
+                fingerprint(fallbacks=[{"provider": "demo"}]),
+                fingerprint(fallbacks=[{"provider": "demo", "credential": "k"}])}) == 8
+    # No chain, whether inherited from a site without one or set empty: the snapshot (and so the fingerprint)
+    # of before chains existed.
+    assert fingerprint(fallbacks=[]) == fingerprint(fallbacks=None) == fingerprint()
+    plain = Assistant(slug="a", name="A", system_prompt="p", provider="demo", fallbacks=[])
+    assert set(assistants.snapshot(plain, assistants.settings_for(plain))) == {
+        "system_prompt", "provider", "model", "base_url", "credential", "tools", "limits"}
 
 
 @pytest.mark.django_db
@@ -293,6 +392,22 @@ def test_the_sentences_naming_an_assistant_are_translated(worker, settings):
     final = poll_until_done(client, turn["poll_url"])
     assert final["error"] == ("El asistente «Soporte» no está bien configurado: sus herramientas “no_such_tool” no "
                               "están entre las registradas en el sitio.")
+
+
+@pytest.mark.django_db
+def test_the_sentences_about_a_chain_are_translated():
+    from django.utils import translation
+
+    soporte = Assistant(slug="soporte", name="Soporte", system_prompt="Hola", provider="demo",
+                        fallbacks=[{"provider": "openai", "credential": "nadie"}, {"provider": "demo", "clave": "x"}])
+    with translation.override("es"):
+        errors = pytest.raises(ValidationError, soporte.full_clean).value.message_dict["fallbacks"]
+        label = str(Assistant._meta.get_field("fallbacks").verbose_name)
+    assert errors == [
+        "en su proveedor de reserva 1, su credencial «nadie» no está en el ajuste CREDENTIALS del sitio.",
+        "su proveedor de reserva 2 tiene claves desconocidas: clave (una entrada admite provider, model, base_url y "
+        "credential; nunca una clave de API)."]
+    assert label == "proveedores de reserva"
 
 
 # -- checks ------------------------------------------------------------------------------------

@@ -171,7 +171,65 @@ def test_a_chain_that_names_an_unknown_provider_is_refused_at_start_up(conversat
     errors = [e for e in check_config() if e.id in ("conversations.E013", "conversations.E014")]
     assert [e.id for e in errors] == ["conversations.E013", "conversations.E013", "conversations.E014"]
     assert errors[1] == Error("FALLBACKS entry 2 has unknown keys: KEY.",
-                              hint="An entry takes PROVIDER, MODEL, BASE_URL, API_KEY.", id="conversations.E013")
+                              hint="An entry takes PROVIDER, MODEL, BASE_URL and either API_KEY or CREDENTIAL.",
+                              id="conversations.E013")
+
+
+def test_a_chain_that_names_an_unknown_credential_or_both_a_key_and_a_credential_is_refused_at_start_up(
+        conversations_settings):
+    conversations_settings.update(CREDENTIALS={"backup": "env:TEST_NO_SUCH_VARIABLE"}, FALLBACKS=[
+        {"PROVIDER": "openai", "CREDENTIAL": "backpu"},
+        {"PROVIDER": "openai", "CREDENTIAL": "backup", "API_KEY": "sk-x"},
+        {"PROVIDER": "anthropic", "CREDENTIAL": "backup"}])
+    messages = [(m.id, m.msg) for m in check_config() if m.id in ("conversations.E013", "conversations.W040")]
+    assert messages == [
+        ("conversations.E013", "FALLBACKS entry 1 names the credential 'backpu', which is not in CREDENTIALS."),
+        ("conversations.E013", "FALLBACKS entry 2 has both API_KEY and CREDENTIAL."),
+        # The third is fine here: its variable is read by the workers, which start with this warning.
+        ("conversations.W040", "CREDENTIALS['backup'] reads the environment variable TEST_NO_SUCH_VARIABLE, which "
+                               "is not set in this process.")]
+
+
+@pytest.fixture
+def backup_key(chain, conversations_settings, monkeypatch):
+    """The site's fallback names its key by a credential read from the environment, as in production."""
+    primary, fallback = chain
+    monkeypatch.setenv("TEST_BACKUP_KEY", "sk-backup-from-env")
+    conversations_settings.update(CREDENTIALS={"backup": "env:TEST_BACKUP_KEY"}, FALLBACKS=[
+        {"PROVIDER": "openai", "BASE_URL": fallback.url, "MODEL": "fallback-model", "CREDENTIAL": "backup"}])
+    return primary, fallback
+
+
+def test_a_fallback_naming_a_credential_is_sent_its_key_read_by_the_worker(backup_key, worker):
+    primary, fallback = backup_key
+    fallback.add(openai_text("Answered with the credential's key."))
+    final, turn, _ = run_one(worker)
+
+    assert final["status"] == "completed" and final["messages"][-1]["content"] == "Answered with the credential's key."
+    assert (turn.provider, turn.model) == ("openai", "fallback-model")
+    assert fallback.requests[0]["headers"]["Authorization"] == "Bearer sk-backup-from-env"
+    assert primary.requests[0]["headers"]["Authorization"] == "Bearer sk-primary"
+
+
+def test_a_fallback_whose_key_the_worker_cannot_read_is_left_out_and_logged(backup_key, worker, monkeypatch, tmp_path):
+    import logging
+
+    primary, fallback = backup_key
+    monkeypatch.delenv("TEST_BACKUP_KEY")
+    handler = logging.FileHandler(tmp_path / "worker.log")  # the forked work horse inherits it
+    logging.getLogger("conversations").addHandler(handler)
+    try:
+        final, turn, _ = run_one(worker)
+    finally:
+        logging.getLogger("conversations").removeHandler(handler)
+        handler.close()
+
+    # The primary is down and the fallback has no key here: the visitor is told as for any outage,
+    assert (final["status"], final["error"]) == ("failed", UNAVAILABLE) and fallback.requests == []
+    assert len(primary.requests) == 2
+    # and the worker's log tells the operator why the fallback was not tried.
+    assert ("Fallback 1 (openai) left out of the chain: the environment variable TEST_BACKUP_KEY of its credential "
+            "“backup” is not set.") in (tmp_path / "worker.log").read_text().splitlines()
 
 
 def test_provider_health_shows_each_breaker_and_fails_while_one_is_open(chain, worker, conversations_settings):
@@ -206,3 +264,33 @@ def test_the_admins_turn_list_shows_each_providers_circuit(chain, worker, conver
         run_one(worker)
     page = admin_client.get("/admin/conversations/turn/").content.decode()
     assert "openai:primary-model\nskipped for " in page and "openai:fallback-model\nanswering" in page
+
+
+def test_provider_health_lists_the_active_assistants_chains_once_per_circuit(chain, admin_client):
+    import io
+
+    from django.core.management import call_command
+
+    from conversations.models import Assistant
+
+    primary, fallback = chain
+
+    def assistant(slug, **fields):
+        Assistant.objects.create(**{"slug": slug, "name": slug.title(), "system_prompt": "Hi.", "provider": "openai",
+                                    "base_url": primary.url, "model": "primary-model", **fields})
+
+    assistant("support", fallbacks=[{"provider": "openai", "base_url": fallback.url, "model": "fallback-model"},
+                                    {"provider": "demo"}])
+    assistant("helpdesk", fallbacks=[{"provider": "demo"}])
+    assistant("shop", model="shop-model")  # the site's chain after its own provider
+    assistant("plain", model="plain-model", fallbacks=[])  # no chain: no circuit
+    assistant("retired", model="retired-model", active=False, fallbacks=[{"provider": "demo"}])
+
+    out = io.StringIO()
+    call_command("provider_health", stdout=out)
+    assert out.getvalue().splitlines() == ["openai:primary-model: closed (0 recent failures)",
+                                           "openai:fallback-model: closed (0 recent failures)",
+                                           "demo:(default model) (helpdesk, support): closed (0 recent failures)",
+                                           "openai:shop-model (shop): closed (0 recent failures)"]
+    page = admin_client.get("/admin/conversations/turn/").content.decode()
+    assert "demo:(default model) (helpdesk, support)\nanswering" in page and "plain-model" not in page

@@ -122,6 +122,40 @@ def test_the_api_key_is_nowhere_after_failed_and_successful_turns(api_key, conve
     assert api_key not in out and api_key not in err
 
 
+def test_the_key_of_an_assistants_fallback_credential_is_nowhere_either(conversations_settings, worker, log_file,
+                                                                         monkeypatch):
+    from conversations.models import Assistant
+    from tests.fakes import unavailable
+
+    key = "plainword-Backup-77"
+    monkeypatch.setenv("TEST_BACKUP_KEY", key)
+    conversations_settings.update(CREDENTIALS={"backup": "env:TEST_BACKUP_KEY"}, FALLBACK_RESERVE=2, MAX_ATTEMPTS=1)
+    client = make_client()
+    with FakeProvider(default=unavailable(500)) as primary, FakeProvider() as backup:
+        backup.add(echoing(500, key), openai_text("From the backup."))  # down (quoting the key), then answering
+        Assistant.objects.create(slug="support", name="Support", system_prompt="Hi.", provider="openai",
+                                 base_url=primary.url, fallbacks=[{"provider": "openai", "base_url": backup.url,
+                                                                   "credential": "backup"}])
+        conversation = api_post(client, "/api/conversations/", {"assistant": "support"}).json()["id"]
+        finals = []
+        for number in range(2):
+            started = api_post(client, f"/api/conversations/{conversation}/turns/", {"content": f"Question {number}"})
+            worker()
+            finals.append(poll_until_done(client, started.json()["poll_url"]))
+
+    assert [f["status"] for f in finals] == ["failed", "completed"]
+    assert [r["headers"]["Authorization"] for r in backup.requests] == [f"Bearer {key}"] * 2
+    assert key not in repr(finals)
+    assert [v for v in redis_values() if v and key.encode() in v] == []
+    assert [row for row in database_rows() if key in row] == []  # the version names the credential only
+    superuser = get_user_model().objects.create_superuser("root", "root@example.com", "pw-123456789")
+    staff = make_client()
+    staff.force_login(superuser)
+    assert [page.request["PATH_INFO"] for page in admin_pages(staff) if key.encode() in page.content] == []
+    logged = log_file.read_text()
+    assert "provider call" in logged and key not in logged
+
+
 @pytest.mark.parametrize("provider, base, header", [
     ("openai", "/v1", "authorization"),
     ("openai", "/openai/deployments/chat?api-version=2024-10-21", "api-key"),  # Azure style

@@ -1,12 +1,14 @@
 """``manage.py provider_health``: the circuit breaker of every provider the turns may call.
 
-Prints one line per provider of the chain (the site's own, then ``FALLBACKS``): closed, open
-(and for how long still) or half-open (the next call probes it), with its recent failures.
+Prints one line per provider of the chain (the site's own, then ``FALLBACKS``), then per
+provider of the active assistants' chains not listed yet (followed by their slugs): closed,
+open (and for how long still) or half-open (the next call probes it), with its recent failures.
 Exits 1 when any provider is open, so a monitoring check can run it; 0 otherwise.
 """
 
 from django.core.management.base import BaseCommand, CommandError
 
+from conversations.assistants import chains
 from conversations.conf import get_config
 from conversations.fallback import provider_health
 
@@ -18,7 +20,7 @@ class Command(BaseCommand):
         from conversations.jobs import get_queue
 
         any_open = False
-        for label, state in provider_health(get_config(), get_queue().connection):
+        for label, state in provider_health(get_config(), get_queue().connection, chains()):
             if state is None:
                 raise CommandError("Redis is unreachable: the breakers cannot be read.")
             any_open = any_open or state["state"] == "open"
