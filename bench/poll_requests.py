@@ -4,7 +4,7 @@ Drives the real widget in headless Chromium (Debian's /usr/bin/chromium) against
 demo site, e.g. in another terminal:
 
     python3 dev.py demo --port 8765
-    .venv/bin/python bench/poll_requests.py --url http://127.0.0.1:8765/ [--runs 3] [--screenshot docs/images/widget.png]
+    .venv/bin/python bench/poll_requests.py --url http://127.0.0.1:8765/ [--runs 3] [--screenshot PATH]
 
 "Without 304s" strips the If-None-Match header from every poll, so each poll gets a full
 200 answer, as a client that ignores ETags would. Bytes per poll: the request's header block
