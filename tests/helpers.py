@@ -33,6 +33,27 @@ FAST = {
 }
 
 
+def at_once(*calls, timeout=30):
+    """Run each of ``calls`` in its own thread, all released at the same moment (a barrier), as
+    concurrent requests or workers would; return their results in order. Each thread closes its
+    database connections."""
+    barrier, results = threading.Barrier(len(calls)), [None] * len(calls)
+
+    def run(index):
+        try:
+            barrier.wait()
+            results[index] = calls[index]()
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    return results
+
+
 # A Redis URL where nothing listens.
 NOWHERE = "redis://127.0.0.1:9/0"
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from conversations.api.parsers import LimitedJSONParser, RequestTooLarge
 from conversations.models import Conversation, Message, Turn
-from tests.helpers import api_post, make_client, start_turn
+from tests.helpers import api_post, at_once, make_client, start_turn
 from tests.fakes import FakeProvider, openai_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -273,26 +273,9 @@ def test_django_refuses_huge_form_bodies_outside_the_api_too():
 def post_at_once(clients):
     """POST one message in each client's own new conversation, all at the same moment (threads);
     return the status codes."""
-    import threading
-
-    from django.db import connections
-
     conversations = [new_conversation(client) for client in clients]
-    barrier, answers = threading.Barrier(len(clients)), [None] * len(clients)
-
-    def post(index):
-        try:
-            barrier.wait()
-            answers[index] = send(clients[index], conversations[index]).status_code
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=post, args=(i,)) for i in range(len(clients))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    return answers
+    return at_once(*[lambda c=client, id=conversation: send(c, id).status_code
+                     for client, conversation in zip(clients, conversations)])
 
 
 def sessions_of(username, count):

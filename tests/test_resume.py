@@ -18,7 +18,7 @@ from conversations.models import CallRecord, Message, Turn
 from conversations.resume import gave_up_message, resume_or_fail
 from conversations.tools import tool
 from tests.fakes import FakeProvider, hang, openai_text, openai_tool_calls
-from tests.helpers import Poller, make_client, poll_until_done, start_turn
+from tests.helpers import Poller, at_once, make_client, poll_until_done, start_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -209,20 +209,7 @@ def test_two_places_noticing_one_death_start_one_continuation(resuming):
                                                  deadline_at=timezone.now() + timezone.timedelta(seconds=14))
     queue = django_rq.get_queue("default")
     queue.empty()
-    barrier = threading.Barrier(4)
-
-    def notice():
-        try:
-            barrier.wait()
-            turns.repair(Turn.objects.get(pk=started["id"]))
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=notice) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(10)
+    at_once(*[lambda: turns.repair(Turn.objects.get(pk=started["id"]))] * 4, timeout=10)
     turn = Turn.objects.get(pk=started["id"])
     assert turn.resumes == 1 and turn.status == "running" and queue.count == 1
     assert queue.job_ids == [turn.job_id] and turn.job_id.endswith("-r1")

@@ -1,12 +1,9 @@
 """One turn at a time per conversation, and Idempotency-Key: a retried POST never pays twice."""
 
-import threading
-
 import pytest
-from django.db import connections
 
 from conversations.models import Turn
-from tests.helpers import api_post, make_client, poll_until_done, start_turn
+from tests.helpers import api_post, at_once, make_client, poll_until_done, start_turn
 from tests.fakes import FakeProvider, openai_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -96,20 +93,7 @@ def test_a_malformed_key_gets_a_clear_400(key):
 def test_concurrent_retries_with_one_key_create_one_turn():
     client = make_client()
     conversation = new_conversation(client)
-    results, barrier = [], threading.Barrier(4)
-
-    def post():
-        try:
-            barrier.wait()
-            results.append(send(client, conversation, "Same", key="race-1"))
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=post) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    results = at_once(*[lambda: send(client, conversation, "Same", key="race-1")] * 4)
 
     assert sorted(r.status_code for r in results) == [200, 200, 200, 202]
     assert len({r.json()["id"] for r in results}) == 1
