@@ -165,7 +165,7 @@ class AssistantAdmin(admin.ModelAdmin):
         days = days if days in OVERVIEW_DAYS else 30
         rows = overview(days)
         for row in rows:
-            row["ended"] = [(label, row[f"status_{value}"]) for value, label in Turn.Status.choices
+            row["ended"] = [(value, label, row[f"status_{value}"]) for value, label in Turn.Status.choices
                             if row[f"status_{value}"]]
             row["duration_text"] = seconds(row["duration_median"], 1)
             row["margin_text"] = seconds(row["margin_p10"], 1)
