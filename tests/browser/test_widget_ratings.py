@@ -93,19 +93,35 @@ def test_each_answer_has_its_own_rating(chat_page, worker_process):
     assert all("cvw-msg-assistant" in classes[i - 1] for i in rates), classes
 
 
-def test_a_refused_rating_says_why_and_changes_nothing(chat_page, worker_process):
+def test_a_refused_rating_says_why_and_changes_nothing(chat_page, worker_process, conversations_settings):
+    conversations_settings.update(RATING_RATE_PER_OWNER="1/min")  # the real server refuses the second
     worker_process(DEMO_DELAY=0.05)
     chat = chat_page().open()
     answered(chat)
-    too_fast = "You are rating answers too quickly. Please wait a moment and try again."
-    chat.page.route("**/rating/", lambda route: route.fulfill(
-        status=429, content_type="application/json", headers={"Retry-After": "30"}, body=f'{{"detail": "{too_fast}"}}'))
     up = chat.page.get_by_role("button", name="Helpful", exact=True)
+    down = chat.page.get_by_role("button", name="Not helpful")
     up.click()
-    expect(chat.locator(".cvw-rate-said")).to_have_text(too_fast)
-    expect(up).to_have_attribute("aria-pressed", "false")
-    expect(chat.locator(".cvw-sr")).to_have_text(too_fast)  # read out, not only shown
-    assert Turn.objects.get().rating == ""
+    expect(up).to_have_attribute("aria-pressed", "true")
+    down.click()
+    too_fast = "You are rating answers too quickly. Please wait a moment and try again."
+    expect(chat.locator(".cvw-rate-said")).to_contain_text(too_fast)
+    expect(chat.locator(".cvw-sr")).to_contain_text(too_fast)  # read out, not only shown
+    expect(up).to_have_attribute("aria-pressed", "true")  # the rating the server holds is still shown
+    expect(down).to_have_attribute("aria-pressed", "false")
+    assert Turn.objects.get().rating == "up"
+
+
+def test_a_stopped_answer_can_be_rated_as_after_a_reload(chat_page, worker_process):
+    worker_process(DEMO_DELAY=3)
+    chat = chat_page().open()
+    chat.send(QUESTION)
+    expect(chat.locator(".cvw-growing")).to_be_visible()  # the answer is being written
+    chat.locator(".cvw-stop").click()
+    expect(chat.locator(".cvw-notice")).to_have_text("You stopped this answer.")
+    expect(chat.page.get_by_role("group", name="Rate this answer")).to_have_count(1)
+    chat.page.reload()
+    expect(chat.page.get_by_role("group", name="Rate this answer")).to_have_count(1)
+    assert Turn.objects.get().status == "cancelled"
 
 
 def test_the_rating_controls_speak_spanish(chat_page, worker_process):

@@ -572,7 +572,7 @@
     if (state.status === "gone") { this.forget(); }
     if (ending) { this.notice(ending); }
     this.settle(); // a streamed message the turn ended in the middle of keeps the text shown
-    if (state.status === "completed" || state.status === "incomplete") { this.rateable(turn.id); }
+    if (state.status !== "gone") { this.rateable(turn.id); } // any ended turn with an answer, as after a reload
     var answer = null;
     (state.messages || []).forEach(function (m) { if (m.role === "assistant" && m.content) { answer = m.content; } });
     this.announce([answer && state.status === "completed" ? answer : "", ending || ""].join(" ").trim());
