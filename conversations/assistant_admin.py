@@ -124,7 +124,6 @@ class AssistantAdmin(admin.ModelAdmin):
     search_fields = ("name", "slug", "model")
     prepopulated_fields = {"slug": ["name"]}
     inlines = [VersionInline]
-    change_list_template = "admin/conversations/assistant/change_list.html"
     fieldsets = [
         (None, {"fields": ("name", "slug", "active")}),
         (gettext_lazy("What answers"), {"fields": ("system_prompt", ("provider", "model"), "base_url", "credential",

@@ -162,7 +162,8 @@ def provider_health(config, connection, chains=()):
     half-open, recent failures), None when Redis cannot be read. For ``manage.py
     provider_health`` and the admin's turn list."""
     rows = {}  # breaker key → [label, names of the assistants whose chain holds it (None: the site's)]
-    for owner, chain in [(None, config), *chains]:
+    # A provider with no fallbacks is called directly (``build_provider``): it has no circuit.
+    for owner, chain in [*([(None, config)] if config["FALLBACKS"] else []), *chains]:
         for entry in chain_entries(chain):
             label = f"{entry['PROVIDER']}:{entry['MODEL'] or '(default model)'}"
             row = rows.setdefault(provider_key(entry), [label, [] if owner else None])

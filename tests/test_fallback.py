@@ -294,3 +294,16 @@ def test_provider_health_lists_the_active_assistants_chains_once_per_circuit(cha
                                            "openai:shop-model (shop): closed (0 recent failures)"]
     page = admin_client.get("/admin/conversations/turn/").content.decode()
     assert "demo:(default model) (helpdesk, support)\nanswering" in page and "plain-model" not in page
+
+
+def test_a_site_without_fallbacks_has_no_circuit_to_show(conversations_settings, admin_client):
+    import io
+
+    from django.core.management import call_command
+
+    conversations_settings.update(FALLBACKS=[])
+    out = io.StringIO()
+    call_command("provider_health", stdout=out)  # exits 0: nothing can be open
+    assert out.getvalue().startswith("No provider has fallbacks")
+    page = admin_client.get("/admin/conversations/turn/").content.decode()
+    assert 'class="provider-health"' not in page  # no "answering" line for a provider nothing watches

@@ -1,7 +1,8 @@
 """``manage.py provider_health``: the circuit breaker of every provider the turns may call.
 
-Prints one line per provider of the chain (the site's own, then ``FALLBACKS``), then per
-provider of the active assistants' chains not listed yet (followed by their slugs): closed,
+Prints one line per provider of the site's chain (its own, then ``FALLBACKS``; nothing when there
+are none: a lone provider has no breaker), then per provider of the active assistants' chains not
+listed yet (followed by their slugs): closed,
 open (and for how long still) or half-open (the next call probes it), with its recent failures.
 Exits 1 when any provider is open, so a monitoring check can run it; 0 otherwise.
 """
@@ -20,7 +21,11 @@ class Command(BaseCommand):
         from conversations.jobs import get_queue
 
         any_open = False
-        for label, state in provider_health(get_config(), get_queue().connection, chains()):
+        health = provider_health(get_config(), get_queue().connection, chains())
+        if not health:
+            self.stdout.write("No provider has fallbacks (FALLBACKS, or an assistant's own): each is called "
+                              "directly, with no circuit breaker.")
+        for label, state in health:
             if state is None:
                 raise CommandError("Redis is unreachable: the breakers cannot be read.")
             any_open = any_open or state["state"] == "open"
