@@ -1,4 +1,4 @@
-"""``manage.py repair_turns [--dry-run] [--grace SECONDS]``: end the turns nobody will finish.
+"""``manage.py repair_turns [--dry-run] [--grace SECONDS]``: repair the turns nobody will finish.
 
 Meant for cron (every few minutes). A turn still ``queued`` more than ``QUEUE_WAIT`` seconds
 after it was enqueued is ended (``turns.end_unclaimed``: failed, "not available right now"),
@@ -7,8 +7,10 @@ turn is a candidate when it is still ``queued`` or ``running`` and either its ow
 (``deadline_at``) has passed, or it was enqueued (or started, without a recorded deadline)
 more than ``--grace`` seconds ago. A candidate is repaired only when its RQ job can no longer
 write a final state (``jobs.job_problem``: the job is gone, failed, stopped, finished without
-a final state, or stopped heartbeating), or when it never had a job at all. A running job
-still inside its ``job_timeout`` is reported and left alone.
+a final state, or stopped heartbeating), or when it never had a job at all: a running turn is
+continued by a new job when its deadline still allows (``resume.resume_or_fail``), else ended
+(failed, or cancelled if it was asked to stop). A running job still inside its
+``job_timeout`` is reported and left alone.
 
 Ending and repairing change a row only if it is still unfinished (queued, for
 ``end_unclaimed``), then publish the state with ``done: true``; running it twice changes
@@ -55,8 +57,9 @@ class Command(BaseCommand):
     """Run by cron or a systemd timer; prints one line per overdue turn and a summary, exits 0
     (non-zero only when Redis or the database cannot be reached)."""
 
-    help = ("Report turns stuck in queued/running past their deadline and end those whose job cannot "
-            "finish them (status failed, final state published with done: true). Safe to run from cron.")
+    help = ("Report turns stuck in queued/running past their deadline and repair those whose job cannot "
+            "finish them: continued by a new job while the deadline allows, else ended (final state published "
+            "with done: true). Safe to run from cron.")
 
     def add_arguments(self, parser):
         parser.add_argument("--dry-run", action="store_true", help="Report only; change nothing.")
@@ -69,7 +72,7 @@ class Command(BaseCommand):
         if grace < 0:
             raise CommandError("--grace must be zero or more seconds.")
         now = timezone.now()
-        overdue = repaired = 0
+        overdue = repaired = resumed = 0
         try:
             connection = jobs.get_queue().connection
             for turn in candidates(now, grace):
@@ -81,7 +84,8 @@ class Command(BaseCommand):
                     reason = stuck_reason(turn, connection=connection)
                     action = self.act(turn, reason, dry_run)
                 overdue += 1
-                repaired += action in {"repaired", "would repair"}
+                repaired += action in {"repaired", "resumed", "would repair"}
+                resumed += action == "resumed"
                 since = turn.deadline_at or turn.started_at or turn.enqueued_at
                 late = f"{(now - since).total_seconds():.0f}s" if since else "?"
                 # One line per turn as it is handled, so an interruption still reports what was done.
@@ -89,7 +93,9 @@ class Command(BaseCommand):
         except RedisError as exc:
             raise CommandError(f"Redis is unavailable, nothing was changed after this point: {exc}") from None
         verb = "would be repaired" if dry_run else "repaired"
-        self.stdout.write(f"{overdue} overdue turn(s), {repaired} {verb}, {overdue - repaired} left to their job.")
+        continued = f" ({resumed} continued by a new job)" if resumed else ""
+        self.stdout.write(f"{overdue} overdue turn(s), {repaired} {verb}{continued}, {overdue - repaired} left to "
+                          "their job.")
 
     def end_unclaimed(self, turn, dry_run):
         """End ``turn``, which waited in the queue past ``QUEUE_WAIT``; return what was done."""
@@ -107,6 +113,7 @@ class Command(BaseCommand):
             return "would repair"
         if resume_or_fail(turn, reason, dead_job_id=turn.job_id) is None:
             return "already done"
-        logger.error("Turn %s repaired by repair_turns: %s", turn.id, reason,
+        action = "resumed" if turn.status == Turn.Status.RUNNING else "repaired"
+        logger.error("Turn %s %s by repair_turns: %s", turn.id, action, reason,
                      extra={"turn_id": str(turn.id), "reason": reason})
-        return "resumed" if turn.status == Turn.Status.RUNNING else "repaired"
+        return action
