@@ -69,6 +69,9 @@ class AssistantForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        if not self.instance.pk and "provider" not in kwargs.get("initial", {}):
+            # A new assistant starts from the site's provider, not the model's "demo" (canned answers).
+            self.initial.update(provider=get_config()["PROVIDER"], model=get_config()["MODEL"])
         for name in ("base_url", "tools", "credential", "fallbacks", "suggestions"):  # as the model's fields
             model_field = Assistant._meta.get_field(name)
             self.fields[name].label = capfirst(model_field.verbose_name)

@@ -57,6 +57,10 @@ def test_the_form_offers_the_sites_tools_and_credentials_and_refuses_what_cannot
     form = admin_client.get("/admin/conversations/assistant/add/").content.decode()
     assert 'value="current_time"' in form and 'value="search_faq"' in form
     assert '<option value="support-key">support-key</option>' in form
+    # A new assistant starts with the site's provider and model, not the demo's canned answers.
+    conversations_settings.update(PROVIDER="openai", MODEL="gpt-4o-mini")
+    form = admin_client.get("/admin/conversations/assistant/add/").content.decode()
+    assert 'name="provider" value="openai"' in form and 'name="model" value="gpt-4o-mini"' in form
 
     fields = {"name": "Support", "slug": "support", "active": "on", "system_prompt": "Be kind.",
               "provider": "no.such.Provider", "model": "", "base_url": "", "credential": "support-key",
