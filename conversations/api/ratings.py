@@ -5,9 +5,10 @@ rate (404 for anyone else, as everywhere in the API), and only a finished turn (
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import NotFound, Throttled
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from ..models import Turn
@@ -22,10 +23,7 @@ class RatingView(ConversationAPIView):
     limits (429), the body (400), ownership (404), the turn finished (409); 503 when Redis is down."""
 
     throttle_classes = [RatingOwnerThrottle, RatingIPThrottle]
-
-    def throttled(self, request, wait):
-        wait = max(1, round(wait)) if wait is not None else None
-        raise Throttled(wait, detail=_("You are rating answers too quickly. Please wait a moment and try again."))
+    throttle_message = gettext_lazy("You are rating answers too quickly. Please wait a moment and try again.")
 
     @extend_schema(
         parameters=[CONVERSATION_ID, TURN_ID, RETRY_AFTER],

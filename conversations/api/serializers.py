@@ -14,23 +14,33 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 NOT_BLANK_PATTERN = r"[^\s\x00-\x1f\x7f-\x9f]"
 
 
-class MessageField(serializers.CharField):
-    """A visitor's message: a string of at most ``MAX_MESSAGE_LENGTH`` characters as sent; control
-    characters (but tab and newline) are then removed and the ends trimmed. Numbers, lists and
-    other JSON values are refused rather than turned into text."""
+class VisitorTextField(serializers.CharField):
+    """Text a visitor wrote: a string (numbers, lists and other JSON values are refused rather
+    than turned into text), with control characters (but tab and newline) removed."""
 
     def run_validation(self, data=serializers.empty):
         if data is not serializers.empty and data is not None:
             if not isinstance(data, str):
                 self.fail("invalid")
-            limit = get_config()["MAX_MESSAGE_LENGTH"]
-            if len(data) > limit:
-                raise serializers.ValidationError(
-                    _("The message is too long: %(length)d characters, at most %(limit)d allowed.")
-                    % {"length": len(data), "limit": limit}
-                )
+            self.check_sent_length(data)
             data = _CONTROL.sub("", data)
         return super().run_validation(data)
+
+    def check_sent_length(self, data):
+        """A limit on the text as sent, before anything is removed (none here)."""
+
+
+class MessageField(VisitorTextField):
+    """A visitor's message: at most ``MAX_MESSAGE_LENGTH`` characters as sent; control characters
+    (but tab and newline) are then removed and the ends trimmed."""
+
+    def check_sent_length(self, data):
+        limit = get_config()["MAX_MESSAGE_LENGTH"]
+        if len(data) > limit:
+            raise serializers.ValidationError(
+                _("The message is too long: %(length)d characters, at most %(limit)d allowed.")
+                % {"length": len(data), "limit": limit}
+            )
 
     def to_internal_value(self, data):
         return super().to_internal_value(data).strip()
@@ -100,15 +110,8 @@ class ConversationCreateSerializer(serializers.Serializer):
         return assistant
 
 
-class CommentField(serializers.CharField):
-    """A visitor's comment on an answer: text, control characters (but tab and newline) removed."""
-
-    def run_validation(self, data=serializers.empty):
-        if data is not serializers.empty and data is not None:
-            if not isinstance(data, str):
-                self.fail("invalid")
-            data = _CONTROL.sub("", data)
-        return super().run_validation(data)
+class CommentField(VisitorTextField):
+    """A visitor's comment on an answer (its length is the field's ``max_length``)."""
 
 
 RATING_CHOICES = [choice for choice, _label in Turn.Rating.choices]

@@ -7,6 +7,7 @@ from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -147,10 +148,18 @@ class ConversationAPIView(LoginNotRequiredMixin, RedisDownMixin, APIView):
         "Authentication credentials were not provided." instead."""
         raise PermissionDenied(message)
 
+    throttle_message = None  # the sentence of this view's 429; None: DRF's
+
     def initial(self, request, *args, **kwargs):
         check_content_length(request)
         check_session_store(request)
         super().initial(request, *args, **kwargs)
+
+    def throttled(self, request, wait):
+        """A 429 with the view's sentence, and ``Retry-After`` in whole seconds (at least 1)."""
+        wait = max(1, round(wait)) if wait is not None else None
+        message = self.throttle_message
+        raise Throttled(wait, detail=None if message is None else str(message))  # DRF joins it to its own
 
 
 class ConversationListView(ConversationAPIView):
@@ -162,10 +171,8 @@ class ConversationListView(ConversationAPIView):
             return [ConversationOwnerThrottle(), ConversationIPThrottle()]
         return []
 
-    def throttled(self, request, wait):
-        wait = max(1, round(wait)) if wait is not None else None
-        raise Throttled(wait, detail=_("You have started too many conversations. Please continue one of them "
-                                       "or try again later."))
+    throttle_message = gettext_lazy("You have started too many conversations. Please continue one of them or try "
+                                    "again later.")
 
     @extend_schema(responses={200: serializers.ConversationSerializer(many=True), 403: SIGN_IN, 503: UNAVAILABLE},
                    summary="The caller's 50 most recent conversations")
@@ -224,10 +231,7 @@ class TurnListView(ConversationAPIView):
     """
 
     throttle_classes = [TurnOwnerThrottle, TurnIPThrottle]
-
-    def throttled(self, request, wait):
-        wait = max(1, round(wait)) if wait is not None else None
-        raise Throttled(wait, detail=_("You are sending messages too quickly. Please wait a moment and try again."))
+    throttle_message = gettext_lazy("You are sending messages too quickly. Please wait a moment and try again.")
 
     @extend_schema(
         request=serializers.TurnCreateSerializer,
