@@ -6,7 +6,6 @@ before the job can run, a turn that could not be enqueued ends failed, only an u
 gets a final state — is written once. RQ's side (enqueueing, the job, its health) is in ``jobs``.
 """
 
-import datetime
 import functools
 import logging
 
@@ -49,12 +48,10 @@ def ensure_idle(conversation):
     both find it idle. A turn still queued past ``QUEUE_WAIT`` is ended here (at the commit,
     its state is published) rather than refused for: the visitor is never stuck behind it.
     """
-    cutoff = timezone.now() - datetime.timedelta(seconds=get_config()["QUEUE_WAIT"])
-    for turn in conversation.turns.filter(status=Turn.Status.QUEUED, enqueued_at__lt=cutoff):
-        if _end_unclaimed_row(turn):
-            transaction.on_commit(functools.partial(_publish_quietly, turn))
-    if conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES).exists():
-        raise TurnActive()
+    for turn in conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES):  # one query; usually none
+        if not (waited_too_long(turn) and _end_unclaimed_row(turn)):
+            raise TurnActive()
+        transaction.on_commit(functools.partial(_publish_quietly, turn))
 
 
 def create(conversation, content, **fields):
