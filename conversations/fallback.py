@@ -22,7 +22,7 @@ import logging
 from .breaker import CircuitBreaker, provider_key
 from .budget import Budget, BudgetExhausted
 from .http import BudgetedHTTP
-from .providers import BaseProvider, ProviderError, get_provider_class
+from .providers import BaseProvider, ProviderError, call_complete, get_provider_class
 from .types import Outcome, record_call
 
 logger = logging.getLogger("conversations.fallback")
@@ -104,7 +104,7 @@ class ProviderChain(BaseProvider):
                 self.hop(link, "circuit open")
                 continue
             try:
-                reply = link.provider.complete(messages, tools, on_text=on_text)
+                reply = call_complete(link.provider, messages, tools, on_text)
             except ProviderError as error:
                 if error.code not in failover:
                     raise
