@@ -80,11 +80,13 @@ class PartialReply(Exception):
 
 class CallCancelled(Exception):
     """The turn was stopped while the call was in flight, and its sockets were shut down.
-    ``data`` is a streamed reply so far (None when nothing had arrived, or not streamed)."""
+    ``data`` is a streamed reply so far (None when nothing had arrived, or not streamed);
+    ``reply`` is the ``ModelReply`` a provider made of it, set by the provider (None when none)."""
 
     def __init__(self, data=None):
         super().__init__("the turn was stopped during the call")
         self.data = data
+        self.reply = None
 
 
 @dataclass

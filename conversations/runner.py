@@ -256,7 +256,7 @@ class TurnRunner:
             except CallCancelled as stop:
                 self.streamed = None
                 asked = self.stop_requested() or "cancel"
-                if asked == "cancel" and getattr(stop, "reply", None) is not None and stop.reply.text:
+                if asked == "cancel" and stop.reply is not None and stop.reply.text:
                     self.save_reply(stop.reply)  # what the visitor saw stays
                 ended = self.stop_for(asked)
                 if ended:
