@@ -33,7 +33,7 @@ from urllib3 import exceptions as urllib3_exceptions
 from .budget import BudgetExhausted
 from .streaming import EventDecoder, StreamError
 from .types import Outcome, record_call
-from .watchdog import Watchdog, environment_settings, new_session
+from .watchdog import Watchdog, environment_settings, new_session, stop_requested
 
 logger = logging.getLogger("conversations.http")
 
@@ -220,7 +220,7 @@ class BudgetedHTTP:
             return self.sleep(seconds)
         end = time.monotonic() + seconds
         while True:
-            if self.cancelled is not None and self.cancelled():
+            if stop_requested(self.cancelled):
                 raise CallCancelled()
             left = end - time.monotonic()
             if left <= 0:
