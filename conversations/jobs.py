@@ -216,10 +216,10 @@ def warm_up():
         connections.close_all()
 
 
-def turn_id_from_job(job):
-    """The turn a job runs (its first job, or a continuation's ``…-rN``), or None."""
-    if job.id.startswith(JOB_PREFIX):
-        return job.id[len(JOB_PREFIX):].split("-r")[0]
+def turn_id_from_job_id(job_id):
+    """The turn the job ``job_id`` runs (its first job, or a continuation's ``…-rN``), or None."""
+    if job_id.startswith(JOB_PREFIX):
+        return job_id[len(JOB_PREFIX):].split("-r")[0]
     return None
 
 
