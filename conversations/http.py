@@ -138,7 +138,9 @@ def ensure_call_budget(budget, minimum, *, turn_id="", name="", attempt=1, recor
 
 
 class BudgetedHTTP:
-    """Makes JSON POSTs to a provider within a turn's budget.
+    """Makes a provider's POSTs within a turn's budget: JSON replies (``post_json``) or server-sent
+    event streams (``post_stream``), retried within the budget, and shut as soon as ``cancelled()``
+    says the turn was stopped (``CallCancelled``).
 
     ``recorder(**fields)`` is called once per attempt with the fields of a ``CallRecord``.
     ``sleep`` and ``random`` are class attributes so tests can replace them.

@@ -228,12 +228,13 @@ class TurnRunner:
         return self.turn
 
     def loop(self, *, resuming=False):
-        """The model/tool round-trips. Returns ``(status, error)`` for the final write.
+        """The model/tool round-trips. Returns ``(status, error)`` for the final write, or
+        ``(None, None)`` when another job continues the turn (its worker is shutting down).
 
-        Before every model call: the cancel flag, then the budget (a call that could not get
-        ``MIN_CALL_BUDGET`` seconds is skipped, raising ``BudgetExhausted``); during it, a Stop
-        shuts the call. Before every tool: the cancel flag. After every round-trip: the new rows
-        are published.
+        Before every model call and every tool: ``stop_requested()`` (a Stop, or a hand-over; see
+        ``stop_for``). Then, for a model call, the budget (one that could not get ``MIN_CALL_BUDGET``
+        seconds is skipped, raising ``BudgetExhausted``); during it, ``cancelled()`` shuts the call.
+        After every round-trip: the new rows are published.
         """
         cfg = self.config
         history = self.history()
