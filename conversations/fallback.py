@@ -22,7 +22,7 @@ import logging
 from .breaker import CircuitBreaker, provider_key
 from .budget import Budget, BudgetExhausted
 from .http import BudgetedHTTP
-from .providers import BaseProvider, ProviderError, get_provider_class
+from .providers import BaseProvider, ProviderError, call_complete, get_provider_class
 from .types import Outcome, record_call
 
 logger = logging.getLogger("conversations.fallback")
@@ -75,8 +75,7 @@ class Link:
 class ProviderChain(BaseProvider):
     """Calls the first provider of ``links`` that is up; see the module's docstring.
 
-    ``answered`` is the ``Link`` whose reply the last call returned; ``hops`` lists, for the
-    last call, ``(label, why it was left)`` for each provider passed over.
+    ``answered`` is the ``Link`` whose reply the last call returned.
     """
 
     name = "chain"
@@ -85,7 +84,6 @@ class ProviderChain(BaseProvider):
         super().__init__(config, http=links[0].http, budget=budget)
         self.links = links
         self.answered = links[0]
-        self.hops = []
 
     @property
     def model(self):
@@ -96,7 +94,7 @@ class ProviderChain(BaseProvider):
 
     def complete(self, messages, tools, on_text=None):
         """The reply of the first provider up, or the last outage's ``ProviderError``."""
-        self.hops, failure = [], None
+        failure = None
         failover = OUTAGE_CODES | ({"auth"} if self.config["FAILOVER_ON_AUTH"] else set())
         for index, link in enumerate(self.links):
             last = index == len(self.links) - 1
@@ -104,7 +102,7 @@ class ProviderChain(BaseProvider):
                 self.hop(link, "circuit open")
                 continue
             try:
-                reply = link.provider.complete(messages, tools, on_text=on_text)
+                reply = call_complete(link.provider, messages, tools, on_text)
             except ProviderError as error:
                 if error.code not in failover:
                     raise
@@ -126,9 +124,8 @@ class ProviderChain(BaseProvider):
         raise ProviderError("unavailable", "every provider of the chain is skipped: their circuits are open")
 
     def hop(self, link, why, *, last=False):
-        """Note that ``link`` was passed over, and why; logged, and kept for the timeline."""
+        """Log that ``link`` was passed over, and why; an open circuit is also recorded as a skipped call."""
         following = "" if last else f"; {self.budget.remaining():.1f}s left for the next"
-        self.hops.append((link.label, why))
         logger.warning("Provider %s left: %s%s", link.label, why, following,
                        extra={"provider": link.label, "reason": why})
         if why == "circuit open":

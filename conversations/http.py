@@ -33,7 +33,7 @@ from urllib3 import exceptions as urllib3_exceptions
 from .budget import BudgetExhausted
 from .streaming import EventDecoder, StreamError
 from .types import Outcome, record_call
-from .watchdog import Watchdog, environment_settings, new_session
+from .watchdog import Watchdog, environment_settings, new_session, stop_requested
 
 logger = logging.getLogger("conversations.http")
 
@@ -80,11 +80,13 @@ class PartialReply(Exception):
 
 class CallCancelled(Exception):
     """The turn was stopped while the call was in flight, and its sockets were shut down.
-    ``data`` is a streamed reply so far (None when nothing had arrived, or not streamed)."""
+    ``data`` is a streamed reply so far (None when nothing had arrived, or not streamed);
+    ``reply`` is the ``ModelReply`` a provider made of it, set by the provider (None when none)."""
 
     def __init__(self, data=None):
         super().__init__("the turn was stopped during the call")
         self.data = data
+        self.reply = None
 
 
 @dataclass
@@ -136,7 +138,9 @@ def ensure_call_budget(budget, minimum, *, turn_id="", name="", attempt=1, recor
 
 
 class BudgetedHTTP:
-    """Makes JSON POSTs to a provider within a turn's budget.
+    """Makes a provider's POSTs within a turn's budget: JSON replies (``post_json``) or server-sent
+    event streams (``post_stream``), retried within the budget, and shut as soon as ``cancelled()``
+    says the turn was stopped (``CallCancelled``).
 
     ``recorder(**fields)`` is called once per attempt with the fields of a ``CallRecord``.
     ``sleep`` and ``random`` are class attributes so tests can replace them.
@@ -218,7 +222,7 @@ class BudgetedHTTP:
             return self.sleep(seconds)
         end = time.monotonic() + seconds
         while True:
-            if self.cancelled is not None and self.cancelled():
+            if stop_requested(self.cancelled):
                 raise CallCancelled()
             left = end - time.monotonic()
             if left <= 0:

@@ -139,29 +139,7 @@ def perform_turn(turn_id):
     if not turns.claim(turn):  # stopped or ended a moment ago, between the read above and now
         turn.refresh_from_db()
         return turn.status
-    try:
-        cfg = assistants.config_for_turn(turn, cfg)
-    except assistants.NotSetUp as exc:  # e.g. a tool removed from TOOLS since the assistant was saved
-        logger.error("Turn %s cannot run: the assistant %s", turn_id, exc)
-        turns.finalize(turn, Turn.Status.FAILED, exc.message)
-        return turn.status
-    try:
-        runner = TurnRunner(turn, clock=clock, config=cfg)
-    except Exception:  # e.g. a PROVIDER or TOOLS path that cannot be imported: still end the turn
-        logger.exception("Turn %s could not start", turn_id)
-        turns.finalize(turn, Turn.Status.FAILED, turns.crashed_message())
-        raise
-    try:
-        runner.run()
-    except JobTimeoutException:
-        logger.error("Turn %s hit the RQ job timeout (%ss)", turn_id, job_timeout)
-        runner.finish(Turn.Status.FAILED, timeout_message())
-        raise
-    except Exception:
-        logger.exception("Turn %s crashed", turn_id)
-        runner.finish(Turn.Status.FAILED, turns.crashed_message())
-        raise
-    return turn.status
+    return _run(turn, cfg, lambda cfg: clock, job_timeout=job_timeout)
 
 
 def _continue(turn, cfg):
@@ -169,22 +147,40 @@ def _continue(turn, cfg):
     deadline: the budget ends at ``deadline_at``, never later."""
     from .resume import time_left
 
+    def clock_for(cfg):
+        left = max(0.0, time_left(turn) or 0.0)
+        return TurnClock(left + cfg["DEADLINE_MARGIN"], cfg["DEADLINE_MARGIN"])
+
+    return _run(turn, cfg, clock_for, resuming=True)
+
+
+def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None):
+    """Run claimed (or, ``resuming``, continued) ``turn`` with the clock ``clock_for(cfg)`` builds
+    from its assistant's settings; whatever happens, end it with a final write. The one path
+    both a first run and a continuation take, so neither can leave a turn ``running``."""
+    turn_id = turn.id
+    again = " after resuming" if resuming else ""
     try:
         cfg = assistants.config_for_turn(turn, cfg)
-    except assistants.NotSetUp as exc:  # changed since the turn began: end it as a first run would
+    except assistants.NotSetUp as exc:  # e.g. a tool removed from TOOLS since the assistant was saved
+        logger.error("Turn %s cannot run%s: the assistant %s", turn_id, again, exc)
         turns.finalize(turn, Turn.Status.FAILED, exc.message)
         return turn.status
-    left = max(0.0, time_left(turn) or 0.0)
-    clock = TurnClock(left + cfg["DEADLINE_MARGIN"], cfg["DEADLINE_MARGIN"])
-    runner = TurnRunner(turn, clock=clock, config=cfg)
     try:
-        runner.run(resuming=True)
+        runner = TurnRunner(turn, clock=clock_for(cfg), config=cfg)
+    except Exception:  # e.g. a PROVIDER or TOOLS path that cannot be imported: still end the turn
+        logger.exception("Turn %s could not start%s", turn_id, again)
+        turns.finalize(turn, Turn.Status.FAILED, turns.crashed_message())
+        raise
+    try:
+        runner.run(resuming=resuming)
     except JobTimeoutException:
-        logger.error("Turn %s hit the RQ job timeout after resuming", turn.id)
+        logger.error("Turn %s hit the RQ job timeout%s%s", turn_id,
+                     f" ({job_timeout}s)" if job_timeout is not None else "", again)
         runner.finish(Turn.Status.FAILED, timeout_message())
         raise
     except Exception:
-        logger.exception("Turn %s crashed after resuming", turn.id)
+        logger.exception("Turn %s crashed%s", turn_id, again)
         runner.finish(Turn.Status.FAILED, turns.crashed_message())
         raise
     return turn.status
@@ -220,10 +216,10 @@ def warm_up():
         connections.close_all()
 
 
-def turn_id_from_job(job):
-    """The turn a job runs (its first job, or a continuation's ``…-rN``), or None."""
-    if job.id.startswith(JOB_PREFIX):
-        return job.id[len(JOB_PREFIX):].split("-r")[0]
+def turn_id_from_job_id(job_id):
+    """The turn the job ``job_id`` runs (its first job, or a continuation's ``…-rN``), or None."""
+    if job_id.startswith(JOB_PREFIX):
+        return job_id[len(JOB_PREFIX):].split("-r")[0]
     return None
 
 

@@ -9,7 +9,6 @@ when the call ends. A Stop shuts the call in flight (see ``watchdog.Watchdog``);
 shown so far is kept.
 """
 
-import inspect
 import logging
 import time
 
@@ -24,7 +23,7 @@ from .endings import cut_short_message, deadline_message, length_message, step_l
 from .fallback import ProviderChain, build_provider
 from .http import CallCancelled, ensure_call_budget
 from .models import CallRecord, Conversation, Message, Turn
-from .providers import ProviderError
+from .providers import ProviderError, call_complete
 from .history import chat_message, trim_history, unfinished_step
 from .tools import ToolContext, interrupted_result, load_tools, run_tool
 from .types import ChatMessage, Outcome, ToolResult, record_call
@@ -55,8 +54,6 @@ class TurnRunner:
                                                   cancelled=self.cancelled, turn_id=str(turn.id))
         self.http = self.https[0] if self.https else None
         self.provider = provider
-        # A provider written before streaming existed takes no on_text: it is called as it expects.
-        self.provider_streams = "on_text" in inspect.signature(provider.complete).parameters
         # Every model call of the turn, attempted or skipped, is recorded under this one name.
         self.model_name = getattr(provider, "model", "") or provider.name
         if self.http is not None and not isinstance(provider, ProviderChain):
@@ -117,10 +114,8 @@ class TurnRunner:
     def call_model(self, messages, tools):
         """One model call, its text streamed to ``on_text`` as it is written. Returns the
         ``ModelReply``; ``CallCancelled`` (its ``reply`` the text so far, or None) on a Stop."""
-        if not self.provider_streams:
-            return self.provider.complete(messages, tools)
         self.streamed, self.streamed_at = [], time.monotonic()
-        reply = self.provider.complete(messages, tools, on_text=self.on_text)
+        reply = call_complete(self.provider, messages, tools, self.on_text)
         self.streamed = None  # left set when the call raised: finish() keeps the text shown
         return reply
 
@@ -233,12 +228,13 @@ class TurnRunner:
         return self.turn
 
     def loop(self, *, resuming=False):
-        """The model/tool round-trips. Returns ``(status, error)`` for the final write.
+        """The model/tool round-trips. Returns ``(status, error)`` for the final write, or
+        ``(None, None)`` when another job continues the turn (its worker is shutting down).
 
-        Before every model call: the cancel flag, then the budget (a call that could not get
-        ``MIN_CALL_BUDGET`` seconds is skipped, raising ``BudgetExhausted``); during it, a Stop
-        shuts the call. Before every tool: the cancel flag. After every round-trip: the new rows
-        are published.
+        Before every model call and every tool: ``stop_requested()`` (a Stop, or a hand-over; see
+        ``stop_for``). Then, for a model call, the budget (one that could not get ``MIN_CALL_BUDGET``
+        seconds is skipped, raising ``BudgetExhausted``); during it, ``cancelled()`` shuts the call.
+        After every round-trip: the new rows are published.
         """
         cfg = self.config
         history = self.history()
@@ -261,7 +257,7 @@ class TurnRunner:
             except CallCancelled as stop:
                 self.streamed = None
                 asked = self.stop_requested() or "cancel"
-                if asked == "cancel" and getattr(stop, "reply", None) is not None and stop.reply.text:
+                if asked == "cancel" and stop.reply is not None and stop.reply.text:
                     self.save_reply(stop.reply)  # what the visitor saw stays
                 ended = self.stop_for(asked)
                 if ended:

@@ -95,10 +95,6 @@ def request_cancel(turn_id):
     _cache().set(cancel_key(turn_id), True, timeout=get_config()["STATE_TTL"])
 
 
-def cancel_requested(turn_id):
-    return bool(_cache().get(cancel_key(turn_id)))
-
-
 def handoff_key(turn_id):
     return f"conversations:turn:{turn_id}:handoff"
 

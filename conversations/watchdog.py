@@ -20,6 +20,17 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 _current_watchdog = contextvars.ContextVar("conversations_http_watchdog", default=None)
 
 
+def stop_requested(check):
+    """Whether ``check()`` (the turn's stop flag; None: never) says the turn was stopped. An
+    unreadable flag (Redis down) stops nothing: a call is never ended on a guess."""
+    if check is None:
+        return False
+    try:
+        return bool(check())
+    except Exception:  # noqa: BLE001 - e.g. RedisError
+        return False
+
+
 class Watchdog:
     """Shuts down every socket an attempt opened once ``limit`` seconds have passed, or as soon as
     ``cancelled()`` (checked every ``poll`` seconds; None: never) says the turn was stopped.
@@ -55,14 +66,8 @@ class Watchdog:
             wait = left if self._check_cancel is None else min(left, self.poll)
             if self._done.wait(wait):
                 return None
-            if self._check_cancel is not None and self._stop_requested():
+            if self._check_cancel is not None and stop_requested(self._check_cancel):
                 return self._fire("cancelled")
-
-    def _stop_requested(self):
-        try:
-            return bool(self._check_cancel())
-        except Exception:  # noqa: BLE001 - an unreadable flag (Redis down) stops nothing
-            return False
 
     def _fire(self, why):
         with self._lock:

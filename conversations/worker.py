@@ -39,10 +39,10 @@ class Worker(rq.Worker):
         over at its next step (``resume``), so the worker exits within seconds, not JOB_TIMEOUT."""
         super().handle_warm_shutdown_request()
         from . import state
-        from .jobs import turn_id_from_job
+        from .jobs import turn_id_from_job_id
 
-        job = self.get_current_job()
-        turn_id = turn_id_from_job(job) if job is not None else None
+        job_id = self.get_current_job_id()  # the id is all it needs: no fetch of the whole job
+        turn_id = turn_id_from_job_id(job_id) if job_id is not None else None
         if turn_id is not None:
             try:
                 state.request_handoff(turn_id)
@@ -56,11 +56,11 @@ class Worker(rq.Worker):
         unless it already has a final state. Returns None; never raises.
         """
         super().handle_work_horse_killed(job, retpid, ret_val, rusage)
-        from .jobs import turn_id_from_job
+        from .jobs import turn_id_from_job_id
         from .models import Turn
         from .resume import resume_or_fail
 
-        turn_id = turn_id_from_job(job)
+        turn_id = turn_id_from_job_id(job.id)
         if turn_id is None:
             return
         close_old_connections()

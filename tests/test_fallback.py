@@ -10,6 +10,7 @@ from django.core.checks import Error
 
 from conversations.checks import check_config
 from conversations.models import CallRecord, Turn
+from conversations.providers.openai import OpenAIProvider
 from tests.fake_stream import openai_stream, streaming
 from tests.fakes import FakeProvider, hang, http_error, openai_text, retry_after, unavailable
 from tests.helpers import make_client, poll_until_done, start_turn
@@ -55,6 +56,23 @@ def test_a_primary_that_answers_500_is_replaced_by_the_fallback(chain, worker):
     assert calls(turn) == [("primary-model", "http_error"), ("primary-model", "http_error"),
                            ("fallback-model", "ok")]
     assert fallback.requests[0]["headers"]["Authorization"] == "Bearer sk-fallback"
+
+
+class OldStyleProvider(OpenAIProvider):
+    """A custom provider written before streaming existed: its ``complete()`` takes no ``on_text``."""
+
+    def complete(self, messages, tools):
+        return super().complete(messages, tools)
+
+
+def test_a_custom_provider_without_on_text_answers_as_a_fallback(chain, worker, conversations_settings):
+    primary, fallback = chain
+    conversations_settings["FALLBACKS"][0]["PROVIDER"] = "tests.test_fallback.OldStyleProvider"
+    fallback.add(openai_text("Answered the old way."))
+    final, turn, _ = run_one(worker)
+
+    assert final["status"] == "completed" and final["messages"][-1]["content"] == "Answered the old way."
+    assert calls(turn)[-1] == ("fallback-model", "ok")
 
 
 def test_a_primary_that_hangs_is_cut_off_so_the_fallback_answers_before_the_deadline(chain, worker,

@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from redis.exceptions import RedisError
 
 from conversations.budget import Budget, BudgetExhausted
 from conversations.http import SKIPPED_MESSAGE, BudgetedHTTP, CallFailed
@@ -276,6 +277,19 @@ def test_503_without_retry_after_backs_off_and_retries():
     # Jittered exponential back-off: base 0.05 then 0.1, each scaled by 0.5–1.0.
     first, second = gaps(fake)
     assert 0.025 <= first <= 0.05 + SLACK and 0.05 <= second <= 0.1 + SLACK
+
+
+def test_an_unreadable_stop_flag_does_not_end_the_wait_before_a_retry():
+    def flag():
+        raise RedisError("Redis is down")
+
+    with FakeProvider() as fake:
+        fake.add(unavailable(), openai_text("answered after the wait"))
+        call = Call(MAX_ATTEMPTS=2, BACKOFF_BASE=0.3, BACKOFF_MAX=0.3)
+        call.http.cancelled = flag
+        call.post(fake.url)
+
+    assert call.error is None and call.outcomes == ["http_error", "ok"]
 
 
 def test_503_every_time_ends_after_max_attempts():

@@ -2,7 +2,7 @@
 
 from django.utils.module_loading import import_string
 
-from .base import BaseProvider, ProviderError, redact
+from .base import BaseProvider, ProviderError, call_complete, redact
 
 BUILTIN = {
     "demo": "conversations.providers.demo.DemoProvider",
@@ -20,4 +20,4 @@ def get_provider_class(name):
     return cls
 
 
-__all__ = ["BaseProvider", "ProviderError", "get_provider_class", "redact"]
+__all__ = ["BaseProvider", "ProviderError", "call_complete", "get_provider_class", "redact"]

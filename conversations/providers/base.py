@@ -8,6 +8,7 @@ failures to ``ProviderError``.
 """
 
 import dataclasses
+import inspect
 import logging
 import re
 from urllib.parse import urlsplit, urlunsplit
@@ -68,6 +69,14 @@ def redact(text, *secrets, limit=300):
             text = text.replace(secret, "[redacted]")
     text = _SECRETISH.sub("[redacted]", text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def call_complete(provider, messages, tools, on_text=None):
+    """``provider.complete(messages, tools, on_text=on_text)``; a provider written before streaming
+    existed takes no ``on_text``, and is called as it expects (its text then arrives all at once)."""
+    if "on_text" in inspect.signature(provider.complete).parameters:
+        return provider.complete(messages, tools, on_text=on_text)
+    return provider.complete(messages, tools)
 
 
 class BaseProvider:
