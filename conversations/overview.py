@@ -26,9 +26,9 @@ GROUP = ("day", "assistant")
 
 
 class Seconds(Func):
-    """``end - start`` in seconds, as a float, computed by the database itself: SQLite's native
-    ``julianday()`` rather than Django's Python callback for datetime arithmetic, which costs a
-    Python call per row."""
+    """``end - start`` in seconds, as a float, computed by the database itself (PostgreSQL's
+    ``EXTRACT(EPOCH …)``, MySQL's ``TIMESTAMPDIFF``, SQLite's native ``julianday()`` rather than
+    Django's Python callback for datetime arithmetic, which costs a Python call per row)."""
 
     output_field = FloatField()
     template = "CAST(EXTRACT(EPOCH FROM (%(expressions)s)) AS double precision)"
@@ -37,6 +37,11 @@ class Seconds(Func):
     def as_sqlite(self, compiler, connection, **extra):
         return self.as_sql(compiler, connection, template="((julianday(%(expressions)s)) * 86400.0)",
                            arg_joiner=") - julianday(", **extra)
+
+    def as_mysql(self, compiler, connection, **extra):  # MySQL and MariaDB: the arguments swap places
+        end, start = self.get_source_expressions()
+        return Func(start, end, template="(TIMESTAMPDIFF(MICROSECOND, %(expressions)s) / 1000000.0)", arg_joiner=", ",
+                    output_field=FloatField()).as_sql(compiler, connection, **extra)
 
 
 DURATION = Seconds(F("finished_at"), F("started_at"))
@@ -135,4 +140,6 @@ def overview(days=30, now=None, alias="default"):
                 row[name] = values.get((row["day"], row["assistant"]))
     for row in rows:
         row["thumbs_up_share"] = row["thumbs_up"] / row["rated"] if row["rated"] else None
+        if isinstance(row["day"], str):  # MySQL and MariaDB hand the CASE's dates back as text
+            row["day"] = datetime.strptime(row["day"], "%Y-%m-%d").date()
     return rows
