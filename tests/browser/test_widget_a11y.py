@@ -228,12 +228,12 @@ def test_keyboard_only_from_reaching_the_launcher_to_reading_an_answer_and_stopp
     page.keyboard.press("Enter")
     expect(chat.locator(".cvw-msg-assistant").last).to_contain_text("Paragraph 11")
     expect(chat.locator(".cvw-input")).to_be_focused()
-    # Back past the answer's thumbs (rating it is a keystroke away) to the log, which scrolls
-    # with the keyboard.
+    # Back past the thumbs of both answers, the stopped one's too (rating is a keystroke away), to
+    # the log, which scrolls with the keyboard.
     page.keyboard.press("Shift+Tab")
     assert page.evaluate(FOCUSED) == "cvw-thumb cvw-thumb-down"
-    page.keyboard.press("Shift+Tab")
-    page.keyboard.press("Shift+Tab")
+    for _ in range(4):
+        page.keyboard.press("Shift+Tab")
     assert page.evaluate(FOCUSED) == "cvw-log"
     log = chat.locator(".cvw-log")
     page.keyboard.press("Home")
@@ -247,7 +247,7 @@ def test_keyboard_only_from_reaching_the_launcher_to_reading_an_answer_and_stopp
     page.keyboard.press("Shift+Tab")
     page.keyboard.press("Shift+Tab")
     assert page.evaluate(FOCUSED) == "cvw-launcher"
-    assert tab_through(page, "#after") == ["cvw-close", "cvw-log", "cvw-thumb cvw-thumb-up", "cvw-thumb cvw-thumb-down",
+    assert tab_through(page, "#after") == ["cvw-close", "cvw-log", *["cvw-thumb cvw-thumb-up", "cvw-thumb cvw-thumb-down"] * 2,
                                            "cvw-input", "cvw-send", "#after"]
     chat.locator(".cvw-input").focus()
     page.keyboard.press("Escape")
