@@ -8,6 +8,8 @@ import pytest
 from playwright.sync_api import expect
 
 from conversations.models import Turn
+from tests.fake_stream import openai_stream, streaming
+from tests.fakes import FakeProvider
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -111,15 +113,21 @@ def test_a_refused_rating_says_why_and_changes_nothing(chat_page, worker_process
     assert Turn.objects.get().rating == "up"
 
 
-def test_a_stopped_answer_can_be_rated_as_after_a_reload(chat_page, worker_process):
-    worker_process(DEMO_DELAY=3)
-    chat = chat_page().open()
-    chat.send(QUESTION)
-    expect(chat.locator(".cvw-growing")).to_be_visible()  # the answer is being written
-    chat.locator(".cvw-stop").click()
-    expect(chat.locator(".cvw-notice")).to_have_text("You stopped this answer.")
+def test_a_stopped_answer_can_be_rated_as_after_a_reload(chat_page, worker_process, conversations_settings):
+    words = ["It ", "is ", "nine ", "in ", "the ", "morning ", "in ", "Tokyo, ", "and ", "sunny "]
+    with FakeProvider() as fake:  # a word every 0.1 s, then silence until Stop shuts the call
+        fake.add(streaming(openai_stream(pieces=words, done=False)[:len(words) + 1], interval=0.1, then="hang"))
+        provider = {"PROVIDER": "openai", "BASE_URL": fake.url, "API_KEY": "sk-test", "MODEL": "fake-model"}
+        conversations_settings.update(**provider)
+        worker_process(**provider)
+        chat = chat_page().open()
+        chat.send(QUESTION)
+        expect(chat.locator(".cvw-growing")).to_contain_text("It is nine")
+        chat.locator(".cvw-stop").click()
+        expect(chat.locator(".cvw-notice")).to_have_text("You stopped this answer.")
     expect(chat.page.get_by_role("group", name="Rate this answer")).to_have_count(1)
     chat.page.reload()
+    expect(chat.locator(".cvw-msg-assistant")).to_contain_text("It is nine")
     expect(chat.page.get_by_role("group", name="Rate this answer")).to_have_count(1)
     assert Turn.objects.get().status == "cancelled"
 
