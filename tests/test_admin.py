@@ -410,6 +410,25 @@ def test_turn_page_escapes_model_output_and_hides_the_api_key(admin_client, conv
 
 
 @pytest.mark.django_db
+def test_turn_page_hides_the_api_keys_of_the_sites_fallbacks_too(admin_client, conversations_settings):
+    conversations_settings.update(API_KEY="sk-primary-111111", FALLBACKS=[
+        {"PROVIDER": "openai", "MODEL": "backup", "BASE_URL": "http://127.0.0.1:9/v1", "API_KEY": "sk-backup-222222"},
+    ])
+    turn = make_turn(
+        "failed",
+        calls=[(0.0, "model", "backup", 1, 60.0, 100.0, 0.2, "http_error", 401,
+                "HTTP 401 invalid key sk-backup-222222")],
+        messages=[("user", "hi", {}), ("assistant", "Your key is sk-backup-222222", {})],
+        error="Echoed sk-backup-222222",
+    )
+
+    html = admin_client.get(turn_url(turn)).content.decode()
+
+    assert "sk-backup-222222" not in html
+    assert "HTTP 401 invalid key [API key hidden]" in html and "Your key is [API key hidden]" in html
+
+
+@pytest.mark.django_db
 def test_turn_page_reports_a_job_gone_from_redis(admin_client):
     turn = make_turn("running", job_id="conversations-turn-gone", finished_at=None)
 

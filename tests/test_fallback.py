@@ -101,6 +101,19 @@ def test_a_primary_whose_budget_leaves_only_the_reserve_is_capped_there(chain, w
     assert second.remaining_before >= 4 - 0.3 and final["status"] == "completed"
 
 
+def test_a_primary_whose_share_of_the_budget_is_too_small_to_start_hands_the_call_to_the_fallback(
+        chain, worker, conversations_settings):
+    primary, fallback = chain
+    # A 9 s budget less an 8.5 s reserve leaves the primary 0.5 s, under MIN_CALL_BUDGET (1 s).
+    conversations_settings.update(FALLBACK_RESERVE=8.5, MIN_CALL_BUDGET=1)
+    fallback.add(openai_text("Answered in the reserve."))
+    final, turn, _ = run_one(worker)
+
+    assert final["status"] == "completed" and final["messages"][-1]["content"] == "Answered in the reserve."
+    assert primary.requests == [] and len(fallback.requests) == 1
+    assert calls(turn) == [("primary-model", "skipped"), ("fallback-model", "ok")]
+
+
 def test_a_429_with_a_long_retry_after_moves_on_at_once(chain, worker):
     primary, fallback = chain
     primary.add(retry_after(60))

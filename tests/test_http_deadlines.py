@@ -336,3 +336,21 @@ def test_socket_timeout_before_the_total_limit_is_recorded_as_a_timeout(fault):
     assert call.error.outcome == "timeout" and call.error.retryable
     assert call.error.detail.endswith("timed out (connect limit 0.5s)")
     assert 0.45 <= call.records[0]["duration"] <= 0.5 + SLACK
+
+
+@pytest.mark.parametrize("why", ["expired", "cancelled"])
+def test_a_socket_handed_to_the_watchdog_after_it_fired_is_shut_at_once(why):
+    """A connection opened after the call's limit passed (or after a Stop) must not block its
+    thread: the watchdog will never fire again for it."""
+    limit, cancelled = (0.05, None) if why == "expired" else (30, lambda: True)
+    with SilentListener() as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.settimeout(2)  # only so that a failure does not hang the suite
+        with Watchdog(limit, cancelled=cancelled) as watchdog:
+            deadline = time.monotonic() + 2
+            while not watchdog.fired and time.monotonic() < deadline:
+                time.sleep(0.01)
+            started = time.monotonic()
+            watchdog.watch(sock)
+            assert sock.recv(1) == b""  # shut down, as if the peer had closed
+            elapsed = time.monotonic() - started
+    assert getattr(watchdog, why) and elapsed < 0.5

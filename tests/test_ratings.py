@@ -91,3 +91,19 @@ def test_ratings_are_throttled_per_owner(conversations_settings):
     assert [a.status_code for a in answers] == [201, 200, 429]
     assert answers[2].json()["detail"].startswith("You are rating answers too quickly. Please wait a moment")
     assert int(answers[2]["Retry-After"]) > 0
+
+
+def test_ratings_are_throttled_per_client_address_across_owners(conversations_settings):
+    conversations_settings.update(RATING_RATE_PER_OWNER="", RATING_RATE_PER_IP="2/min")
+
+    def rate(**extra):
+        client = make_client()  # a new owner each time: cookies thrown away
+        turn = start_turn(client, "Hello")
+        Turn.objects.filter(pk=turn["id"]).update(status="completed")
+        return api_post(client, rating_url(turn), {"value": "up"}, **extra)
+
+    answers = [rate() for _ in range(3)]
+
+    assert [a.status_code for a in answers] == [201, 201, 429]
+    assert answers[2].json()["detail"].startswith("You are rating answers too quickly.")
+    assert rate(REMOTE_ADDR="10.1.2.3").status_code == 201  # another address is not slowed down

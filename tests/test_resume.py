@@ -3,6 +3,7 @@ a new job that goes on from the saved transcript under the same deadline — wit
 workers (burst mode and ``manage.py rqworker`` processes), real Redis and a fake provider
 that counts every request."""
 
+import datetime
 import os
 import signal
 import threading
@@ -259,3 +260,153 @@ def test_a_warm_shutdown_hands_the_turn_to_another_worker_within_seconds(resumin
     turn = Turn.objects.get(pk=started["id"])
     assert turn.resumes == 1
     assert CallRecord.objects.get(turn=turn, kind="resume").name == "its worker shut down"
+
+
+# -- which job continues, when, and on what clock ------------------------------------------------
+
+def dead_running_turn(client, content, *, seconds_left=14):
+    """A turn started through the API whose job was marked running with ``seconds_left`` before its
+    deadline, then vanished from the queue (as after a worker's death); returns the 202 body."""
+    from django.utils import timezone
+
+    started = start_turn(client, content)
+    now = timezone.now()
+    Turn.objects.filter(pk=started["id"]).update(status="running", started_at=now,
+                                                 deadline_at=now + timezone.timedelta(seconds=seconds_left))
+    django_rq.get_queue("default").empty()
+    return started
+
+
+def test_of_two_copies_of_a_dead_turn_only_the_first_to_continue_it_starts_a_job(resuming):
+    from conversations.resume import continue_turn
+
+    started = dead_running_turn(make_client(), "Once only")
+    # Two places loaded the turn before either continued it: the second must find it taken.
+    first, second = Turn.objects.get(pk=started["id"]), Turn.objects.get(pk=started["id"])
+    dead = first.job_id
+
+    won = continue_turn(first, "job gone", from_job_id=dead)
+    lost = continue_turn(second, "job gone", from_job_id=dead)
+
+    assert won == f"{dead}-r1" and lost is None
+    turn = Turn.objects.get(pk=started["id"])
+    assert (turn.job_id, turn.resumes) == (won, 1)
+    assert django_rq.get_queue("default").job_ids == [won]
+    assert CallRecord.objects.filter(turn=turn, kind="resume").count() == 1
+
+
+def test_a_job_that_is_no_longer_its_turns_job_does_nothing_when_it_runs(resuming):
+    from django.utils import timezone
+
+    fake = resuming
+    client = make_client()
+    started = start_turn(client, "Stale")  # its first job waits in the queue
+    turn = Turn.objects.get(pk=started["id"])
+    # Meanwhile the turn was taken up and continued by another job: the queued one is a stale duplicate.
+    Turn.objects.filter(pk=turn.pk).update(status="running", started_at=timezone.now(), resumes=1,
+                                           job_id=f"{turn.job_id}-r1",
+                                           deadline_at=timezone.now() + timezone.timedelta(seconds=14))
+    connections.close_all()
+    django_rq.get_worker("default").work(burst=True)
+
+    assert fake.requests == []
+    after = Turn.objects.get(pk=turn.pk)
+    assert (after.status, after.job_id, after.model_calls) == ("running", f"{turn.job_id}-r1", 0)
+    assert transcript(turn.pk) == [("user", "Stale")]
+
+
+def test_a_continuation_runs_on_what_is_left_of_the_turns_deadline_not_a_fresh_job_timeout(
+        resuming, conversations_settings):
+    import math
+
+    from rq.job import Job
+
+    from conversations.providers import ProviderError
+
+    fake = resuming
+    fake.default = hang  # every call hangs: only the clocks end the turn
+    conversations_settings.update(JOB_TIMEOUT=20, DEADLINE_MARGIN=4, CALL_TIMEOUT=10, MIN_CALL_BUDGET=1)
+    client = make_client()
+    started = dead_running_turn(client, "Late", seconds_left=3)
+    turn = Turn.objects.get(pk=started["id"])
+
+    resume_or_fail(turn, "job gone")
+    turn.refresh_from_db()
+    queue = django_rq.get_queue("default")
+    job = Job.fetch(turn.job_id, connection=queue.connection)
+    assert job.timeout <= math.ceil(3 + 4)  # RQ's limit: what is left plus the margin, never 20 s
+    connections.close_all()
+    django_rq.get_worker("default").work(burst=True)
+
+    turn.refresh_from_db()
+    # The call was given what was left and ended there, not at RQ's limit or a later one.
+    assert (turn.status, turn.error) == ("failed", str(ProviderError.MESSAGES["timeout"]))
+    assert turn.finished_at <= turn.deadline_at + datetime.timedelta(seconds=0.5)
+    (call,) = CallRecord.objects.filter(turn=turn, kind="model")
+    assert call.timeout <= 3 and call.outcome == "timeout"
+
+
+def test_a_dead_work_horse_is_acted_on_only_for_the_job_that_died(resuming):
+    fake = resuming
+    fake.add(hang)
+    client = make_client()
+    started = start_turn(client, "Moved on")
+    first_job = Turn.objects.get(pk=started["id"]).job_id
+    moved = f"{first_job}-r1"
+    connections.close_all()
+    worker = django_rq.get_worker("default")
+
+    def continued_elsewhere_then_killed():
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (fake.requests and worker.horse_pid):
+            time.sleep(0.01)
+        # Another place (the poll view's repair) continued the turn with a new job a moment ago.
+        Turn.objects.filter(pk=started["id"]).update(job_id=moved, resumes=1)
+        connections.close_all()
+        os.kill(worker.horse_pid, signal.SIGKILL)
+
+    thread = threading.Thread(target=continued_elsewhere_then_killed, daemon=True)
+    thread.start()
+    worker.work(burst=True)  # no poller: nothing else looks at the turn
+    thread.join(5)
+
+    turn = Turn.objects.get(pk=started["id"])
+    assert (turn.status, turn.job_id, turn.resumes) == ("running", moved, 1)
+    assert not CallRecord.objects.filter(turn=turn, kind="resume").exists()
+    assert len(fake.requests) == 1
+
+
+def test_a_continuation_is_run_before_turns_that_were_waiting(resuming):
+    fake = resuming
+    fake.repeat(openai_text("Answered."), 3)
+    resumed = dead_running_turn(make_client(), "Resume me")
+    waiting = [start_turn(make_client(), f"New {n}") for n in range(2)]
+    resume_or_fail(Turn.objects.get(pk=resumed["id"]), "job gone")
+    connections.close_all()
+    django_rq.get_worker("default").work(burst=True)
+
+    asked = [request["json"]["messages"][-1]["content"] for request in fake.requests]
+    assert asked == ["Resume me", "New 0", "New 1"]
+    assert set(Turn.objects.filter(pk__in=[resumed["id"], *(w["id"] for w in waiting)])
+               .values_list("status", flat=True)) == {"completed"}
+
+
+def test_a_warm_shutdown_lets_the_call_finish_when_the_turn_cannot_be_handed_over(resuming, worker_process):
+    from tests.fake_stream import openai_stream, streaming
+
+    fake = resuming
+    pieces = ["part "] * 15
+    fake.add(streaming(openai_stream(pieces=pieces), interval=0.1))  # 1.5 s of answer
+    client = make_client()
+    started = start_turn(client, "No hand-over")
+    first = worker_process(1, STREAM=True, MAX_RESUMES=0)[0]
+    deadline = time.monotonic() + 20
+    while len(fake.sent_at) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    first.send_signal(signal.SIGTERM)  # a deploy's warm shutdown, mid-call
+    first.wait(timeout=15)
+
+    turn = Turn.objects.get(pk=started["id"])
+    assert (turn.status, turn.resumes) == ("completed", 0)
+    assert transcript(turn.pk)[-1] == ("assistant", "".join(pieces))
+    assert len(fake.requests) == 1 and fake.closed_at is None  # the call was never shut

@@ -338,3 +338,42 @@ def test_rqs_job_timeout_mid_stream_keeps_the_text_shown(worker, conversations_s
     assert kept.startswith("slow slow ") and len(kept) > 100
     final = client.get(started["poll_url"]).json()
     assert final["done"] and final["messages"][-1]["content"] == kept
+
+
+def test_the_growing_answer_is_published_at_most_every_publish_interval(worker, conversations_settings):
+    pieces = [f"w{n} " for n in range(40)]
+    with FakeProvider() as fake:
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="k", TOOLS=[],
+                                      PUBLISH_INTERVAL=0.25)
+        fake.add(streaming(openai_stream(pieces=pieces), interval=0.02))  # 40 pieces in about 0.8 s
+        client = make_client()
+        started = start_turn(client, "Count for me")
+        with Poller(client, started["poll_url"], interval=0.02) as poller:
+            worker()
+
+    final = poller.final
+    assert final["done"] and final["messages"][-1]["content"] == "".join(pieces)
+    # Every publish takes the next version: queued, running, the saved answer and the final state
+    # are four; the rest are the growing answer's, at most one per PUBLISH_INTERVAL.
+    streamed_for = fake.sent_at[-1] - fake.sent_at[0]
+    growing = final["version"] - 4
+    assert 1 <= growing <= streamed_for / 0.25 + 1
+    assert any(s["messages"][-1].get("streaming") for s in poller.states)
+
+
+def test_only_the_first_choice_of_an_openai_stream_is_the_answer(conversations_settings):
+    import json
+
+    def chunk(index, content):
+        return None, json.dumps({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1,
+                                 "model": "fake-model",
+                                 "choices": [{"index": index, "delta": {"content": content}, "finish_reason": None}]})
+
+    events = openai_stream(pieces=[])  # the role chunk, finish reason, usage and [DONE]
+    # A server asked for several choices (n > 1) sends each choice's deltas in chunks of their own.
+    events[1:1] = [chunk(0, "First "), chunk(1, "Other "), chunk(0, "choice."), chunk(2, "Third.")]
+    with FakeProvider() as fake:
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="k", TOOLS=[])
+        fake.add(streaming(events))
+        turn, _ = timed_turn()
+    assert turn.status == "completed" and answer_of(turn) == ["First choice."]
