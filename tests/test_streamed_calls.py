@@ -357,7 +357,7 @@ def test_the_growing_answer_is_published_at_most_every_publish_interval(worker, 
     # are four; the rest are the growing answer's, at most one per PUBLISH_INTERVAL.
     streamed_for = fake.sent_at[-1] - fake.sent_at[0]
     growing = final["version"] - 4
-    assert 1 <= growing <= streamed_for / 0.25 + 1
+    assert 1 <= growing <= streamed_for / 0.25 + 2  # one more for the time the request took
     assert any(s["messages"][-1].get("streaming") for s in poller.states)
 
 
