@@ -1,0 +1,111 @@
+"""Behind an LLM gateway (the LiteLLM proxy, for one), for both wire formats: what a gateway
+sends where a vendor would answer directly (``tests/fake_gateway.py``), and what the visitor
+reads and the operator finds in the log and the timeline."""
+
+import logging
+import re
+
+import pytest
+
+from conversations.models import CallRecord
+from tests.fake_gateway import empty_stream, gateway_error, html_error, invalid_model, rate_limited, withholds_headers
+from tests.fake_stream import anthropic_stream, openai_stream, streaming
+from tests.fake_wire import anthropic_error, anthropic_message, openai_error, run_turn_here
+from tests.fakes import FakeProvider, Reply, full_accept_queue, hang, never_read, openai_text, trickle_body
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ANSWER = "Refunds are paid within 30 days of the return reaching us."
+SECRET = "sk-gateway-secret-0123456789"
+STREAMS = {"openai": openai_stream, "anthropic": anthropic_stream}
+UNSTREAMED = {"openai": openai_text, "anthropic": anthropic_message}
+
+
+@pytest.fixture(params=sorted(STREAMS))
+def gateway(request, conversations_settings):
+    """A fake gateway speaking one wire format, with the suite's settings pointed at it: 3 s per
+    call, 1 s of idle between the bytes of a stream, two attempts."""
+    with FakeProvider() as fake:
+        base = fake.url if request.param == "openai" else f"http://127.0.0.1:{fake.port}"
+        conversations_settings.update(PROVIDER=request.param, BASE_URL=base, API_KEY=SECRET, MODEL="m",
+                                      CALL_TIMEOUT=3, STREAM_IDLE_TIMEOUT=1, MAX_ATTEMPTS=2, TOOLS=[])
+        fake.wire = request.param
+        yield fake
+
+
+def answer_of(turn):
+    return list(turn.messages.filter(role="assistant").values_list("content", flat=True))
+
+
+def details(turn):
+    return list(CallRecord.objects.filter(turn=turn, kind="model").order_by("id").values_list("detail", flat=True))
+
+
+# -- 3. before the first byte a stream waits as long as any call -----------------------------------
+
+def test_a_stream_whose_gateway_withholds_the_headers_past_the_idle_limit_is_still_answered(gateway):
+    """The gateway retries upstream for 1.8 s, past the 1 s idle limit, within the 3 s call limit."""
+    gateway.add(withholds_headers(1.8, streaming(STREAMS[gateway.wire](ANSWER))))
+    turn = run_turn_here("How do refunds work?")
+
+    assert turn.status == "completed" and answer_of(turn) == [ANSWER]
+    assert len(gateway.requests) == 1  # no time-out, no second request sent
+
+
+def test_a_rate_limited_upstream_behind_a_gateway_reads_busy_not_too_long(gateway):
+    gateway.add(withholds_headers(1.5, rate_limited(0.2)), withholds_headers(1.5, rate_limited(0.2)))
+    turn = run_turn_here("How do refunds work?")
+
+    assert turn.status == "failed"
+    assert turn.error == "The AI service is busy right now. Please try again in a minute."
+    assert len(gateway.requests) == 2
+
+
+def test_a_retry_hint_in_the_gateways_spelling_is_honoured(gateway):
+    gateway.add(rate_limited(1), streaming(STREAMS[gateway.wire](ANSWER)))
+    turn = run_turn_here("How do refunds work?")
+
+    assert turn.status == "completed" and answer_of(turn) == [ANSWER]
+    first, second = gateway.requests
+    assert second["at"] - first["at"] >= 0.95  # its llm_provider-retry-after, not the 0.05 s back-off
+
+
+# -- 2. a time-out names its phase and the limit that ended it --------------------------------------
+
+@pytest.fixture
+def one_attempt(conversations_settings):
+    conversations_settings.update(PROVIDER="openai", API_KEY=SECRET, MODEL="m", CALL_TIMEOUT=1.5,
+                                  CONNECT_TIMEOUT=0.5, STREAM_IDLE_TIMEOUT=1, MAX_ATTEMPTS=1, TOOLS=[])
+    return conversations_settings
+
+
+@pytest.mark.parametrize("case, words", [
+    # The socket's read limit and the total are both 1.5 s here: either may end it first.
+    ("connected at once, then no answer", r"timed out waiting for the first byte \((call|total) limit 1\.5s\)"),
+    ("stream begun, then silence", r"timed out between bytes \(idle limit 1\.0s\)"),
+    ("body trickled past the total", r"timed out between bytes \(total limit 1\.5s\)"),
+    ("connect never completes", r"timed out connecting \(connect limit 0\.5s\)"),
+    ("upload never read", r"timed out sending the request \(connect limit 0\.5s\)"),
+])
+def test_a_time_out_names_its_phase_and_limit_in_the_timeline_and_the_log(one_attempt, caplog, case, words):
+    caplog.set_level(logging.INFO, logger="conversations")
+    content = "x" * (16 << 20) if case == "upload never read" else "Hello?"
+    with FakeProvider() as fake, full_accept_queue() as nowhere:
+        fake.add({
+            "connected at once, then no answer": hang,
+            "stream begun, then silence": streaming(openai_stream(pieces=[], done=False)[:1], then="hang"),
+            "body trickled past the total": trickle_body(0.1),
+            "upload never read": never_read,
+        }.get(case, hang))
+        one_attempt.update(BASE_URL=nowhere if case == "connect never completes" else fake.url,
+                           HISTORY_MAX_CHARS=(32 << 20), STREAM=case == "stream begun, then silence")
+        turn = run_turn_here(content)
+
+    assert turn.status == "failed" and turn.error == "The AI service took too long to answer. Please try again."
+    (detail,) = details(turn)
+    assert re.search(words + "$", detail), detail
+    attempt_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("provider call turn=")]
+    assert len(attempt_lines) == 1 and re.search(words + "$", attempt_lines[0])
+    failure_lines = [r.getMessage() for r in caplog.records if "call failed (timeout)" in r.getMessage()]
+    assert len(failure_lines) == 1 and re.search(words, failure_lines[0])
+
