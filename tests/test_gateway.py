@@ -109,3 +109,48 @@ def test_a_time_out_names_its_phase_and_limit_in_the_timeline_and_the_log(one_at
     failure_lines = [r.getMessage() for r in caplog.records if "call failed (timeout)" in r.getMessage()]
     assert len(failure_lines) == 1 and re.search(words, failure_lines[0])
 
+
+# -- 1. an empty reply is never a completed answer ------------------------------------------------
+
+EMPTY_UNSTREAMED = {"openai": lambda: openai_text(""), "anthropic": lambda: anthropic_message([])}
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["empty stream", "empty JSON reply"])
+def test_an_empty_reply_is_asked_for_again_and_the_second_answer_kept(gateway, streamed):
+    wire = gateway.wire
+    gateway.add(empty_stream(wire) if streamed else EMPTY_UNSTREAMED[wire](),
+                streaming(STREAMS[wire](ANSWER)) if streamed else UNSTREAMED[wire](ANSWER))
+    turn = run_turn_here("How do refunds work?")
+
+    assert turn.status == "completed" and answer_of(turn) == [ANSWER]
+    assert len(gateway.requests) == 2 and turn.model_calls == 2
+    outcomes = list(CallRecord.objects.filter(turn=turn).order_by("id").values_list("outcome", "detail"))
+    assert outcomes == [("bad_response", "empty reply: no text and no tool calls"), ("ok", "")]
+
+
+def test_two_empty_replies_end_the_turn_with_a_sentence_the_visitor_reads(gateway, worker):
+    from tests.helpers import make_client, poll_until_done, start_turn
+
+    gateway.add(empty_stream(gateway.wire), empty_stream(gateway.wire))
+    client = make_client()
+    started = start_turn(client, "How do refunds work?")
+    worker()
+    final = poll_until_done(client, started["poll_url"])
+
+    assert final["status"] == "failed"
+    assert final["error"] == "The AI service sent an empty answer. Please try again, or ask in other words."
+    assert [m["role"] for m in final["messages"]] == ["user"]  # no empty answer drawn
+    assert len(gateway.requests) == 2
+    assert list(CallRecord.objects.filter(turn_id=started["id"]).values_list("outcome", flat=True)) == \
+        ["bad_response", "bad_response"]
+
+
+def test_an_empty_reply_is_not_asked_again_when_no_call_would_fit(gateway, conversations_settings):
+    # The turn has 6 s (JOB_TIMEOUT 10 less its margin); after the 0.7 s call, less than 5.5 s are left.
+    conversations_settings.update(MIN_CALL_BUDGET=5.5)
+    gateway.add(withholds_headers(0.7, empty_stream(gateway.wire)))
+    turn = run_turn_here("How do refunds work?")
+
+    assert turn.status == "failed" and "empty answer" in turn.error
+    assert len(gateway.requests) == 1
+
