@@ -154,3 +154,70 @@ def test_an_empty_reply_is_not_asked_again_when_no_call_would_fit(gateway, conve
     assert turn.status == "failed" and "empty answer" in turn.error
     assert len(gateway.requests) == 1
 
+
+# -- 4. a model the service does not know, however it says so ---------------------------------------
+
+UNKNOWN_MODEL = {
+    "a gateway's Invalid model name (400)": lambda wire: invalid_model("m"),
+    "OpenAI's 404 model_not_found": lambda wire: openai_error(
+        404, "The model `m` does not exist or you do not have access to it.", code="model_not_found"),
+    "Anthropic's 404 not_found_error": lambda wire: anthropic_error(404, "not_found_error", "model: m"),
+    "a 400 in the vendor's shape saying the model is invalid": lambda wire: (
+        anthropic_error(400, "invalid_request_error", "The provided model identifier is invalid.")
+        if wire == "anthropic" else openai_error(400, "The provided model identifier is invalid.")),
+    "a 400 of another shape naming an invalid model": lambda wire: Reply(400, {"detail": "Invalid model: m"}),
+}
+
+
+@pytest.mark.parametrize("case", list(UNKNOWN_MODEL))
+def test_a_model_the_service_does_not_know_says_so_to_visitor_and_operator(gateway, conversations_settings,
+                                                                         caplog, case):
+    conversations_settings.update(MAX_ATTEMPTS=1)
+    gateway.add(UNKNOWN_MODEL[case](gateway.wire))
+    turn = run_turn_here("How do refunds work?")
+
+    assert turn.status == "failed"
+    assert turn.error == ("The assistant is not set up correctly: the AI service does not know the configured "
+                          "model.")
+    (line,) = [r.getMessage() for r in caplog.records if "call failed" in r.getMessage()]
+    assert f"{gateway.wire} call failed (unknown_model)" in line
+    assert "the configured model 'm' is not one the service knows" in line
+
+
+# -- 5. any error body quoted for the operator; a gateway's 408 is a time-out -----------------------
+
+def plain_text(status, text):
+    def behaviour(handler):
+        data = text.encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "text/plain")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+    return behaviour
+
+
+@pytest.mark.parametrize("body, quoted", [
+    (html_error(500), "HTTP 500: 500 Internal Server Error Internal Server Error nginx"),
+    (plain_text(502, f"upstream refused the key {SECRET}\n"), "HTTP 502: upstream refused the key [redacted]"),
+], ids=["an HTML error page", "plain text echoing the key"])
+def test_an_error_body_that_is_not_json_is_quoted_short_and_redacted_in_the_log(gateway, conversations_settings,
+                                                                              caplog, body, quoted):
+    conversations_settings.update(MAX_ATTEMPTS=1)
+    gateway.add(body)
+    turn = run_turn_here("How do refunds work?")
+
+    assert turn.status == "failed"
+    assert turn.error == "The AI service is unavailable right now. Please try again in a minute."
+    (line,) = [r.getMessage() for r in caplog.records if "call failed" in r.getMessage()]
+    assert line == f"{gateway.wire} call failed (unavailable): {quoted}"
+    assert SECRET not in caplog.text
+
+
+def test_a_gateways_own_408_is_a_time_out_and_retried(gateway):
+    timed_out = gateway_error(408, "litellm.Timeout: Connection timed out after 3.0 seconds.")
+    gateway.add(timed_out, timed_out)
+    turn = run_turn_here("How do refunds work?")
+
+    assert turn.status == "failed" and turn.error == "The AI service took too long to answer. Please try again."
+    assert len(gateway.requests) == 2
