@@ -340,15 +340,23 @@ class BudgetedHTTP:
         """Feed the reply's events to ``stream`` until its terminator; return the reply it adds up to.
 
         A failure before any text raises ``CallFailed`` (retried like any other); after some text,
-        ``PartialReply``; a stop, ``CallCancelled`` with the text so far.
+        ``PartialReply``; a stop, ``CallCancelled`` with the text so far. A body that holds no event
+        but is one JSON object (LiteLLM's Anthropic route forwards an unstreamed upstream reply so)
+        is returned as it is, like the JSON reply of a server that does not stream.
         """
-        decoder, received = EventDecoder(), False
+        decoder, received, body = EventDecoder(), False, b""
         try:
             while not stream.done:
                 chunk = reply.raw.read1(65536)  # what has arrived, without waiting for more
                 if not chunk:
+                    whole = _json_object(body) if body is not None else None
+                    if whole is not None:  # a gateway passing a JSON reply on under a stream's content type
+                        return whole
                     raise StreamError("bad_response", "the stream ended before its last event")
+                if body is not None:  # kept until the first event (the decoder bounds its size)
+                    body += chunk
                 for event, data in decoder.feed(chunk):
+                    body = None
                     added = stream.feed(event, data)
                     if added:
                         received = True
@@ -375,6 +383,15 @@ class BudgetedHTTP:
             raise CallFailed(outcome, detail, status=200, retryable=retryable, code=code) from None
         finally:
             reply.close()
+
+
+def _json_object(raw):
+    """``raw`` parsed as a JSON object, or None."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _is_event_stream(reply):

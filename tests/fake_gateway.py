@@ -8,6 +8,7 @@ body with an empty stream that ends ``finish_reason: stop``; and its own errors 
 OpenAI-shaped whatever the wire format asked for, with the status in ``code`` as a string.
 """
 
+import json
 import time
 
 from tests.fake_stream import _client_left, anthropic_stream, openai_stream, streaming
@@ -33,6 +34,20 @@ def empty_stream(wire):
     """The stream a gateway forwards when its upstream answered a stream request with JSON: no
     text, no tool calls, a normal ending (``wire`` is ``"openai"`` or ``"anthropic"``)."""
     return streaming(openai_stream(pieces=[]) if wire == "openai" else anthropic_stream(pieces=[]))
+
+
+def json_as_stream(body):
+    """An upstream's unstreamed JSON reply passed on as it is, labelled ``text/event-stream``
+    (what LiteLLM's Anthropic route does when the upstream ignored ``stream: true``)."""
+    def behaviour(handler):
+        data = json.dumps(body).encode()
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        handler.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+        handler.wfile.flush()
+    return behaviour
 
 
 def gateway_error(status, message, *, headers=None):

@@ -8,7 +8,9 @@ import re
 import pytest
 
 from conversations.models import CallRecord
-from tests.fake_gateway import empty_stream, gateway_error, html_error, invalid_model, rate_limited, withholds_headers
+from tests.fake_gateway import (
+    empty_stream, gateway_error, html_error, invalid_model, json_as_stream, rate_limited, withholds_headers,
+)
 from tests.fake_stream import anthropic_stream, openai_stream, streaming
 from tests.fake_wire import anthropic_error, anthropic_message, openai_error, run_turn_here
 from tests.fakes import FakeProvider, Reply, full_accept_queue, hang, never_read, openai_text, trickle_body
@@ -126,6 +128,14 @@ def test_an_empty_reply_is_asked_for_again_and_the_second_answer_kept(gateway, s
     assert len(gateway.requests) == 2 and turn.model_calls == 2
     outcomes = list(CallRecord.objects.filter(turn=turn).order_by("id").values_list("outcome", "detail"))
     assert outcomes == [("bad_response", "empty reply: no text and no tool calls"), ("ok", "")]
+
+
+def test_a_json_reply_passed_on_as_a_stream_is_read_as_the_answer(gateway):
+    gateway.add(json_as_stream(UNSTREAMED[gateway.wire](ANSWER)))
+    turn = run_turn_here("How do refunds work?")
+
+    assert turn.status == "completed" and answer_of(turn) == [ANSWER]
+    assert len(gateway.requests) == 1
 
 
 def test_two_empty_replies_end_the_turn_with_a_sentence_the_visitor_reads(gateway, worker):
