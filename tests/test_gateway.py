@@ -156,9 +156,9 @@ def test_two_empty_replies_end_the_turn_with_a_sentence_the_visitor_reads(gatewa
 
 
 def test_an_empty_reply_is_not_asked_again_when_no_call_would_fit(gateway, conversations_settings):
-    # The turn has 6 s (JOB_TIMEOUT 10 less its margin); after the 0.7 s call, less than 5.5 s are left.
-    conversations_settings.update(MIN_CALL_BUDGET=5.5)
-    gateway.add(withholds_headers(0.7, empty_stream(gateway.wire)))
+    # The turn has 16 s; the first call may start within 2 s, and after its 2.5 s less than 14 s are left.
+    conversations_settings.update(JOB_TIMEOUT=20, DEADLINE_MARGIN=4, MIN_CALL_BUDGET=14)
+    gateway.add(withholds_headers(2.5, empty_stream(gateway.wire)))
     turn = run_turn_here("How do refunds work?")
 
     assert turn.status == "failed" and "empty answer" in turn.error
