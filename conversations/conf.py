@@ -45,7 +45,8 @@ DEFAULTS = {
     "BACKOFF_BASE": 1.0,
     "BACKOFF_MAX": 20.0,
     # Stream model replies (the visitor watches the answer being written); False for endpoints that
-    # cannot. A stream is bounded by CALL_TIMEOUT in total and by STREAM_IDLE_TIMEOUT between reads.
+    # cannot. A stream is bounded by CALL_TIMEOUT in total and, once its first byte has arrived, by
+    # STREAM_IDLE_TIMEOUT between reads (before it, a gateway may be retrying its upstream).
     "STREAM": True,
     "STREAM_IDLE_TIMEOUT": 20,
     # Seconds between two publishes of a growing answer (each touches only the cache).

@@ -18,3 +18,7 @@ def cut_short_message():
 
 def length_message():
     return _("The answer was cut short because it reached the length limit.")
+
+
+def empty_reply_message():
+    return _("The AI service sent an empty answer. Please try again, or ask in other words.")

@@ -6,13 +6,16 @@ limit, ``min(CALL_TIMEOUT, remaining)``: a ``watchdog.Watchdog`` shuts the attem
 down when the limit passes, or when the turn is stopped, which wakes a blocked
 ``recv``/``send`` within milliseconds.
 
-A streamed call (``post_stream``) is bounded the same way in total, and also by
-``STREAM_IDLE_TIMEOUT`` between two reads: a stream trickles by design. Its events are read as
+A streamed call (``post_stream``) is bounded the same way in total, and also, once its first
+byte has arrived, by ``STREAM_IDLE_TIMEOUT`` between two reads: a stream trickles by design.
+Before that first byte it waits as long as an unstreamed call, since a gateway sends nothing
+while it retries its upstream or honours the upstream's ``Retry-After``. Its events are read as
 they arrive and handed to the caller; once text has been received, a failure is not retried
 but ends the call with the reply so far (``PartialReply``).
 
 Retries (connection errors, 408, 429, 5xx) stay inside the same budget: the wait before the
-next attempt honours ``Retry-After`` (seconds, HTTP date) and ``retry-after-ms``, otherwise a
+next attempt honours ``Retry-After`` (seconds, HTTP date) and ``retry-after-ms`` (also as a gateway
+forwards them, ``llm_provider-retry-after``), otherwise a
 jittered exponential back-off, and is never taken when the attempt after it could not get
 ``MIN_CALL_BUDGET`` seconds.
 
@@ -33,7 +36,7 @@ from urllib3 import exceptions as urllib3_exceptions
 from .budget import BudgetExhausted
 from .streaming import EventDecoder, StreamError
 from .types import Outcome, record_call
-from .watchdog import Watchdog, environment_settings, new_session, stop_requested
+from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND, Watchdog, environment_settings, new_session, stop_requested
 
 logger = logging.getLogger("conversations.http")
 
@@ -41,6 +44,9 @@ SKIPPED_MESSAGE = "Skipped call — job budget exhausted"
 
 # 529: Anthropic's "overloaded".
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
+
+# How a gateway (the LiteLLM proxy) spells the headers of the provider behind it.
+GATEWAY_HEADER_PREFIX = "llm_provider-"
 
 class CallFailed(Exception):
     """An attempt (or the last of several) produced no usable response.
@@ -99,6 +105,9 @@ class Response:
 def parse_retry_after(headers, now=None):
     """Seconds to wait according to ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date), or None."""
     lowered = {k.lower(): v for k, v in (headers or {}).items()}
+    for name, value in list(lowered.items()):  # LiteLLM forwards the upstream's headers under its prefix
+        if name.startswith(GATEWAY_HEADER_PREFIX):
+            lowered.setdefault(name[len(GATEWAY_HEADER_PREFIX):], value)
     value = lowered.get("retry-after-ms")
     if value:
         try:
@@ -235,13 +244,16 @@ class BudgetedHTTP:
 
     def _attempt(self, url, body, headers, attempt, *, stream=None, on_text=None):
         """One attempt within ``min(CALL_TIMEOUT, remaining)``, recorded and logged. With ``stream``,
-        the reply's events are read as they come (``_read_events``), each read within
-        ``STREAM_IDLE_TIMEOUT``."""
+        the reply's events are read as they come (``_read_events``), each read after the headers
+        within ``STREAM_IDLE_TIMEOUT``; the headers themselves may take the whole limit."""
         cfg = self.config
         remaining = self.budget.remaining()
         limit = self.budget.call_timeout(cfg["CALL_TIMEOUT"])
         connect = min(float(cfg["CONNECT_TIMEOUT"]), limit)
-        read = min(float(cfg["STREAM_IDLE_TIMEOUT"]), limit) if stream is not None else limit
+        idle = min(float(cfg["STREAM_IDLE_TIMEOUT"]), limit) if stream is not None else limit
+        # Each phase's socket limit, as a time-out names it (urllib3 sends within the connect limit).
+        limits = {CONNECT: ("connect", connect), SEND: ("connect", connect), FIRST_BYTE: ("call", limit),
+                  BODY: ("idle", idle) if stream is not None else ("call", limit)}
         started_offset = self.budget.elapsed()
         started = time.monotonic()
         outcome, status, detail = Outcome.OK, None, ""
@@ -252,26 +264,27 @@ class BudgetedHTTP:
                         self._environment[url] = environment_settings(url)
                     # Never follow a redirect: requests strips only Authorization on the way,
                     # so an x-api-key or api-key header would reach whatever host it names.
-                    reply = self.session.post(url, data=body, headers=headers, timeout=(connect, read),
+                    reply = self.session.post(url, data=body, headers=headers, timeout=(connect, limit),
                                               allow_redirects=False, stream=stream is not None,
                                               **self._environment[url])
                     status = reply.status_code
                     if stream is not None and status == 200 and _is_event_stream(reply):
+                        watchdog.read_timeout(idle)  # the stream has begun: now it may not pause for long
                         try:
-                            data = self._read_events(reply, watchdog, stream, on_text, limit, read)
+                            data = self._read_events(reply, watchdog, stream, on_text, limit, idle)
                         except PartialReply as cut:
                             outcome, detail = cut.outcome, cut.detail
                             raise
                         return Response(status=status, data=data, headers=dict(reply.headers))
                     content = reply.content  # read inside the watchdog: the body is what trickles
                 except requests.RequestException as exc:
-                    outcome, detail = self._failure(exc, watchdog, limit, connect)
+                    outcome, detail = self._failure(exc, watchdog, limit, limits)
                     raise CallFailed(outcome, detail, retryable=True) from None
                 except CallFailed as failure:
                     outcome, detail = failure.outcome, failure.detail
                     raise
                 if watchdog.fired:  # a body without a length "ends" when its socket is shut down
-                    outcome, detail = self._failure(None, watchdog, limit, connect)
+                    outcome, detail = self._failure(None, watchdog, limit, limits)
                     raise CallFailed(outcome, detail, retryable=True)
             if 300 <= status < 400:  # the Location is not quoted: it may carry a token of its own
                 outcome, detail = Outcome.HTTP_ERROR, f"HTTP {status} redirect, not followed"
@@ -297,8 +310,9 @@ class BudgetedHTTP:
             duration = time.monotonic() - started
             logger.info(
                 "provider call turn=%s provider=%s name=%s attempt=%d timeout=%.2f remaining=%.2f duration=%.3f "
-                "outcome=%s status=%s",
+                "outcome=%s status=%s%s",
                 self.turn_id, self.provider, self.name, attempt, limit, remaining, duration, outcome, status,
+                f" detail={detail}" if detail else "",
                 extra={
                     "turn_id": self.turn_id, "provider": self.provider, "attempt": attempt, "timeout": round(limit, 3),
                     "remaining": round(remaining, 3), "duration": round(duration, 3), "outcome": outcome,
@@ -308,30 +322,41 @@ class BudgetedHTTP:
                         timeout=limit, remaining_before=remaining, duration=duration, status_code=status, detail=detail)
 
     @staticmethod
-    def _failure(exc, watchdog, limit, connect):
+    def _failure(exc, watchdog, limit, limits):
         """``(outcome, detail)`` for an attempt whose sockets failed (``exc``) or were shut down.
-        Raises ``CallCancelled`` when the watchdog shut them because the turn was stopped."""
+        A time-out names the phase it ended in and the limit that ended it (``limits``: phase
+        -> (name, seconds)). Raises ``CallCancelled`` when the watchdog shut them because the
+        turn was stopped."""
         if watchdog.cancelled:
             raise CallCancelled()
         if watchdog.expired:
-            return Outcome.TIMEOUT, f"no complete response within {limit:.1f}s"
-        if _timed_out(exc):  # a socket timeout: connect, or a send the server never read
-            return Outcome.TIMEOUT, f"{_describe(exc)}: timed out (connect limit {connect:.1f}s)"
+            return Outcome.TIMEOUT, f"timed out {watchdog.phase} (total limit {limit:.1f}s)"
+        if _timed_out(exc):  # a socket timeout
+            name, seconds = limits[watchdog.phase]
+            return Outcome.TIMEOUT, f"{_describe(exc)}: timed out {watchdog.phase} ({name} limit {seconds:.1f}s)"
         return Outcome.CONNECTION_ERROR, _describe(exc)
 
     def _read_events(self, reply, watchdog, stream, on_text, limit, idle):
         """Feed the reply's events to ``stream`` until its terminator; return the reply it adds up to.
 
         A failure before any text raises ``CallFailed`` (retried like any other); after some text,
-        ``PartialReply``; a stop, ``CallCancelled`` with the text so far.
+        ``PartialReply``; a stop, ``CallCancelled`` with the text so far. A body that holds no event
+        but is one JSON object (LiteLLM's Anthropic route forwards an unstreamed upstream reply so)
+        is returned as it is, like the JSON reply of a server that does not stream.
         """
-        decoder, received = EventDecoder(), False
+        decoder, received, body = EventDecoder(), False, b""
         try:
             while not stream.done:
                 chunk = reply.raw.read1(65536)  # what has arrived, without waiting for more
                 if not chunk:
+                    whole = _json_object(body) if body is not None else None
+                    if whole is not None:  # a gateway passing a JSON reply on under a stream's content type
+                        return whole
                     raise StreamError("bad_response", "the stream ended before its last event")
+                if body is not None:  # kept until the first event (the decoder bounds its size)
+                    body += chunk
                 for event, data in decoder.feed(chunk):
+                    body = None
                     added = stream.feed(event, data)
                     if added:
                         received = True
@@ -345,9 +370,9 @@ class BudgetedHTTP:
             if isinstance(exc, StreamError):
                 outcome, detail, code = Outcome.BAD_RESPONSE, exc.detail, exc.code
             elif watchdog.expired:
-                outcome, detail, code = Outcome.TIMEOUT, f"the stream did not end within {limit:.1f}s", ""
+                outcome, detail, code = Outcome.TIMEOUT, f"timed out {BODY} (total limit {limit:.1f}s)", ""
             elif _timed_out(exc):
-                outcome, detail, code = Outcome.TIMEOUT, f"no event for {idle:.1f}s", ""
+                outcome, detail, code = Outcome.TIMEOUT, f"timed out {BODY} (idle limit {idle:.1f}s)", ""
             else:
                 outcome, detail, code = Outcome.CONNECTION_ERROR, f"the stream broke off: {_describe(exc)}", ""
             if received:
@@ -358,6 +383,15 @@ class BudgetedHTTP:
             raise CallFailed(outcome, detail, status=200, retryable=retryable, code=code) from None
         finally:
             reply.close()
+
+
+def _json_object(raw):
+    """``raw`` parsed as a JSON object, or None."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _is_event_stream(reply):

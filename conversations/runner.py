@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from . import assistants, costs, state
 from .budget import BudgetExhausted
-from .endings import cut_short_message, deadline_message, length_message, step_limit_message
+from .endings import cut_short_message, deadline_message, empty_reply_message, length_message, step_limit_message
 from .fallback import ProviderChain, build_provider
 from .http import CallCancelled, ensure_call_budget
 from .models import CallRecord, Conversation, Message, Turn
@@ -113,11 +113,37 @@ class TurnRunner:
 
     def call_model(self, messages, tools):
         """One model call, its text streamed to ``on_text`` as it is written. Returns the
-        ``ModelReply``; ``CallCancelled`` (its ``reply`` the text so far, or None) on a Stop."""
+        ``ModelReply``; ``CallCancelled`` (its ``reply`` the text so far, or None) on a Stop.
+
+        An empty reply (``ModelReply.empty``) is never an answer: it is counted and recorded as
+        what it was, and asked for once more while the budget allows a call; a second one is
+        returned for the loop to end the turn with."""
         self.streamed, self.streamed_at = [], time.monotonic()
         reply = call_complete(self.provider, messages, tools, self.on_text)
+        if reply.empty:
+            self.note_empty(reply)
+            if self.budget.can_start(self.config["MIN_CALL_BUDGET"]):
+                reply = call_complete(self.provider, messages, tools, self.on_text)
+                if reply.empty:
+                    self.note_empty(reply)
         self.streamed = None  # left set when the call raised: finish() keeps the text shown
         return reply
+
+    def note_empty(self, reply):
+        """Count an empty reply's call and usage, and mark its attempt in the timeline (the
+        HTTP layer recorded it as ``ok``: it was a well-formed reply)."""
+        self.count_model_call(reply)
+        detail = "empty reply: no text and no tool calls"
+        logger.warning("Turn %s: %s from %s", self.turn.id, detail, self.model_name)
+        for record in reversed(self.pending_records):
+            if record.kind == "model":
+                if record.outcome == Outcome.OK:
+                    record.outcome, record.detail = Outcome.BAD_RESPONSE, detail
+                    return
+                break
+        # A provider that makes no recorded HTTP call (its own transport): a record of its own.
+        record_call(self.record, "model", self.model_name, Outcome.BAD_RESPONSE, started_offset=self.budget.elapsed(),
+                    remaining_before=self.budget.remaining(), detail=detail)
 
     def save_reply(self, reply):
         """Count the call and save its reply as this round-trip's assistant message; returns the row.
@@ -263,6 +289,8 @@ class TurnRunner:
                 if ended:
                     return ended
                 continue  # the hand-over could not be made: ask again here
+            if reply.empty:  # twice, or no time to ask again (call_model); counted already
+                return Turn.Status.FAILED, empty_reply_message()
             row = self.save_reply(reply)
             history.append(chat_message(row))
             self.publish()

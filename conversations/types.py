@@ -108,3 +108,9 @@ class ModelReply:
     finish: str = "stop"
     usage: Usage | None = None
     cut_reason: str = ""
+
+    @property
+    def empty(self):
+        """A finished reply with nothing in it: no text and no tool call. A gateway forwards one
+        when its upstream answered a stream request with JSON; a content filter sends one too."""
+        return self.finish == "stop" and not self.text.strip() and not self.tool_calls

@@ -17,6 +17,9 @@ from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
+# The phases of an attempt, as a time-out names them.
+CONNECT, SEND, FIRST_BYTE, BODY = "connecting", "sending the request", "waiting for the first byte", "between bytes"
+
 _current_watchdog = contextvars.ContextVar("conversations_http_watchdog", default=None)
 
 
@@ -45,6 +48,9 @@ class Watchdog:
         self.limit = max(0.0, limit)
         self.expired = False
         self.cancelled = False
+        # Where the attempt is (set by its connection, see ``_WatchedConnection``), so that a
+        # time-out names the phase it ended in: one of ``PHASES``.
+        self.phase = CONNECT
         self._check_cancel = cancelled
         self._sockets = []
         self._lock = threading.Lock()
@@ -56,6 +62,16 @@ class Watchdog:
             self._sockets.append(sock)
             if self.expired or self.cancelled:
                 _shutdown(sock)
+
+    def read_timeout(self, seconds):
+        """From now on, each read of the attempt's sockets waits at most ``seconds`` (a stream
+        that has begun: its idle limit)."""
+        with self._lock:
+            for sock in self._sockets:
+                try:
+                    sock.settimeout(seconds)
+                except OSError:
+                    pass  # closed, or a plain socket whose descriptor moved to its TLS wrapper
 
     def _run(self):
         deadline = time.monotonic() + self.limit
@@ -90,6 +106,12 @@ class Watchdog:
         return False
 
 
+def _set_phase(phase):
+    watchdog = _current_watchdog.get()
+    if watchdog is not None:
+        watchdog.phase = phase
+
+
 def _shutdown(sock):
     try:
         sock.shutdown(socket.SHUT_RDWR)
@@ -104,20 +126,33 @@ def _watch(sock):
 
 
 class _WatchedConnection:
-    """Hands every socket (plain, then TLS-wrapped; new or reused) to the current watchdog."""
+    """Hands every socket (plain, then TLS-wrapped; new or reused) to the current watchdog, and
+    tells it which phase the attempt is in."""
 
     def _new_conn(self):
+        _set_phase(CONNECT)
         sock = super()._new_conn()
         _watch(sock)
         return sock
 
     def connect(self):
+        _set_phase(CONNECT)
         super().connect()
         _watch(self.sock)
+        _set_phase(SEND)
 
     def request(self, *args, **kwargs):
         _watch(self.sock)  # a kept-alive connection does not connect again
-        return super().request(*args, **kwargs)
+        _set_phase(SEND if self.sock is not None else CONNECT)  # a plain connection connects on its first send
+        result = super().request(*args, **kwargs)
+        _set_phase(FIRST_BYTE)
+        return result
+
+    def getresponse(self, *args, **kwargs):
+        _set_phase(FIRST_BYTE)
+        response = super().getresponse(*args, **kwargs)
+        _set_phase(BODY)
+        return response
 
 
 class _HTTPConnection(_WatchedConnection, HTTPConnection):

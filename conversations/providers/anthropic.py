@@ -9,7 +9,7 @@ user's.
 
 from ..streaming import AnthropicStream
 from ..types import ModelReply, ToolCall, Usage
-from .base import BaseProvider, ProviderError, redact
+from .base import BaseProvider, ProviderError, names_unknown_model, redact
 
 API_VERSION = "2023-06-01"
 
@@ -138,8 +138,8 @@ class AnthropicProvider(BaseProvider):
             return ProviderError("auth", detail)
         if kind == "permission_error" or status == 403:
             return ProviderError("auth", detail)
-        if kind == "not_found_error" or (status == 404 and "model" in lowered):
-            return ProviderError("unknown_model", detail)
+        if names_unknown_model(status, kind, text):
+            return self.unknown_model(detail)
         if kind == "request_too_large" or status == 413 or "prompt is too long" in lowered \
                 or "context window" in lowered or "context length" in lowered:
             return ProviderError("context_length", detail)

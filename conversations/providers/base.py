@@ -71,6 +71,32 @@ def redact(text, *secrets, limit=300):
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+# How vendors and gateways say that the model asked for is unknown: OpenAI's code and Azure's,
+# Anthropic's error type; or, in the message of a 400 or 404, LiteLLM's "Invalid model name
+# passed in model=…", OpenAI's "The model `x` does not exist", Ollama's "model "x" not found",
+# Bedrock's "The provided model identifier is invalid".
+UNKNOWN_MODEL_CODES = frozenset({"model_not_found", "DeploymentNotFound", "not_found_error"})
+_UNKNOWN_MODEL_TEXT = re.compile(r"(?i)\b(?:invalid|unknown) model\b|\bno such model\b|"
+                                 r"\bmodel\b.{0,120}\b(?:not found|does not exist|doesn't exist|is invalid)")
+
+
+def names_unknown_model(status, kind, text):
+    """Whether an error reply (its ``status``, its code or type ``kind``, its message ``text``) says
+    the model is unknown to the service: a configuration to fix, not a request to try again."""
+    if kind in UNKNOWN_MODEL_CODES:
+        return True
+    if status == 404:
+        return "model" in str(text).lower()
+    return status == 400 and bool(_UNKNOWN_MODEL_TEXT.search(str(text)))
+
+
+def excerpt(body, *secrets, limit=200):
+    """A short, redacted excerpt of an error body of any kind (an HTML error page's text, plain
+    text, JSON of an unknown shape) for the operator's log; "" for an empty one."""
+    text = re.sub(r"(?is)<(script|style)\b.*?</\1>|<[^>]*>", " ", str(body or ""))
+    return redact(" ".join(text.split()), *secrets, limit=limit)
+
+
 def call_complete(provider, messages, tools, on_text=None):
     """``provider.complete(messages, tools, on_text=on_text)``; a provider written before streaming
     existed takes no ``on_text``, and is called as it expects (its text then arrives all at once)."""
@@ -197,14 +223,23 @@ class BaseProvider:
         status = failure.status or 0
         if 300 <= status < 400:
             return ProviderError("redirected", failure.detail, status=status)
+        quoted = excerpt(failure.body, self.api_key)
+        detail = f"HTTP {status}: {quoted}" if quoted else f"HTTP {status}"
         if status in (401, 403):
-            return ProviderError("auth", f"HTTP {status}")
-        if status == 404:
-            return ProviderError("unknown_model", f"HTTP 404 for model {self.model!r}")
+            return ProviderError("auth", detail)
+        if status == 404 or names_unknown_model(status, "", failure.body):
+            return self.unknown_model(detail)
         if status == 413:
-            return ProviderError("context_length", "HTTP 413 request too large")
+            return ProviderError("context_length", detail)
         if status == 429:
-            return ProviderError("rate_limited", "HTTP 429")
-        if status >= 500 or status == 408:
-            return ProviderError("unavailable", f"HTTP {status}")
-        return ProviderError("bad_request", f"HTTP {status}")
+            return ProviderError("rate_limited", detail)
+        if status == 408:  # a gateway's own time-out waiting for its upstream
+            return ProviderError("timeout", detail)
+        if status >= 500:
+            return ProviderError("unavailable", detail)
+        return ProviderError("bad_request", detail)
+
+    def unknown_model(self, detail):
+        """The ``unknown_model`` error, its detail naming the configured model for the operator."""
+        return ProviderError("unknown_model", f"{detail} (the configured model {self.model!r} is not one the "
+                                              "service knows)")

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from ..streaming import OpenAIStream
 from ..types import ModelReply, ToolCall, Usage
-from .base import BaseProvider, ProviderError, redact
+from .base import BaseProvider, ProviderError, names_unknown_model, redact
 
 FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls", "length": "length",
           "content_filter": "refused"}
@@ -128,8 +128,8 @@ class OpenAIProvider(BaseProvider):
         if code == "context_length_exceeded" or "context length" in lowered or "context window" in lowered \
                 or "maximum context" in lowered or status == 413:
             return ProviderError("context_length", detail)
-        if code in ("model_not_found", "DeploymentNotFound") or (status == 404 and "model" in lowered):
-            return ProviderError("unknown_model", detail)
+        if names_unknown_model(status, code or kind, text):
+            return self.unknown_model(detail)
         if code in ("content_filter", "content_policy_violation") or kind == "content_filter" \
                 or "content management policy" in lowered:
             return ProviderError("refused", detail)
