@@ -91,3 +91,15 @@ def test_ratings_are_throttled_per_owner(conversations_settings):
     assert [a.status_code for a in answers] == [201, 200, 429]
     assert answers[2].json()["detail"].startswith("You are rating answers too quickly. Please wait a moment")
     assert int(answers[2]["Retry-After"]) > 0
+
+
+def test_ratings_from_one_ipv6_network_share_the_per_address_limit(conversations_settings):
+    conversations_settings.update(RATING_RATE_PER_IP="2/min", RATING_RATE_PER_OWNER="")
+    clients = [make_client() for _ in range(4)]
+    turns = [start_turn(client, "Hello") for client in clients]
+    Turn.objects.update(status="completed")
+
+    answers = [api_post(client, rating_url(turn), {"value": "up"}, REMOTE_ADDR=f"2001:db8:5:6::{n + 1}").status_code
+               for n, (client, turn) in enumerate(zip(clients, turns))]
+
+    assert answers == [201, 201, 429, 429]
