@@ -163,6 +163,34 @@ def test_rated_turns_export_as_csv_that_no_spreadsheet_runs(admin_client):
     assert [csv_cell(v) for v in ("-2", "\tx", "ok", None, 3)] == ["'-2", "'\tx", "ok", "", "3"]
 
 
+def test_a_staff_export_opened_where_cells_split_on_semicolons_has_no_formula_cell(db):
+    """European Excel splits on ";": the comment ``ok;=cmd|' /C calc'!A0;`` once became a formula
+    cell there. Every cell is quoted now, and a formula start after any separator is defused,
+    for a spreadsheet that honours the quotes and for one that splits the bytes as they come."""
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+
+    staff = User.objects.create_user("operator", is_staff=True)
+    staff.user_permissions.set(Permission.objects.filter(codename__in=["view_turn", "change_turn"]))
+    client = Client()
+    client.force_login(staff)
+    attack = "ok;=cmd|' /C calc'!A0;"
+    [turn] = bulk_turns(make_assistant("support"), [{"rating": "down", "comment": attack}])
+    Message.objects.create(conversation=turn.conversation, turn=turn, role="user", content="a\t-1 | @SUM(A1)")
+    Message.objects.create(conversation=turn.conversation, turn=turn, role="assistant", content="line\n+1;x")
+
+    body = client.post(CHANGELIST, {"action": "export_rated_csv", "_selected_action": [turn.pk]}).content.decode()
+
+    formula = tuple("=+-@")
+    for delimiter in (";", "\t", "|", ","):
+        quoted = [cell for row in csv.reader(io.StringIO(body), delimiter=delimiter) for cell in row]
+        naive = [cell.strip(' "') for line in body.splitlines() for cell in line.split(delimiter)]
+        assert not [cell for cell in quoted + naive if cell.startswith(formula)], delimiter
+    [header, row] = list(csv.reader(io.StringIO(body)))
+    assert body.startswith('"turn","finished_at"')  # every cell quoted
+    assert dict(zip(header, row))["comment"] == "ok;'=cmd|' /C calc'!A0;"
+
+
 # -- the overview ------------------------------------------------------------------------------
 
 
