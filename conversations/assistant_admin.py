@@ -123,13 +123,14 @@ def configuration_html(version):
 @admin.register(Assistant)
 class AssistantAdmin(admin.ModelAdmin):
     form = AssistantForm
-    list_display = ("name", "slug", "active", "provider", "model", "tool_list", "turn_count")
-    list_filter = ("active", "provider")
+    list_display = ("name", "slug", "active", "access", "provider", "model", "tool_list", "turn_count")
+    list_filter = ("active", "access", "provider")
     search_fields = ("name", "slug", "model")
     prepopulated_fields = {"slug": ["name"]}
     inlines = [VersionInline]
     fieldsets = [
         (None, {"fields": ("name", "slug", "active")}),
+        (gettext_lazy("Who may chat"), {"fields": ("access", "access_permission")}),
         (gettext_lazy("What answers"), {"fields": ("system_prompt", ("provider", "model"), "base_url", "credential",
                                                    "tools", "fallbacks")}),
         (gettext_lazy("Limits (empty: the site's)"), {"fields": (("max_steps", "max_tokens"),

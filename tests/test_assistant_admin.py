@@ -65,7 +65,7 @@ def test_the_form_offers_the_sites_tools_and_credentials_and_refuses_what_cannot
     fields = {"name": "Support", "slug": "support", "active": "on", "system_prompt": "Be kind.",
               "provider": "no.such.Provider", "model": "", "base_url": "", "credential": "support-key",
               "tools": ["search_faq"], "greeting": "Hi!", "suggestions": "Refunds?\n\nShipping?\n",
-              "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
+              "access": "public", "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
     refused = admin_client.post("/admin/conversations/assistant/add/", fields)
     assert refused.status_code == 200 and not Assistant.objects.exists()
     assert "its provider “no.such.Provider” cannot be used" in refused.content.decode()
@@ -77,12 +77,30 @@ def test_the_form_offers_the_sites_tools_and_credentials_and_refuses_what_cannot
                                                                       "support-key")
 
 
+def test_the_form_sets_who_may_chat_and_refuses_a_permission_that_does_not_exist(admin_client):
+    fields = {"name": "Audit", "slug": "audit", "active": "on", "system_prompt": "Be exact.", "provider": "demo",
+              "model": "", "base_url": "", "credential": "", "greeting": "", "suggestions": "",
+              "access": "permission", "access_permission": "conversations.audit_everything",
+              "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
+    add = "/admin/conversations/assistant/add/"
+    assert 'name="access"' in admin_client.get(add).content.decode()
+
+    refused = admin_client.post(add, fields)
+    assert refused.status_code == 200 and not Assistant.objects.exists()
+    assert "Name an existing permission as app_label.codename." in refused.content.decode()
+
+    saved = admin_client.post(add, {**fields, "access_permission": "conversations.view_turn"})
+    assert saved.status_code == 302
+    assert Assistant.objects.values_list("access", "access_permission").get() == ("permission",
+                                                                                 "conversations.view_turn")
+
+
 def test_the_form_refuses_a_chain_naming_an_unknown_provider_or_credential_and_saves_a_good_one(
         admin_client, conversations_settings):
     conversations_settings.update(CREDENTIALS={"support-key": "sk-support-secret", "backup-key": "sk-backup-secret"})
     fields = {"name": "Support", "slug": "support", "active": "on", "system_prompt": "Be kind.", "provider": "demo",
               "model": "", "base_url": "", "credential": "", "greeting": "", "suggestions": "",
-              "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
+              "access": "public", "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
     add = "/admin/conversations/assistant/add/"
     assert "fallbacks" in admin_client.get(add).content.decode()
 

@@ -15,7 +15,7 @@ from rest_framework.exceptions import APIException, NotFound, PermissionDenied, 
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import limits, state, turns
+from .. import assistants, limits, state, turns
 from ..models import Conversation, Message, Turn
 from ..owners import owned_filter, owner_token
 from . import serializers
@@ -183,7 +183,11 @@ class ConversationListView(ConversationAPIView):
         return Response([{"id": str(c.id), "created_at": c.created_at} for c in conversations])
 
     @extend_schema(request=serializers.ConversationCreateSerializer, parameters=[RETRY_AFTER],
-                   responses={201: serializers.NewConversationSerializer, 403: CSRF_OR_SIGN_IN, 413: TOO_LARGE,
+                   responses={201: serializers.NewConversationSerializer,
+                              403: OpenApiResponse(ERROR, description="CSRF check failed, the caller is anonymous "
+                                                                      "while LOGIN_REQUIRED is on, or the assistant's "
+                                                                      "access policy does not allow the caller."),
+                              413: TOO_LARGE,
                               415: NOT_JSON, 400: serializers.ValidationErrorSerializer,
                               429: OpenApiResponse(ERROR, description="Too many new conversations (per owner or "
                                                                       "per IP); see Retry-After."),
@@ -194,6 +198,8 @@ class ConversationListView(ConversationAPIView):
         serializer.is_valid(raise_exception=True)
         assistant = serializer.validated_data.get("assistant")
         user = request.user if request.user.is_authenticated else None
+        if assistant is not None and not assistant.allows(user):
+            raise PermissionDenied(assistants.access_refused_message(assistant, user))
         token = owner_token(request, create=True)
         conversation = Conversation.objects.create(user=user, owner_token=token, assistant=assistant)
         return Response({"id": str(conversation.id), "created_at": conversation.created_at,
