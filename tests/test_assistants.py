@@ -501,6 +501,24 @@ def test_the_sentences_naming_an_assistant_are_translated(worker, settings):
 
 
 @pytest.mark.django_db
+def test_the_access_sentences_are_translated():
+    from django.utils import translation
+
+    make_assistant("socios", access="signed_in")
+    make_assistant("interno", access="staff")
+    client = make_client()
+    answers = [api_post(client, "/api/conversations/", {"assistant": slug}, HTTP_ACCEPT_LANGUAGE="es").json()
+               for slug in ("socios", "interno")]
+    assert answers == [{"detail": "Inicia sesión para hablar con este asistente."},
+                       {"detail": "Este asistente no está disponible para ti."}]
+    with translation.override("es"):
+        assert render_for('{% chat_widget assistant="interno" %}') == (
+            '<p class="conversations-refused">Este asistente no está disponible para ti.</p>\n')
+        assert str(assistants.NoAccess(Assistant(name="Interno")).message) == (
+            "El asistente «Interno» ya no está disponible para ti.")
+
+
+@pytest.mark.django_db
 def test_the_sentences_about_a_chain_are_translated():
     from django.utils import translation
 

@@ -363,6 +363,9 @@ def test_one_address_cannot_fill_every_worker_however_many_owners_it_makes(conve
     assert refused.json() == {"detail": "The assistant is answering too many messages from your network right now. "
                                         "Please wait for an answer to finish."}
     assert Turn.objects.count() == 3
+    spanish = send(clients[0], new_conversation(clients[0]), REMOTE_ADDR="2001:db8:7:7::5", HTTP_ACCEPT_LANGUAGE="es")
+    assert spanish.json() == {"detail": "El asistente está respondiendo a demasiados mensajes de tu red en este "
+                                        "momento. Espera a que termine una respuesta."}
     other = make_client()  # another visitor is not held up
     assert send(other, new_conversation(other), REMOTE_ADDR="2001:db8:7:8::1").status_code == 202
 
