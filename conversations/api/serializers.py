@@ -81,7 +81,8 @@ class AssistantSlugFieldSchema(OpenApiSerializerFieldExtension):
 
     def map_serializer_field(self, auto_schema, direction):
         """The JSON schema of an assistant's slug: a slug, "" or null."""
-        return {"type": "string", "nullable": True, "maxLength": 50, "pattern": r"^[-a-zA-Z0-9_]*$",
+        # Not empty: drf-spectacular adds "" (the default) as a branch of its own, and a value may match only one.
+        return {"type": "string", "nullable": True, "minLength": 1, "maxLength": 50, "pattern": r"^[-a-zA-Z0-9_]+$",
                 "description": "The slug of an assistant the caller may use; \"\" or null: the site's default."}
 
 
@@ -89,7 +90,9 @@ class ConversationCreateSerializer(serializers.Serializer):
     """``POST /api/conversations/``: which assistant answers the new conversation (its slug);
     absent, "" or null: the site's default. ``validated_data["assistant"]`` is the ``Assistant``."""
 
+    # Not trimmed: " support" or "\x1d" (Python strips both) is no slug, and must not become the default.
     assistant = AssistantSlugField(required=False, allow_null=True, allow_blank=True, max_length=50,
+                                   trim_whitespace=False,
                                    error_messages={"invalid": _("Name an assistant by its slug.")})
 
     def validate_assistant(self, slug):
