@@ -131,6 +131,15 @@ def test_ipv6_addresses_of_one_network_share_every_per_address_limit(proxied, co
     assert sent == [202, 202, 429]
 
 
+def test_ipv4_clients_seen_through_an_ipv6_socket_keep_limits_of_their_own(conversations_settings):
+    """A dual-stack server sees an IPv4 visitor as ::ffff:a.b.c.d: cut to a /64 that would put
+    every IPv4 visitor under one limit."""
+    conversations_settings.update(CONVERSATION_RATE_PER_IP="1/hour")
+    answers = [api_post(make_client(), "/api/conversations/", REMOTE_ADDR=address).status_code
+               for address in ("::ffff:192.0.2.1", "::ffff:192.0.2.2", "192.0.2.1", "fe80::1%eth0", "fe80::2")]
+    assert answers == [201, 201, 429, 201, 429]
+
+
 def test_ipv6_prefix_128_counts_each_address_apart(conversations_settings):
     conversations_settings.update(CONVERSATION_RATE_PER_IP="1/hour", IPV6_PREFIX=128)
     answers = [api_post(make_client(), "/api/conversations/", REMOTE_ADDR=address).status_code

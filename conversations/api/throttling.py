@@ -45,7 +45,8 @@ def client_key(request):
         ip = ip.ipv4_mapped
     if ip.version == 4:
         return str(ip)
-    return str(ipaddress.ip_network(f"{ip}/{get_config()['IPV6_PREFIX']}", strict=False))
+    # From the integer: a zone ("fe80::1%eth0") is no part of the network.
+    return str(ipaddress.IPv6Network((int(ip), get_config()["IPV6_PREFIX"]), strict=False))
 
 
 class ConfiguredRateThrottle(SimpleRateThrottle):
