@@ -17,12 +17,11 @@ API turns a refusal into a response: a limit that time lifts (the daily budget) 
 import datetime
 from dataclasses import dataclass
 
-from redis.exceptions import LockError
-
 from django.db.models import Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from redis.exceptions import LockError
 
 from .conf import get_config
 from .models import Turn
