@@ -5,6 +5,7 @@ and cost columns and the CSV export of rated turns."""
 
 import csv
 import json
+import re
 
 from django import forms
 from django.contrib import admin
@@ -122,13 +123,14 @@ def configuration_html(version):
 @admin.register(Assistant)
 class AssistantAdmin(admin.ModelAdmin):
     form = AssistantForm
-    list_display = ("name", "slug", "active", "provider", "model", "tool_list", "turn_count")
-    list_filter = ("active", "provider")
+    list_display = ("name", "slug", "active", "access", "provider", "model", "tool_list", "turn_count")
+    list_filter = ("active", "access", "provider")
     search_fields = ("name", "slug", "model")
     prepopulated_fields = {"slug": ["name"]}
     inlines = [VersionInline]
     fieldsets = [
         (None, {"fields": ("name", "slug", "active")}),
+        (gettext_lazy("Who may chat"), {"fields": ("access", "access_permission")}),
         (gettext_lazy("What answers"), {"fields": ("system_prompt", ("provider", "model"), "base_url", "credential",
                                                    "tools", "fallbacks")}),
         (gettext_lazy("Limits (empty: the site's)"), {"fields": (("max_steps", "max_tokens"),
@@ -191,12 +193,17 @@ CSV_COLUMNS = ["turn", "finished_at", "assistant", "version", "rating", "comment
                "model", "input_tokens", "output_tokens", "cost"]
 # A spreadsheet runs a cell that starts with one of these as a formula (CSV injection).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+# Where a spreadsheet may start a new cell or row inside our one: the separator of another
+# locale (";" in most European Excels, tab, "|") or a line break, when it does not honour the
+# quotes. A formula start after any of them (spaces between) gets a quote too.
+_FORMULA_AFTER_SEPARATOR = re.compile("(^|[,;|\t\r\n])( *)(?=[" + re.escape("".join(FORMULA_STARTS)) + "])")
 
 
 def csv_cell(value):
-    """``value`` as a CSV cell that no spreadsheet runs: text starting like a formula gets a quote."""
+    """``value`` as a CSV cell that no spreadsheet runs, whichever separator it splits on: a
+    formula start at the beginning, or after a separator or line break, gets a quote (``'``)."""
     text = "" if value is None else str(value)
-    return "'" + text if text.startswith(FORMULA_STARTS) else text
+    return _FORMULA_AFTER_SEPARATOR.sub(r"\1\2'", text)
 
 
 def rated_rows(queryset):
@@ -255,7 +262,8 @@ class TurnAssistantColumns:
         response = HttpResponse(content_type="text/csv; charset=utf-8")
         stamp = timezone.localtime().strftime("%Y%m%d-%H%M")
         response["Content-Disposition"] = f'attachment; filename="rated-turns-{stamp}.csv"'
-        writer = csv.writer(response)
+        # Every cell quoted: a spreadsheet splitting on ";" or tab still reads each cell as one.
+        writer = csv.writer(response, quoting=csv.QUOTE_ALL)
         writer.writerow(CSV_COLUMNS)
         for turn in rated_rows(queryset).iterator():
             writer.writerow([csv_cell(value) for value in (

@@ -53,6 +53,22 @@ class Inactive(NotSetUp):
             "name": assistant.name}
 
 
+class NoAccess(NotSetUp):
+    """The turn's owner may no longer chat with its assistant (``Assistant.allows``): their
+    access was taken away after the conversation started."""
+
+    def __init__(self, assistant):
+        super().__init__(assistant, "the owner may not use it")
+        self.message = _("The assistant “%(name)s” is not available to you any more.") % {"name": assistant.name}
+
+
+def access_refused_message(assistant, user):
+    """The sentence a visitor reads when ``assistant`` does not allow them (``Assistant.allows``)."""
+    if assistant.access == assistant.Access.SIGNED_IN and not (user is not None and user.is_authenticated):
+        return _("Please sign in to chat with this assistant.")
+    return _("This assistant is not available to you.")
+
+
 def overrides(assistant):
     """The settings ``assistant`` replaces: ``{KEY: value}``."""
     values = {"SYSTEM_PROMPT": assistant.system_prompt, "PROVIDER": assistant.provider,
@@ -296,6 +312,10 @@ def config_for_turn(turn, cfg=None):
         return {**site, "FALLBACKS": resolve_chain(site["FALLBACKS"], site)}
     if not assistant.active:
         raise Inactive(assistant)
+    # Read now, not when the conversation started: a visitor whose access was taken away since
+    # (staff no more, a permission removed, a stricter policy) gets no more answers.
+    if not assistant.allows(turn.conversation.user):
+        raise NoAccess(assistant)
     found = problems(assistant, site)
     if found:
         raise NotSetUp(assistant, found[0][1])

@@ -224,6 +224,12 @@ def _check_rates(cfg):
             errors.append(Error(f"{key} {rate!r} is not a rate.",
                                 hint='Use "<number>/<sec|min|hour|day>", e.g. "10/min", or "" for no limit.',
                                 id="conversations.E012"))
+    prefix = cfg["IPV6_PREFIX"]
+    if not isinstance(prefix, int) or isinstance(prefix, bool) or not 0 <= prefix <= 128:
+        # Every per-address limit would fail (500) on the first IPv6 visitor.
+        errors.append(Error(f"IPV6_PREFIX {prefix!r} is not an IPv6 prefix length.",
+                            hint="Use a whole number from 0 to 128; 64 counts each subscriber's network as one "
+                                 "address.", id="conversations.E019"))
     return errors
 
 

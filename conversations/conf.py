@@ -80,6 +80,9 @@ DEFAULTS = {
     # New conversations (each also a session in Redis for an anonymous visitor).
     "CONVERSATION_RATE_PER_OWNER": "20/hour",
     "CONVERSATION_RATE_PER_IP": "100/hour",
+    # Every per-address limit counts an IPv6 client by its network of this prefix length: one
+    # subscriber usually holds a whole /64 (0-128; 128 counts each address apart).
+    "IPV6_PREFIX": 64,
     # Turns one conversation may have, and tokens (input + output) one owner may use per day; 0 = no limit.
     "MAX_TURNS_PER_CONVERSATION": 50,
     "DAILY_TOKEN_BUDGET": 200000,
@@ -87,6 +90,10 @@ DEFAULTS = {
     # the tokens the daily budget holds back for each of them until it ends.
     "MAX_ACTIVE_TURNS_PER_OWNER": 2,
     "TURN_TOKEN_RESERVE": 4000,
+    # Turns one client address (an IPv6 one by its IPV6_PREFIX network) may have queued or running
+    # at once, across all the owners it speaks for (0 = no limit). Keep it below the number of
+    # workers, so that one address cannot keep every worker busy (docs/deployment.md).
+    "MAX_ACTIVE_TURNS_PER_ADDRESS": 3,
     # When an anonymous visitor logs in, their conversations active within this many seconds become
     # the user's (readable from all their sessions); 0 = none (the browser keeps its own either way).
     "CLAIM_ON_LOGIN_WITHIN": 300,

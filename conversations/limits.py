@@ -1,11 +1,13 @@
 """Cost limits checked before a turn is created: turns per conversation, turns running at once
-per owner, and tokens per owner per day.
+per owner and per client address, and tokens per owner per day.
 
 The daily budget counts the tokens every turn of the day has used so far, running ones
 included, and holds ``TURN_TOKEN_RESERVE`` back for each turn still running, so that turns
 started side by side in several conversations cannot each spend the whole budget. The caller
 checks these while holding a lock on all of the owner's conversations (``api.views``), so two
-requests never both see the same room left.
+requests never both see the same room left. Turns running at once per client address span
+owners (a new owner costs only a cookie), so they are checked under a lock of their own, per
+address, taken before the owner's (``AddressTurns``).
 
 Each check returns None when the turn may go ahead, or a ``Refusal`` saying why not. The
 API turns a refusal into a response: a limit that time lifts (the daily budget) answers
@@ -19,6 +21,7 @@ from django.db.models import Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from redis.exceptions import LockError
 
 from .conf import get_config
 from .models import Turn
@@ -81,6 +84,87 @@ def check_active_turns(conversation):
             "The assistant is still answering your other messages. Please wait for an answer to finish."
         ), retry_after=WAIT_FOR_ACTIVE)
     return None
+
+
+class AddressTurns:
+    """The turns one client address (``api.throttling.client_key``) has queued or running, across
+    every owner it speaks for, limited to ``MAX_ACTIVE_TURNS_PER_ADDRESS`` (0 = no limit), so
+    that one address cannot fill every worker and keep other visitors' turns waiting.
+
+    Use as a context manager around ``turns.start()``: it holds a Redis lock per address (one
+    request of the address at a time, in every web process) while ``check()`` counts and
+    ``add()`` records the new turn. Which turns belong to the address is kept in Redis only (a
+    set of turn ids, expiring after a turn's longest life), never in the database; whether they
+    are still queued or running is read from their rows, so a turn counts until it has ended,
+    however it ends.
+    """
+
+    # Seconds a request waits for another request of the same address; the lock itself expires
+    # after LOCK_TIMEOUT should its holder die.
+    LOCK_WAIT = 5
+    LOCK_TIMEOUT = 30
+
+    def __init__(self, key):
+        self.key = key
+        self.limit = get_config()["MAX_ACTIVE_TURNS_PER_ADDRESS"]
+        self._lock = None
+        self._busy = False
+
+    @property
+    def _redis(self):
+        from .jobs import get_queue  # the queue's Redis: always there, whatever the cache is
+
+        return get_queue().connection
+
+    def _set_key(self):
+        return f"conversations:address-turns:{self.key}"
+
+    def __enter__(self):
+        if self.limit:
+            lock = self._redis.lock(f"conversations:address-lock:{self.key}", timeout=self.LOCK_TIMEOUT,
+                                    blocking_timeout=self.LOCK_WAIT)
+            if lock.acquire():
+                self._lock = lock
+            else:
+                self._busy = True
+        return self
+
+    def __exit__(self, *exc):
+        if self._lock is not None:
+            try:
+                self._lock.release()
+            except LockError:  # it expired meanwhile; nothing of ours to release
+                pass
+            self._lock = None
+
+    def check(self):
+        """Refuse when the address already has ``limit`` turns queued or running; None otherwise."""
+        if not self.limit:
+            return None
+        if not self._busy:
+            ids = [member.decode() for member in self._redis.smembers(self._set_key())]
+            active = {str(pk) for pk in Turn.objects.filter(pk__in=ids, status__in=Turn.ACTIVE_STATUSES)
+                      .values_list("pk", flat=True)}
+            ended = [pk for pk in ids if pk not in active]
+            if ended:
+                self._redis.srem(self._set_key(), *ended)
+            if len(active) < self.limit:
+                return None
+        return Refusal("too_many_active_address", _(
+            "The assistant is answering too many messages from your network right now. Please wait for an "
+            "answer to finish."), retry_after=WAIT_FOR_ACTIVE)
+
+    def add(self, turn):
+        """Count ``turn`` (just started) against the address until it ends."""
+        if not self.limit:
+            return
+        cfg = get_config()
+        # The longest a turn can stay queued or running: its wait in the queue, then each of its jobs.
+        lifetime = cfg["QUEUE_WAIT"] + (cfg["MAX_RESUMES"] + 1) * max(turn.job_timeout or 0, cfg["JOB_TIMEOUT"]) + 60
+        pipe = self._redis.pipeline()
+        pipe.sadd(self._set_key(), str(turn.pk))
+        pipe.expire(self._set_key(), lifetime)
+        pipe.execute()
 
 
 def check_daily_budget(conversation, now=None):

@@ -49,6 +49,18 @@ class Assistant(models.Model):
     greeting = models.CharField(_("greeting"), max_length=500, blank=True, help_text=_(
         "The widget's first message, before the visitor writes."))
     suggestions = models.JSONField(_("suggested first questions"), default=list, blank=True)
+
+    class Access(models.TextChoices):
+        PUBLIC = "public", _("anyone (as LOGIN_REQUIRED allows)")
+        SIGNED_IN = "signed_in", _("signed-in users")
+        STAFF = "staff", _("staff")
+        PERMISSION = "permission", _("users with the permission below")
+
+    access = models.CharField(_("who may chat"), max_length=20, choices=Access.choices, default=Access.PUBLIC,
+                              help_text=_("Checked when a conversation starts and again before each answer."))
+    access_permission = models.CharField(_("permission"), max_length=255, blank=True, help_text=_(
+        'For "users with the permission below": "app_label.codename", e.g. "conversations.view_turn". '
+        "Superusers hold every permission."))
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -59,6 +71,30 @@ class Assistant(models.Model):
 
     def __str__(self):
         return self.name
+
+    def allows(self, user):
+        """Whether ``user`` (None or anonymous: a visitor who is not signed in) may chat with this
+        assistant: the one rule the API, the job and the widget apply. ``LOGIN_REQUIRED`` is
+        checked apart, for every assistant."""
+        if self.access == self.Access.PUBLIC:
+            return True
+        if user is None or not user.is_authenticated or not user.is_active:
+            return False
+        if self.access == self.Access.SIGNED_IN:
+            return True
+        if self.access == self.Access.STAFF:
+            return user.is_staff
+        return bool(self.access_permission) and user.has_perm(self.access_permission)
+
+    def _access_errors(self):
+        from django.contrib.auth.models import Permission
+
+        if self.access != self.Access.PERMISSION:
+            return []
+        app_label, _dot, codename = self.access_permission.partition(".")
+        if not Permission.objects.filter(content_type__app_label=app_label, codename=codename).exists():
+            return [_("Name an existing permission as app_label.codename.")]
+        return []
 
     def clean(self):
         """Refuse what cannot work, where it can be known before a turn: a provider or tool that
@@ -71,6 +107,8 @@ class Assistant(models.Model):
         errors = {}
         for field, reason in problems(self):
             errors.setdefault(field or "__all__", []).append(reason)
+        if self._access_errors():
+            errors["access_permission"] = self._access_errors()
         if errors:
             raise ValidationError(errors)
 

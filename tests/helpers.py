@@ -30,6 +30,9 @@ FAST = {
     "DEMO_DELAY": 0.05,
     # A dead job ends its turn, as the safety-net tests expect; tests/test_resume.py turns resuming on.
     "MAX_RESUMES": 0,
+    # Every test client is 127.0.0.1, so this limit would count the whole suite as one visitor;
+    # tests/test_limits.py turns it on where it is the subject.
+    "MAX_ACTIVE_TURNS_PER_ADDRESS": 0,
 }
 
 

@@ -65,7 +65,7 @@ def test_the_form_offers_the_sites_tools_and_credentials_and_refuses_what_cannot
     fields = {"name": "Support", "slug": "support", "active": "on", "system_prompt": "Be kind.",
               "provider": "no.such.Provider", "model": "", "base_url": "", "credential": "support-key",
               "tools": ["search_faq"], "greeting": "Hi!", "suggestions": "Refunds?\n\nShipping?\n",
-              "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
+              "access": "public", "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
     refused = admin_client.post("/admin/conversations/assistant/add/", fields)
     assert refused.status_code == 200 and not Assistant.objects.exists()
     assert "its provider “no.such.Provider” cannot be used" in refused.content.decode()
@@ -77,12 +77,30 @@ def test_the_form_offers_the_sites_tools_and_credentials_and_refuses_what_cannot
                                                                       "support-key")
 
 
+def test_the_form_sets_who_may_chat_and_refuses_a_permission_that_does_not_exist(admin_client):
+    fields = {"name": "Audit", "slug": "audit", "active": "on", "system_prompt": "Be exact.", "provider": "demo",
+              "model": "", "base_url": "", "credential": "", "greeting": "", "suggestions": "",
+              "access": "permission", "access_permission": "conversations.audit_everything",
+              "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
+    add = "/admin/conversations/assistant/add/"
+    assert 'name="access"' in admin_client.get(add).content.decode()
+
+    refused = admin_client.post(add, fields)
+    assert refused.status_code == 200 and not Assistant.objects.exists()
+    assert "Name an existing permission as app_label.codename." in refused.content.decode()
+
+    saved = admin_client.post(add, {**fields, "access_permission": "conversations.view_turn"})
+    assert saved.status_code == 302
+    assert Assistant.objects.values_list("access", "access_permission").get() == ("permission",
+                                                                                 "conversations.view_turn")
+
+
 def test_the_form_refuses_a_chain_naming_an_unknown_provider_or_credential_and_saves_a_good_one(
         admin_client, conversations_settings):
     conversations_settings.update(CREDENTIALS={"support-key": "sk-support-secret", "backup-key": "sk-backup-secret"})
     fields = {"name": "Support", "slug": "support", "active": "on", "system_prompt": "Be kind.", "provider": "demo",
               "model": "", "base_url": "", "credential": "", "greeting": "", "suggestions": "",
-              "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
+              "access": "public", "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
     add = "/admin/conversations/assistant/add/"
     assert "fallbacks" in admin_client.get(add).content.decode()
 
@@ -161,6 +179,34 @@ def test_rated_turns_export_as_csv_that_no_spreadsheet_runs(admin_client):
     assert rows[0]["comment"] == "'=HYPERLINK(\"http://evil\")"
     assert (rows[0]["question"], rows[0]["answer"]) == ("'+1 refund?", "'@ once")
     assert [csv_cell(v) for v in ("-2", "\tx", "ok", None, 3)] == ["'-2", "'\tx", "ok", "", "3"]
+
+
+def test_a_staff_export_opened_where_cells_split_on_semicolons_has_no_formula_cell(db):
+    """European Excel splits on ";": the comment ``ok;=cmd|' /C calc'!A0;`` once became a formula
+    cell there. Every cell is quoted now, and a formula start after any separator is defused,
+    for a spreadsheet that honours the quotes and for one that splits the bytes as they come."""
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+
+    staff = User.objects.create_user("operator", is_staff=True)
+    staff.user_permissions.set(Permission.objects.filter(codename__in=["view_turn", "change_turn"]))
+    client = Client()
+    client.force_login(staff)
+    attack = "ok;=cmd|' /C calc'!A0;"
+    [turn] = bulk_turns(make_assistant("support"), [{"rating": "down", "comment": attack}])
+    Message.objects.create(conversation=turn.conversation, turn=turn, role="user", content="a\t-1 | @SUM(A1)")
+    Message.objects.create(conversation=turn.conversation, turn=turn, role="assistant", content="line\n+1;x")
+
+    body = client.post(CHANGELIST, {"action": "export_rated_csv", "_selected_action": [turn.pk]}).content.decode()
+
+    formula = tuple("=+-@")
+    for delimiter in (";", "\t", "|", ","):
+        quoted = [cell for row in csv.reader(io.StringIO(body), delimiter=delimiter) for cell in row]
+        naive = [cell.strip(' "') for line in body.splitlines() for cell in line.split(delimiter)]
+        assert not [cell for cell in quoted + naive if cell.startswith(formula)], delimiter
+    [header, row] = list(csv.reader(io.StringIO(body)))
+    assert body.startswith('"turn","finished_at"')  # every cell quoted
+    assert dict(zip(header, row))["comment"] == "ok;'=cmd|' /C calc'!A0;"
 
 
 # -- the overview ------------------------------------------------------------------------------

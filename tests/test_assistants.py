@@ -13,7 +13,7 @@ from django.test import RequestFactory
 from conversations import assistants
 from conversations.models import Assistant, AssistantVersion, Conversation, Turn
 from tests.fakes import FakeProvider, Reply, openai_text, openai_tool_calls, unavailable
-from tests.helpers import api_post, make_client, poll_until_done
+from tests.helpers import api_post, logged_in_client, make_client, poll_until_done
 
 
 def make_assistant(slug, **fields):
@@ -100,6 +100,110 @@ def test_a_conversation_starts_with_an_active_assistant_and_refuses_others_with_
     assert Conversation.objects.count() == 2
     detail = client.get(f"/api/conversations/{created.json()['id']}/").json()
     assert detail["assistant"] == "support" and detail["ratings"] == {}
+
+
+# -- who may chat with one --------------------------------------------------------------------
+
+
+def user_client(username, *, staff=False, superuser=False, permissions=()):
+    from django.contrib.auth.models import Permission
+
+    client = logged_in_client(username)
+    client.user.is_staff, client.user.is_superuser = staff, superuser
+    client.user.save()
+    for perm in permissions:
+        app_label, codename = perm.split(".")
+        client.user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    return client
+
+
+@pytest.mark.django_db
+def test_each_assistant_lets_only_those_its_access_policy_names_start_a_conversation():
+    """Any visitor could chat with any active assistant, a staff-only one included."""
+    make_assistant("members", access="signed_in")
+    make_assistant("internal", access="staff")
+    make_assistant("audit", access="permission", access_permission="conversations.view_turn")
+    anonymous, member = make_client(), user_client("member")
+    staff, auditor = user_client("staff", staff=True), user_client("auditor", permissions=["conversations.view_turn"])
+    root = user_client("root", superuser=True)
+
+    def answer(client, slug):
+        response = api_post(client, "/api/conversations/", {"assistant": slug})
+        return response.status_code, response.json().get("detail")
+
+    not_yours = (403, "This assistant is not available to you.")
+    assert answer(anonymous, "members") == (403, "Please sign in to chat with this assistant.")
+    assert [answer(anonymous, slug) for slug in ("internal", "audit")] == [not_yours] * 2
+    assert answer(member, "members")[0] == 201
+    assert [answer(member, slug) for slug in ("internal", "audit")] == [not_yours] * 2
+    assert answer(staff, "internal")[0] == 201 and answer(staff, "audit") == not_yours
+    assert answer(auditor, "audit")[0] == 201 and answer(auditor, "internal") == not_yours
+    assert answer(root, "audit")[0] == 201  # a superuser holds every permission
+    assert sorted(Conversation.objects.values_list("assistant__slug", flat=True)) == [
+        "audit", "audit", "internal", "members"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_visitor_who_lost_access_mid_way_gets_a_sentence_not_an_answer(worker):
+    make_assistant("internal", name="Internal", access="staff")
+    staff = user_client("staff", staff=True)
+    turn = start(staff, "internal", "What is on the payroll?")
+    staff.user.is_staff = False  # their staff status is taken away while the turn waits for a worker
+    staff.user.save()
+    staff.force_login(staff.user)
+
+    worker()
+
+    final = poll_until_done(staff, turn["poll_url"])
+    assert final["status"] == "failed"
+    assert final["error"] == "The assistant “Internal” is not available to you any more."
+    assert [m["role"] for m in final["messages"]] == ["user"]
+    assert not Turn.objects.get(pk=turn["id"]).calls.exists()  # the model was never asked
+
+
+def render_for(template, user=None, path="/help/"):
+    from django.contrib.auth.models import AnonymousUser
+
+    request = RequestFactory().get(path)
+    request.user = user if user is not None else AnonymousUser()
+    return Template("{% load conversations %}" + template).render(Context({"request": request}))
+
+
+@pytest.mark.django_db
+def test_the_widget_of_an_assistant_the_visitor_may_not_use_says_so_and_shows_nothing_of_it():
+    make_assistant("internal", greeting="Hi colleague! Payroll questions?", suggestions=["Show salaries"],
+                   access="staff")
+    make_assistant("members", greeting="Welcome back, member!", suggestions=["My orders"], access="signed_in")
+    from django.contrib.auth import get_user_model
+
+    member = get_user_model().objects.create_user("member")
+    staff = get_user_model().objects.create_user("staff", is_staff=True)
+
+    for user in (None, member):
+        html = render_for('<p>page</p>{% chat_widget assistant="internal" %}', user)
+        assert html == '<p>page</p><p class="conversations-refused">This assistant is not available to you.</p>\n'
+    assert "Hi colleague!" in render_for('{% chat_widget assistant="internal" %}', staff)
+
+    # Signing in would help: the sign-in link, still without the assistant's greeting and suggestions.
+    anonymous = render_for('{% chat_widget assistant="members" %}')
+    assert 'data-login-url="/accounts/login/?next=/help/"' in anonymous
+    assert "Welcome back" not in anonymous and "My orders" not in anonymous
+    signed_in = render_for('{% chat_widget assistant="members" %}', member)
+    assert "data-login-url" not in signed_in
+    assert 'data-greeting="Welcome back, member!"' in signed_in and "My orders" in signed_in
+
+
+@pytest.mark.django_db
+def test_with_login_required_an_anonymous_page_carries_no_greeting_or_suggestions(conversations_settings):
+    conversations_settings.update(LOGIN_REQUIRED=True)
+    make_assistant("support", greeting="Hi! Ask me about refunds.", suggestions=["How do refunds work?"])
+    from django.contrib.auth import get_user_model
+
+    anonymous = render_for('{% chat_widget assistant="support" %}')
+    assert "data-login-url=" in anonymous
+    assert "Ask me about refunds" not in anonymous and "How do refunds work" not in anonymous
+    member = render_for('{% chat_widget assistant="support" %}', get_user_model().objects.create_user("member"))
+    assert "Ask me about refunds" in member and "How do refunds work" in member
 
 
 # -- two assistants on one page -------------------------------------------------------------
@@ -365,16 +469,18 @@ def test_the_fingerprint_covers_the_configuration_not_the_greeting():
 
 
 @pytest.mark.django_db
-def test_the_schema_lists_the_active_assistants_a_conversation_may_name():
+def test_the_public_schema_names_no_assistant():
+    """The schema listed every active slug, a staff-only assistant's too, even with LOGIN_REQUIRED."""
     from drf_spectacular.validation import validate_schema
 
     make_assistant("support")
-    make_assistant("retired", active=False)
-    schema = make_client().get("/api/schema/?format=json").json()
+    make_assistant("internal-payroll", access="staff")
+    response = make_client().get("/api/schema/?format=json")
+    schema = response.json()
     validate_schema(schema)
+    assert "internal-payroll" not in response.content.decode() and "support" not in response.content.decode()
     body = schema["components"]["schemas"]["ConversationCreate"]["properties"]["assistant"]
-    enums = [schema["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]["enum"] for ref in body["oneOf"]]
-    assert ["support"] in enums and "retired" not in str(enums)
+    assert "enum" not in json.dumps(body) and "^[-a-zA-Z0-9_]+$" in json.dumps(body)  # any slug, none named
     # "" and null: the site's default.
     assert api_post(make_client(), "/api/conversations/", {"assistant": ""}).json()["assistant"] is None
 
@@ -392,6 +498,24 @@ def test_the_sentences_naming_an_assistant_are_translated(worker, settings):
     final = poll_until_done(client, turn["poll_url"])
     assert final["error"] == ("El asistente «Soporte» no está bien configurado: sus herramientas “no_such_tool” no "
                               "están entre las registradas en el sitio.")
+
+
+@pytest.mark.django_db
+def test_the_access_sentences_are_translated():
+    from django.utils import translation
+
+    make_assistant("socios", access="signed_in")
+    make_assistant("interno", access="staff")
+    client = make_client()
+    answers = [api_post(client, "/api/conversations/", {"assistant": slug}, HTTP_ACCEPT_LANGUAGE="es").json()
+               for slug in ("socios", "interno")]
+    assert answers == [{"detail": "Inicia sesión para hablar con este asistente."},
+                       {"detail": "Este asistente no está disponible para ti."}]
+    with translation.override("es"):
+        assert render_for('{% chat_widget assistant="interno" %}') == (
+            '<p class="conversations-refused">Este asistente no está disponible para ti.</p>\n')
+        assert str(assistants.NoAccess(Assistant(name="Interno")).message) == (
+            "El asistente «Interno» ya no está disponible para ti.")
 
 
 @pytest.mark.django_db

@@ -160,6 +160,17 @@ def test_a_throttle_rate_drf_cannot_parse_is_refused_at_start_up(conversations_s
     assert check_config() == []
 
 
+@pytest.mark.parametrize("prefix", [129, -1])
+def test_an_ipv6_prefix_that_is_no_prefix_length_is_refused_at_start_up(prefix, conversations_settings):
+    conversations_settings.update(IPV6_PREFIX=prefix)
+    assert check_config() == [Error(
+        f"IPV6_PREFIX {prefix!r} is not an IPv6 prefix length.",
+        hint="Use a whole number from 0 to 128; 64 counts each subscriber's network as one address.",
+        id="conversations.E019")]
+    conversations_settings.update(IPV6_PREFIX="56")  # from the environment
+    assert check_config() == []
+
+
 def test_a_misspelled_key_is_a_warning_naming_the_setting_meant(settings):
     settings.CONVERSATIONS = {**settings.CONVERSATIONS, "JOB_TIMOUT": 30, "COLOUR": "blue"}
     assert check_config() == [

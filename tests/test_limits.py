@@ -104,6 +104,49 @@ def test_behind_a_proxy_num_proxies_makes_x_forwarded_for_the_client_address(con
     assert send(client, new_conversation(client), HTTP_X_FORWARDED_FOR="203.0.113.1").status_code == 429
 
 
+@pytest.mark.parametrize("proxied", [False, True], ids=["direct", "behind_a_proxy"])
+def test_ipv6_addresses_of_one_network_share_every_per_address_limit(proxied, conversations_settings, settings):
+    """One subscriber holds a whole /64: 20 new conversations from 20 of its addresses were all
+    accepted where one address got 429 after 3. Now the network is what is counted."""
+    conversations_settings.update(CONVERSATION_RATE_PER_IP="3/hour", TURN_RATE_PER_IP="2/min")
+    if proxied:
+        settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+
+    def came_from(address):
+        return {"REMOTE_ADDR": "10.0.0.1", "HTTP_X_FORWARDED_FOR": address} if proxied else {"REMOTE_ADDR": address}
+
+    answers = [api_post(make_client(), "/api/conversations/", **came_from(f"2001:db8:1:2::{n:x}")).status_code
+               for n in range(1, 21)]
+    assert answers == [201] * 3 + [429] * 17
+    # Another network, and an IPv4 client, have their own limits.
+    assert api_post(make_client(), "/api/conversations/", **came_from("2001:db8:1:3::1")).status_code == 201
+    assert api_post(make_client(), "/api/conversations/", **came_from("192.0.2.9")).status_code == 201
+
+    # Turns are counted the same way (a conversation made from elsewhere, then posted to from the /64).
+    sent = []
+    for n in range(3):
+        client = make_client()
+        sent.append(send(client, new_conversation(client, **came_from("192.0.2.10")),
+                         **came_from(f"2001:db8:9:9:{n}::1")).status_code)
+    assert sent == [202, 202, 429]
+
+
+def test_ipv4_clients_seen_through_an_ipv6_socket_keep_limits_of_their_own(conversations_settings):
+    """A dual-stack server sees an IPv4 visitor as ::ffff:a.b.c.d: cut to a /64 that would put
+    every IPv4 visitor under one limit."""
+    conversations_settings.update(CONVERSATION_RATE_PER_IP="1/hour")
+    answers = [api_post(make_client(), "/api/conversations/", REMOTE_ADDR=address).status_code
+               for address in ("::ffff:192.0.2.1", "::ffff:192.0.2.2", "192.0.2.1", "fe80::1%eth0", "fe80::2")]
+    assert answers == [201, 201, 429, 201, 429]
+
+
+def test_ipv6_prefix_128_counts_each_address_apart(conversations_settings):
+    conversations_settings.update(CONVERSATION_RATE_PER_IP="1/hour", IPV6_PREFIX=128)
+    answers = [api_post(make_client(), "/api/conversations/", REMOTE_ADDR=address).status_code
+               for address in ("2001:db8::1", "2001:db8::2", "2001:db8::1")]
+    assert answers == [201, 201, 429]
+
+
 def test_rest_framework_throttle_rates_override_the_defaults(settings):
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK,
                                "DEFAULT_THROTTLE_RATES": {"conversations_turns_owner": "1/min"}}
@@ -309,6 +352,35 @@ def test_turns_posted_at_once_in_many_conversations_cannot_overspend_the_budget(
         assert post_at_once(clients[:3]) == [429] * 3
     spent = sum(t.input_tokens + t.output_tokens for t in Turn.objects.exclude(input_tokens=None))
     assert spent == 138 <= 100 + 69
+
+
+def test_one_address_cannot_fill_every_worker_however_many_owners_it_makes(conversations_settings, worker):
+    """30 turns from one address, each from a new cookie (a new owner), were all accepted, and
+    kept 3 workers busy until another visitor's turn was refused. Now an address, an IPv6 one by
+    its /64, has at most MAX_ACTIVE_TURNS_PER_ADDRESS turns queued or running; the lock per
+    address holds for requests sent at the same moment."""
+    conversations_settings.update(MAX_ACTIVE_TURNS_PER_ADDRESS=3, TURN_RATE_PER_IP="", TURN_RATE_PER_OWNER="",
+                                  CONVERSATION_RATE_PER_IP="", CONVERSATION_RATE_PER_OWNER="", DAILY_TOKEN_BUDGET=0)
+    clients = [make_client() for _ in range(12)]
+    conversations = [new_conversation(client) for client in clients]
+    answers = at_once(*[lambda n=n: send(clients[n], conversations[n],
+                                         REMOTE_ADDR=f"2001:db8:7:7:{n:x}::1") for n in range(12)])
+
+    assert sorted(a.status_code for a in answers) == [202] * 3 + [429] * 9
+    refused = next(a for a in answers if a.status_code == 429)
+    assert int(refused["Retry-After"]) == 5
+    assert refused.json() == {"detail": "The assistant is answering too many messages from your network right now. "
+                                        "Please wait for an answer to finish."}
+    assert Turn.objects.count() == 3
+    spanish = send(clients[0], new_conversation(clients[0]), REMOTE_ADDR="2001:db8:7:7::5", HTTP_ACCEPT_LANGUAGE="es")
+    assert spanish.json() == {"detail": "El asistente está respondiendo a demasiados mensajes de tu red en este "
+                                        "momento. Espera a que termine una respuesta."}
+    other = make_client()  # another visitor is not held up
+    assert send(other, new_conversation(other), REMOTE_ADDR="2001:db8:7:8::1").status_code == 202
+
+    worker()  # the address's turns end, and it may send again
+    again = [send(clients[n], conversations[n], REMOTE_ADDR="2001:db8:7:7::9").status_code for n in range(4)]
+    assert sorted(again) == [202] * 3 + [429]
 
 
 def test_an_owner_may_have_only_so_many_turns_running_at_once(conversations_settings):

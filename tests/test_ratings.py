@@ -107,3 +107,15 @@ def test_ratings_are_throttled_per_client_address_across_owners(conversations_se
     assert [a.status_code for a in answers] == [201, 201, 429]
     assert answers[2].json()["detail"].startswith("You are rating answers too quickly.")
     assert rate(REMOTE_ADDR="10.1.2.3").status_code == 201  # another address is not slowed down
+
+
+def test_ratings_from_one_ipv6_network_share_the_per_address_limit(conversations_settings):
+    conversations_settings.update(RATING_RATE_PER_IP="2/min", RATING_RATE_PER_OWNER="")
+    clients = [make_client() for _ in range(4)]
+    turns = [start_turn(client, "Hello") for client in clients]
+    Turn.objects.update(status="completed")
+
+    answers = [api_post(client, rating_url(turn), {"value": "up"}, REMOTE_ADDR=f"2001:db8:5:6::{n + 1}").status_code
+               for n, (client, turn) in enumerate(zip(clients, turns))]
+
+    assert answers == [201, 201, 429, 429]

@@ -74,29 +74,25 @@ class AssistantSlugField(serializers.CharField):
 
 
 class AssistantSlugFieldSchema(OpenApiSerializerFieldExtension):
-    """Describes ``AssistantSlugField`` with the slugs of the assistants active when the schema is
-    generated; "" and null mean the site's default."""
+    """Describes ``AssistantSlugField`` as a slug, without listing the site's assistants: the
+    schema is public, and some assistants are for staff or a permission only."""
 
     target_class = AssistantSlugField
 
     def map_serializer_field(self, auto_schema, direction):
-        """The JSON schema of an assistant's slug: one of the active ones, or null."""
-        from django.db import DatabaseError
-
-        try:
-            slugs = list(Assistant.objects.filter(active=True).order_by("slug").values_list("slug", flat=True))
-        except DatabaseError:
-            slugs = []
-        if not slugs:  # an empty enum is not valid OpenAPI
-            return {"type": "string", "nullable": True, "maxLength": 0}
-        return {"type": "string", "nullable": True, "enum": ["", *slugs, None]}
+        """The JSON schema of an assistant's slug: a slug, "" or null."""
+        # Not empty: drf-spectacular adds "" (the default) as a branch of its own, and a value may match only one.
+        return {"type": "string", "nullable": True, "minLength": 1, "maxLength": 50, "pattern": r"^[-a-zA-Z0-9_]+$",
+                "description": "The slug of an assistant the caller may use; \"\" or null: the site's default."}
 
 
 class ConversationCreateSerializer(serializers.Serializer):
     """``POST /api/conversations/``: which assistant answers the new conversation (its slug);
     absent, "" or null: the site's default. ``validated_data["assistant"]`` is the ``Assistant``."""
 
+    # Not trimmed: " support" or "\x1d" (Python strips both) is no slug, and must not become the default.
     assistant = AssistantSlugField(required=False, allow_null=True, allow_blank=True, max_length=50,
+                                   trim_whitespace=False,
                                    error_messages={"invalid": _("Name an assistant by its slug.")})
 
     def validate_assistant(self, slug):

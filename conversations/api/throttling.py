@@ -10,8 +10,11 @@ History lives in the default cache (Redis), so every web process shares it.
 The client's address is ``REMOTE_ADDR``. Headers a client can write (``X-Forwarded-For``,
 ``Forwarded``, ``X-Real-IP``) are read only when ``REST_FRAMEWORK["NUM_PROXIES"]`` says how many
 proxies in front of the site append to ``X-Forwarded-For``; then the address the nearest of
-them saw is used, as DRF reads it.
+them saw is used, as DRF reads it. Every per-address limit counts by ``client_key``, which
+counts an IPv6 address by its network (``IPV6_PREFIX``).
 """
+
+import ipaddress
 
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
@@ -28,6 +31,24 @@ def client_address(request):
     return BaseThrottle().get_ident(request)
 
 
+def client_key(request):
+    """What every per-address limit counts by (throttles, turns running at once): the client's
+    address, an IPv6 one cut to its ``IPV6_PREFIX`` network. One IPv6 subscriber is usually
+    given a whole /64, so keying on the full address would give them 2**64 fresh limits. An
+    IPv4-mapped IPv6 address counts as its IPv4 one; text that is not an address counts as is."""
+    address = client_address(request)
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return address[:100]
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.version == 4:
+        return str(ip)
+    # From the integer: a zone ("fe80::1%eth0") is no part of the network.
+    return str(ipaddress.IPv6Network((int(ip), get_config()["IPV6_PREFIX"]), strict=False))
+
+
 class ConfiguredRateThrottle(SimpleRateThrottle):
     """A ``SimpleRateThrottle`` whose rate is read when the throttle is built (once per request),
     so a changed setting applies at once. ``config_key`` names the CONVERSATIONS key."""
@@ -41,9 +62,9 @@ class ConfiguredRateThrottle(SimpleRateThrottle):
         return rate if rate and str(rate).strip() != "0" else None
 
     def get_ident(self, request):
-        """The client's address (``client_address``): DRF's own would trust ``X-Forwarded-For``
-        from anyone when ``NUM_PROXIES`` is unset."""
-        return client_address(request)
+        """The client's key (``client_key``): DRF's own would trust ``X-Forwarded-For`` from
+        anyone when ``NUM_PROXIES`` is unset, and count each IPv6 address of a network apart."""
+        return client_key(request)
 
 
 class OwnerThrottle(ConfiguredRateThrottle):
@@ -64,7 +85,7 @@ class OwnerThrottle(ConfiguredRateThrottle):
 
 
 class AddressThrottle(ConfiguredRateThrottle):
-    """Counts per client IP address (see ``client_address``)."""
+    """Counts per client address (see ``client_key``)."""
 
     def get_cache_key(self, request, view):
         """The cache key of this address's request history."""

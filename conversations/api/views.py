@@ -15,7 +15,7 @@ from rest_framework.exceptions import APIException, NotFound, PermissionDenied, 
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import limits, state, turns
+from .. import assistants, limits, state, turns
 from ..models import Conversation, Message, Turn
 from ..owners import owned_filter, owner_token
 from . import serializers
@@ -23,7 +23,8 @@ from .authentication import CsrfSessionAuthentication
 from .parsers import LimitedJSONParser, check_content_length
 from .permissions import LoginNotRequiredMixin, SignedInIfRequired
 from .sessions import UNAVAILABLE_ERRORS, check_session_store, save_session
-from .throttling import ConversationIPThrottle, ConversationOwnerThrottle, TurnIPThrottle, TurnOwnerThrottle
+from .throttling import (ConversationIPThrottle, ConversationOwnerThrottle, TurnIPThrottle, TurnOwnerThrottle,
+                         client_key)
 
 logger = logging.getLogger("conversations.api")
 
@@ -182,7 +183,11 @@ class ConversationListView(ConversationAPIView):
         return Response([{"id": str(c.id), "created_at": c.created_at} for c in conversations])
 
     @extend_schema(request=serializers.ConversationCreateSerializer, parameters=[RETRY_AFTER],
-                   responses={201: serializers.NewConversationSerializer, 403: CSRF_OR_SIGN_IN, 413: TOO_LARGE,
+                   responses={201: serializers.NewConversationSerializer,
+                              403: OpenApiResponse(ERROR, description="CSRF check failed, the caller is anonymous "
+                                                                      "while LOGIN_REQUIRED is on, or the assistant's "
+                                                                      "access policy does not allow the caller."),
+                              413: TOO_LARGE,
                               415: NOT_JSON, 400: serializers.ValidationErrorSerializer,
                               429: OpenApiResponse(ERROR, description="Too many new conversations (per owner or "
                                                                       "per IP); see Retry-After."),
@@ -193,6 +198,8 @@ class ConversationListView(ConversationAPIView):
         serializer.is_valid(raise_exception=True)
         assistant = serializer.validated_data.get("assistant")
         user = request.user if request.user.is_authenticated else None
+        if assistant is not None and not assistant.allows(user):
+            raise PermissionDenied(assistants.access_refused_message(assistant, user))
         token = owner_token(request, create=True)
         conversation = Conversation.objects.create(user=user, owner_token=token, assistant=assistant)
         return Response({"id": str(conversation.id), "created_at": conversation.created_at,
@@ -226,7 +233,8 @@ class TurnListView(ConversationAPIView):
     Refusals, in the order they are checked: 413 (body too large), 429 (rate limits), 400
     (bad ``Idempotency-Key`` or message), 404 (not the caller's conversation), 409 (a turn is
     still running), 403 (conversation full), 429 (too many turns running in the owner's other
-    conversations, or daily token budget spent or held for them). A request whose
+    conversations, or daily token budget spent or held for them, or too many turns running
+    from the client's address). A request whose
     ``Idempotency-Key`` was already used in this conversation gets the first turn back (200).
     """
 
@@ -257,7 +265,8 @@ class TurnListView(ConversationAPIView):
             415: NOT_JSON,
             422: OpenApiResponse(ERROR, description="The Idempotency-Key was used for a different message."),
             429: OpenApiResponse(ERROR, description="Too many turns (per owner or per IP), too many running at "
-                                                    "once (MAX_ACTIVE_TURNS_PER_OWNER), or the owner's "
+                                                    "once (MAX_ACTIVE_TURNS_PER_OWNER, "
+                                                    "MAX_ACTIVE_TURNS_PER_ADDRESS), or the owner's "
                                                     "DAILY_TOKEN_BUDGET is spent or held for running turns; see "
                                                     "Retry-After."),
             503: OpenApiResponse(ERROR, description="Redis is unreachable. Nothing was saved, or, if the enqueue "
@@ -276,12 +285,16 @@ class TurnListView(ConversationAPIView):
             replayed = self.earlier_turn(conversation, key)
             if replayed is None:
                 turns.ensure_idle(conversation)
-                self.check_limits(conversation)
+                self.refuse(limits.check_new_turn(conversation) or address.check())
             return replayed
 
         try:
-            turn, created = turns.start(lambda: owned_conversation(request, conversation_id, for_update=True),
-                                        content, admit=admit, idempotency_key=key)
+            # The address's lock is taken first, then the owner's conversations (start's lock).
+            with limits.AddressTurns(client_key(request)) as address:
+                turn, created = turns.start(lambda: owned_conversation(request, conversation_id, for_update=True),
+                                            content, admit=admit, idempotency_key=key)
+                if created:
+                    address.add(turn)
         except turns.TurnActive:
             raise Conflict(_("The assistant is still answering your previous message. "
                              "Wait for it to finish or stop it first.")) from None
@@ -321,8 +334,8 @@ class TurnListView(ConversationAPIView):
         return Response(turn_summary(turn), status=status.HTTP_200_OK, headers={"Idempotent-Replayed": "true"})
 
     @staticmethod
-    def check_limits(conversation):
-        refusal = limits.check_new_turn(conversation)
+    def refuse(refusal):
+        """Raise the answer to a ``limits.Refusal`` (429 for a limit that lifts with time, else 403); None: go ahead."""
         if refusal is None:
             return
         if refusal.retry_after is not None:

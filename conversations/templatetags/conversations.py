@@ -11,6 +11,7 @@ from django.middleware.csrf import get_token
 from django.urls import reverse
 from django.utils.translation import gettext as _
 
+from .. import assistants
 from ..assistants import settings_for
 from ..models import Assistant
 
@@ -72,7 +73,11 @@ def chat_widget(context, title="", mode="inline", key="", assistant=""):
     assistant that answers the conversations this widget starts; an unknown or inactive one
     renders nothing and logs a warning, so that a page never breaks on it. When
     ``CONVERSATIONS["LOGIN_REQUIRED"]`` is on and the visitor is anonymous, the widget shows a
-    sign-in link instead of its text box. Returns the context of ``conversations/widget.html``.
+    sign-in link instead of its text box, and the page gets neither the assistant's greeting nor
+    its suggestions; so too for an assistant whose access policy (``Assistant.allows``) wants a
+    signed-in visitor. An assistant the visitor may not use even signed in (staff only, a
+    permission) renders one sentence saying so instead of the widget. Returns the context of
+    ``conversations/widget.html``.
     """
     if mode not in MODES:
         raise template.TemplateSyntaxError(f"chat_widget: mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -91,9 +96,18 @@ def chat_widget(context, title="", mode="inline", key="", assistant=""):
         strings["title"] = str(title or chosen.name)
     login_url = ""
     user = getattr(request, "user", None)
-    if cfg["LOGIN_REQUIRED"] and not (user is not None and user.is_authenticated):
+    signed_in = user is not None and user.is_authenticated
+    if chosen is not None and not chosen.allows(user) and (signed_in or chosen.access != chosen.Access.SIGNED_IN):
+        # Signing in would not help: say so, and leave the assistant's words out of the page.
+        return {"refused": assistants.access_refused_message(chosen, user)}
+    if not signed_in and (cfg["LOGIN_REQUIRED"] or (chosen is not None and not chosen.allows(user))):
         # Back to this page once signed in, the way Django's own login_required sends a visitor.
         login_url = redirect_to_login(request.get_full_path() if request is not None else "/", settings.LOGIN_URL).url
+        # The greeting and suggestions are the assistant's words for those who may chat: not in
+        # the page of a visitor who is only offered the sign-in link.
+        chosen_words = False
+    else:
+        chosen_words = chosen is not None
     return {
         "mode": mode,
         "key": str(key),
@@ -104,7 +118,8 @@ def chat_widget(context, title="", mode="inline", key="", assistant=""):
         "login_url": login_url,
         "strings": strings,
         "assistant": chosen,
-        "suggestions": json.dumps(list(chosen.suggestions), ensure_ascii=False) if chosen is not None else "",
+        "greeting": chosen.greeting if chosen_words else "",
+        "suggestions": json.dumps(list(chosen.suggestions), ensure_ascii=False) if chosen_words else "[]",
     }
 
 
