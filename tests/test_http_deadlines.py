@@ -336,3 +336,12 @@ def test_socket_timeout_before_the_total_limit_is_recorded_as_a_timeout(fault):
     assert call.error.outcome == "timeout" and call.error.retryable
     assert call.error.detail.endswith("timed out (connect limit 0.5s)")
     assert 0.45 <= call.records[0]["duration"] <= 0.5 + SLACK
+
+
+def test_a_tls_failure_names_the_endpoint_and_says_tls():
+    with FakeProvider() as fake:  # plain HTTP: a TLS handshake with it fails
+        port = fake.url.split(":")[2].split("/")[0]
+        call = Call(MAX_ATTEMPTS=1).post(fake.url.replace("http://", "https://"))
+
+    assert call.error.outcome == "connection_error"
+    assert call.error.detail.startswith(f"SSLError to 127.0.0.1:{port}: TLS: ")
