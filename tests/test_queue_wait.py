@@ -134,3 +134,27 @@ def test_a_spanish_visitor_reads_the_sentence_in_spanish(provider, conversations
 
     assert state["status"] == "failed"
     assert state["error"] == "El asistente no está disponible en este momento. Vuelve a intentarlo más tarde."
+
+
+def test_a_turn_queued_while_no_worker_listens_is_logged_at_once(caplog):
+    with caplog.at_level("WARNING", logger="conversations"):
+        turn = start_turn(make_client())
+    warnings = [r for r in caplog.records if r.name == "conversations.jobs" and r.levelname == "WARNING"]
+    assert len(warnings) == 1, caplog.text
+    message = warnings[0].getMessage()
+    assert turn["id"] in message
+    assert "no worker listens" in message and "'default'" in message and "manage.py rqworker default" in message
+
+
+def test_a_turn_queued_while_a_worker_listens_logs_no_warning(worker_process, caplog):
+    from rq.worker import Worker
+
+    from conversations.jobs import get_queue
+
+    worker_process()
+    deadline = time.monotonic() + 30
+    while not Worker.count(queue=get_queue()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with caplog.at_level("WARNING", logger="conversations"):
+        start_turn(make_client())
+    assert not [r for r in caplog.records if "no worker listens" in r.getMessage()], caplog.text
