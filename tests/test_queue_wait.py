@@ -158,3 +158,17 @@ def test_a_turn_queued_while_a_worker_listens_logs_no_warning(worker_process, ca
     with caplog.at_level("WARNING", logger="conversations"):
         start_turn(make_client())
     assert not [r for r in caplog.records if "no worker listens" in r.getMessage()], caplog.text
+
+
+def test_the_transcript_carries_how_each_turn_ended_with_its_sentence(conversations_settings):
+    client = make_client()
+    stopped = start_turn(client, "First question")
+    assert api_post(client, stopped["cancel_url"]).status_code == 202  # queued: it ends cancelled at once
+    conversation = stopped["conversation"]
+    failed = api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "Second question"}).json()
+    wait_in_queue(failed["id"], 60)
+    poll_until_done(client, failed["poll_url"])
+
+    endings = client.get(f"/api/conversations/{conversation}/").json()["endings"]
+    assert endings == {stopped["id"]: {"status": "cancelled", "error": None},
+                       failed["id"]: {"status": "failed", "error": NOT_AVAILABLE}}
