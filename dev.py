@@ -158,6 +158,12 @@ def manage(*args, env=None):
     return subprocess.run([str(PYTHON), str(ROOT / "manage.py"), *args], env=env, check=True)
 
 
+# The demo's own names in a Redis it may share with other apps (the one on 6379, or REDIS_URL's):
+# its cache and session keys carry this prefix and its turns go to this queue, so that it never
+# reads another app's sessions, and no other app's worker takes its turns (nor its worker theirs).
+DEMO_NAMESPACE = "conversations-demo"
+
+
 def demo(argv):
     port = 8000
     if "--port" in argv:
@@ -168,15 +174,21 @@ def demo(argv):
     if not env.get("REDIS_URL"):
         if redis_answers(6379):
             env["REDIS_URL"] = "redis://127.0.0.1:6379/0"
-            say("using the Redis server on 127.0.0.1:6379")
+            say("using the Redis server on 127.0.0.1:6379 (database 0), which other apps may share")
         else:
             redis_port = free_port()
             children.append(start_redis(redis_port, RUN / "redis"))
             env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
             say(f"started a Redis server of its own on 127.0.0.1:{redis_port}")
+    else:
+        say("using the Redis server of REDIS_URL")
+    env.setdefault("CACHE_KEY_PREFIX", DEMO_NAMESPACE)
+    queue = env.setdefault("CONVERSATIONS_QUEUE", DEMO_NAMESPACE)
+    say(f"the demo's keys there: cache and sessions prefixed {env['CACHE_KEY_PREFIX']!r}, turns on the queue "
+        f"{queue!r} (CACHE_KEY_PREFIX and CONVERSATIONS_QUEUE change them)")
     try:
         manage("migrate", "--no-input", "-v", "0", env=env)
-        children.append(subprocess.Popen([str(PYTHON), str(ROOT / "manage.py"), "rqworker"], env=env))
+        children.append(subprocess.Popen([str(PYTHON), str(ROOT / "manage.py"), "rqworker", queue], env=env))
         children.append(subprocess.Popen(
             [str(PYTHON), str(ROOT / "manage.py"), "runserver", f"127.0.0.1:{port}", "--noreload"], env=env))
         for _ in range(100):
@@ -300,7 +312,13 @@ def main(argv):
         ensure_venv()
         return subprocess.run([str(PYTHON), str(ROOT / "manage.py"), *argv[1:]]).returncode
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    return {"demo": demo, "test": test}[argv[0]](argv[1:])
+    try:
+        return {"demo": demo, "test": test}[argv[0]](argv[1:])
+    except KeyboardInterrupt:
+        # Ctrl+C: the children have been stopped on the way out (the finally blocks); the
+        # traceback of wherever this process happened to be waiting would tell nothing.
+        say("interrupted")
+        return 130
 
 
 if __name__ == "__main__":
