@@ -100,3 +100,23 @@ def test_the_admins_turn_list_fits_a_1280_pixel_window(browser, live_server, wor
     assert columns == 14
     assert widths["scroll"] <= widths["client"], widths  # nothing cut off or scrolled sideways
     assert widths["right"] <= 1280 and widths["page"] <= 1280, widths
+
+
+HEADER = "header { position: fixed; top: 0; left: 0; right: 0; height: 64px; background: #333; z-index: 2147483647; }"
+
+
+def test_a_host_header_above_the_widget_covers_its_full_window_panel_until_cvw_z_index_raises_it(chat_page):
+    from tests.browser.pages import open_host_page
+
+    def close_button_is_on_top(style):
+        chat = chat_page(viewport={"width": 375, "height": 700})  # a phone: the panel fills the window
+        open_host_page(chat, '<header>The site</header>{% chat_widget mode="launcher" %}', style=style)
+        chat.locator(".cvw-launcher").click()
+        box = chat.locator(".cvw-close").bounding_box()
+        return chat.page.evaluate("""([x, y]) => { const hit = document.elementFromPoint(x, y);
+            return hit.tagName === 'CONVERSATIONS-WIDGET' &&
+                   hit.shadowRoot.elementFromPoint(x, y).classList.contains('cvw-close'); }""",
+                                  [box["x"] + box["width"] / 2, box["y"] + box["height"] / 2])
+
+    assert close_button_is_on_top(HEADER) is False  # what docs/widget.md warns about
+    assert close_button_is_on_top(HEADER + " conversations-widget { --cvw-z-index: 2147483647; }") is True
