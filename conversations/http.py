@@ -34,6 +34,7 @@ import requests
 from urllib3 import exceptions as urllib3_exceptions
 
 from .budget import BudgetExhausted
+from .network import failed_endpoint, os_reason
 from .streaming import EventDecoder, StreamError
 from .types import Outcome, record_call
 from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND, Watchdog, environment_settings, new_session, stop_requested
@@ -409,7 +410,8 @@ def _timed_out(exc):
     pending = [exc]
     while pending:
         current = pending.pop()
-        if current is None or id(current) in seen:
+        # Not every ``reason`` is an exception: an SSLError's is a string (a failed TLS handshake).
+        if not isinstance(current, BaseException) or id(current) in seen:
             continue
         seen.add(id(current))
         # urllib3's NewConnectionError subclasses ConnectTimeoutError even for "connection refused".
@@ -422,13 +424,16 @@ def _timed_out(exc):
 
 
 def _describe(exc):
-    """A short, secret-free description of a connection failure (no URL query, no headers)."""
+    """A short, secret-free description of a connection failure: where (host and port only, no
+    path, query or headers) and the operating system's reason, e.g. "ConnectionError to
+    api.example.com:443: name not known (Name or service not known)"."""
     name = type(exc).__name__
+    where = failed_endpoint(exc)
+    name = f"{name} to {where}" if where else name
     reason = str(exc.args[0]) if exc.args else ""
-    if "Connection refused" in reason:
-        return f"{name}: connection refused"
-    if "reset" in reason.lower():
-        return f"{name}: connection reset"
     if "IncompleteRead" in reason or "incomplete" in reason.lower():
         return f"{name}: response cut short"
-    return name
+    found = os_reason(exc)
+    if not found and "reset" in reason.lower():
+        found = "connection reset"
+    return f"{name}: {found}" if found else name

@@ -25,6 +25,7 @@ from rq import get_current_job
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.timeouts import JobTimeoutException
+from rq.worker import Worker
 
 from . import assistants, state, turns
 from .budget import TurnClock
@@ -88,6 +89,25 @@ def enqueue_turn(turn, *, saved=False):
         turn.save(update_fields=job_fields(turn))
     # The assistant's own JOB_TIMEOUT when it sets one (job_fields() wrote it on the turn).
     return _enqueue(turn, turn.job_id, job_timeout=turn.job_timeout, description=f"conversation turn {turn.id}")
+
+
+def warn_if_unattended(turn):
+    """Log a warning when no worker listens on the turns' queue just after ``turn`` was put on it.
+
+    Otherwise the visitor watches "thinking" until ``QUEUE_WAIT`` ends the turn, and nothing says
+    why until then. One ``SCARD`` of RQ's per-queue worker set: cheap enough for every POST. A
+    worker that died without unregistering still counts until RQ cleans it up; a Redis that
+    cannot be read says nothing here (the enqueue itself would have failed first)."""
+    queue = get_queue()
+    try:
+        listening = Worker.count(queue=queue)
+    except RedisError:
+        return
+    if not listening:
+        logger.warning("Turn %s was queued on %r, but no worker listens on that queue: it waits until one does, "
+                       "and ends after QUEUE_WAIT (%ss). Start one: manage.py rqworker %s", turn.id, queue.name,
+                       get_config()["QUEUE_WAIT"], queue.name,
+                       extra={"turn_id": str(turn.id), "queue": queue.name})
 
 
 def enqueue_continuation(turn, job_id, *, job_timeout):

@@ -1,10 +1,13 @@
-"""Receivers: a visitor's recent anonymous conversations follow them into their account, and a
-saved user's verified session hash is forgotten (see ``owners``)."""
+"""Receivers: a visitor's recent anonymous conversations follow them into their account, a
+saved user's verified session hash is forgotten (see ``owners``), and a page that fails because
+Redis is unreachable is logged where an operator looks."""
 
 import datetime
+import logging
 
 from django.conf import settings
 from django.contrib.auth.signals import user_logged_in
+from django.core.signals import got_request_exception
 from django.db.models import Max, Q
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
@@ -14,7 +17,10 @@ from redis.exceptions import RedisError
 from . import state
 from .conf import get_config
 from .models import Conversation, Turn
+from .network import describe_redis_error
 from .owners import SESSION_KEY
+
+logger = logging.getLogger("conversations.redis")
 
 
 @receiver(user_logged_in, dispatch_uid="conversations_claim_on_login")
@@ -71,3 +77,21 @@ def forget_verified_session(sender, instance, **kwargs):
         state.forget_auth_stamp(instance.pk)
     except RedisError:  # the stamp expires with STATE_TTL; saving a user must not fail for it
         pass
+
+
+@receiver(got_request_exception, dispatch_uid="conversations_log_redis_500")
+def log_unreachable_redis(sender, request=None, **kwargs):
+    """Log a page outside the API (the admin's login, with the README's sessions in the cache)
+    that answers Django's HTML 500 because Redis cannot be reached. Django logs a 500 only to
+    ``mail_admins`` unless ``DEBUG`` is on, so a new site's log would otherwise say nothing; this
+    line (an error: Python prints it even where no logging is configured) names Redis's host,
+    port and reason. The API answers these with its own 503 and logs them there."""
+    import sys
+
+    from .api.sessions import UNAVAILABLE_ERRORS
+
+    exc = sys.exc_info()[1]
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        path = getattr(request, "path", "?")
+        method = getattr(request, "method", "?")
+        logger.error("Redis is unreachable; %s %s answered 500: %s", method, path, describe_redis_error(exc))

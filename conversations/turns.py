@@ -111,6 +111,7 @@ def start(lock, content, *, admit=ensure_idle, idempotency_key=""):
         state.publish(state.state_from_db(turn, [message]))
     except RedisError:
         logger.exception("Could not publish the queued state of turn %s", turn.id)
+    jobs.warn_if_unattended(turn)
     return turn, True
 
 

@@ -76,7 +76,7 @@ def test_json_that_is_not_an_object_is_refused(owner_client, conversation):
 def test_unknown_conversation_is_404(owner_client):
     response = api_post(owner_client, turns_url(uuid.uuid4()), {"content": "hi"})
     assert response.status_code == 404
-    assert response.json() == {"detail": "No Conversation matches the given query."}
+    assert response.json() == {"detail": GONE}
     assert_nothing_enqueued()
 
 
@@ -94,7 +94,8 @@ def test_post_without_csrf_token_is_refused(owner_client, conversation):
     response = owner_client.post(turns_url(conversation), data=json.dumps({"content": "hi"}),
                                  content_type="application/json")
     assert response.status_code == 403
-    assert "CSRF" in response.json()["detail"]
+    assert response.json()["detail"] == ("This page has expired, so the message could not be accepted. Please reload "
+                                         "the page and try again.")
     assert_nothing_enqueued()
 
 
@@ -102,3 +103,20 @@ def test_control_characters_are_stripped_and_the_message_kept(owner_client, conv
     response = api_post(owner_client, turns_url(conversation), {"content": "hel\x00lo\r\nworld\x1b"})
     assert response.status_code == 202
     assert Message.objects.get().content == "hello\nworld"
+
+
+GONE = "This conversation is no longer available. It may have expired; please start a new one."
+
+
+def test_every_not_found_reads_as_the_apps_own_sentence_in_the_visitors_language(owner_client):
+    missing = uuid.uuid4()
+    urls = [f"/api/conversations/{missing}/", f"/api/conversations/{missing}/turns/{uuid.uuid4()}/",
+            "/api/conversations/not-a-uuid/"]
+    for url in urls:
+        response = owner_client.get(url)
+        assert (response.status_code, response.json()) == (404, {"detail": GONE}), url
+        spanish = owner_client.get(url, HTTP_ACCEPT_LANGUAGE="es")
+        assert spanish.json()["detail"] == "Esta conversación ya no está disponible. Puede que haya caducado; " \
+                                           "empieza una nueva.", url
+    cancel = api_post(owner_client, f"/api/conversations/{missing}/turns/{uuid.uuid4()}/cancel/")
+    assert (cancel.status_code, cancel.json()) == (404, {"detail": GONE})

@@ -284,3 +284,38 @@ def test_a_paid_provider_with_every_limit_off(conversations_settings):
         id="conversations.W032")]
     conversations_settings.update(DAILY_TOKEN_BUDGET=50000)
     assert check_deploy() == []
+
+
+def test_a_base_url_in_the_environment_that_the_settings_do_not_read_is_named_by_check(conversations_settings,
+                                                                                      monkeypatch, capsys):
+    from django.core.management import call_command
+
+    # The settings read PROVIDER, MODEL and API_KEY (as the README's block once did), not BASE_URL.
+    monkeypatch.setenv("CONVERSATIONS_BASE_URL", "http://user:pw@gateway.internal:4000/v1?key=sk-no")
+    monkeypatch.setenv("CONVERSATIONS_API_KEY", "sk-from-the-environment")
+    conversations_settings.update(PROVIDER="openai", MODEL="gpt-4o-mini", API_KEY="sk-from-the-environment")
+    call_command("check")
+    output = capsys.readouterr().err
+
+    assert ("(conversations.W008) CONVERSATIONS_BASE_URL names http://gateway.internal:4000, but the turns call "
+            "https://api.openai.com:443: the environment's value is not in CONVERSATIONS['BASE_URL'].") in output
+    assert 'HINT: Read it in settings.py, as the README\'s block does: "BASE_URL": ' \
+           'os.environ.get("CONVERSATIONS_BASE_URL", "")' in output
+    assert "sk-" not in output and "pw@" not in output
+    assert output.count("conversations.W008") == 1  # the key the settings do read is not named
+
+
+def test_a_key_in_the_environment_that_the_settings_replace_is_named_without_its_value(conversations_settings,
+                                                                                      monkeypatch):
+    monkeypatch.setenv("CONVERSATIONS_API_KEY", "sk-from-the-environment")
+    conversations_settings.update(PROVIDER="openai", API_KEY="sk-in-settings")
+    (warning,) = [m for m in check_config() if m.id == "conversations.W008"]
+
+    assert warning.msg == ("CONVERSATIONS_API_KEY is set, but the settings use another key: the environment's value "
+                           "is not in CONVERSATIONS['API_KEY'].")
+
+
+def test_environment_variables_the_settings_read_raise_no_warning(conversations_settings, monkeypatch):
+    monkeypatch.setenv("CONVERSATIONS_BASE_URL", "http://gateway.internal:4000/v1")
+    conversations_settings.update(PROVIDER="openai", BASE_URL="http://gateway.internal:4000/v1", API_KEY="sk-x")
+    assert [m for m in check_config() if m.id == "conversations.W008"] == []

@@ -291,3 +291,19 @@ def test_client_errors_fail_at_once_and_never_show_the_api_key(status, code, wor
     assert all(API_KEY not in text for text in shown)
     assert [v for v in redis_values() if v and API_KEY.encode() in v] == []
     assert f"HTTP {status}" in log_file.read_text()  # the operator still learns what happened
+
+
+def test_a_refused_connection_is_logged_and_recorded_with_host_port_and_reason_never_the_key(worker, openai,
+                                                                                           log_file):
+    url = refused_url()
+    port = url.split(":")[2].split("/")[0]
+    # A key in the URL, as some gateways take it: neither it nor the path may reach the timeline.
+    openai(url.replace("http://", "http://user:sk-in-the-url@") + "?api-key=sk-in-the-query", MAX_ATTEMPTS=1)
+    final, _elapsed, turn = run_turn(worker)
+
+    (call,) = records(turn)
+    assert call.detail == f"ConnectionError to 127.0.0.1:{port}: connection refused"
+    assert final["error"] == message("connection")
+    log = log_file.read_text()
+    assert f"openai call failed (connection): ConnectionError to 127.0.0.1:{port}: connection refused" in log
+    assert "sk-in-the" not in call.detail + final["error"] + log

@@ -3,6 +3,7 @@ real Redis and real forking workers: the turn is answered by the next provider w
 is down, within the turn's clocks, and a provider that keeps failing is skipped by every
 worker until it has cooled down."""
 
+import re
 import time
 
 import pytest
@@ -273,16 +274,52 @@ def test_provider_health_shows_each_breaker_and_fails_while_one_is_open(chain, w
     fallback.default = openai_text("Fine.")
     out = io.StringIO()
     call_command("provider_health", stdout=out)
-    assert out.getvalue().splitlines() == ["openai:primary-model: closed (0 recent failures)",
-                                           "openai:fallback-model: closed (0 recent failures)"]
+    assert out.getvalue().splitlines() == [
+        HEALTH_HEADER,
+        f"openai:primary-model at {host(primary)} (the site's primary): circuit closed, called as usual "
+        "(0 recent failures)",
+        f"openai:fallback-model at {host(fallback)} (the site's fallback 1): circuit closed, called as usual "
+        "(0 recent failures)"]
     for _ in range(3):
         run_one(worker)
     out = io.StringIO()
     with pytest.raises(SystemExit) as exited:
         call_command("provider_health", stdout=out)
     assert exited.value.code == 1
-    first = out.getvalue().splitlines()[0]
-    assert first.startswith("openai:primary-model: open (0 recent failures, open for ") and first.endswith("s more)")
+    first = out.getvalue().splitlines()[1]
+    assert first.startswith(f"openai:primary-model at {host(primary)} (the site's primary): circuit open, skipped for ")
+    assert first.endswith("s more")
+
+
+HEALTH_HEADER = ("Circuit breakers (closed: called as usual; open: skipped after repeated failures; half-open: the "
+                 "next call probes it):")
+
+
+def host(fake):
+    return fake.url.split("//")[1].split("/")[0]
+
+
+def test_provider_health_tells_a_dead_primary_from_its_fallback_of_the_same_model(chain, worker,
+                                                                                   conversations_settings):
+    import io
+
+    from django.core.management import call_command
+
+    primary, fallback = chain
+    conversations_settings.update(BREAKER_COOLDOWN=30, MODEL="gpt-4o-mini",
+                                  FALLBACKS=[{"PROVIDER": "openai", "BASE_URL": fallback.url, "API_KEY": "sk-fallback",
+                                              "MODEL": "gpt-4o-mini"}])
+    fallback.default = openai_text("Fine.")
+    for _ in range(3):
+        run_one(worker)
+    out = io.StringIO()
+    with pytest.raises(SystemExit):
+        call_command("provider_health", stdout=out)
+    dead, alive = out.getvalue().splitlines()[1:]
+
+    assert dead.startswith(f"openai:gpt-4o-mini at {host(primary)} (the site's primary): circuit open, skipped for ")
+    assert alive == (f"openai:gpt-4o-mini at {host(fallback)} (the site's fallback 1): circuit closed, called as usual "
+                     "(0 recent failures)")
 
 
 def test_the_admins_turn_list_shows_each_providers_circuit(chain, worker, conversations_settings, admin_client):
@@ -290,11 +327,12 @@ def test_the_admins_turn_list_shows_each_providers_circuit(chain, worker, conver
     conversations_settings.update(BREAKER_COOLDOWN=30)
     fallback.default = openai_text("Fine.")
     page = admin_client.get("/admin/conversations/turn/").content.decode()
-    assert "openai:primary-model\nanswering (0 recent failures)" in page
+    assert f"openai:primary-model at {host(primary)} (the site&#x27;s primary)\nanswering (0 recent failures)" in page
     for _ in range(3):
         run_one(worker)
     page = admin_client.get("/admin/conversations/turn/").content.decode()
-    assert "openai:primary-model\nskipped for " in page and "openai:fallback-model\nanswering" in page
+    assert re.search(r"primary-model at [^(]+\(the site&#x27;s primary\)\nskipped for \d+ s more</span>", page)
+    assert "(the site&#x27;s fallback 1)\nanswering" in page
 
 
 def test_provider_health_lists_the_active_assistants_chains_once_per_circuit(chain, admin_client):
@@ -319,12 +357,17 @@ def test_provider_health_lists_the_active_assistants_chains_once_per_circuit(cha
 
     out = io.StringIO()
     call_command("provider_health", stdout=out)
-    assert out.getvalue().splitlines() == ["openai:primary-model: closed (0 recent failures)",
-                                           "openai:fallback-model: closed (0 recent failures)",
-                                           "demo:(default model) (helpdesk, support): closed (0 recent failures)",
-                                           "openai:shop-model (shop): closed (0 recent failures)"]
+    closed = "circuit closed, called as usual (0 recent failures)"
+    assert out.getvalue().splitlines() == [
+        HEALTH_HEADER,
+        f"openai:primary-model at {host(primary)} (the site's primary, helpdesk's primary, support's primary): {closed}",
+        f"openai:fallback-model at {host(fallback)} (the site's fallback 1, shop's fallback 1, "
+        f"support's fallback 1): {closed}",
+        f"demo:(default model) (helpdesk's fallback 1, support's fallback 2): {closed}",
+        f"openai:shop-model at {host(primary)} (shop's primary): {closed}"]
     page = admin_client.get("/admin/conversations/turn/").content.decode()
-    assert "demo:(default model) (helpdesk, support)\nanswering" in page and "plain-model" not in page
+    assert "demo:(default model) (helpdesk&#x27;s fallback 1, support&#x27;s fallback 2)\nanswering" in page
+    assert "plain-model" not in page
 
 
 def test_a_site_without_fallbacks_has_no_circuit_to_show(conversations_settings, admin_client):

@@ -355,3 +355,12 @@ def test_a_socket_handed_to_the_watchdog_after_it_fired_is_shut_at_once(why):
             assert sock.recv(1) == b""  # shut down, as if the peer had closed
             elapsed = time.monotonic() - started
     assert getattr(watchdog, why) and elapsed < 0.5
+
+
+def test_a_tls_failure_names_the_endpoint_and_says_tls():
+    with FakeProvider() as fake:  # plain HTTP: a TLS handshake with it fails
+        port = fake.url.split(":")[2].split("/")[0]
+        call = Call(MAX_ATTEMPTS=1).post(fake.url.replace("http://", "https://"))
+
+    assert call.error.outcome == "connection_error"
+    assert call.error.detail.startswith(f"SSLError to 127.0.0.1:{port}: TLS: ")

@@ -291,3 +291,27 @@ def test_a_site_with_its_own_styles_and_email_users_runs_both_widget_modes_untou
                 answer = operator.get(f"{base}/admin/conversations/{changelist}/{query}", timeout=10)
                 assert answer.status_code == 200, (changelist, query, answer.status_code)
                 assert "/admin/login/" not in answer.url
+
+
+def test_the_readmes_settings_send_turns_to_the_base_url_the_environment_names(new_site):
+    from tests.fakes import FakeProvider, openai_text
+
+    with FakeProvider(default=openai_text("Hello from the endpoint the environment named.")) as fake:
+        site = new_site()
+        site.env.update(CONVERSATIONS_PROVIDER="openai", CONVERSATIONS_BASE_URL=fake.url,
+                        CONVERSATIONS_MODEL="fake-model", CONVERSATIONS_API_KEY="sk-test")
+        site.manage("migrate")
+        assert "conversations.W008" not in site.manage("check").stderr  # every variable is read
+        with site.serve() as base:
+            visitor = requests.Session()
+            visitor.get(f"{base}/api/conversations/", timeout=10)
+            csrf = {"X-CSRFToken": visitor.cookies["csrftoken"]}
+            conversation = visitor.post(f"{base}/api/conversations/", json={}, headers=csrf, timeout=10).json()
+            started = visitor.post(f"{base}/api/conversations/{conversation['id']}/turns/",
+                                   json={"content": "Hello!"}, headers=csrf, timeout=10).json()
+            site.manage("rqworker", "--burst")
+            final = poll_until_done(visitor, base + started["poll_url"])
+
+    assert final["status"] == "completed", final
+    assert final["messages"][-1]["content"] == "Hello from the endpoint the environment named."
+    assert len(fake.requests) == 1

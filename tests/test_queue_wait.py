@@ -134,3 +134,41 @@ def test_a_spanish_visitor_reads_the_sentence_in_spanish(provider, conversations
 
     assert state["status"] == "failed"
     assert state["error"] == "El asistente no está disponible en este momento. Vuelve a intentarlo más tarde."
+
+
+def test_a_turn_queued_while_no_worker_listens_is_logged_at_once(caplog):
+    with caplog.at_level("WARNING", logger="conversations"):
+        turn = start_turn(make_client())
+    warnings = [r for r in caplog.records if r.name == "conversations.jobs" and r.levelname == "WARNING"]
+    assert len(warnings) == 1, caplog.text
+    message = warnings[0].getMessage()
+    assert turn["id"] in message
+    assert "no worker listens" in message and "'default'" in message and "manage.py rqworker default" in message
+
+
+def test_a_turn_queued_while_a_worker_listens_logs_no_warning(worker_process, caplog):
+    from rq.worker import Worker
+
+    from conversations.jobs import get_queue
+
+    worker_process()
+    deadline = time.monotonic() + 30
+    while not Worker.count(queue=get_queue()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with caplog.at_level("WARNING", logger="conversations"):
+        start_turn(make_client())
+    assert not [r for r in caplog.records if "no worker listens" in r.getMessage()], caplog.text
+
+
+def test_the_transcript_carries_how_each_turn_ended_with_its_sentence(conversations_settings):
+    client = make_client()
+    stopped = start_turn(client, "First question")
+    assert api_post(client, stopped["cancel_url"]).status_code == 202  # queued: it ends cancelled at once
+    conversation = stopped["conversation"]
+    conversations_settings.update(QUEUE_WAIT=1)
+    failed = api_post(client, f"/api/conversations/{conversation}/turns/", {"content": "Second question"}).json()
+    poll_until_done(client, failed["poll_url"])  # no worker: it ends failed after QUEUE_WAIT
+
+    endings = client.get(f"/api/conversations/{conversation}/").json()["endings"]
+    assert endings == {stopped["id"]: {"status": "cancelled", "error": None},
+                       failed["id"]: {"status": "failed", "error": NOT_AVAILABLE}}

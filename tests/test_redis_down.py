@@ -113,3 +113,60 @@ def test_with_only_the_queue_down_the_poll_of_a_stale_turn_answers_503(unreachab
 
     unreachable_queue(False)
     assert client.get(turn["poll_url"]).json()["done"] is False
+
+
+def test_the_503_line_names_redis_host_port_and_reason(redis_down, caplog):
+    client = make_client()
+    redis_down()
+    with caplog.at_level("ERROR", logger="conversations"):
+        response = api_post(client, "/api/conversations/")
+
+    assert_unavailable(response, "conversations")
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "conversations.api"]
+    assert line.startswith("Redis is unreachable; POST /api/conversations/ answered 503: ConnectionError: ")
+    assert "127.0.0.1:9" in line and "Connection refused" in line
+    assert "network:ConnectionError" not in line
+
+
+def test_the_admin_login_html_500_with_sessions_in_redis_is_logged_with_where_and_why(redis_down, caplog):
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    User.objects.create_superuser("admin", password="a long enough password")
+    client = Client(raise_request_exception=False)
+    redis_down()
+    with caplog.at_level("ERROR", logger="conversations"):
+        response = client.post("/admin/login/", {"username": "admin", "password": "a long enough password"})
+
+    assert response.status_code == 500
+    lines = [r.getMessage() for r in caplog.records if r.name == "conversations.redis"]
+    assert lines and lines[0].startswith("Redis is unreachable; POST /admin/login/ answered 500: ConnectionError: ")
+    assert "127.0.0.1:9" in lines[0] and "Connection refused" in lines[0]
+
+
+def test_check_deploy_says_redis_is_unreachable_with_host_and_port(settings):
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    settings.CACHES = {"default": {**settings.CACHES["default"], "LOCATION": "redis://:s3cret-pw@127.0.0.1:9/3"}}
+    with pytest.raises(SystemCheckError) as raised:
+        call_command("check", "--deploy", "--tag", "caches")
+    message = str(raised.value)
+
+    assert "(conversations.E022) Redis at 127.0.0.1:9 (database 3) is unreachable (used by the cache 'default'): " \
+           "ConnectionError: Error 111 connecting to 127.0.0.1:9. Connection refused." in message
+    assert "s3cret-pw" not in message
+
+
+def test_plain_check_opens_no_connection_to_redis(settings):
+    from django.core.management import call_command
+
+    settings.CACHES = {"default": {**settings.CACHES["default"], "LOCATION": NOWHERE}}
+    settings.RQ_QUEUES = {name: {**conf, "URL": NOWHERE} for name, conf in settings.RQ_QUEUES.items()}
+    call_command("check")  # no E022: the check that connects runs with --deploy only
+
+
+def test_check_deploy_passes_when_redis_answers():
+    from django.core.management import call_command
+
+    call_command("check", "--deploy", "--tag", "caches")

@@ -9,6 +9,10 @@ from tests.helpers import make_client, start_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+EXPIRED = "This page has expired, so the message could not be accepted. Please reload the page and try again."
+NO_COOKIE = ("Your browser did not send this site's cookie, so the message could not be accepted. If it blocks "
+             "cookies (some browsers do for a chat on another site), allow them for this site and reload the page.")
+
 
 def post(client, url, data=None, **headers):
     return client.post(url, data=json.dumps(data or {}), content_type="application/json", headers=headers)
@@ -31,7 +35,7 @@ def test_every_post_without_a_csrf_token_is_refused(visitor):
     for name, (url, data) in endpoints.items():
         response = post(visitor, url, data)
         assert response.status_code == 403, name
-        assert "CSRF" in response.json()["detail"], name
+        assert response.json()["detail"] == EXPIRED, name
     assert (Conversation.objects.count(), Turn.objects.count()) == (conversations, turns)
     assert not Turn.objects.get().cancel_requested
 
@@ -61,3 +65,25 @@ def test_reads_need_no_csrf_token():
     started = start_turn(visitor)
     assert visitor.get(f"/api/conversations/{started['conversation']}/").status_code == 200
     assert visitor.get(started["poll_url"]).status_code == 200
+
+
+def test_a_browser_that_sends_no_csrf_cookie_is_told_why_in_its_language():
+    from django.test import Client
+
+    blocked = Client(enforce_csrf_checks=True)  # never got (or never sends) the csrftoken cookie
+    english = post(blocked, "/api/conversations/", X_CSRFToken="a" * 32)
+    spanish = post(blocked, "/api/conversations/", X_CSRFToken="a" * 32, Accept_Language="es")
+
+    assert english.status_code == spanish.status_code == 403
+    assert english.json() == {"detail": NO_COOKIE}
+    assert spanish.json()["detail"].startswith("Tu navegador no ha enviado la cookie de este sitio")
+    assert Conversation.objects.count() == 0
+
+
+def test_a_token_of_the_wrong_length_reads_as_an_expired_page_and_its_reason_is_logged(visitor, caplog):
+    with caplog.at_level("WARNING", logger="conversations.api"):
+        response = post(visitor, "/api/conversations/", X_CSRFToken="short")
+
+    assert response.status_code == 403
+    assert response.json() == {"detail": EXPIRED}
+    assert "incorrect length" in caplog.text and "POST /api/conversations/" in caplog.text

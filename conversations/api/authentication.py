@@ -1,8 +1,27 @@
+import logging
+
 from django.conf import settings
+from django.middleware.csrf import REASON_NO_CSRF_COOKIE
+from django.utils.translation import gettext as _
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from rest_framework.authentication import SessionAuthentication
+from rest_framework.authentication import CSRFCheck, SessionAuthentication
+from rest_framework.exceptions import PermissionDenied
 
 from ..conf import get_config
+
+logger = logging.getLogger("conversations.api")
+
+
+def csrf_refusal(reason):
+    """The sentence a visitor reads for Django's CSRF failure ``reason`` (never Django's own text,
+    which speaks of tokens and cookies to someone who only typed a message)."""
+    if reason == REASON_NO_CSRF_COOKIE:
+        # The usual cause on a real site: the browser keeps cookies from a chat on another site
+        # (third-party cookies blocked), or cookies are off altogether.
+        return _("Your browser did not send this site's cookie, so the message could not be accepted. If it blocks "
+                 "cookies (some browsers do for a chat on another site), allow them for this site and reload the "
+                 "page.")
+    return _("This page has expired, so the message could not be accepted. Please reload the page and try again.")
 
 
 class CsrfSessionAuthentication(SessionAuthentication):
@@ -18,6 +37,15 @@ class CsrfSessionAuthentication(SessionAuthentication):
         if result is None:
             self.enforce_csrf(request)
         return result
+
+    def enforce_csrf(self, request):
+        """DRF's check, refused with a sentence of the app's own; Django's reason goes to the log."""
+        check = CSRFCheck(lambda request: None)
+        check.process_request(request)  # puts the cookie's token where process_view() looks for it
+        reason = check.process_view(request, None, (), {})
+        if reason:
+            logger.warning("CSRF check failed for %s %s: %s", request.method, request.path, reason)
+            raise PermissionDenied(csrf_refusal(reason))
 
 
 class CsrfSessionScheme(OpenApiAuthenticationExtension):

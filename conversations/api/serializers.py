@@ -179,9 +179,16 @@ class RatingShortSerializer(serializers.Serializer):
     comment = serializers.CharField(allow_blank=True)
 
 
+class TurnEndingSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=Turn.Status.choices)
+    error = serializers.CharField(allow_null=True, help_text="The sentence the visitor read at the end, if any.")
+
+
 class ConversationDetailSerializer(NewConversationSerializer):
     messages = TranscriptMessageSerializer(many=True)
     active_turn = TurnSummarySerializer(allow_null=True)
+    endings = serializers.DictField(child=TurnEndingSerializer(),
+                                    help_text="How each finished turn ended (status and sentence), by turn id.")
     ratings = serializers.DictField(child=RatingShortSerializer(),
                                     help_text="The visitor's rating of each rated turn, by turn id.")
 

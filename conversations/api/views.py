@@ -3,6 +3,7 @@
 import logging
 import re
 
+from django.http import Http404
 from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -17,6 +18,7 @@ from rest_framework.views import APIView
 
 from .. import assistants, limits, state, turns
 from ..models import Conversation, Message, Turn
+from ..network import describe_redis_error
 from ..owners import owned_filter, owner_token
 from . import serializers
 from .authentication import CsrfSessionAuthentication
@@ -79,6 +81,11 @@ RETRY_AFTER = OpenApiParameter("Retry-After", OpenApiTypes.INT, OpenApiParameter
                                description="Seconds to wait before trying again.")
 
 
+def not_found_message():
+    # Not found and not yours read the same (the API never says which).
+    return _("This conversation is no longer available. It may have expired; please start a new one.")
+
+
 def poll_url(turn):
     return reverse("conversations:turn-detail", args=[turn.conversation_id, turn.id])
 
@@ -119,10 +126,14 @@ class RedisDownMixin:
     trusts it, and a changed session is saved inside the view (see ``sessions``)."""
 
     def handle_exception(self, exc):
-        """DRF's, with Redis errors answered 503 instead of re-raised; returns the response."""
+        """DRF's, with Redis errors answered 503 instead of re-raised, and every 404 with the app's
+        own sentence (not "No Conversation matches the given query."); returns the response."""
         if isinstance(exc, UNAVAILABLE_ERRORS):
-            logger.error("Redis is unreachable; %s %s answered 503: %r", self.request.method, self.request.path, exc)
+            logger.error("Redis is unreachable; %s %s answered 503: %s", self.request.method, self.request.path,
+                         describe_redis_error(exc))
             exc = ServiceUnavailable(turns.unavailable_message())
+        elif isinstance(exc, (Http404, NotFound)):
+            exc = NotFound(not_found_message())
         return super().handle_exception(exc)
 
     def finalize_response(self, request, response, *args, **kwargs):
@@ -217,12 +228,16 @@ class ConversationDetailView(ConversationAPIView):
         conversation = owned_conversation(request, conversation_id)
         messages = list(conversation.messages.order_by("id"))
         active = conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES).first()
+        ended = conversation.turns.filter(status__in=Turn.DONE_STATUSES).values_list("id", "status", "error")
         return Response({
             "id": str(conversation.id),
             "created_at": conversation.created_at,
             "assistant": conversation.assistant.slug if conversation.assistant_id else None,
             "messages": [{**state.message_dict(m), "turn": str(m.turn_id)} for m in messages],
             "active_turn": turn_summary(active) if active else None,
+            # How each finished turn ended, so that a reloaded widget shows "You stopped this answer." or
+            # the failure's sentence again, as the poll's last state did.
+            "endings": {str(pk): {"status": status, "error": error or None} for pk, status, error in ended},
             "ratings": conversation.ratings(),
         })
 

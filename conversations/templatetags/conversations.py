@@ -30,6 +30,12 @@ def widget_strings():
         "send": _("Send"),
         "stop": _("Stop"),
         "thinking": _("The assistant is thinking…"),
+        # Translators: the status line while a message waits for a free worker (none took it within seconds).
+        "waiting": _("Waiting for the assistant to start…"),
+        # Translators: the status line while the answer is being streamed in.
+        "writing": _("The assistant is writing…"),
+        # Translators: shown in place of the widget when its script could not be loaded.
+        "unavailable": _("The assistant could not load."),
         # Translators: a step of the answer; name is a tool's name and its arguments.
         "using_tool": _("Using %(name)s…"),
         "tool_result": _("%(name)s: %(result)s"),

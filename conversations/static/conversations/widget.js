@@ -26,6 +26,9 @@
     send: "Send",
     stop: "Stop",
     thinking: "The assistant is thinking…",
+    waiting: "Waiting for the assistant to start…",
+    writing: "The assistant is writing…",
+    unavailable: "The assistant could not load.",
     using_tool: "Using %(name)s…",
     tool_result: "%(name)s: %(result)s",
     tool_failed: "%(name)s failed: %(result)s",
@@ -54,6 +57,9 @@
   var REQUEST_TIMEOUT = 15000;
   var RESULT_CHARS = 160;     // a tool result is shown compactly
   var NEAR_BOTTOM = 48;       // px: a reader this close to the end of the log is kept there as it grows
+  // ms a turn may stay queued before the status line says it waits for the assistant: a worker
+  // normally takes a turn within a second, so longer means none is free (or none runs).
+  var QUEUED_NOTICE = 4000;
   var widgets = 0;
 
   function fmt(text, values) {
@@ -398,7 +404,17 @@
     if (!saved.conversation) { this.welcome(); return; }
     this.conversationId = saved.conversation;
     this.request("GET", this.apiUrl + saved.conversation + "/").then(function (data) {
-      data.messages.forEach(function (m) { self.draw(m, m.turn); });
+      // Each ended turn's sentence goes back under its last message, where it stood before the reload.
+      var endings = data.endings || {}, messages = data.messages;
+      messages.forEach(function (m, i) {
+        self.draw(m, m.turn);
+        var next = messages[i + 1], ended = endings[m.turn];
+        if (ended && (!next || next.turn !== m.turn)) {
+          self.settle();
+          var sentence = self.ending(ended);
+          if (sentence) { self.notice(sentence); }
+        }
+      });
       var active = data.active_turn, ratings = data.ratings || {};
       Object.keys(self.answers).forEach(function (id) {
         if (!active || id !== String(active.id)) { self.rateable(id, ratings[id]); }
@@ -535,10 +551,8 @@
       return response.json();
     }).then(function (state) {
       if (!landed()) { return; }
-      if (turn.errors) {
-        turn.errors = 0;
-        self.setStatusLine(self.status === "stopping" ? self.strings.stopping : self.strings.thinking);
-      }
+      var recovered = turn.errors > 0;
+      turn.errors = 0;
       // Nothing new: a 304, or a server that ignores ETags. An ending is always new (a "gone"
       // turn has no version, and neither has a turn before its first state). While a message is
       // streamed the look stays quick, since its text is still growing.
@@ -552,6 +566,10 @@
         if (state.status === "running" && self.status === "waiting") { self.setState("running"); }
         turn.delay = FIRST_DELAY;
       }
+      // A problem shown (Stop refused) stays until the visitor acts; "reconnecting" goes once a look lands.
+      if (recovered || !self.statusLine.classList.contains("cvw-status-problem")) {
+        self.setStatusLine(self.progress(turn));
+      }
       self.schedule(turn.delay);
     }).catch(function () {
       if (!landed()) { return; }
@@ -561,14 +579,29 @@
     });
   };
 
-  Widget.prototype.end = function (turn, state) {
+  /* The status line while `turn` is followed: what the visitor is waiting for now. */
+  Widget.prototype.progress = function (turn) {
     var s = this.strings;
+    if (this.status === "stopping") { return s.stopping; }
+    if (turn.streaming) { return s.writing; }
+    if (this.status === "waiting" && Date.now() - turn.since >= QUEUED_NOTICE) { return s.waiting; }
+    return s.thinking;
+  };
+
+  /* The sentence under a turn that ended `state.status` (with `state.error`), or "" for none:
+   * the same whether the widget saw it end or draws it again from the transcript. */
+  Widget.prototype.ending = function (state) {
+    var s = this.strings;
+    var endings = { cancelled: s.stopped, failed: state.error || s.failed, incomplete: state.error || s.incomplete,
+                    timeout: s.timed_out, gone: state.error || s.gone };
+    return endings[state.status] || state.error || "";
+  };
+
+  Widget.prototype.end = function (turn, state) {
     if (turn.timer) { clearTimeout(turn.timer); }
     this.turn = null;
     this.save(null);
-    var endings = { cancelled: s.stopped, failed: state.error || s.failed, incomplete: state.error || s.incomplete,
-                    timeout: s.timed_out, gone: state.error || s.gone };
-    var ending = endings[state.status] || state.error;
+    var ending = this.ending(state);
     if (state.status === "gone") { this.forget(); }
     if (ending) { this.notice(ending); }
     this.settle(); // a streamed message the turn ended in the middle of keeps the text shown
