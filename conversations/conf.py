@@ -48,6 +48,10 @@ DEFAULTS = {
     # cannot. A stream is bounded by CALL_TIMEOUT in total and by STREAM_IDLE_TIMEOUT between reads.
     "STREAM": True,
     "STREAM_IDLE_TIMEOUT": 20,
+    # The most characters one streamed reply may bring: its text, and each tool call's arguments
+    # (0 = no limit). Past it the call ends there, incomplete with the text so far, so that an
+    # endpoint streaming without end cannot fill the database, Redis and the poll responses.
+    "MAX_REPLY_CHARS": 100000,
     # Seconds between two publishes of a growing answer (each touches only the cache).
     "PUBLISH_INTERVAL": 0.25,
     "TOOL_TIMEOUT": 20,

@@ -73,9 +73,10 @@ class PartialReply(Exception):
     by the stream's accumulator; ``outcome`` and ``detail`` say why it ended. Never retried:
     the visitor has seen that text, and another attempt would write a different one."""
 
-    def __init__(self, data, outcome, detail):
+    def __init__(self, data, outcome, detail, finish="cut"):
         super().__init__(detail)
         self.data, self.outcome, self.detail = data, outcome, detail
+        self.finish = finish  # the ModelReply's: "cut" (broke off), "length" (passed MAX_REPLY_CHARS)
 
 
 class CallCancelled(Exception):
@@ -186,8 +187,9 @@ class BudgetedHTTP:
         """
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
+        limit = self.config["MAX_REPLY_CHARS"] or None
         return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt,
-                                                            stream=type(stream)(), on_text=on_text))
+                                                            stream=type(stream)(limit), on_text=on_text))
 
     def _retrying(self, attempt_once):
         """Call ``attempt_once(attempt)`` until it returns, retrying what may be retried while the
@@ -336,6 +338,8 @@ class BudgetedHTTP:
                     if added:
                         received = True
                         on_text(added)
+                    if stream.limit.exceeded:  # never retried: another attempt would run on as long
+                        raise PartialReply(stream.reply(), Outcome.BAD_RESPONSE, stream.limit.exceeded, "length")
                     if stream.done:
                         break
             return stream.reply()

@@ -162,7 +162,7 @@ class BaseProvider:
         except PartialReply as cut:
             logger.error("%s stream cut short: %s", self.name, cut.detail)
             reply = self.parse_reply(parse, cut.data)
-            return dataclasses.replace(reply, tool_calls=[], finish="cut", cut_reason=cut.detail)
+            return dataclasses.replace(reply, tool_calls=[], finish=cut.finish, cut_reason=cut.detail)
         except CallCancelled as stop:
             stop.reply = self.parse_reply(parse, stop.data) if stop.data is not None else None
             raise
