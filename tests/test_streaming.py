@@ -134,3 +134,15 @@ def test_an_anthropic_error_event_ends_the_stream_with_its_kind():
                                                                     "message": "Overloaded"}}))
     assert raised.value.code == "unavailable"
     assert AnthropicProvider({}).parse(stream.reply()).text == "Part"
+
+
+@pytest.mark.parametrize("flood", [b": keep-alive\n", b"\n", b"\r\n"])
+def test_a_flood_of_comments_or_blank_lines_is_read_in_linear_time(flood):
+    # 4 MiB in the 64 KiB reads the HTTP client makes: well under a second when linear; the
+    # quadratic parser took 10 s and more (about 400 KiB/s), a worker core busy all along.
+    import time
+
+    body = flood * (4 * 1024 * 1024 // len(flood)) + b"data: end\n\n"
+    started = time.perf_counter()
+    assert decode_in_pieces(body, 65536) == [("message", "end")]
+    assert time.perf_counter() - started < 3
