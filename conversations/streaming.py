@@ -22,14 +22,17 @@ _BLANK = frozenset({b"\n", b"\r\n", b"\r"})
 class StreamError(Exception):
     """The stream cannot be read on: a malformed or oversized event, or an error event.
 
-    ``code`` is a ``ProviderError`` code (``bad_response``, ``unavailable``, ``rate_limited``…);
-    the message is for the operator's log.
+    ``code`` is a ``ProviderError`` code (``bad_response``) for a stream that cannot be read;
+    for an error event it is "" and ``body`` is the event's JSON: the provider classifies it as
+    it classifies the same error sent as an HTTP error body (a request error must not count as
+    an outage). The message is for the operator's log.
     """
 
-    def __init__(self, code, detail):
+    def __init__(self, code, detail, body=None):
         super().__init__(detail)
         self.code = code
         self.detail = detail
+        self.body = body
 
 
 class EventDecoder:
@@ -166,8 +169,7 @@ class OpenAIStream:
             return ""
         chunk = _json(data, "a chunk")
         if isinstance(chunk.get("error"), dict):
-            error = chunk["error"]
-            raise StreamError("unavailable", f"error in the stream: {str(error.get('message') or '')[:200]}")
+            raise StreamError("", "an error event in the stream", body=chunk)
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
         added = ""
@@ -211,11 +213,6 @@ class OpenAIStream:
         return reply
 
 
-# Anthropic's error event types, as ProviderError codes.
-_ANTHROPIC_ERRORS = {"overloaded_error": "unavailable", "api_error": "unavailable", "rate_limit_error": "rate_limited",
-                     "timeout_error": "timeout"}
-
-
 class AnthropicStream:
     """Adds up Messages API events: ``message_start`` (the message, input usage),
     ``content_block_start``/``_delta``/``_stop`` (text deltas; a tool's ``input`` as
@@ -255,9 +252,7 @@ class AnthropicStream:
         elif kind == "message_stop":
             self.done = True
         elif kind == "error":
-            error = body.get("error") or {}
-            code = _ANTHROPIC_ERRORS.get(error.get("type"), "bad_response")
-            raise StreamError(code, f"{error.get('type')}: {str(error.get('message') or '')[:200]}")
+            raise StreamError("", "an error event in the stream", body=body)
         return ""
 
     def _delta(self, index, delta):

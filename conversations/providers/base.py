@@ -152,7 +152,8 @@ class BaseProvider:
         """
         try:
             if self.streams(on_text):
-                response = self.http.post_stream(url, payload, headers, self.stream_class(), on_text)
+                response = self.http.post_stream(url, payload, headers, self.stream_class(), on_text,
+                                                 classify=self.error_from_failure)
             else:
                 response = self.http.post_json(url, payload, headers)
         except CallFailed as failure:
