@@ -49,7 +49,7 @@ DEFAULTS = {
     # cannot. A stream is bounded by CALL_TIMEOUT in total and by STREAM_IDLE_TIMEOUT between reads.
     "STREAM": True,
     "STREAM_IDLE_TIMEOUT": 20,
-    # The most characters one streamed reply may bring: its text, and each tool call's arguments
+    # The most characters one model reply may bring, streamed or not: its text, and each tool call's arguments
     # (0 = no limit). Past it the call ends there, incomplete with the text so far, so that an
     # endpoint streaming without end cannot fill the database, Redis and the poll responses.
     "MAX_REPLY_CHARS": 100000,

@@ -311,10 +311,12 @@ class TurnRunner:
                 ended = self.stop_for(self.stop_requested())
                 if ended:
                     return ended
-                if self.tool_time(call) <= 0:  # never start what cannot finish
+                tool = self.tools.get(call.name)
+                # Never start what cannot finish (a tool thread cannot be stopped once started); a
+                # name with no tool needs no time: its error result is immediate.
+                if tool is not None and self.tool_time(call) <= 0:
                     self.record_not_run(calls[number:] + extra, "no time left for a tool")
                     return Turn.Status.INCOMPLETE, deadline_message()
-                tool = self.tools.get(call.name)
                 if interrupted_first and number == 0 and tool is not None and not tool.idempotent:
                     result = interrupted_result(call)
                     record_call(self.record, "tool", call.name, result.outcome, started_offset=self.budget.elapsed(),

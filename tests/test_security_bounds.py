@@ -53,6 +53,18 @@ def test_a_reply_streaming_without_end_is_cut_at_the_limit_and_what_is_saved_and
     assert hostile.closed_at is not None  # the worker hung up on it
 
 
+@pytest.mark.parametrize("what", ["text", "tool call"])
+def test_an_unstreamed_reply_past_the_limit_is_cut_there_too(hostile, conversations_settings, what):
+    conversations_settings.update(STREAM=False, TOOLS=["chatproject.tools.current_time"])
+    hostile.add(openai_text("y" * 50_000) if what == "text" else
+                openai_tool_calls(("current_time", {"city": "T" * 50_000})))
+    turn = run_turn_here("Tell me everything.")
+
+    assert (turn.status, turn.error, turn.tool_calls) == ("incomplete", length_message(), 0)
+    (row,) = turn.messages.filter(role="assistant")
+    assert row.content == ("y" * LIMIT if what == "text" else "") and row.tool_calls == []
+
+
 @pytest.mark.parametrize("wire", ["openai", "anthropic"])
 def test_a_tool_call_whose_arguments_never_end_is_cut_at_the_limit_and_never_run(hostile, conversations_settings,
                                                                                  wire):
