@@ -203,6 +203,19 @@ def test_a_turn_stopped_before_any_text_counts_an_estimate_of_its_prompt(hostile
     assert turn.input_tokens >= len(QUESTION) // 4 and turn.output_tokens == 0
 
 
+def test_a_turn_whose_job_is_killed_mid_stream_counts_an_estimate_of_what_it_showed(worker, conversations_settings):
+    conversations_settings.update(PROVIDER="tests.test_streamed_calls.TricklingProvider", TOOLS=[], JOB_TIMEOUT=3,
+                                  DEADLINE_MARGIN=1, PUBLISH_INTERVAL=0.01)
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    worker()  # RQ's job timeout interrupts the stream; the final write keeps the text shown
+
+    turn = Turn.objects.get(pk=started["id"])
+    (kept,) = turn.messages.filter(role="assistant").values_list("content", flat=True)
+    assert turn.status == "failed" and turn.usage_estimated and len(kept) > 100
+    assert turn.input_tokens >= len(QUESTION) // 4 and turn.output_tokens == -(-len(kept) // 4)
+
+
 @pytest.mark.parametrize("then", ["end", "hang"])
 def test_a_stream_cut_off_or_timed_out_before_its_usage_counts_an_estimate(hostile, conversations_settings, then):
     conversations_settings.update(STREAM_IDLE_TIMEOUT=1)
