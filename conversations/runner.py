@@ -312,15 +312,15 @@ class TurnRunner:
                 if ended:
                     return ended
                 tool = self.tools.get(call.name)
-                # Never start what cannot finish (a tool thread cannot be stopped once started); a
-                # name with no tool needs no time: its error result is immediate.
-                if tool is not None and self.tool_time(call) <= 0:
-                    self.record_not_run(calls[number:] + extra, "no time left for a tool")
-                    return Turn.Status.INCOMPLETE, deadline_message()
                 if interrupted_first and number == 0 and tool is not None and not tool.idempotent:
                     result = interrupted_result(call)
                     record_call(self.record, "tool", call.name, result.outcome, started_offset=self.budget.elapsed(),
                                 remaining_before=self.budget.remaining(), detail=result.detail)
+                elif tool is not None and self.tool_time(call) <= 0:
+                    # Never start what cannot finish (a tool thread cannot be stopped once started);
+                    # a name with no tool needs no time: its error result is immediate.
+                    self.record_not_run(calls[number:] + extra, "no time left for a tool")
+                    return Turn.Status.INCOMPLETE, deadline_message()
                 else:
                     result = self.run_tool(call)
                 row = self.save_step(["tool_calls"], role=Message.Role.TOOL, content=result.output,

@@ -155,7 +155,17 @@ def open_the_circuit(primary):
 def test_in_the_half_open_state_exactly_one_call_probes_even_when_several_ask_at_once(chain):
     primary, fallback = chain
     sent = open_the_circuit(primary)
-    primary.add(slowly(openai_text(PRIMARY), 0.5))  # the probe takes a while: the others ask meanwhile
+    passed_over = len(fallback.requests)
+
+    def probe_answers_last(handler):
+        # The probe is answered once the three others have asked (and gone to the fallback), so
+        # that none of them can come after the circuit closed, however slow the machine.
+        deadline = time.monotonic() + 2.5
+        while len(fallback.requests) < passed_over + 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        handler.send_json(200, openai_text(PRIMARY))
+
+    primary.add(probe_answers_last)
 
     turns = at_once(*[lambda number=number: turn_of(f"visitor-{number}") for number in range(4)])
 
