@@ -37,8 +37,9 @@ DEFAULTS = {
     "FALLBACKS": [],
     "FALLBACK_RESERVE": 15,
     "FAILOVER_ON_AUTH": False,
-    # A provider failing BREAKER_FAILURES times within BREAKER_WINDOW seconds is skipped for
-    # BREAKER_COOLDOWN seconds, then probed by one call (conversations/breaker.py).
+    # A provider failing BREAKER_FAILURES times within BREAKER_WINDOW seconds (outages only, in the
+    # turns of more than one owner) is skipped for BREAKER_COOLDOWN seconds, then probed by one
+    # call (conversations/breaker.py).
     "BREAKER_FAILURES": 5,
     "BREAKER_WINDOW": 60,
     "BREAKER_COOLDOWN": 30,
@@ -49,12 +50,19 @@ DEFAULTS = {
     # STREAM_IDLE_TIMEOUT between reads (before it, a gateway may be retrying its upstream).
     "STREAM": True,
     "STREAM_IDLE_TIMEOUT": 20,
+    # The most characters one model reply may bring, streamed or not: its text, and each tool call's arguments
+    # (0 = no limit). Past it the call ends there, incomplete with the text so far, so that an
+    # endpoint streaming without end cannot fill the database, Redis and the poll responses.
+    "MAX_REPLY_CHARS": 100000,
     # Seconds between two publishes of a growing answer (each touches only the cache).
     "PUBLISH_INTERVAL": 0.25,
     "TOOL_TIMEOUT": 20,
     # Time kept back from a tool's limit for the round-trip after it.
     "TOOL_RESERVE": 5,
     "MAX_STEPS": 8,
+    # Tool calls one model reply may have run (0 = no limit); each one past it gets an error
+    # result instead of running, so that a prompt-injected reply cannot run a tool thousands of times.
+    "MAX_TOOL_CALLS_PER_STEP": 16,
     # Times a turn is continued by a new job after its work horse died or its worker shut down
     # (each within the turn's own deadline); then it ends failed as before.
     "MAX_RESUMES": 2,

@@ -19,7 +19,7 @@ kept as it is, never asked again of another provider.
 
 import logging
 
-from .breaker import CircuitBreaker, provider_key
+from .breaker import CircuitBreaker, owner_key, provider_key
 from .budget import Budget, BudgetExhausted
 from .http import BudgetedHTTP
 from .network import endpoint
@@ -81,10 +81,11 @@ class ProviderChain(BaseProvider):
 
     name = "chain"
 
-    def __init__(self, links, config, budget):
+    def __init__(self, links, config, budget, owner=""):
         super().__init__(config, http=links[0].http, budget=budget)
         self.links = links
         self.answered = links[0]
+        self.owner = owner  # whose turn this is, for the breakers (``breaker.owner_key``)
 
     @property
     def model(self):
@@ -99,15 +100,22 @@ class ProviderChain(BaseProvider):
         failover = OUTAGE_CODES | ({"auth"} if self.config["FAILOVER_ON_AUTH"] else set())
         for index, link in enumerate(self.links):
             last = index == len(self.links) - 1
-            if not link.breaker.allow():
+            allowed = link.breaker.allow()
+            if not allowed:
                 self.hop(link, "circuit open")
                 continue
+            probe = allowed == "probe"
             try:
                 reply = call_complete(link.provider, messages, tools, on_text)
             except ProviderError as error:
+                # Only an outage counts: a request's own error (and a key refused, even when it
+                # fails over) would let one visitor open the circuit for everyone.
+                if error.code in OUTAGE_CODES:
+                    link.breaker.failed(self.owner, probe=probe)
+                elif probe:
+                    link.breaker.released()
                 if error.code not in failover:
                     raise
-                link.breaker.failed()
                 failure = error
                 self.hop(link, f"{error.code}: {error.detail}"[:200], last=last)
                 continue
@@ -117,7 +125,7 @@ class ProviderChain(BaseProvider):
                     raise
                 self.hop(link, "no time left before the reserve", last=last)
                 continue
-            link.breaker.succeeded()
+            link.breaker.succeeded(probe=probe)
             self.answered = link
             return reply
         if failure is not None:
@@ -135,9 +143,10 @@ class ProviderChain(BaseProvider):
                         detail=f"{link.label}: circuit open, skipped{following}")
 
 
-def build_provider(config, budget, *, recorder, cancelled, turn_id):
+def build_provider(config, budget, *, recorder, cancelled, turn_id, owner=""):
     """The turn's provider: the site's own, or a ``ProviderChain`` when ``FALLBACKS`` lists more.
-    Returns ``(provider, http clients to close at the end of the turn)``."""
+    ``owner`` is whose turn it is (``breaker.owner_key``). Returns ``(provider, http clients to
+    close at the end of the turn)``."""
     entries = chain_entries(config)
     if len(entries) == 1:
         cls = get_provider_class(config["PROVIDER"])
@@ -149,7 +158,7 @@ def build_provider(config, budget, *, recorder, cancelled, turn_id):
     connection = get_queue().connection
     links = [Link(entry, budget, recorder=recorder, cancelled=cancelled, turn_id=turn_id, connection=connection,
                   last=index == len(entries) - 1) for index, entry in enumerate(entries)]
-    return ProviderChain(links, config, budget), [link.http for link in links]
+    return ProviderChain(links, config, budget, owner=owner), [link.http for link in links]
 
 
 def provider_health(config, connection, chains=()):

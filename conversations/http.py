@@ -80,9 +80,10 @@ class PartialReply(Exception):
     by the stream's accumulator; ``outcome`` and ``detail`` say why it ended. Never retried:
     the visitor has seen that text, and another attempt would write a different one."""
 
-    def __init__(self, data, outcome, detail):
+    def __init__(self, data, outcome, detail, finish="cut"):
         super().__init__(detail)
         self.data, self.outcome, self.detail = data, outcome, detail
+        self.finish = finish  # the ModelReply's: "cut" (broke off), "length" (passed MAX_REPLY_CHARS)
 
 
 class CallCancelled(Exception):
@@ -184,7 +185,7 @@ class BudgetedHTTP:
         headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
         return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt))
 
-    def post_stream(self, url, payload, headers, stream, on_text):
+    def post_stream(self, url, payload, headers, stream, on_text, classify=None):
         """POST ``payload`` (which asks for a stream) and read the server-sent events as they
         arrive: each is fed to ``stream`` (an accumulator from ``conversations.streaming``) and
         the text it adds is passed to ``on_text(text)``. Returns a ``Response`` whose ``data`` is
@@ -192,12 +193,17 @@ class BudgetedHTTP:
 
         Failures before any text arrived are retried as in ``post_json`` (with a fresh
         accumulator from ``stream.__class__``); after, ``PartialReply`` carries the reply so
-        far. ``CallCancelled`` when the turn is stopped meanwhile.
+        far. ``CallCancelled`` when the turn is stopped meanwhile. ``classify(failure)`` (the
+        provider's ``error_from_failure``) names the ``ProviderError`` code of an error event, read
+        as the provider reads the same error in an HTTP error body; without it, such an event is
+        a ``bad_response``.
         """
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
+        limit = self.config["MAX_REPLY_CHARS"] or None
         return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt,
-                                                            stream=type(stream)(), on_text=on_text))
+                                                            stream=type(stream)(limit), on_text=on_text,
+                                                            classify=classify))
 
     def _retrying(self, attempt_once):
         """Call ``attempt_once(attempt)`` until it returns, retrying what may be retried while the
@@ -243,7 +249,7 @@ class BudgetedHTTP:
         base = float(self.config["BACKOFF_BASE"]) * (2 ** (attempt - 1))
         return min(float(self.config["BACKOFF_MAX"]), base) * (0.5 + self.random.random() / 2)
 
-    def _attempt(self, url, body, headers, attempt, *, stream=None, on_text=None):
+    def _attempt(self, url, body, headers, attempt, *, stream=None, on_text=None, classify=None):
         """One attempt within ``min(CALL_TIMEOUT, remaining)``, recorded and logged. With ``stream``,
         the reply's events are read as they come (``_read_events``), each read after the headers
         within ``STREAM_IDLE_TIMEOUT``; the headers themselves may take the whole limit."""
@@ -272,7 +278,7 @@ class BudgetedHTTP:
                     if stream is not None and status == 200 and _is_event_stream(reply):
                         watchdog.read_timeout(idle)  # the stream has begun: now it may not pause for long
                         try:
-                            data = self._read_events(reply, watchdog, stream, on_text, limit, idle)
+                            data = self._read_events(reply, watchdog, stream, on_text, limit, idle, classify)
                         except PartialReply as cut:
                             outcome, detail = cut.outcome, cut.detail
                             raise
@@ -337,7 +343,7 @@ class BudgetedHTTP:
             return Outcome.TIMEOUT, f"{_describe(exc)}: timed out {watchdog.phase} ({name} limit {seconds:.1f}s)"
         return Outcome.CONNECTION_ERROR, _describe(exc)
 
-    def _read_events(self, reply, watchdog, stream, on_text, limit, idle):
+    def _read_events(self, reply, watchdog, stream, on_text, limit, idle, classify=None):
         """Feed the reply's events to ``stream`` until its terminator; return the reply it adds up to.
 
         A failure before any text raises ``CallFailed`` (retried like any other); after some text,
@@ -362,6 +368,8 @@ class BudgetedHTTP:
                     if added:
                         received = True
                         on_text(added)
+                    if stream.limit.exceeded:  # never retried: another attempt would run on as long
+                        raise PartialReply(stream.reply(), Outcome.BAD_RESPONSE, stream.limit.exceeded, "length")
                     if stream.done:
                         break
             return stream.reply()
@@ -378,10 +386,17 @@ class BudgetedHTTP:
                 outcome, detail, code = Outcome.CONNECTION_ERROR, f"the stream broke off: {_describe(exc)}", ""
             if received:
                 raise PartialReply(stream.reply(), outcome, detail) from None
+            failure = CallFailed(outcome, detail, status=200, code=code)
+            if isinstance(exc, StreamError) and exc.body is not None:  # an error event: the provider says which
+                failure.body = json.dumps(exc.body)
+                named = classify(failure) if classify is not None else None
+                failure.code = named.code if named is not None else "bad_response"
+                failure.detail = named.detail if named is not None else detail
             # An error event naming an outage may be retried, like the same error as a status; a
             # malformed stream may not (the next would most likely be malformed too).
-            retryable = code in ("unavailable", "rate_limited", "timeout") or not isinstance(exc, StreamError)
-            raise CallFailed(outcome, detail, status=200, retryable=retryable, code=code) from None
+            failure.retryable = failure.code in ("unavailable", "rate_limited", "timeout") \
+                or not isinstance(exc, StreamError)
+            raise failure from None
         finally:
             reply.close()
 

@@ -205,6 +205,9 @@ class Turn(models.Model):
     tool_calls = models.PositiveIntegerField(default=0)
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Some of the tokens are an estimate: a call ended (a Stop, a stream cut off or timed out)
+    # before the provider sent its usage, which OpenAI-compatible APIs send only at the end.
+    usage_estimated = models.BooleanField(_("usage estimated"), default=False)
     cancel_requested = models.BooleanField(default=False)
     # Times a new job continued the turn after its work horse died or its worker shut down.
     resumes = models.PositiveSmallIntegerField(default=0)

@@ -9,6 +9,7 @@ failures to ``ProviderError``.
 
 import dataclasses
 import inspect
+import json
 import logging
 import re
 from urllib.parse import urlsplit, urlunsplit
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 from django.utils.translation import gettext_lazy as _
 
 from ..http import CallCancelled, CallFailed, PartialReply
+from ..streaming import ReplyLimit
 from ..types import Outcome
 
 logger = logging.getLogger("conversations.providers")
@@ -178,7 +180,8 @@ class BaseProvider:
         """
         try:
             if self.streams(on_text):
-                response = self.http.post_stream(url, payload, headers, self.stream_class(), on_text)
+                response = self.http.post_stream(url, payload, headers, self.stream_class(), on_text,
+                                                 classify=self.error_from_failure)
             else:
                 response = self.http.post_json(url, payload, headers)
         except CallFailed as failure:
@@ -188,11 +191,25 @@ class BaseProvider:
         except PartialReply as cut:
             logger.error("%s stream cut short: %s", self.name, cut.detail)
             reply = self.parse_reply(parse, cut.data)
-            return dataclasses.replace(reply, tool_calls=[], finish="cut", cut_reason=cut.detail)
+            return dataclasses.replace(reply, tool_calls=[], finish=cut.finish, cut_reason=cut.detail)
         except CallCancelled as stop:
             stop.reply = self.parse_reply(parse, stop.data) if stop.data is not None else None
             raise
-        return self.parse_reply(parse, response.data)
+        return self.bounded(self.parse_reply(parse, response.data))
+
+    def bounded(self, reply):
+        """``reply`` within ``MAX_REPLY_CHARS`` (its text, and each tool call's arguments), as a
+        stream is cut (``streaming.ReplyLimit``): an unstreamed reply may be as large, and what is
+        saved, published and served must stay bounded. Past it: the text so far, no tool calls,
+        ``finish="length"``."""
+        limit = ReplyLimit(self.config.get("MAX_REPLY_CHARS") or None)
+        text = limit.text(reply.text)
+        for call in reply.tool_calls:
+            limit.arguments(0, json.dumps(call.arguments))
+        if not limit.exceeded:
+            return reply
+        logger.error("%s reply cut: %s", self.name, limit.exceeded)
+        return dataclasses.replace(reply, text=text, tool_calls=[], finish="length", cut_reason=limit.exceeded)
 
     def parse_reply(self, parse, data):
         """``parse(data)``; an unreadable reply becomes ``bad_response`` (logged)."""
