@@ -338,16 +338,20 @@ def _check_keys():
 def _check_credentials(cfg):
     """A credential is a key or ``env:VARIABLE``; one whose variable is unset here is probably
     unset on the workers too (where it is read), so every turn of an assistant naming it fails."""
-    from .assistants import ENV_PREFIX
+    from .endpoints import ENV_PREFIX, credential_parts, credential_shape_problem
 
     messages = []
-    for name, value in cfg["CREDENTIALS"].items():
-        if not isinstance(value, str) or not value or value == ENV_PREFIX:
+    for name, entry in cfg["CREDENTIALS"].items():
+        problem = credential_shape_problem(entry)
+        if problem:
             messages.append(Error(
-                f"CREDENTIALS[{name!r}] must be an API key or \"env:VARIABLE\" (a non-empty string).",
-                hint='For example {"support-key": "env:SUPPORT_OPENAI_KEY"}: the key is read from that '
-                     "environment variable when a turn starts.", id="conversations.E040"))
-        elif value.startswith(ENV_PREFIX) and not os.environ.get(value[len(ENV_PREFIX):]):
+                f"CREDENTIALS[{name!r}] {problem}.",
+                hint='For example {"support-key": "env:SUPPORT_OPENAI_KEY"} (sent to its provider\'s own origin '
+                     'only) or {"gateway": {"KEY": "env:GATEWAY_KEY", "ORIGINS": ["https://gw.example.com"]}}: '
+                     "the key is read from that environment variable when a turn starts.", id="conversations.E040"))
+            continue
+        value, _origins = credential_parts(entry)
+        if value.startswith(ENV_PREFIX) and not os.environ.get(value[len(ENV_PREFIX):]):
             messages.append(Warning(
                 f"CREDENTIALS[{name!r}] reads the environment variable {value[len(ENV_PREFIX):]}, which is not set "
                 "in this process.",

@@ -31,6 +31,8 @@ import requests
 from urllib3 import exceptions as urllib3_exceptions
 
 from .budget import BudgetExhausted
+from .endpoints import KeyNotBound, check_key
+from .redaction import redact
 from .streaming import EventDecoder, StreamError
 from .types import Outcome, record_call
 from .watchdog import Watchdog, environment_settings, new_session, stop_requested
@@ -248,6 +250,10 @@ class BudgetedHTTP:
         try:
             with Watchdog(limit, self.cancelled) as watchdog:
                 try:
+                    try:  # the last moment before the key leaves: is it bound to this origin?
+                        check_key(url, headers, cfg.get("API_KEY"))
+                    except KeyNotBound as refusal:
+                        raise CallFailed(Outcome.ERROR, str(refusal), code="key_not_bound") from None
                     if url not in self._environment:
                         self._environment[url] = environment_settings(url)
                     # Never follow a redirect: requests strips only Authorization on the way,
@@ -342,8 +348,8 @@ class BudgetedHTTP:
         except (StreamError, requests.RequestException, urllib3_exceptions.HTTPError, OSError) as exc:
             if watchdog.cancelled:
                 raise CallCancelled(stream.reply() if received else None) from None
-            if isinstance(exc, StreamError):
-                outcome, detail, code = Outcome.BAD_RESPONSE, exc.detail, exc.code
+            if isinstance(exc, StreamError):  # its detail quotes the provider, who may quote the key
+                outcome, detail, code = Outcome.BAD_RESPONSE, redact(exc.detail, self.config.get("API_KEY")), exc.code
             elif watchdog.expired:
                 outcome, detail, code = Outcome.TIMEOUT, f"the stream did not end within {limit:.1f}s", ""
             elif _timed_out(exc):

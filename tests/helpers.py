@@ -210,6 +210,11 @@ def worker_env(**conversations):
     return env
 
 
+def local_key(key):
+    """A ``CREDENTIALS`` entry whose key may go to the fake providers on 127.0.0.1 (any port)."""
+    return {"KEY": key, "ORIGINS": ["http://127.0.0.1:*"]}
+
+
 # Each operation of the API: its name in test messages, and its path and method in the schema.
 OPERATIONS = {
     "list conversations": ("/api/conversations/", "get"),
