@@ -24,7 +24,8 @@ from django.utils.translation import gettext as _
 
 from .conf import get_config
 from .endpoints import (
-    ENV_PREFIX, CredentialError, bind_settings_key, endpoint_origin, origin_allowed, resolve_credential,
+    ENV_PREFIX, CredentialError, bind_settings_key, endpoint_origin, endpoint_problem, origin_allowed,
+    provider_problem, resolve_credential,
 )
 
 logger = logging.getLogger("conversations.assistants")
@@ -77,7 +78,9 @@ def chain_settings(fallbacks):
     them), so that the web process never fails on a chain saved before it broke."""
     if not isinstance(fallbacks, list):
         return ()
-    return tuple({key.upper(): entry[key] for key in CHAIN_KEYS if entry.get(key)} for entry in fallbacks
+    return tuple({**{key.upper(): entry[key] for key in CHAIN_KEYS if entry.get(key)},
+                  "ADMIN_ENDPOINT": bool(entry.get("base_url"))}  # its connections are checked (endpoints)
+                 for entry in fallbacks
                  if isinstance(entry, dict) and entry.get("provider") and isinstance(entry["provider"], str))
 
 
@@ -152,15 +155,23 @@ def problems(assistant, cfg=None):
 
     site = get_config() if cfg is None else cfg
     found = []
-    try:
-        cls = get_provider_class(assistant.provider)
-    except (ImportError, TypeError, ValueError) as exc:
-        found.append(("provider", _("its provider “%(provider)s” cannot be used (%(error)s).") % {
-            "provider": assistant.provider, "error": exc}))
+    refusal = provider_problem(assistant.provider, site)  # before importing anything it names
+    if refusal:
+        found.append(("provider", refusal))
     else:
-        refusal = cls.check_model(assistant.model)
+        try:
+            cls = get_provider_class(assistant.provider)
+        except (ImportError, TypeError, ValueError) as exc:
+            found.append(("provider", _("its provider “%(provider)s” cannot be used (%(error)s).") % {
+                "provider": assistant.provider, "error": exc}))
+        else:
+            refusal = cls.check_model(assistant.model)
+            if refusal:
+                found.append(("model", str(refusal)))
+    if assistant.base_url:
+        refusal = endpoint_problem(assistant.base_url, site)
         if refusal:
-            found.append(("model", str(refusal)))
+            found.append(("base_url", refusal))
     if not isinstance(assistant.tools, list) or not all(isinstance(name, str) for name in assistant.tools):
         found.append(("tools", _("its tools must be a list of tool names.")))
     else:
@@ -241,6 +252,9 @@ def chain_problems(fallbacks, site):
             continue
         if not entry.get("provider"):
             found.append(_("its fallback %(number)d names no provider.") % {"number": number})
+        elif provider_problem(entry["provider"], site):
+            found.append(_("in its fallback %(number)d, %(reason)s") % {
+                "number": number, "reason": provider_problem(entry["provider"], site)})
         else:
             try:
                 refusal = get_provider_class(entry["provider"]).check_model(entry.get("model", ""))
@@ -256,6 +270,10 @@ def chain_problems(fallbacks, site):
             except ValidationError:
                 found.append(_("its fallback %(number)d has an endpoint that is not a URL: “%(url)s”.") % {
                     "number": number, "url": entry["base_url"]})
+            else:
+                refusal = endpoint_problem(entry["base_url"], site)
+                if refusal:
+                    found.append(_("in its fallback %(number)d, %(reason)s") % {"number": number, "reason": refusal})
         if entry.get("credential") and entry.get("provider"):
             reason = credential_problem(entry["credential"], entry["provider"], entry.get("base_url", ""), site)
             if reason:
@@ -315,6 +333,7 @@ def config_for_turn(turn, cfg=None):
     tools = registered_tools(site)
     config["TOOLS"] = tuple(tools[name] for name in assistant.tools)
     config["API_KEY"] = assistant_key(assistant, config, site)
+    config["ADMIN_ENDPOINT"] = bool(assistant.base_url)  # its connections are checked (endpoints)
     config["FALLBACKS"] = resolve_chain(config["FALLBACKS"], site)
     turn.assistant_version = record_version(assistant, config)
     return config
@@ -351,7 +370,8 @@ def chains(cfg=None):
 
 
 # ProviderError codes that mean the assistant's configuration is wrong.
-SETUP_CODES = frozenset({"auth", "unknown_model", "stream_refused", "redirected", "key_not_bound"})
+SETUP_CODES = frozenset({"auth", "unknown_model", "stream_refused", "redirected", "key_not_bound",
+                         "endpoint_refused"})
 
 
 def has_own_endpoint(assistant):

@@ -1,5 +1,16 @@
 """Where a turn's provider calls may go, and which key may go with each.
 
+**Endpoints set in the admin are allow-listed.** An assistant's own endpoint (or a fallback's)
+must have the origin of a vendor's public API, of the site's own ``BASE_URL`` or ``FALLBACKS``,
+or match ``ALLOWED_ENDPOINTS`` (``endpoint_rule``). Only an origin written out (the site's, or
+an entry without ``*`` in its host) may be at a private, loopback, link-local or metadata
+address; for the others the worker resolves the host once, checks the address and connects to
+that address (``watchdog.AddressGuard``), so a name that resolves to a public address when the
+form is saved and to 169.254.169.254 when the call is made is refused. Endpoints in settings
+are the operator's word and are not checked. The provider an assistant names must be a
+built-in one, the site's, or listed in ``ALLOWED_PROVIDERS``: the web process imports nothing
+else.
+
 **Keys are bound to origins.** A ``CREDENTIALS`` entry is ``{"KEY": "sk-…" or "env:VAR",
 "ORIGINS": ["https://gw.example.com", …]}``; a bare string (a key, or ``env:VAR``) may go only
 to the default origin of the provider it is used with (``https://api.openai.com`` for
@@ -11,6 +22,7 @@ is not bound to, whatever the admin says.
 """
 
 import fnmatch
+import ipaddress
 import os
 import re
 from urllib.parse import urlsplit
@@ -157,3 +169,81 @@ def check_key(url, headers, key):
     if not origin_allowed(target, getattr(key, "origins", ())):
         allowed = ", ".join(getattr(key, "origins", ())) or "no origin"
         raise KeyNotBound(f"the key is bound to {allowed}, not to {target or url!r}: not sent")
+
+
+# -- endpoints and providers set in the admin ------------------------------------------------
+
+BUILTIN_PROVIDERS = ("demo", "openai", "anthropic")
+
+
+def allowed_providers(cfg):
+    """The provider names an assistant may use: the built-in ones, the site's own and its
+    fallbacks', and ``ALLOWED_PROVIDERS``."""
+    names = [*BUILTIN_PROVIDERS, cfg["PROVIDER"], *(entry.get("PROVIDER") for entry in cfg["FALLBACKS"]),
+             *cfg["ALLOWED_PROVIDERS"]]
+    return tuple(dict.fromkeys(name for name in names if isinstance(name, str) and name))
+
+
+def provider_problem(name, cfg):
+    """Why an assistant may not name provider ``name`` (checked before anything is imported), or None."""
+    if name in allowed_providers(cfg):
+        return None
+    return _("its provider “%(provider)s” is not one this site allows (a built-in one, the site's own, or a "
+             "dotted path in ALLOWED_PROVIDERS).") % {"provider": name}
+
+
+def _written_out(pattern):
+    """Whether an origin pattern names its host without a wildcard."""
+    match = _PATTERN.match(origin_pattern(pattern))
+    return bool(match) and "*" not in match.group(1)
+
+
+def endpoint_rule(url, cfg):
+    """What an endpoint set in the admin may connect to: ``"any"`` address (an origin the
+    operator wrote out: the site's ``BASE_URL`` or a ``FALLBACKS`` one, an ``ALLOWED_ENDPOINTS``
+    entry whose host has no ``*``), ``"public"`` addresses only (a vendor's public origin, or a
+    wildcard entry), or None: not allowed at all."""
+    target = origin(url)
+    if not target:
+        return None
+    site = [endpoint_origin(cfg["PROVIDER"], cfg["BASE_URL"]),
+            *(endpoint_origin(e.get("PROVIDER", ""), e.get("BASE_URL", "")) for e in cfg["FALLBACKS"])]
+    listed = list(cfg["ALLOWED_ENDPOINTS"])
+    if origin_allowed(target, [*site, *(p for p in listed if _written_out(p))]):
+        return "any"
+    vendors = [default_origin(name) for name in BUILTIN_PROVIDERS]
+    if origin_allowed(target, [*vendors, *listed]):
+        return "public"
+    return None
+
+
+def address_allowed(address, rule):
+    """Whether an endpoint under ``rule`` (``endpoint_rule``) may connect to IP ``address``: a
+    public one, unless the rule allows any. Private, loopback, link-local (the cloud metadata
+    service, 169.254.169.254), shared, reserved and multicast addresses are not public; an
+    IPv4 address written as IPv6 (``::ffff:127.0.0.1``) counts as itself."""
+    if rule == "any":
+        return True
+    if rule != "public":
+        return False
+    ip = ipaddress.ip_address(str(address).split("%", 1)[0])
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return ip.is_global and not ip.is_multicast
+
+
+def endpoint_problem(url, cfg):
+    """Why an endpoint may not be set in the admin, or None: its origin is not allowed, or it
+    is an address (written as such) that its rule does not allow."""
+    rule = endpoint_rule(url, cfg)
+    if rule is None:
+        return _("its endpoint %(origin)s is not one this site allows (a vendor's, the site's own, or one in "
+                 "ALLOWED_ENDPOINTS).") % {"origin": origin(url) or url}
+    host = urlsplit(url).hostname or ""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a name: its addresses are checked when the worker connects
+    if not address_allowed(host, rule):
+        return _("its endpoint %(origin)s is a private, loopback or link-local address, which ALLOWED_ENDPOINTS "
+                 "does not list.") % {"origin": origin(url)}
+    return None

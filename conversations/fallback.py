@@ -52,7 +52,9 @@ def chain_entries(config):
     entries = [dict(config)]
     for entry in config["FALLBACKS"]:
         entries.append({**config, "MODEL": "", "BASE_URL": "", "API_KEY": "",
-                        **{key: entry[key] for key in ENTRY_KEYS if key in entry}})
+                        **{key: entry[key] for key in ENTRY_KEYS if key in entry},
+                        # set for an assistant's own chain (assistants.chain_settings), never inherited
+                        "ADMIN_ENDPOINT": bool(entry.get("ADMIN_ENDPOINT"))})
     # A key still unbound here came from settings (the site's API_KEY, a FALLBACKS entry's):
     # bound to the endpoint those settings name. The job binds every key an assistant brings
     # (assistants.config_for_turn), and an assistant's chain never holds an API_KEY.

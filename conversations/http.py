@@ -20,6 +20,7 @@ Not bounded: DNS resolution (``getaddrinfo`` cannot be interrupted); use IP addr
 local resolver cache when that matters.
 """
 
+import contextlib
 import email.utils
 import json
 import logging
@@ -31,11 +32,12 @@ import requests
 from urllib3 import exceptions as urllib3_exceptions
 
 from .budget import BudgetExhausted
-from .endpoints import KeyNotBound, check_key
+from .conf import get_config
+from .endpoints import KeyNotBound, address_allowed, check_key, endpoint_rule, origin
 from .redaction import redact
 from .streaming import EventDecoder, StreamError
 from .types import Outcome, record_call
-from .watchdog import Watchdog, environment_settings, new_session, stop_requested
+from .watchdog import AddressGuard, Watchdog, environment_settings, new_session, stop_requested
 
 logger = logging.getLogger("conversations.http")
 
@@ -248,7 +250,12 @@ class BudgetedHTTP:
         started = time.monotonic()
         outcome, status, detail = Outcome.OK, None, ""
         try:
-            with Watchdog(limit, self.cancelled) as watchdog:
+            try:
+                guard = self._guard(url)
+            except CallFailed as failure:
+                outcome, detail = failure.outcome, failure.detail
+                raise
+            with Watchdog(limit, self.cancelled) as watchdog, guard or contextlib.nullcontext():
                 try:
                     try:  # the last moment before the key leaves: is it bound to this origin?
                         check_key(url, headers, cfg.get("API_KEY"))
@@ -271,6 +278,9 @@ class BudgetedHTTP:
                         return Response(status=status, data=data, headers=dict(reply.headers))
                     content = reply.content  # read inside the watchdog: the body is what trickles
                 except requests.RequestException as exc:
+                    if guard is not None and guard.refused:
+                        outcome, detail = Outcome.CONNECTION_ERROR, guard.refused
+                        raise CallFailed(outcome, detail, code="endpoint_refused") from None
                     outcome, detail = self._failure(exc, watchdog, limit, connect)
                     raise CallFailed(outcome, detail, retryable=True) from None
                 except CallFailed as failure:
@@ -312,6 +322,21 @@ class BudgetedHTTP:
             )
             record_call(self.recorder, "model", self.name, outcome, attempt=attempt, started_offset=started_offset,
                         timeout=limit, remaining_before=remaining, duration=duration, status_code=status, detail=detail)
+
+    def _guard(self, url):
+        """For an endpoint set in the admin (``ADMIN_ENDPOINT``), an ``AddressGuard`` letting the
+        attempt connect only where ``endpoints.endpoint_rule`` allows, under the site's settings
+        as they are now; raises ``CallFailed`` when its origin is not allowed at all. Endpoints
+        from settings are the operator's word: no guard."""
+        if not self.config.get("ADMIN_ENDPOINT"):
+            return None
+        rule = endpoint_rule(url, get_config())
+        if rule is None:
+            raise CallFailed(Outcome.ERROR, f"{origin(url) or 'the endpoint'} is not an allowed endpoint: not sent",
+                             code="endpoint_refused")
+        if rule == "any":  # an origin the operator wrote out: wherever it resolves to
+            return None
+        return AddressGuard(lambda address: address_allowed(address, rule))
 
     @staticmethod
     def _failure(exc, watchdog, limit, connect):

@@ -30,6 +30,9 @@ FAST = {
     "DEMO_DELAY": 0.05,
     # A dead job ends its turn, as the safety-net tests expect; tests/test_resume.py turns resuming on.
     "MAX_RESUMES": 0,
+    # The fake providers are on 127.0.0.1: this site lets its admin point assistants there.
+    # tests/test_security_endpoints.py takes it away.
+    "ALLOWED_ENDPOINTS": ["http://127.0.0.1:*"],
 }
 
 
@@ -200,7 +203,7 @@ def worker_env(**conversations):
     else:
         env["DATABASE_URL"] = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     for key, value in {**get_config(), **conversations}.items():
-        if key == "TOOLS":
+        if key in ("TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS"):
             value = ",".join(value)
         elif key == "FALLBACKS":
             value = json.dumps([dict(entry) for entry in value])

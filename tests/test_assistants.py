@@ -229,7 +229,7 @@ def test_an_assistants_own_chain_answers_when_its_provider_is_down_and_leaves_th
 @pytest.mark.django_db
 def test_saving_refuses_what_cannot_work(conversations_settings):
     conversations_settings.update(CREDENTIALS={"ok": "sk-x", "unset": "env:TEST_NO_SUCH_VARIABLE"},
-                                  HISTORY_MAX_CHARS=100)
+                                  HISTORY_MAX_CHARS=100, ALLOWED_PROVIDERS=["no.such.Provider"])
     bad = Assistant(slug="bad", name="Bad", system_prompt="x" * 51, provider="no.such.Provider",
                     tools=["search_faq", "delete_everything"], credential="missing", job_timeout=3)
     with pytest.raises(ValidationError) as refused:
@@ -260,7 +260,7 @@ def test_saving_refuses_what_cannot_work(conversations_settings):
 def test_saving_refuses_a_chain_of_fallbacks_that_cannot_work(conversations_settings):
     conversations_settings.update(CREDENTIALS={"ok": {"KEY": "sk-x", "ORIGINS": ["https://api.openai.com",
                                                                                "http://127.0.0.1:*"]}},
-                                  MIN_CALL_BUDGET=1, FALLBACK_RESERVE=0.5)
+                                  MIN_CALL_BUDGET=1, FALLBACK_RESERVE=0.5, ALLOWED_PROVIDERS=["no.such.Provider"])
 
     def refused(fallbacks):
         assistant = Assistant(slug="a", name="A", system_prompt="Hi", provider="demo", fallbacks=fallbacks)
@@ -332,6 +332,7 @@ def test_an_assistant_broken_after_it_was_saved_tells_the_visitor_one_sentence_a
     if breaks == "a tool":
         conversations_settings.update(TOOLS=["chatproject.tools.search_faq"])
     elif breaks == "the provider":
+        conversations_settings.update(ALLOWED_PROVIDERS=["chatproject.no_such.Provider"])
         Assistant.objects.filter(pk=support.pk).update(provider="chatproject.no_such.Provider")
     else:
         Assistant.objects.filter(pk=support.pk).update(credential="gone-key")

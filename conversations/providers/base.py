@@ -26,7 +26,7 @@ class ProviderError(Exception):
 
     ``code`` names the kind (``auth``, ``unknown_model``, ``context_length``, ``refused``,
     ``bad_response``, ``rate_limited``, ``unavailable``, ``timeout``, ``connection``,
-    ``bad_request``, ``redirected``, ``stream_refused``, ``key_not_bound``); ``message`` is a sentence for the visitor (it becomes the turn's error);
+    ``bad_request``, ``redirected``, ``stream_refused``, ``key_not_bound``, ``endpoint_refused``); ``message`` is a sentence for the visitor (it becomes the turn's error);
     ``detail`` is for the operator's log. Neither may contain a secret: build ``detail`` with
     ``redact()`` when it quotes the provider.
     """
@@ -46,6 +46,7 @@ class ProviderError(Exception):
         "redirected": _("The assistant is not set up correctly: the AI service's address answered with a "
                         "redirect (HTTP %(status)s), which is not followed."),
         "key_not_bound": _("The assistant is not set up correctly: its key may not be sent to its endpoint."),
+        "endpoint_refused": _("The assistant is not set up correctly: its endpoint is not one the site allows."),
     }
 
     def __init__(self, code, detail="", **params):
