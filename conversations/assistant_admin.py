@@ -8,6 +8,7 @@ import json
 
 from django import forms
 from django.contrib import admin
+from django.db import models
 from django.db.models import Count, OuterRef, Subquery
 from django.http import HttpResponse
 from django.template.response import TemplateResponse
@@ -76,6 +77,10 @@ class AssistantForm(forms.ModelForm):
     class Meta:
         model = Assistant
         fields = "__all__"
+        # As the form's own base_url field: the admin builds the model's too when that is read-only.
+        formfield_callback = staticmethod(
+            lambda db_field, **kwargs: db_field.formfield(**{"assume_scheme": "https", **kwargs})
+            if isinstance(db_field, models.URLField) else db_field.formfield(**kwargs))
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
