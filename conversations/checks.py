@@ -37,7 +37,7 @@ def check_config(app_configs=None, **kwargs):
             hint="Use the same value, so every clock is nested the way the deadline assumes.",
             id="conversations.E007"))
     errors += _check_provider(cfg) + _check_fallbacks(cfg) + _check_tools(cfg) + _check_rates(cfg)
-    errors += _check_credentials(cfg) + _check_prices(cfg)
+    errors += _check_credentials(cfg) + _check_prices(cfg) + _check_allowed_endpoints(cfg)
     if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
         errors.append(Warning(
             "LoginRequiredMiddleware is on but CONVERSATIONS['LOGIN_REQUIRED'] is not: the chat API is exempt from "
@@ -369,6 +369,17 @@ def _check_prices(cfg):
                        "as decimal strings.", id="conversations.E041")
             for model, entry in cfg["PRICES"].items()
             for problem in [price_problem(entry)] if problem]
+
+
+def _check_allowed_endpoints(cfg):
+    """Each ALLOWED_ENDPOINTS entry is an origin, wildcards allowed; anything else would match
+    nothing, and the endpoint the operator meant to allow would be refused without a word."""
+    from .endpoints import origin_pattern
+
+    return [Error(f"ALLOWED_ENDPOINTS entry {entry!r} is not an origin.",
+                  hint='Write a scheme, a host and an optional port, without a path: "https://gw.example.com", '
+                       '"https://*.openai.azure.com", "http://10.0.0.5:11434".', id="conversations.E042")
+            for entry in cfg["ALLOWED_ENDPOINTS"] if not origin_pattern(entry)]
 
 
 @register(Tags.database)

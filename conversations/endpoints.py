@@ -56,6 +56,9 @@ def origin_pattern(value):
     ``http://127.0.0.1:*``) in the form ``origin_allowed`` compares; "" when it is neither."""
     text = str(value or "").strip().rstrip("/").lower()
     if "*" not in text:
+        parts = urlsplit(text)
+        if parts.path or parts.query or parts.fragment:  # an origin has none: a path would be ignored
+            return ""
         text = origin(text)
     return text if _PATTERN.match(text) else ""
 

@@ -127,3 +127,13 @@ def test_the_provider_field_imports_nothing_the_site_did_not_list(admin_client, 
     conversations_settings.update(ALLOWED_PROVIDERS=["conversations.providers.openai.OpenAIProvider"])
     saved = admin_client.post(ADD, {**FIELDS, "provider": "conversations.providers.openai.OpenAIProvider"})
     assert saved.status_code == 302
+
+
+def test_an_allowed_endpoint_that_is_not_an_origin_stops_the_checks(conversations_settings):
+    from conversations.checks import check_config
+
+    conversations_settings.update(ALLOWED_ENDPOINTS=["https://gw.example.com/v1", "gw.example.com",
+                                                     "https://*.openai.azure.com", "http://10.0.0.5:11434"])
+    assert [(m.id, m.msg) for m in check_config() if m.id == "conversations.E042"] == [
+        ("conversations.E042", "ALLOWED_ENDPOINTS entry 'https://gw.example.com/v1' is not an origin."),
+        ("conversations.E042", "ALLOWED_ENDPOINTS entry 'gw.example.com' is not an origin.")]
