@@ -165,8 +165,8 @@ class KeyNotBound(Exception):
 def check_key(url, headers, key):
     """Raise ``KeyNotBound`` unless ``key`` (a ``BoundKey``; a plain string counts as bound to
     nothing) may be sent to ``url``. Called with the request's headers right before sending: a
-    request that does not carry the key passes."""
-    if not key or not any(key in str(value) for value in headers.values()):
+    request that carries the key nowhere (headers or URL) passes."""
+    if not key or not (key in url or any(key in str(value) for value in headers.values())):
         return
     target = origin(url)
     if not origin_allowed(target, getattr(key, "origins", ())):
