@@ -24,7 +24,7 @@ from django.utils.translation import gettext as _
 
 from .conf import get_config
 from .endpoints import (
-    ENV_PREFIX, CredentialError, bind_settings_key, endpoint_origin, endpoint_problem, origin_allowed,
+    CredentialError, bind_settings_key, endpoint_origin, endpoint_problem, origin_allowed,
     provider_problem, resolve_credential,
 )
 

@@ -21,7 +21,6 @@ right before sending it (``check_key``): a key is never put into a request for a
 is not bound to, whatever the admin says.
 """
 
-import fnmatch
 import ipaddress
 import os
 import re
@@ -64,8 +63,10 @@ def origin_pattern(value):
 
 
 def origin_allowed(target, patterns):
-    """Whether origin ``target`` matches one of ``patterns`` (see ``origin_pattern``)."""
-    return bool(target) and any(fnmatch.fnmatchcase(target, origin_pattern(p)) for p in patterns if origin_pattern(p))
+    """Whether origin ``target`` matches one of ``patterns`` (see ``origin_pattern``); only ``*`` is
+    special (not fnmatch's ``[…]``, which an IPv6 origin holds)."""
+    compiled = [re.compile(re.escape(origin_pattern(p)).replace(r"\*", ".*")) for p in patterns if origin_pattern(p)]
+    return bool(target) and any(pattern.fullmatch(target) for pattern in compiled)
 
 
 def default_origin(provider):
@@ -96,7 +97,7 @@ class BoundKey(str):
 
 
 class CredentialError(LookupError):
-    """A credential cannot be resolved; ``reason`` ends "The assistant … is not set up correctly: "."""
+    """A credential cannot be resolved; ``reason`` says why, for the admin form and the log."""
 
     def __init__(self, reason):
         self.reason = reason

@@ -48,10 +48,11 @@ def test_the_admin_refuses_an_endpoint_the_site_does_not_allow(admin_client, not
 
 @pytest.mark.django_db
 def test_the_admin_accepts_the_vendors_the_sites_own_and_listed_endpoints(admin_client, nothing_listed):
-    nothing_listed.update(ALLOWED_ENDPOINTS=["https://*.openai.azure.com", "http://10.0.0.5:11434"])
+    nothing_listed.update(ALLOWED_ENDPOINTS=["https://*.openai.azure.com", "http://10.0.0.5:11434",
+                                             "http://[fd00::5]:11434"])
     for number, url in enumerate(["https://api.openai.com/v1", "https://gw.example.com/v1/",
                                   "https://mine.openai.azure.com/openai/deployments/d?api-version=2024-10-21",
-                                  "http://10.0.0.5:11434/v1"]):
+                                  "http://10.0.0.5:11434/v1", "http://[fd00::5]:11434/v1"]):
         saved = admin_client.post(ADD, {**FIELDS, "slug": f"s{number}", "base_url": url})
         assert saved.status_code == 302, saved.context["adminform"].form.errors
     # A private address needs its host written out: a wildcard entry covers public addresses only.
