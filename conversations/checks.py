@@ -40,7 +40,7 @@ def check_config(app_configs=None, **kwargs):
             id="conversations.E007"))
     errors += _check_provider(cfg) + _check_environment(cfg) + _check_fallbacks(cfg) + _check_tools(cfg)
     errors += _check_rates(cfg)
-    errors += _check_credentials(cfg) + _check_prices(cfg)
+    errors += _check_credentials(cfg) + _check_prices(cfg) + _check_allowed_endpoints(cfg)
     if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
         errors.append(Warning(
             "LoginRequiredMiddleware is on but CONVERSATIONS['LOGIN_REQUIRED'] is not: the chat API is exempt from "
@@ -392,16 +392,20 @@ def _check_keys():
 def _check_credentials(cfg):
     """A credential is a key or ``env:VARIABLE``; one whose variable is unset here is probably
     unset on the workers too (where it is read), so every turn of an assistant naming it fails."""
-    from .assistants import ENV_PREFIX
+    from .endpoints import ENV_PREFIX, credential_parts, credential_shape_problem
 
     messages = []
-    for name, value in cfg["CREDENTIALS"].items():
-        if not isinstance(value, str) or not value or value == ENV_PREFIX:
+    for name, entry in cfg["CREDENTIALS"].items():
+        problem = credential_shape_problem(entry)
+        if problem:
             messages.append(Error(
-                f"CREDENTIALS[{name!r}] must be an API key or \"env:VARIABLE\" (a non-empty string).",
-                hint='For example {"support-key": "env:SUPPORT_OPENAI_KEY"}: the key is read from that '
-                     "environment variable when a turn starts.", id="conversations.E040"))
-        elif value.startswith(ENV_PREFIX) and not os.environ.get(value[len(ENV_PREFIX):]):
+                f"CREDENTIALS[{name!r}] {problem}.",
+                hint='For example {"support-key": "env:SUPPORT_OPENAI_KEY"} (sent to its provider\'s own origin '
+                     'only) or {"gateway": {"KEY": "env:GATEWAY_KEY", "ORIGINS": ["https://gw.example.com"]}}: '
+                     "the key is read from that environment variable when a turn starts.", id="conversations.E040"))
+            continue
+        value, _origins = credential_parts(entry)
+        if value.startswith(ENV_PREFIX) and not os.environ.get(value[len(ENV_PREFIX):]):
             messages.append(Warning(
                 f"CREDENTIALS[{name!r}] reads the environment variable {value[len(ENV_PREFIX):]}, which is not set "
                 "in this process.",
@@ -419,6 +423,17 @@ def _check_prices(cfg):
                        "as decimal strings.", id="conversations.E041")
             for model, entry in cfg["PRICES"].items()
             for problem in [price_problem(entry)] if problem]
+
+
+def _check_allowed_endpoints(cfg):
+    """Each ALLOWED_ENDPOINTS entry is an origin, wildcards allowed; anything else would match
+    nothing, and the endpoint the operator meant to allow would be refused without a word."""
+    from .endpoints import origin_pattern
+
+    return [Error(f"ALLOWED_ENDPOINTS entry {entry!r} is not an origin.",
+                  hint='Write a scheme, a host and an optional port, without a path: "https://gw.example.com", '
+                       '"https://*.openai.azure.com", "http://10.0.0.5:11434".', id="conversations.E042")
+            for entry in cfg["ALLOWED_ENDPOINTS"] if not origin_pattern(entry)]
 
 
 @register(Tags.database)

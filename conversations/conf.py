@@ -115,6 +115,15 @@ DEFAULTS = {
     # name: {name: value}, the value the key itself or "env:VARIABLE" to read it from the worker's
     # environment.
     "CREDENTIALS": {},
+    # Endpoints an assistant may be given in the admin (its own or a fallback's), besides the
+    # vendors' public origins and the site's own BASE_URL and FALLBACKS: origins, "*" matching any
+    # characters ("https://*.example.com", "http://127.0.0.1:*"). An entry whose host is written
+    # out may be at a private, loopback or link-local address (a local model); the others, like
+    # the vendors', must be at a public address, checked on the address connected to.
+    "ALLOWED_ENDPOINTS": [],
+    # Dotted paths of provider classes an assistant may name in the admin, besides "openai",
+    # "anthropic", "demo" and the site's PROVIDER and FALLBACKS providers (nothing else is imported).
+    "ALLOWED_PROVIDERS": [],
     # Prices per million tokens, by model name: {"gpt-4o-mini": {"input": "0.15", "output": "0.60"}};
     # each turn's cost is computed from them at its final write.
     "PRICES": {},
@@ -123,7 +132,7 @@ DEFAULTS = {
     "RATING_RATE_PER_IP": "60/min",
 }
 
-_LIST_KEYS = {"TOOLS"}
+_LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS"}
 _DICT_KEYS = {"CREDENTIALS", "PRICES"}
 
 

@@ -21,6 +21,7 @@ import logging
 
 from .breaker import CircuitBreaker, owner_key, provider_key
 from .budget import Budget, BudgetExhausted
+from .endpoints import bind_settings_key
 from .http import BudgetedHTTP
 from .network import endpoint
 from .providers import BaseProvider, ProviderError, call_complete, get_provider_class
@@ -52,8 +53,13 @@ def chain_entries(config):
     entries = [dict(config)]
     for entry in config["FALLBACKS"]:
         entries.append({**config, "MODEL": "", "BASE_URL": "", "API_KEY": "",
-                        **{key: entry[key] for key in ENTRY_KEYS if key in entry}})
-    return entries
+                        **{key: entry[key] for key in ENTRY_KEYS if key in entry},
+                        # set for an assistant's own chain (assistants.chain_settings), never inherited
+                        "ADMIN_ENDPOINT": bool(entry.get("ADMIN_ENDPOINT"))})
+    # A key still unbound here came from settings (the site's API_KEY, a FALLBACKS entry's):
+    # bound to the endpoint those settings name. The job binds every key an assistant brings
+    # (assistants.config_for_turn), and an assistant's chain never holds an API_KEY.
+    return [{**entry, "API_KEY": bind_settings_key(entry)} for entry in entries]
 
 
 class Link:
@@ -149,6 +155,7 @@ def build_provider(config, budget, *, recorder, cancelled, turn_id, owner=""):
     close at the end of the turn)``."""
     entries = chain_entries(config)
     if len(entries) == 1:
+        config = entries[0]  # its key bound
         cls = get_provider_class(config["PROVIDER"])
         http = BudgetedHTTP(budget, config, recorder=recorder, turn_id=turn_id, cancelled=cancelled)
         http.provider = cls.name

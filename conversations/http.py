@@ -23,6 +23,7 @@ Not bounded: DNS resolution (``getaddrinfo`` cannot be interrupted); use IP addr
 local resolver cache when that matters.
 """
 
+import contextlib
 import email.utils
 import json
 import logging
@@ -34,10 +35,13 @@ import requests
 from urllib3 import exceptions as urllib3_exceptions
 
 from .budget import BudgetExhausted
+from .conf import get_config
+from .endpoints import KeyNotBound, address_allowed, check_key, endpoint_rule, origin
 from .network import failed_endpoint, os_reason
+from .redaction import redact
 from .streaming import EventDecoder, StreamError
 from .types import Outcome, record_call
-from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND, Watchdog, environment_settings, new_session, stop_requested
+from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND, AddressGuard, Watchdog, environment_settings, new_session, stop_requested
 
 logger = logging.getLogger("conversations.http")
 
@@ -265,8 +269,17 @@ class BudgetedHTTP:
         started = time.monotonic()
         outcome, status, detail = Outcome.OK, None, ""
         try:
-            with Watchdog(limit, self.cancelled) as watchdog:
+            try:
+                guard = self._guard(url)
+            except CallFailed as failure:
+                outcome, detail = failure.outcome, failure.detail
+                raise
+            with Watchdog(limit, self.cancelled) as watchdog, guard or contextlib.nullcontext():
                 try:
+                    try:  # the last moment before the key leaves: is it bound to this origin?
+                        check_key(url, headers, cfg.get("API_KEY"))
+                    except KeyNotBound as refusal:
+                        raise CallFailed(Outcome.ERROR, str(refusal), code="key_not_bound") from None
                     if url not in self._environment:
                         self._environment[url] = environment_settings(url)
                     # Never follow a redirect: requests strips only Authorization on the way,
@@ -285,6 +298,9 @@ class BudgetedHTTP:
                         return Response(status=status, data=data, headers=dict(reply.headers))
                     content = reply.content  # read inside the watchdog: the body is what trickles
                 except requests.RequestException as exc:
+                    if guard is not None and guard.refused:
+                        outcome, detail = Outcome.CONNECTION_ERROR, guard.refused
+                        raise CallFailed(outcome, detail, code="endpoint_refused") from None
                     outcome, detail = self._failure(exc, watchdog, limit, limits)
                     raise CallFailed(outcome, detail, retryable=True) from None
                 except CallFailed as failure:
@@ -327,6 +343,21 @@ class BudgetedHTTP:
             )
             record_call(self.recorder, "model", self.name, outcome, attempt=attempt, started_offset=started_offset,
                         timeout=limit, remaining_before=remaining, duration=duration, status_code=status, detail=detail)
+
+    def _guard(self, url):
+        """For an endpoint set in the admin (``ADMIN_ENDPOINT``), an ``AddressGuard`` letting the
+        attempt connect only where ``endpoints.endpoint_rule`` allows, under the site's settings
+        as they are now; raises ``CallFailed`` when its origin is not allowed at all. Endpoints
+        from settings are the operator's word: no guard."""
+        if not self.config.get("ADMIN_ENDPOINT"):
+            return None
+        rule = endpoint_rule(url, get_config())
+        if rule is None:
+            raise CallFailed(Outcome.ERROR, f"{origin(url) or 'the endpoint'} is not an allowed endpoint: not sent",
+                             code="endpoint_refused")
+        if rule == "any":  # an origin the operator wrote out: wherever it resolves to
+            return None
+        return AddressGuard(lambda address: address_allowed(address, rule))
 
     @staticmethod
     def _failure(exc, watchdog, limit, limits):
@@ -376,8 +407,8 @@ class BudgetedHTTP:
         except (StreamError, requests.RequestException, urllib3_exceptions.HTTPError, OSError) as exc:
             if watchdog.cancelled:
                 raise CallCancelled(stream.reply() if received else None) from None
-            if isinstance(exc, StreamError):
-                outcome, detail, code = Outcome.BAD_RESPONSE, exc.detail, exc.code
+            if isinstance(exc, StreamError):  # its detail quotes the provider, who may quote the key
+                outcome, detail, code = Outcome.BAD_RESPONSE, redact(exc.detail, self.config.get("API_KEY")), exc.code
             elif watchdog.expired:
                 outcome, detail, code = Outcome.TIMEOUT, f"timed out {BODY} (total limit {limit:.1f}s)", ""
             elif _timed_out(exc):

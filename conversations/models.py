@@ -68,6 +68,10 @@ class Assistant(models.Model):
         ordering = ["name"]
         verbose_name = _("assistant")
         verbose_name_plural = _("assistants")
+        # Where an assistant's calls go and with which key: more than changing what it says
+        # (assistant_admin.CONFIGURE_FIELDS are read-only without it).
+        permissions = [("configure_provider", _("Can change an assistant's provider, endpoint, credential and "
+                                                "fallbacks"))]
 
     def __str__(self):
         return self.name

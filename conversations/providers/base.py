@@ -11,12 +11,12 @@ import dataclasses
 import inspect
 import json
 import logging
-import re
 from urllib.parse import urlsplit, urlunsplit
 
 from django.utils.translation import gettext_lazy as _
 
 from ..http import CallCancelled, CallFailed, PartialReply
+from ..redaction import redact
 from ..streaming import ReplyLimit
 from ..types import Outcome
 
@@ -28,7 +28,7 @@ class ProviderError(Exception):
 
     ``code`` names the kind (``auth``, ``unknown_model``, ``context_length``, ``refused``,
     ``bad_response``, ``rate_limited``, ``unavailable``, ``timeout``, ``connection``,
-    ``bad_request``, ``redirected``, ``stream_refused``); ``message`` is a sentence for the visitor (it becomes the turn's error);
+    ``bad_request``, ``redirected``, ``stream_refused``, ``key_not_bound``, ``endpoint_refused``); ``message`` is a sentence for the visitor (it becomes the turn's error);
     ``detail`` is for the operator's log. Neither may contain a secret: build ``detail`` with
     ``redact()`` when it quotes the provider.
     """
@@ -47,6 +47,8 @@ class ProviderError(Exception):
         "stream_refused": _("The assistant is not set up correctly: the AI service would not stream its answer."),
         "redirected": _("The assistant is not set up correctly: the AI service's address answered with a "
                         "redirect (HTTP %(status)s), which is not followed."),
+        "key_not_bound": _("The assistant is not set up correctly: its key may not be sent to its endpoint."),
+        "endpoint_refused": _("The assistant is not set up correctly: its endpoint is not one the site allows."),
     }
 
     def __init__(self, code, detail="", **params):
@@ -56,21 +58,6 @@ class ProviderError(Exception):
         if params:
             self.message %= params
         super().__init__(f"{code}: {detail}" if detail else code)
-
-
-# Things in a provider's error text that look like credentials: OpenAI echoes a masked key
-# ("Incorrect API key provided: sk-abc***xyz"), others quote tokens.
-_SECRETISH = re.compile(r"(?i)(\b(?:sk|pk|rk|key|api|ant)[-_][\w*.\-]{4,}|\b[A-Za-z0-9_\-]{32,}\b|key provided:\s*\S+)")
-
-
-def redact(text, *secrets, limit=300):
-    """``text`` shortened to ``limit`` characters with ``secrets`` and anything key-like removed."""
-    text = str(text or "")
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "[redacted]")
-    text = _SECRETISH.sub("[redacted]", text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # How vendors and gateways say that the model asked for is unknown: OpenAI's code and Azure's,
