@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 import json
 import logging
+import re
 from urllib.parse import urlsplit, urlunsplit
 
 from django.utils.translation import gettext_lazy as _
