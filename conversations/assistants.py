@@ -41,7 +41,10 @@ LIMITS = {"max_steps": "MAX_STEPS", "max_tokens": "MAX_TOKENS", "call_timeout": 
 class NotSetUp(Exception):
     """A turn's assistant cannot answer it. ``message`` is the sentence the visitor is shown, the
     same whatever broke; ``reason`` says what (a provider that cannot be imported, a credential
-    or tool by name), for the operator only: the log and the admin's timeline."""
+    or tool by name), for the operator only: the log and the admin's timeline, where it is
+    recorded after ``kind``."""
+
+    kind = "not set up"
 
     def __init__(self, assistant, reason):
         self.reason = reason
@@ -64,6 +67,8 @@ class Inactive(NotSetUp):
 class NoAccess(NotSetUp):
     """The turn's owner may no longer chat with its assistant (``Assistant.allows``): their
     access was taken away after the conversation started."""
+
+    kind = "refused"
 
     def __init__(self, assistant):
         super().__init__(assistant, "the owner may not use it")

@@ -188,7 +188,7 @@ def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None):
         # The visitor reads one sentence; what broke is for the admin's timeline (and the log).
         CallRecord.objects.create(turn=turn, kind=CallRecord.Kind.MODEL, name=turn.assistant.slug,
                                   outcome=Outcome.SKIPPED, started_offset=0.0, remaining_before=0.0,
-                                  detail=f"not set up: {exc.reason}"[:CallRecord._meta.get_field("detail").max_length])
+                                  detail=f"{exc.kind}: {exc.reason}"[:CallRecord._meta.get_field("detail").max_length])
         turns.finalize(turn, Turn.Status.FAILED, exc.message)
         return turn.status
     try:

@@ -40,8 +40,9 @@ def chain(conversations_settings):
 
 def primary_state():
     """The primary's breaker as ``manage.py provider_health`` and the admin read it."""
-    health = dict(provider_health(get_config(), get_queue().connection))
-    return health["openai:primary-model"]
+    health = provider_health(get_config(), get_queue().connection)
+    [state] = [state for label, state in health if label.startswith("openai:primary-model at ")]
+    return state
 
 
 def turn_of(owner, content="Hello?"):
