@@ -160,7 +160,7 @@ def _check_environment(cfg):
     the operator named, and the visitor reads "could not reach the AI service". The settings
     win, so this only warns: it is silenced where a site overrides the environment on purpose.
     The message names keys and hosts, never a key's value."""
-    from .providers import get_provider_class
+    from .endpoints import calls_url
 
     messages = []
     for key in PROVIDER_ENVIRONMENT:
@@ -169,11 +169,7 @@ def _check_environment(cfg):
         if not value or str(cfg[key]) == value:
             continue
         if key == "BASE_URL":
-            try:
-                default = get_provider_class(cfg["PROVIDER"]).default_base_url
-            except (ImportError, TypeError, AttributeError):
-                default = ""
-            calls = cfg["BASE_URL"] or default
+            calls = calls_url(cfg["PROVIDER"], cfg["BASE_URL"])
             said = (f"{variable} names {_host(value)}, but the turns call {_host(calls)}" if calls else
                     f"{variable} names {_host(value)}, but the settings name no endpoint")
         elif key == "API_KEY":

@@ -69,15 +69,24 @@ def origin_allowed(target, patterns):
     return bool(target) and any(pattern.fullmatch(target) for pattern in compiled)
 
 
+def calls_url(provider, base_url=""):
+    """The URL calls of ``provider`` (a name in ``PROVIDER``) go to: ``base_url``, or when it is
+    empty the provider's default; "" when the provider cannot be loaded or calls nothing
+    (``demo``). The one rule for it: the key bindings, the checks and ``provider_health`` agree."""
+    from .providers import get_provider_class
+
+    if base_url:
+        return base_url
+    try:
+        return get_provider_class(provider).default_base_url or ""
+    except (ImportError, TypeError, ValueError, AttributeError):
+        return ""
+
+
 def default_origin(provider):
     """The origin a provider (a name in ``PROVIDER``) calls when no ``BASE_URL`` is set; "" when it
     cannot be loaded or calls nothing (``demo``)."""
-    from .providers import get_provider_class
-
-    try:
-        return origin(get_provider_class(provider).default_base_url)
-    except (ImportError, TypeError, ValueError):
-        return ""
+    return origin(calls_url(provider))
 
 
 def endpoint_origin(provider, base_url):
