@@ -16,7 +16,7 @@ from tests.helpers import api_post, make_client, poll_until_done
 ADD = "/admin/conversations/assistant/add/"
 FIELDS = {"name": "Support", "slug": "support", "active": "on", "system_prompt": "Be kind.", "provider": "openai",
           "model": "m", "base_url": "", "credential": "", "greeting": "", "suggestions": "", "fallbacks": "",
-          "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
+          "access": "public", "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
 
 
 @pytest.fixture
