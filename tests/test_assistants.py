@@ -158,7 +158,9 @@ def test_a_visitor_who_lost_access_mid_way_gets_a_sentence_not_an_answer(worker)
     assert final["status"] == "failed"
     assert final["error"] == "The assistant “Internal” is not available to you any more."
     assert [m["role"] for m in final["messages"]] == ["user"]
-    assert not Turn.objects.get(pk=turn["id"]).calls.exists()  # the model was never asked
+    # The model was never asked: the timeline's one record says why, for the admin.
+    assert list(Turn.objects.get(pk=turn["id"]).calls.values_list("outcome", "detail")) == [
+        ("skipped", "not set up: the owner may not use it")]
 
 
 def render_for(template, user=None, path="/help/"):
