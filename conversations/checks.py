@@ -388,7 +388,7 @@ def _check_keys():
 def _check_credentials(cfg):
     """A credential is a key or ``env:VARIABLE``; one whose variable is unset here is probably
     unset on the workers too (where it is read), so every turn of an assistant naming it fails."""
-    from .endpoints import ENV_PREFIX, credential_parts, credential_shape_problem
+    from .endpoints import credential_parts, credential_shape_problem, unset_variable
 
     messages = []
     for name, entry in cfg["CREDENTIALS"].items():
@@ -400,10 +400,10 @@ def _check_credentials(cfg):
                      'only) or {"gateway": {"KEY": "env:GATEWAY_KEY", "ORIGINS": ["https://gw.example.com"]}}: '
                      "the key is read from that environment variable when a turn starts.", id="conversations.E040"))
             continue
-        value, _origins = credential_parts(entry)
-        if value.startswith(ENV_PREFIX) and not os.environ.get(value[len(ENV_PREFIX):]):
+        variable = unset_variable(credential_parts(entry)[0])
+        if variable:
             messages.append(Warning(
-                f"CREDENTIALS[{name!r}] reads the environment variable {value[len(ENV_PREFIX):]}, which is not set "
+                f"CREDENTIALS[{name!r}] reads the environment variable {variable}, which is not set "
                 "in this process.",
                 hint="Set it wherever workers run: every turn of an assistant that uses this credential fails "
                      "without it.", id="conversations.W040"))
