@@ -415,14 +415,14 @@ class BudgetedHTTP:
                 outcome, detail, code = Outcome.TIMEOUT, f"timed out {BODY} (idle limit {idle:.1f}s)", ""
             else:
                 outcome, detail, code = Outcome.CONNECTION_ERROR, f"the stream broke off: {_describe(exc)}", ""
-            if received:
-                raise PartialReply(stream.reply(), outcome, detail) from None
             failure = CallFailed(outcome, detail, status=200, code=code)
             if isinstance(exc, StreamError) and exc.body is not None:  # an error event: the provider says which
                 failure.body = json.dumps(exc.body)
                 named = classify(failure) if classify is not None else None
                 failure.code = named.code if named is not None else "bad_response"
                 failure.detail = named.detail if named is not None else detail
+            if received:  # after some text too, the record says (redacted) what the error event said
+                raise PartialReply(stream.reply(), outcome, failure.detail) from None
             # An error event naming an outage may be retried, like the same error as a status; a
             # malformed stream may not (the next would most likely be malformed too).
             failure.retryable = failure.code in ("unavailable", "rate_limited", "timeout") \
