@@ -6,14 +6,13 @@ framework (``manage.py check``, ``runserver``, ``rqworker``); it returns a list 
 """
 
 import os
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from .conf import get_config, unknown_keys
-from .network import describe_redis_error, endpoint, redis_endpoint
+from .network import describe_redis_error, redis_endpoint
 
 
 # Seconds the widget keeps polling past JOB_TIMEOUT (its data-give-up-margin default).
@@ -185,9 +184,11 @@ def _check_environment(cfg):
 
 
 def _host(url):
-    """``scheme://host:port`` of ``url``, without credentials, path or query (safe to print)."""
-    where = endpoint(url)
-    return f"{urlsplit(url).scheme}://{where}" if where else "an unreadable URL"
+    """The origin of ``url`` (``scheme://host[:port]``), as the admin's endpoint sentences and
+    ``ALLOWED_ENDPOINTS`` write it: no user, password, path or query, where keys sometimes travel."""
+    from .endpoints import origin
+
+    return origin(url) or "an unreadable URL"
 
 
 def _check_fallbacks(cfg):
