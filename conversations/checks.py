@@ -6,14 +6,13 @@ framework (``manage.py check``, ``runserver``, ``rqworker``); it returns a list 
 """
 
 import os
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from .conf import get_config, unknown_keys
-from .network import describe_redis_error, endpoint, redis_endpoint
+from .network import describe_redis_error, redis_endpoint
 
 
 # Seconds the widget keeps polling past JOB_TIMEOUT (its data-give-up-margin default).
@@ -160,7 +159,7 @@ def _check_environment(cfg):
     the operator named, and the visitor reads "could not reach the AI service". The settings
     win, so this only warns: it is silenced where a site overrides the environment on purpose.
     The message names keys and hosts, never a key's value."""
-    from .providers import get_provider_class
+    from .endpoints import calls_url
 
     messages = []
     for key in PROVIDER_ENVIRONMENT:
@@ -169,11 +168,7 @@ def _check_environment(cfg):
         if not value or str(cfg[key]) == value:
             continue
         if key == "BASE_URL":
-            try:
-                default = get_provider_class(cfg["PROVIDER"]).default_base_url
-            except (ImportError, TypeError, AttributeError):
-                default = ""
-            calls = cfg["BASE_URL"] or default
+            calls = calls_url(cfg["PROVIDER"], cfg["BASE_URL"])
             said = (f"{variable} names {_host(value)}, but the turns call {_host(calls)}" if calls else
                     f"{variable} names {_host(value)}, but the settings name no endpoint")
         elif key == "API_KEY":
@@ -189,9 +184,11 @@ def _check_environment(cfg):
 
 
 def _host(url):
-    """``scheme://host:port`` of ``url``, without credentials, path or query (safe to print)."""
-    where = endpoint(url)
-    return f"{urlsplit(url).scheme}://{where}" if where else "an unreadable URL"
+    """The origin of ``url`` (``scheme://host[:port]``), as the admin's endpoint sentences and
+    ``ALLOWED_ENDPOINTS`` write it: no user, password, path or query, where keys sometimes travel."""
+    from .endpoints import origin
+
+    return origin(url) or "an unreadable URL"
 
 
 def _check_fallbacks(cfg):
@@ -392,7 +389,7 @@ def _check_keys():
 def _check_credentials(cfg):
     """A credential is a key or ``env:VARIABLE``; one whose variable is unset here is probably
     unset on the workers too (where it is read), so every turn of an assistant naming it fails."""
-    from .endpoints import ENV_PREFIX, credential_parts, credential_shape_problem
+    from .endpoints import credential_parts, credential_shape_problem, unset_variable
 
     messages = []
     for name, entry in cfg["CREDENTIALS"].items():
@@ -404,10 +401,10 @@ def _check_credentials(cfg):
                      'only) or {"gateway": {"KEY": "env:GATEWAY_KEY", "ORIGINS": ["https://gw.example.com"]}}: '
                      "the key is read from that environment variable when a turn starts.", id="conversations.E040"))
             continue
-        value, _origins = credential_parts(entry)
-        if value.startswith(ENV_PREFIX) and not os.environ.get(value[len(ENV_PREFIX):]):
+        variable = unset_variable(credential_parts(entry)[0])
+        if variable:
             messages.append(Warning(
-                f"CREDENTIALS[{name!r}] reads the environment variable {value[len(ENV_PREFIX):]}, which is not set "
+                f"CREDENTIALS[{name!r}] reads the environment variable {variable}, which is not set "
                 "in this process.",
                 hint="Set it wherever workers run: every turn of an assistant that uses this credential fails "
                      "without it.", id="conversations.W040"))

@@ -113,7 +113,8 @@ DEFAULTS = {
     "LOGIN_REQUIRED": False,
     # API keys that assistants (edited in the admin, which never stores a key) and FALLBACKS entries
     # name: {name: value}, the value the key itself or "env:VARIABLE" to read it from the worker's
-    # environment.
+    # environment, sent only to its provider's default origin; or {"KEY": value, "ORIGINS": [...]}
+    # to bind it to the origins it may be sent to (a gateway, Azure; endpoints.py).
     "CREDENTIALS": {},
     # Endpoints an assistant may be given in the admin (its own or a fallback's), besides the
     # vendors' public origins and the site's own BASE_URL and FALLBACKS: origins, "*" matching any

@@ -69,15 +69,24 @@ def origin_allowed(target, patterns):
     return bool(target) and any(pattern.fullmatch(target) for pattern in compiled)
 
 
+def calls_url(provider, base_url=""):
+    """The URL calls of ``provider`` (a name in ``PROVIDER``) go to: ``base_url``, or when it is
+    empty the provider's default; "" when the provider cannot be loaded or calls nothing
+    (``demo``). The one rule for it: the key bindings, the checks and ``provider_health`` agree."""
+    from .providers import get_provider_class
+
+    if base_url:
+        return base_url
+    try:
+        return get_provider_class(provider).default_base_url or ""
+    except (ImportError, TypeError, ValueError, AttributeError):
+        return ""
+
+
 def default_origin(provider):
     """The origin a provider (a name in ``PROVIDER``) calls when no ``BASE_URL`` is set; "" when it
     cannot be loaded or calls nothing (``demo``)."""
-    from .providers import get_provider_class
-
-    try:
-        return origin(get_provider_class(provider).default_base_url)
-    except (ImportError, TypeError, ValueError):
-        return ""
+    return origin(calls_url(provider))
 
 
 def endpoint_origin(provider, base_url):
@@ -127,6 +136,15 @@ def credential_parts(value):
     return value.get("KEY"), tuple(value.get("ORIGINS") or ())
 
 
+def unset_variable(value):
+    """The variable an ``env:VARIABLE`` credential value names, when it is unset or empty in this
+    process (a credential that cannot be read here); "" otherwise. For the job and check W040."""
+    if not value.startswith(ENV_PREFIX):
+        return ""
+    variable = value[len(ENV_PREFIX):]
+    return "" if os.environ.get(variable) else variable
+
+
 def resolve_credential(name, cfg, provider=None):
     """The API key that credential ``name`` stands for: its key itself, or the environment
     variable it names with ``env:`` (read now, in the process that calls). With ``provider``
@@ -139,12 +157,11 @@ def resolve_credential(name, cfg, provider=None):
     if credential_shape_problem(credentials[name]):
         raise CredentialError(_("its credential “%(name)s” is not a key.") % {"name": name})
     value, origins = credential_parts(credentials[name])
+    if unset_variable(value):
+        raise CredentialError(_("the environment variable %(variable)s of its credential “%(name)s” is not "
+                                "set.") % {"variable": unset_variable(value), "name": name})
     if value.startswith(ENV_PREFIX):
-        variable = value[len(ENV_PREFIX):]
-        if not os.environ.get(variable):
-            raise CredentialError(_("the environment variable %(variable)s of its credential “%(name)s” is not "
-                                    "set.") % {"variable": variable, "name": name})
-        value = os.environ[variable]
+        value = os.environ[value[len(ENV_PREFIX):]]
     if provider is None:
         return value
     return BoundKey(value, origins if origins is not None else [default_origin(provider)])

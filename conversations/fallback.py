@@ -21,7 +21,7 @@ import logging
 
 from .breaker import CircuitBreaker, owner_key, provider_key
 from .budget import Budget, BudgetExhausted
-from .endpoints import bind_settings_key
+from .endpoints import bind_settings_key, calls_url
 from .http import BudgetedHTTP
 from .network import endpoint
 from .providers import BaseProvider, ProviderError, call_complete, get_provider_class
@@ -198,9 +198,5 @@ def _calls(entry):
     """``provider:model at host:port`` for one chain entry (the vendor's default endpoint when it
     names none; no host for a provider that calls none, like the demo model). Never the key."""
     what = f"{entry['PROVIDER']}:{entry['MODEL'] or '(default model)'}"
-    try:
-        default = get_provider_class(entry["PROVIDER"]).default_base_url
-    except (ImportError, TypeError, ValueError, AttributeError):
-        default = ""
-    where = endpoint(entry.get("BASE_URL") or default)
+    where = endpoint(calls_url(entry["PROVIDER"], entry.get("BASE_URL")))
     return f"{what} at {where}" if where else what

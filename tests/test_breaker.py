@@ -41,8 +41,9 @@ def chain(conversations_settings):
 def primary_state():
     """The primary's breaker as ``manage.py provider_health`` and the admin read it."""
     health = provider_health(get_config(), get_queue().connection)
-    [state] = [state for label, state in health if label.startswith("openai:primary-model at ")]
-    return state
+    # Labelled by what it calls and its place in the chain: "openai:primary-model at 127.0.0.1:… (the site's primary)".
+    return next(state for label, state in health if label.startswith("openai:primary-model at ")
+                and label.endswith("(the site's primary)"))
 
 
 def turn_of(owner, content="Hello?"):

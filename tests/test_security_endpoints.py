@@ -15,8 +15,8 @@ from tests.helpers import api_post, make_client, poll_until_done
 
 ADD = "/admin/conversations/assistant/add/"
 FIELDS = {"name": "Support", "slug": "support", "active": "on", "system_prompt": "Be kind.", "provider": "openai",
-          "model": "m", "base_url": "", "credential": "", "greeting": "", "suggestions": "", "fallbacks": "", "access": "public",
-          "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
+          "model": "m", "base_url": "", "credential": "", "greeting": "", "suggestions": "", "fallbacks": "",
+          "access": "public", "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
 
 
 @pytest.fixture
@@ -138,3 +138,37 @@ def test_an_allowed_endpoint_that_is_not_an_origin_stops_the_checks(conversation
     assert [(m.id, m.msg) for m in check_config() if m.id == "conversations.E042"] == [
         ("conversations.E042", "ALLOWED_ENDPOINTS entry 'https://gw.example.com/v1' is not an origin."),
         ("conversations.E042", "ALLOWED_ENDPOINTS entry 'gw.example.com' is not an origin.")]
+
+
+def documented_setups():
+    """The ``CONVERSATIONS`` of docs/providers.md's "Where keys and calls may go" example."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "providers.md").read_text()
+    section = text.split("## Where keys and calls may go", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace = {}
+    exec(compile("import os\n" + block, "docs/providers.md", "exec"), namespace)
+    return namespace["CONVERSATIONS"]
+
+
+@pytest.mark.django_db
+def test_the_documented_gateway_azure_and_local_model_setups_pass_check_and_save(admin_client, monkeypatch,
+                                                                                  conversations_settings):
+    from conversations.checks import check_config
+
+    for variable in ("GATEWAY_KEY", "SUPPORT_GATEWAY_KEY", "AZURE_OPENAI_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.setenv(variable, f"key-of-{variable.lower()}")
+    conversations_settings.update(documented_setups())
+    assert check_config() == []
+    # Each assistant the example's comments describe, saved through the admin as written there.
+    for slug, provider, url, credential in [
+        ("gateway", "openai", "https://gw.example.com/v1", "support-gateway"),
+        ("azure", "openai", "https://mine.openai.azure.com/openai/deployments/gpt-4o?api-version=2024-10-21", "azure"),
+        ("claude", "anthropic", "", "anthropic"),
+        ("local", "openai", "http://10.0.0.5:11434/v1", ""),
+    ]:
+        saved = admin_client.post(ADD, {**FIELDS, "slug": slug, "provider": provider, "base_url": url,
+                                        "credential": credential})
+        assert saved.status_code == 302, (slug, saved.context["adminform"].form.errors)
+    assert Assistant.objects.count() == 4

@@ -53,8 +53,8 @@ def staff_with(*codenames):
 def form_fields(assistant, **changes):
     return {"name": assistant.name, "slug": assistant.slug, "active": "on", "system_prompt": assistant.system_prompt,
             "provider": assistant.provider, "model": assistant.model, "base_url": assistant.base_url,
-            "credential": assistant.credential, "greeting": "", "suggestions": "", "fallbacks": "", "access": assistant.access,
-            "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0", **changes}
+            "credential": assistant.credential, "greeting": "", "suggestions": "", "fallbacks": "",
+            "access": assistant.access, "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0", **changes}
 
 
 def keys_seen(fake):
