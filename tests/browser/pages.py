@@ -3,6 +3,7 @@ it (rendered by the real tag) and, if the test wants, the host's own stylesheet.
 served at a path of the live server by route interception, so its static files and API are the
 live server's."""
 
+import contextlib
 import json
 
 from django.template import engines
@@ -56,3 +57,22 @@ def plain_page(*widgets):
         for attrs in widgets)
     return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Plain</title></head><body><main>"
             f"{hosts}<script src=\"/static/conversations/widget.js\" defer></script></main></body></html>")
+
+
+@contextlib.contextmanager
+def admin_page(browser, live_server, viewport=None):
+    """A browser page signed in to the admin as a new superuser (a window of ``viewport``, 1280×900
+    unless given); closed on leaving."""
+    from django.contrib.auth.models import User
+
+    User.objects.create_superuser("admin", "admin@example.com", "pw-123456789")
+    context = browser.new_context(viewport=viewport or {"width": 1280, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(f"{live_server.url}/admin/login/")
+        page.fill("#id_username", "admin")
+        page.fill("#id_password", "pw-123456789")
+        page.click("input[type=submit]")
+        yield page
+    finally:
+        context.close()

@@ -9,10 +9,10 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import User
 from django.utils import timezone
 
 from conversations.models import Assistant, Conversation, Turn
+from tests.browser.pages import admin_page
 from tests.helpers import ROOT, api_post, make_client, poll_until_done
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -68,16 +68,7 @@ def test_an_assistant_the_overview_and_a_rated_turn_in_the_admin(browser, live_s
     support.system_prompt += " Always give the refund window in days."
     support.save()
     history([(support, 1.0), (shop, 0.6), (None, 0.3)], random.Random(16))
-    User.objects.create_superuser("admin", "admin@example.com", "pw-123456789")
-
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    try:
-        page.goto(f"{live_server.url}/admin/login/")
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", "pw-123456789")
-        page.click("input[type=submit]")
-
+    with admin_page(browser, live_server) as page:
         page.goto(f"{live_server.url}/admin/conversations/assistant/{support.pk}/change/")
         assert page.locator("#id_tools input[value=search_faq]").is_checked()
         assert page.locator("#id_credential").input_value() == "support-key"
@@ -96,5 +87,3 @@ def test_an_assistant_the_overview_and_a_rated_turn_in_the_admin(browser, live_s
         assert "Clear, and it quoted the policy." in body and "Help desk (support)" in body
         assert page.locator(".turn-rating-up").count() == 1
         shoot(page, "admin-rated-turn.png")
-    finally:
-        context.close()

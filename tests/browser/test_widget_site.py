@@ -72,30 +72,20 @@ def test_the_fallback_text_never_shows_where_the_script_runs(chat_page):
 
 
 def test_the_admins_turn_list_fits_a_1280_pixel_window(browser, live_server, worker):
-    from django.contrib.auth.models import User
-
+    from tests.browser.pages import admin_page
     from tests.helpers import make_client, poll_until_done, start_turn
 
     visitor = make_client()
     started = start_turn(visitor, "A question long enough to fill its cell, as visitors' questions do.")
     worker()
     poll_until_done(visitor, started["poll_url"])
-    User.objects.create_superuser("admin", "admin@example.com", "pw-123456789")
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    try:
-        page.goto(f"{live_server.url}/admin/login/")
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", "pw-123456789")
-        page.click("input[type=submit]")
+    with admin_page(browser, live_server) as page:
         page.goto(f"{live_server.url}/admin/conversations/turn/")
         columns = page.locator("#result_list thead th").count()
         widths = page.evaluate("""() => { const results = document.querySelector('#changelist .results');
             const table = document.querySelector('#result_list');
             return {scroll: results.scrollWidth, client: results.clientWidth,
                     right: table.getBoundingClientRect().right, page: document.documentElement.scrollWidth}; }""")
-    finally:
-        context.close()
 
     assert columns == 14
     assert widths["scroll"] <= widths["client"], widths  # nothing cut off or scrolled sideways
