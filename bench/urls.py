@@ -14,7 +14,7 @@ from django.http import HttpResponse
 from django.urls import include, path
 
 from bench.bare import bare_enqueue
-from conversations import state
+from conversations.infra import state
 from conversations.api.views import public_state
 
 

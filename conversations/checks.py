@@ -13,7 +13,7 @@ from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from .conf import get_config, unknown_keys
-from .network import describe_redis_error, endpoint, redis_endpoint
+from .infra.network import describe_redis_error, endpoint, redis_endpoint
 
 
 # Seconds the widget keeps polling past JOB_TIMEOUT (its data-give-up-margin default).
@@ -124,7 +124,7 @@ def clock_errors(cfg):
 
 def _final_writing_worker(worker_class):
     """Whether the configured RQ worker class is (a subclass of) ours."""
-    from .worker import Worker
+    from .engine.worker import Worker
 
     try:
         cls = import_string(worker_class) if isinstance(worker_class, str) else worker_class
@@ -198,7 +198,7 @@ def _check_fallbacks(cfg):
     """Each FALLBACKS entry names a provider that loads, with keys the chain knows and a credential
     that ``CREDENTIALS`` has (its ``env:`` variable is ``conversations.W040``'s); the reserve kept
     for the next provider lets a call start (conversations.E013, E014)."""
-    from .fallback import ENTRY_KEYS
+    from .providers.chain import ENTRY_KEYS
     from .providers import get_provider_class
 
     errors = []
@@ -412,7 +412,7 @@ def _check_credentials(cfg):
 
 def _check_prices(cfg):
     """Each price is a decimal number of the site's currency per million tokens, input and output."""
-    from .costs import price_problem
+    from .core.pricing import price_problem
 
     return [Error(f"PRICES[{model!r}] {problem}.",
                   hint='Write {"model-name": {"input": "0.15", "output": "0.60"}}: prices per million tokens, '

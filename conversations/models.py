@@ -8,7 +8,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from .types import Outcome
+from .core.types import Outcome
 
 
 class Assistant(models.Model):

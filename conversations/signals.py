@@ -14,10 +14,10 @@ from django.dispatch import receiver
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import state
+from .infra import state
 from .conf import get_config
 from .models import Conversation, Turn
-from .network import describe_redis_error
+from .infra.network import describe_redis_error
 from .owners import SESSION_KEY
 
 logger = logging.getLogger("conversations.redis")

@@ -13,12 +13,12 @@ import logging
 
 import pytest
 
-from conversations.budget import Budget, BudgetExhausted, TurnClock
-from conversations.http import SKIPPED_MESSAGE, BudgetedHTTP, CallFailed, Response, parse_retry_after
+from conversations.core.budget import Budget, BudgetExhausted, TurnClock
+from conversations.infra.http import SKIPPED_MESSAGE, BudgetedHTTP, CallFailed, Response, parse_retry_after
 from conversations.models import CallRecord, Conversation, Message, Turn
 from conversations.providers import BaseProvider
-from conversations.runner import TurnRunner, deadline_message
-from conversations.types import ModelReply, ToolCall
+from conversations.engine.runner import TurnRunner, deadline_message
+from conversations.core.types import ModelReply, ToolCall
 from tests.helpers import FakeClock
 
 

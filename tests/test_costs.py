@@ -14,7 +14,7 @@ from django.db import connections
 from django.utils import timezone
 
 from conversations.models import Turn
-from conversations.resume import gave_up_message
+from conversations.engine.recovery import gave_up_message
 from tests.fakes import FakeProvider, hang, openai_text, openai_tool_calls
 from tests.helpers import make_client, poll_until_done, start_turn
 

@@ -4,14 +4,14 @@ results, and otherwise says what it is and what to try."""
 
 import pytest
 
-from conversations.budget import Budget
+from conversations.core.budget import Budget
 from conversations.conf import DEFAULTS
 from django.urls import reverse
 
 from conversations.models import CallRecord, Message, Turn
 from conversations.providers.demo import DemoProvider
 from conversations.tools import load_tools
-from conversations.types import ChatMessage
+from conversations.core.types import ChatMessage
 from tests.helpers import FAST, make_client, poll_until_done, start_turn
 from tests.fake_wire import run_turn_here
 

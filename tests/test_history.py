@@ -5,8 +5,8 @@ import pytest
 
 from conversations.models import Conversation
 from conversations.providers.anthropic import AnthropicProvider
-from conversations.history import trim_history
-from conversations.types import ChatMessage, ToolCall
+from conversations.core.history import trim_history
+from conversations.core.types import ChatMessage, ToolCall
 from tests.fake_wire import anthropic_message, run_turn_here
 from tests.fakes import FakeProvider, openai_text, openai_tool_calls
 

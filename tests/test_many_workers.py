@@ -16,7 +16,7 @@ from rq.command import send_kill_horse_command
 from rq.job import Job
 from rq.registry import FailedJobRegistry
 
-from conversations import jobs, turns
+from conversations.engine import job as jobs, lifecycle as turns
 from conversations.models import Turn
 from tests.helpers import ROOT, make_client, poll_until_done, start_turn, worker_env
 from tests.fakes import FakeProvider, hang, openai_text

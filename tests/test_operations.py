@@ -14,7 +14,8 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 from rq.job import Job
 
-from conversations import jobs, state, turns
+from conversations.engine import job as jobs, lifecycle as turns
+from conversations.infra import state
 from conversations.models import Turn
 from tests.fakes import FakeProvider, openai_text
 from tests.helpers import make_client, start_turn
@@ -181,9 +182,9 @@ def test_each_provider_call_logs_a_json_line_an_operator_can_filter(caplog):
     skipped call into one JSON object carrying the turn id, attempt, timeout, time left and outcome."""
     import json
 
-    from conversations.budget import Budget, BudgetExhausted
+    from conversations.core.budget import Budget, BudgetExhausted
     from conversations.conf import get_config
-    from conversations.http import BudgetedHTTP
+    from conversations.infra.http import BudgetedHTTP
     from conversations.log import JsonFormatter
     from tests.fakes import FakeProvider, Reply, openai_text
 

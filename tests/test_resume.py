@@ -14,9 +14,9 @@ import pytest
 from django.core.cache import cache
 from django.db import connections
 
-from conversations import turns
+from conversations.engine import lifecycle as turns
 from conversations.models import CallRecord, Message, Turn
-from conversations.resume import gave_up_message, resume_or_fail
+from conversations.engine.recovery import gave_up_message, resume_or_fail
 from conversations.tools import tool
 from tests.fakes import FakeProvider, hang, openai_text, openai_tool_calls
 from tests.helpers import Poller, at_once, make_client, poll_until_done, start_turn
@@ -220,7 +220,7 @@ def test_two_places_noticing_one_death_start_one_continuation(resuming):
 
 
 def test_a_continuation_that_finds_its_turn_finished_does_nothing(resuming):
-    from conversations.jobs import enqueue_continuation
+    from conversations.engine.job import enqueue_continuation
 
     fake = resuming
     client = make_client()
@@ -278,7 +278,7 @@ def dead_running_turn(client, content, *, seconds_left=14):
 
 
 def test_of_two_copies_of_a_dead_turn_only_the_first_to_continue_it_starts_a_job(resuming):
-    from conversations.resume import continue_turn
+    from conversations.engine.recovery import continue_turn
 
     started = dead_running_turn(make_client(), "Once only")
     # Two places loaded the turn before either continued it: the second must find it taken.
@@ -321,7 +321,7 @@ def test_a_continuation_runs_on_what_is_left_of_the_turns_deadline_not_a_fresh_j
 
     from rq.job import Job
 
-    from conversations.endings import deadline_message
+    from conversations.core.sentences import deadline_message
     from conversations.providers import ProviderError
 
     fake = resuming

@@ -24,11 +24,12 @@ from django.core.cache import cache
 from django.db import connections
 from rq.job import Job, JobStatus
 
-from conversations import state
-from conversations.jobs import timeout_message
+import conversations.worker
+from conversations.infra import state
+from conversations.engine.job import timeout_message
 from conversations.models import CallRecord, Message, Turn
 from conversations.providers import BaseProvider, ProviderError
-from conversations.turns import crashed_message
+from conversations.engine.lifecycle import crashed_message
 from tests.helpers import Poller, make_client, start_turn
 from tests.fakes import FakeProvider, hang
 
@@ -123,7 +124,7 @@ def test_sigkilled_work_horse_still_ends_the_turn(conversations_settings):
         summary = start_turn(client, "Still there?")
         connections.close_all()  # the horse must not share the test's database socket
         worker = django_rq.get_worker("default")
-        assert type(worker).__module__ == "conversations.worker"
+        assert type(worker) is conversations.worker.Worker  # the class the site names in RQ["WORKER_CLASS"]
         with Poller(client, summary["poll_url"]) as poller:
             killer = kill_horse_when_called(worker, fake)
             started = time.monotonic()

@@ -7,12 +7,12 @@ from typing import Literal, Optional
 import pytest
 from django.contrib.auth import get_user_model
 
-from conversations.budget import TurnClock
+from conversations.core.budget import TurnClock
 from conversations.conf import get_config
 from conversations.models import Conversation, Message, Turn
-from conversations.runner import TurnRunner
+from conversations.engine.runner import TurnRunner
 from conversations.tools import InvalidArguments, ToolContext, load_tools, run_tool, tool, validate_arguments
-from conversations.types import ModelReply, ToolCall
+from conversations.core.types import ModelReply, ToolCall
 
 
 def schema(t):

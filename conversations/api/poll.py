@@ -14,7 +14,8 @@ from rest_framework.permissions import AllowAny
 from rest_framework.utils import encoders
 from rest_framework.views import APIView
 
-from .. import state, turns
+from ..infra import state
+from ..engine import lifecycle as turns
 from ..conf import get_config
 from ..models import Turn
 from ..owners import owner_matches, owner_token, owns_state, stamp_matches

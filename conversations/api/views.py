@@ -16,9 +16,11 @@ from rest_framework.exceptions import APIException, NotFound, PermissionDenied, 
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import assistants, limits, state, turns
+from .. import assistants
+from ..engine import limits, lifecycle as turns
+from ..infra import state
 from ..models import Conversation, Message, Turn
-from ..network import describe_redis_error
+from ..infra.network import describe_redis_error
 from ..owners import owned_filter, owner_token
 from . import serializers
 from .authentication import CsrfSessionAuthentication

@@ -7,8 +7,8 @@ results travel as ``tool_result`` blocks in a user message, and the first messag
 user's.
 """
 
-from ..streaming import AnthropicStream
-from ..types import ModelReply, ToolCall, Usage
+from ..core.streaming import AnthropicStream
+from ..core.types import ModelReply, ToolCall, Usage
 from .base import BaseProvider, ProviderError, names_unknown_model, redact
 
 API_VERSION = "2023-06-01"

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from django.utils.translation import gettext_lazy as _
 
-from ..http import CallCancelled, CallFailed, PartialReply
-from ..types import Outcome
+from ..infra.http import CallCancelled, CallFailed, PartialReply
+from ..core.types import Outcome
 
 logger = logging.getLogger("conversations.providers")
 

@@ -15,8 +15,8 @@ import time
 
 from django.utils.translation import gettext as _
 
-from ..http import CallCancelled
-from ..types import ModelReply, Outcome, ToolCall, Usage, record_call
+from ..infra.http import CallCancelled
+from ..core.types import ModelReply, Outcome, ToolCall, Usage, record_call
 from .base import BaseProvider
 
 CITIES = ("london", "paris", "madrid", "new york", "tokyo", "sydney", "berlin", "buenos aires", "mexico city",

@@ -10,8 +10,8 @@ or in ``api-key`` for Azure (an Azure host, or a URL with ``api-version``).
 import json
 from urllib.parse import urlsplit
 
-from ..streaming import OpenAIStream
-from ..types import ModelReply, ToolCall, Usage
+from ..core.streaming import OpenAIStream
+from ..core.types import ModelReply, ToolCall, Usage
 from .base import BaseProvider, ProviderError, names_unknown_model, redact
 
 FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls", "length": "length",

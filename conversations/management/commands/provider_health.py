@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from conversations.assistants import chains
 from conversations.conf import get_config
-from conversations.fallback import provider_health
+from conversations.providers.chain import provider_health
 
 
 class Command(BaseCommand):
@@ -20,7 +20,7 @@ class Command(BaseCommand):
             "host it calls (exit status 1 when a circuit is open).")
 
     def handle(self, *args, **options):
-        from conversations.jobs import get_queue
+        from conversations.engine.job import get_queue
 
         any_open = False
         health = provider_health(get_config(), get_queue().connection, chains())

@@ -25,8 +25,8 @@ from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from conversations import jobs, turns
-from conversations.resume import resume_or_fail
+from conversations.engine import job as jobs, lifecycle as turns
+from conversations.engine.recovery import resume_or_fail
 from conversations.conf import get_config
 from conversations.models import Turn
 

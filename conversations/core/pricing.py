@@ -10,7 +10,7 @@ counts those turns apart rather than as free.
 
 from decimal import Decimal, InvalidOperation
 
-from .conf import get_config
+from ..conf import get_config
 
 MILLION = Decimal(1_000_000)
 # A cost is kept to 1e-8 of the currency unit: one token of the cheapest models costs ~1e-8.
@@ -60,7 +60,7 @@ def turn_cost(model, input_tokens, output_tokens, prices=None):
 def save_cost(turn):
     """Compute and store ``turn``'s cost from its row's model and tokens (for final writes made
     outside the job, where the runner did not compute it). Returns the cost or None."""
-    from .models import Turn
+    from ..models import Turn
 
     turn.cost = turn_cost(turn.model, turn.input_tokens, turn.output_tokens)
     if turn.cost is not None:

@@ -17,16 +17,24 @@ from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import assistants, costs, state
-from .budget import BudgetExhausted
-from .endings import cut_short_message, deadline_message, empty_reply_message, length_message, step_limit_message
-from .fallback import ProviderChain, build_provider
-from .http import CallCancelled, ensure_call_budget
-from .models import CallRecord, Conversation, Message, Turn
-from .providers import ProviderError, call_complete
-from .history import chat_message, trim_history, unfinished_step
-from .tools import ToolContext, interrupted_result, load_tools, run_tool
-from .types import ChatMessage, Outcome, ToolResult, record_call
+from .. import assistants
+from ..core import pricing as costs
+from ..infra import state
+from ..core.budget import BudgetExhausted
+from ..core.sentences import (
+    cut_short_message,
+    deadline_message,
+    empty_reply_message,
+    length_message,
+    step_limit_message,
+)
+from ..providers.chain import ProviderChain, build_provider
+from ..infra.http import CallCancelled, ensure_call_budget
+from ..models import CallRecord, Conversation, Message, Turn
+from ..providers import ProviderError, call_complete
+from ..core.history import chat_message, trim_history, unfinished_step
+from ..tools import ToolContext, interrupted_result, load_tools, run_tool
+from ..core.types import ChatMessage, Outcome, ToolResult, record_call
 
 logger = logging.getLogger("conversations.runner")
 
@@ -187,7 +195,7 @@ class TurnRunner:
     def cancelled(self):
         """Whether a call in flight must be shut (checked by its watchdog): on a Stop, or when the
         worker shuts down and the turn can be handed over (else the call is let finish here)."""
-        from .resume import can_hand_over
+        from .recovery import can_hand_over
 
         asked = self.stop_requested()
         return asked == "cancel" or (asked == "handoff" and can_hand_over(self.turn, self.config))
@@ -336,7 +344,7 @@ class TurnRunner:
             return None
         if asked == "cancel":
             return Turn.Status.CANCELLED, None
-        from .resume import continue_turn
+        from .recovery import continue_turn
 
         if continue_turn(self.turn, "its worker shut down", from_job_id=self.turn.job_id):
             return None, None

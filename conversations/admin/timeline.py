@@ -11,15 +11,15 @@ from redis.exceptions import RedisError
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
-from . import jobs
-from .conf import get_config
-from .models import CallRecord, Turn
+from ..engine import job as jobs
+from ..conf import get_config
+from ..models import CallRecord, Turn
 
 
 def redact(text):
     """``text`` with every API key the site knows blanked out, should a provider have echoed one
     back: the site's own, its fallbacks' and each of its credentials' (``assistants``)."""
-    from .assistants import credential_values
+    from ..assistants import credential_values
 
     text = "" if text is None else str(text)
     cfg = get_config()

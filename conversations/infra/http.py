@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 import requests
 from urllib3 import exceptions as urllib3_exceptions
 
-from .budget import BudgetExhausted
+from ..core.budget import BudgetExhausted
 from .network import failed_endpoint, os_reason
-from .streaming import EventDecoder, StreamError
-from .types import Outcome, record_call
+from ..core.streaming import EventDecoder, StreamError
+from ..core.types import Outcome, record_call
 from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND, Watchdog, environment_settings, new_session, stop_requested
 
 logger = logging.getLogger("conversations.http")

@@ -23,8 +23,8 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from redis.exceptions import LockError
 
-from .conf import get_config
-from .models import Turn
+from ..conf import get_config
+from ..models import Turn
 
 
 @dataclass
@@ -112,7 +112,7 @@ class AddressTurns:
 
     @property
     def _redis(self):
-        from .jobs import get_queue  # the queue's Redis: always there, whatever the cache is
+        from .job import get_queue  # the queue's Redis: always there, whatever the cache is
 
         return get_queue().connection
 

@@ -14,9 +14,12 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 
-from . import assistants, costs, jobs, state
-from .conf import get_config
-from .models import Conversation, Message, Turn
+from .. import assistants
+from ..core import pricing as costs
+from . import job as jobs
+from ..infra import state
+from ..conf import get_config
+from ..models import Conversation, Message, Turn
 
 logger = logging.getLogger("conversations.turns")
 
@@ -274,7 +277,7 @@ def repair(turn):
     problem = jobs.job_problem(turn)
     if problem is None:
         return None
-    from .resume import resume_or_fail
+    from .recovery import resume_or_fail
 
     logger.error("Turn %s repaired: %s", turn.id, problem)
     return resume_or_fail(turn, problem, dead_job_id=turn.job_id)

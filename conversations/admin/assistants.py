@@ -19,9 +19,9 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from .assistants import CHAIN_KEYS, registered_tools
-from .conf import get_config
-from .models import Assistant, AssistantVersion, Message, Turn
+from ..assistants import CHAIN_KEYS, registered_tools
+from ..conf import get_config
+from ..models import Assistant, AssistantVersion, Message, Turn
 from .overview import overview
 from .timeline import seconds
 

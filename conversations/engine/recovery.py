@@ -16,9 +16,10 @@ import math
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from . import jobs, state
-from .conf import get_config
-from .models import CallRecord, Turn
+from . import job as jobs
+from ..infra import state
+from ..conf import get_config
+from ..models import CallRecord, Turn
 
 logger = logging.getLogger("conversations.resume")
 
@@ -84,7 +85,7 @@ def resume_or_fail(turn, cause, *, dead_job_id=None):
     continue a running turn (``continue_turn``) or, when it may not be continued, end it as
     before — ``cancelled`` if it was asked to stop, else ``failed``. Returns the published
     state, or None when another caller continued or ended it first."""
-    from .turns import finalize
+    from .lifecycle import finalize
 
     turn.refresh_from_db()
     dead = dead_job_id or turn.job_id

@@ -16,8 +16,8 @@ from importlib import import_module
 from django.conf import settings
 from django.core.cache import caches
 
-from .conf import get_config
-from .owners import auth_stamp_key
+from ..conf import get_config
+from ..owners import auth_stamp_key
 
 
 def _cache():

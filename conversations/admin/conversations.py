@@ -28,10 +28,10 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 from redis.exceptions import RedisError
 
-from . import turns
-from .models import Conversation, Message, Turn
-from .admin_filters import NearDeadlineFilter, QueueFilter, RatingFilter
-from .assistant_admin import TurnAssistantColumns
+from ..engine import lifecycle as turns
+from ..models import Conversation, Message, Turn
+from .filters import NearDeadlineFilter, QueueFilter, RatingFilter
+from .assistants import TurnAssistantColumns
 from .timeline import job_status, owner_label, redact, seconds, turn_page
 
 # -- operations ----------------------------------------------------------------------------
@@ -272,10 +272,10 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
     def changelist_view(self, request, extra_context=None):
         """The turn list, headed by the circuit breaker of each provider of the site's chain and of
         the active assistants' (``manage.py provider_health``)."""
-        from .assistants import chains
-        from .conf import get_config
-        from .fallback import provider_health
-        from .jobs import get_queue
+        from ..assistants import chains
+        from ..conf import get_config
+        from ..providers.chain import provider_health
+        from ..engine.job import get_queue
 
         try:
             health = provider_health(get_config(), get_queue().connection, chains())

@@ -19,12 +19,12 @@ kept as it is, never asked again of another provider.
 
 import logging
 
-from .breaker import CircuitBreaker, provider_key
-from .budget import Budget, BudgetExhausted
-from .http import BudgetedHTTP
-from .network import endpoint
-from .providers import BaseProvider, ProviderError, call_complete, get_provider_class
-from .types import Outcome, record_call
+from ..infra.breaker import CircuitBreaker, provider_key
+from ..core.budget import Budget, BudgetExhausted
+from ..infra.http import BudgetedHTTP
+from ..infra.network import endpoint
+from . import BaseProvider, ProviderError, call_complete, get_provider_class
+from ..core.types import Outcome, record_call
 
 logger = logging.getLogger("conversations.fallback")
 
@@ -144,7 +144,7 @@ def build_provider(config, budget, *, recorder, cancelled, turn_id):
         http = BudgetedHTTP(budget, config, recorder=recorder, turn_id=turn_id, cancelled=cancelled)
         http.provider = cls.name
         return cls(config, http=http, budget=budget), [http]
-    from .jobs import get_queue
+    from ..engine.job import get_queue
 
     connection = get_queue().connection
     links = [Link(entry, budget, recorder=recorder, cancelled=cancelled, turn_id=turn_id, connection=connection,
