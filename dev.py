@@ -209,18 +209,23 @@ def demo(argv):
         stop(children)
 
 
-def ensure_chromium():
-    """The widget tests drive Debian's chromium package; install it when missing and allowed."""
-    if shutil.which("chromium") or os.environ.get("CHROMIUM_PATH"):
+def ensure_debian_packages():
+    """The widget tests drive Debian's chromium, and the translation test reads the catalogue with
+    GNU gettext's msgattrib: install what is missing when allowed (as root, with apt-get)."""
+    wanted = {"chromium": "chromium", "msgattrib": "gettext"}
+    missing = [package for command, package in wanted.items() if not shutil.which(command)]
+    if os.environ.get("CHROMIUM_PATH") and "chromium" in missing:
+        missing.remove("chromium")
+    if not missing:
         return
     if shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0:
-        say("installing Debian's chromium for the browser tests")
+        say(f"installing Debian's {' and '.join(missing)} for the tests")
         quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
-        if subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], **quiet).returncode != 0:
+        if subprocess.run(["apt-get", "install", "-y", "-q", *missing], **quiet).returncode != 0:
             subprocess.run(["apt-get", "update", "-q"], **quiet)
-            subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], **quiet, check=True)
+            subprocess.run(["apt-get", "install", "-y", "-q", *missing], **quiet, check=True)
     else:
-        say("chromium is not installed (sudo apt-get install chromium): the browser tests will fail")
+        say(f"{' and '.join(missing)} not installed (sudo apt-get install {' '.join(missing)}): some tests will fail")
 
 
 def postgres_url():
@@ -268,7 +273,7 @@ def run_suite(argv, only, *, newest):
         python = ensure_venv(NEWEST_VENV, base)
     else:
         python = ensure_venv()
-    ensure_chromium()
+    ensure_debian_packages()
     children = []
     env = dict(os.environ)
     tmp = Path(tempfile.mkdtemp(prefix="conversations-test-"))

@@ -19,15 +19,17 @@ the site's, ``[]`` has none); each names a credential too.
 import hashlib
 import json
 import logging
-import os
 
 from django.utils.translation import gettext as _
 
 from .conf import get_config
+from .endpoints import (
+    CredentialError, bind_settings_key, endpoint_origin, endpoint_problem, origin_allowed,
+    provider_problem, resolve_credential,
+)
 
 logger = logging.getLogger("conversations.assistants")
 
-ENV_PREFIX = "env:"
 # The keys of an entry of ``Assistant.fallbacks``; upper-cased, those of a ``FALLBACKS`` entry.
 CHAIN_KEYS = ("provider", "model", "base_url", "credential")
 
@@ -37,18 +39,27 @@ LIMITS = {"max_steps": "MAX_STEPS", "max_tokens": "MAX_TOKENS", "call_timeout": 
 
 
 class NotSetUp(Exception):
-    """A turn's assistant cannot answer it; ``message`` is the sentence the visitor is shown."""
+    """A turn's assistant cannot answer it. ``message`` is the sentence the visitor is shown, the
+    same whatever broke; ``reason`` says what (a provider that cannot be imported, a credential
+    or tool by name), for the operator only: the log and the admin's timeline, where it is
+    recorded after ``kind``."""
+
+    kind = "not set up"
 
     def __init__(self, assistant, reason):
         self.reason = reason
-        self.message = _("The assistant “%(name)s” is not set up correctly: %(reason)s") % {
-            "name": assistant.name, "reason": reason}
+        self.message = not_set_up_message(assistant)
         super().__init__(f"{assistant.slug}: {reason}")
+
+
+def not_set_up_message(assistant):
+    return _("The assistant “%(name)s” is not set up correctly, so it cannot answer right now.") % {
+        "name": assistant.name}
 
 
 class Inactive(NotSetUp):
     def __init__(self, assistant):
-        super().__init__(assistant, "")
+        super().__init__(assistant, "it is switched off (not active)")
         self.message = _("The assistant “%(name)s” is no longer available. Please start a new conversation.") % {
             "name": assistant.name}
 
@@ -56,6 +67,8 @@ class Inactive(NotSetUp):
 class NoAccess(NotSetUp):
     """The turn's owner may no longer chat with its assistant (``Assistant.allows``): their
     access was taken away after the conversation started."""
+
+    kind = "refused"
 
     def __init__(self, assistant):
         super().__init__(assistant, "the owner may not use it")
@@ -86,46 +99,39 @@ def chain_settings(fallbacks):
     them), so that the web process never fails on a chain saved before it broke."""
     if not isinstance(fallbacks, list):
         return ()
-    return tuple({key.upper(): entry[key] for key in CHAIN_KEYS if entry.get(key)} for entry in fallbacks
+    return tuple({**{key.upper(): entry[key] for key in CHAIN_KEYS if entry.get(key)},
+                  "ADMIN_ENDPOINT": bool(entry.get("base_url"))}  # its connections are checked (endpoints)
+                 for entry in fallbacks
                  if isinstance(entry, dict) and entry.get("provider") and isinstance(entry["provider"], str))
 
 
 def settings_for(assistant, cfg=None):
     """The configuration a turn of ``assistant`` runs with, before its credential and tools are
-    resolved; the site's (``cfg``, by default ``get_config()``) for None."""
+    resolved; the site's (``cfg``, by default ``get_config()``) for None. An assistant with no
+    endpoint of its own and the site's provider calls the site's ``BASE_URL`` (a site on a
+    gateway, Azure or a local model never sends its turns to the vendor's default host)."""
     cfg = get_config() if cfg is None else cfg
-    return cfg if assistant is None else {**cfg, **overrides(assistant)}
+    if assistant is None:
+        return cfg
+    values = overrides(assistant)
+    if not values["BASE_URL"] and values["PROVIDER"] == cfg["PROVIDER"]:
+        values["BASE_URL"] = cfg["BASE_URL"]
+    return {**cfg, **values}
+
+
+def assistant_key(assistant, config, site):
+    """The key a turn of ``assistant`` (running with ``config``) sends, bound to where it may go:
+    its credential's; else the site's ``API_KEY``, only when its endpoint has the site's origin
+    (an endpoint of its own never gets the site's key); else none. Raises ``CredentialError``."""
+    if assistant.credential:
+        return resolve_credential(assistant.credential, site, provider=config["PROVIDER"])
+    site_key = bind_settings_key(site)
+    if site_key and origin_allowed(endpoint_origin(config["PROVIDER"], config["BASE_URL"]), site_key.origins):
+        return site_key
+    return ""
 
 
 # -- credentials -------------------------------------------------------------------------
-
-
-class CredentialError(LookupError):
-    """A credential cannot be resolved; ``reason`` ends "The assistant … is not set up correctly: "."""
-
-    def __init__(self, reason):
-        self.reason = reason
-        super().__init__(reason)
-
-
-def resolve_credential(name, cfg=None):
-    """The API key that credential ``name`` stands for: ``CREDENTIALS[name]`` itself, or the
-    environment variable it names with ``env:`` (read now, in the process that calls). Raises
-    ``CredentialError``."""
-    credentials = (get_config() if cfg is None else cfg)["CREDENTIALS"]
-    if name not in credentials:
-        raise CredentialError(_("its credential “%(name)s” is not in the site's CREDENTIALS setting.") % {
-            "name": name})
-    value = credentials[name]
-    if isinstance(value, str) and value.startswith(ENV_PREFIX):
-        variable = value[len(ENV_PREFIX):]
-        if not os.environ.get(variable):
-            raise CredentialError(_("the environment variable %(variable)s of its credential “%(name)s” is not "
-                                    "set.") % {"variable": variable, "name": name})
-        return os.environ[variable]
-    if not isinstance(value, str) or not value:
-        raise CredentialError(_("its credential “%(name)s” is not a key.") % {"name": name})
-    return value
 
 
 def credential_values(cfg=None):
@@ -170,15 +176,23 @@ def problems(assistant, cfg=None):
 
     site = get_config() if cfg is None else cfg
     found = []
-    try:
-        cls = get_provider_class(assistant.provider)
-    except (ImportError, TypeError, ValueError) as exc:
-        found.append(("provider", _("its provider “%(provider)s” cannot be used (%(error)s).") % {
-            "provider": assistant.provider, "error": exc}))
+    refusal = provider_problem(assistant.provider, site)  # before importing anything it names
+    if refusal:
+        found.append(("provider", refusal))
     else:
-        refusal = cls.check_model(assistant.model)
+        try:
+            cls = get_provider_class(assistant.provider)
+        except (ImportError, TypeError, ValueError) as exc:
+            found.append(("provider", _("its provider “%(provider)s” cannot be used (%(error)s).") % {
+                "provider": assistant.provider, "error": exc}))
+        else:
+            refusal = cls.check_model(assistant.model)
+            if refusal:
+                found.append(("model", str(refusal)))
+    if assistant.base_url:
+        refusal = endpoint_problem(assistant.base_url, site)
         if refusal:
-            found.append(("model", str(refusal)))
+            found.append(("base_url", refusal))
     if not isinstance(assistant.tools, list) or not all(isinstance(name, str) for name in assistant.tools):
         found.append(("tools", _("its tools must be a list of tool names.")))
     else:
@@ -191,10 +205,10 @@ def problems(assistant, cfg=None):
             found.append(("tools", _("its tools %(tools)s are not among the site's registered tools.") % {
                 "tools": ", ".join(f"“{name}”" for name in missing)}))
     if assistant.credential:
-        try:
-            resolve_credential(assistant.credential, site)
-        except CredentialError as exc:
-            found.append(("credential", exc.reason))
+        config = settings_for(assistant, site)
+        reason = credential_problem(assistant.credential, config["PROVIDER"], config["BASE_URL"], site)
+        if reason:
+            found.append(("credential", reason))
     limit = max_prompt_chars(site)
     if len(assistant.system_prompt or "") > limit:
         found.append(("system_prompt", _("its system prompt has %(length)d characters; at most %(limit)d (half of "
@@ -215,6 +229,21 @@ def problems(assistant, cfg=None):
     if assistant.fallbacks:  # an inherited chain's reserve is the site's check (conversations.E014)
         found += [("fallbacks", error.msg) for error in reserve_errors(clocks)]
     return found
+
+
+def credential_problem(name, provider, base_url, site):
+    """Why credential ``name`` cannot be sent with calls of ``provider`` to ``base_url`` (its
+    default when empty): it cannot be read here, or ``CREDENTIALS`` does not bind it to that
+    origin (the worker would refuse to send it, ``endpoints.check_key``). None when it can."""
+    try:
+        key = resolve_credential(name, site, provider=provider)
+    except CredentialError as exc:
+        return exc.reason
+    target = endpoint_origin(provider, base_url)
+    if target and not origin_allowed(target, key.origins):  # no origin: a provider that calls nothing (demo)
+        return _("its credential “%(name)s” may not be sent to %(origin)s: CREDENTIALS binds it to %(origins)s.") % {
+            "name": name, "origin": target, "origins": ", ".join(key.origins) or "—"}
+    return None
 
 
 def chain_problems(fallbacks, site):
@@ -244,6 +273,9 @@ def chain_problems(fallbacks, site):
             continue
         if not entry.get("provider"):
             found.append(_("its fallback %(number)d names no provider.") % {"number": number})
+        elif provider_problem(entry["provider"], site):
+            found.append(_("in its fallback %(number)d, %(reason)s") % {
+                "number": number, "reason": provider_problem(entry["provider"], site)})
         else:
             try:
                 refusal = get_provider_class(entry["provider"]).check_model(entry.get("model", ""))
@@ -259,11 +291,14 @@ def chain_problems(fallbacks, site):
             except ValidationError:
                 found.append(_("its fallback %(number)d has an endpoint that is not a URL: “%(url)s”.") % {
                     "number": number, "url": entry["base_url"]})
-        if entry.get("credential"):
-            try:
-                resolve_credential(entry["credential"], site)
-            except CredentialError as exc:
-                found.append(_("in its fallback %(number)d, %(reason)s") % {"number": number, "reason": exc.reason})
+            else:
+                refusal = endpoint_problem(entry["base_url"], site)
+                if refusal:
+                    found.append(_("in its fallback %(number)d, %(reason)s") % {"number": number, "reason": refusal})
+        if entry.get("credential") and entry.get("provider"):
+            reason = credential_problem(entry["credential"], entry["provider"], entry.get("base_url", ""), site)
+            if reason:
+                found.append(_("in its fallback %(number)d, %(reason)s") % {"number": number, "reason": reason})
     return found
 
 
@@ -322,8 +357,8 @@ def config_for_turn(turn, cfg=None):
     config = settings_for(assistant, site)
     tools = registered_tools(site)
     config["TOOLS"] = tuple(tools[name] for name in assistant.tools)
-    if assistant.credential:
-        config["API_KEY"] = resolve_credential(assistant.credential, site)
+    config["API_KEY"] = assistant_key(assistant, config, site)
+    config["ADMIN_ENDPOINT"] = bool(assistant.base_url)  # its connections are checked (endpoints)
     config["FALLBACKS"] = resolve_chain(config["FALLBACKS"], site)
     turn.assistant_version = record_version(assistant, config)
     return config
@@ -340,7 +375,8 @@ def resolve_chain(entries, cfg):
             chain.append(entry)
             continue
         try:
-            chain.append({**entry, "API_KEY": resolve_credential(entry["CREDENTIAL"], cfg)})
+            chain.append({**entry, "API_KEY": resolve_credential(entry["CREDENTIAL"], cfg,
+                                                                 provider=entry.get("PROVIDER", ""))})
         except CredentialError as exc:
             logger.error("Fallback %d (%s) left out of the chain: %s", number, entry.get("PROVIDER"), exc.reason,
                          extra={"provider": entry.get("PROVIDER")})
@@ -358,20 +394,28 @@ def chains(cfg=None):
     return [(slug, config) for slug, config in configs if config["FALLBACKS"]]
 
 
-# ProviderError codes that mean the assistant's configuration is wrong, and the reason to give.
-def _setup_reasons():
-    return {
-        "auth": _("the AI service rejected its credentials."),
-        "unknown_model": _("the AI service does not know its model “%(model)s”."),
-        "stream_refused": _("the AI service would not stream its answer."),
-        "redirected": _("its endpoint answered with a redirect, which is not followed."),
-    }
+# ProviderError codes that mean the assistant's configuration is wrong.
+SETUP_CODES = frozenset({"auth", "unknown_model", "stream_refused", "redirected", "key_not_bound",
+                         "endpoint_refused"})
+
+
+def has_own_endpoint(assistant):
+    """Whether ``assistant`` calls an endpoint set in the admin (its own, or a fallback's)."""
+    fallbacks = assistant.fallbacks if isinstance(assistant.fallbacks, list) else []
+    return bool(assistant.base_url) or any(isinstance(e, dict) and e.get("base_url") for e in fallbacks)
 
 
 def provider_error_message(turn, error):
-    """The sentence a turn ending with ``error`` (a ``ProviderError``) shows: the provider's own,
-    or, for a configuration the service refused, one naming the turn's assistant."""
-    reason = _setup_reasons().get(error.code)
-    if turn.assistant_id is None or reason is None:
+    """The sentence a turn ending with ``error`` (a ``ProviderError``) shows: the provider's own;
+    for a configuration the service refused, one naming the turn's assistant; and one sentence
+    for every failure of an endpoint set in the admin, so that the answers cannot tell a 401
+    from a 404, a refused connection or a time-out (a port and status oracle). The error's
+    detail is in the log and the timeline."""
+    if turn.assistant_id is None:
         return error.message
-    return NotSetUp(turn.assistant, reason % {"model": turn.model}).message
+    if has_own_endpoint(turn.assistant):
+        return _("The assistant “%(name)s” could not answer. Please try again later.") % {
+            "name": turn.assistant.name}
+    if error.code in SETUP_CODES:
+        return not_set_up_message(turn.assistant)
+    return error.message

@@ -6,14 +6,13 @@ framework (``manage.py check``, ``runserver``, ``rqworker``); it returns a list 
 """
 
 import os
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from .conf import get_config, unknown_keys
-from .infra.network import describe_redis_error, endpoint, redis_endpoint
+from .infra.network import describe_redis_error, redis_endpoint
 
 
 # Seconds the widget keeps polling past JOB_TIMEOUT (its data-give-up-margin default).
@@ -40,7 +39,7 @@ def check_config(app_configs=None, **kwargs):
             id="conversations.E007"))
     errors += _check_provider(cfg) + _check_environment(cfg) + _check_fallbacks(cfg) + _check_tools(cfg)
     errors += _check_rates(cfg)
-    errors += _check_credentials(cfg) + _check_prices(cfg)
+    errors += _check_credentials(cfg) + _check_prices(cfg) + _check_allowed_endpoints(cfg)
     if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
         errors.append(Warning(
             "LoginRequiredMiddleware is on but CONVERSATIONS['LOGIN_REQUIRED'] is not: the chat API is exempt from "
@@ -160,7 +159,7 @@ def _check_environment(cfg):
     the operator named, and the visitor reads "could not reach the AI service". The settings
     win, so this only warns: it is silenced where a site overrides the environment on purpose.
     The message names keys and hosts, never a key's value."""
-    from .providers import get_provider_class
+    from .endpoints import calls_url
 
     messages = []
     for key in PROVIDER_ENVIRONMENT:
@@ -169,11 +168,7 @@ def _check_environment(cfg):
         if not value or str(cfg[key]) == value:
             continue
         if key == "BASE_URL":
-            try:
-                default = get_provider_class(cfg["PROVIDER"]).default_base_url
-            except (ImportError, TypeError, AttributeError):
-                default = ""
-            calls = cfg["BASE_URL"] or default
+            calls = calls_url(cfg["PROVIDER"], cfg["BASE_URL"])
             said = (f"{variable} names {_host(value)}, but the turns call {_host(calls)}" if calls else
                     f"{variable} names {_host(value)}, but the settings name no endpoint")
         elif key == "API_KEY":
@@ -189,9 +184,11 @@ def _check_environment(cfg):
 
 
 def _host(url):
-    """``scheme://host:port`` of ``url``, without credentials, path or query (safe to print)."""
-    where = endpoint(url)
-    return f"{urlsplit(url).scheme}://{where}" if where else "an unreadable URL"
+    """The origin of ``url`` (``scheme://host[:port]``), as the admin's endpoint sentences and
+    ``ALLOWED_ENDPOINTS`` write it: no user, password, path or query, where keys sometimes travel."""
+    from .endpoints import origin
+
+    return origin(url) or "an unreadable URL"
 
 
 def _check_fallbacks(cfg):
@@ -392,18 +389,22 @@ def _check_keys():
 def _check_credentials(cfg):
     """A credential is a key or ``env:VARIABLE``; one whose variable is unset here is probably
     unset on the workers too (where it is read), so every turn of an assistant naming it fails."""
-    from .assistants import ENV_PREFIX
+    from .endpoints import credential_parts, credential_shape_problem, unset_variable
 
     messages = []
-    for name, value in cfg["CREDENTIALS"].items():
-        if not isinstance(value, str) or not value or value == ENV_PREFIX:
+    for name, entry in cfg["CREDENTIALS"].items():
+        problem = credential_shape_problem(entry)
+        if problem:
             messages.append(Error(
-                f"CREDENTIALS[{name!r}] must be an API key or \"env:VARIABLE\" (a non-empty string).",
-                hint='For example {"support-key": "env:SUPPORT_OPENAI_KEY"}: the key is read from that '
-                     "environment variable when a turn starts.", id="conversations.E040"))
-        elif value.startswith(ENV_PREFIX) and not os.environ.get(value[len(ENV_PREFIX):]):
+                f"CREDENTIALS[{name!r}] {problem}.",
+                hint='For example {"support-key": "env:SUPPORT_OPENAI_KEY"} (sent to its provider\'s own origin '
+                     'only) or {"gateway": {"KEY": "env:GATEWAY_KEY", "ORIGINS": ["https://gw.example.com"]}}: '
+                     "the key is read from that environment variable when a turn starts.", id="conversations.E040"))
+            continue
+        variable = unset_variable(credential_parts(entry)[0])
+        if variable:
             messages.append(Warning(
-                f"CREDENTIALS[{name!r}] reads the environment variable {value[len(ENV_PREFIX):]}, which is not set "
+                f"CREDENTIALS[{name!r}] reads the environment variable {variable}, which is not set "
                 "in this process.",
                 hint="Set it wherever workers run: every turn of an assistant that uses this credential fails "
                      "without it.", id="conversations.W040"))
@@ -419,6 +420,17 @@ def _check_prices(cfg):
                        "as decimal strings.", id="conversations.E041")
             for model, entry in cfg["PRICES"].items()
             for problem in [price_problem(entry)] if problem]
+
+
+def _check_allowed_endpoints(cfg):
+    """Each ALLOWED_ENDPOINTS entry is an origin, wildcards allowed; anything else would match
+    nothing, and the endpoint the operator meant to allow would be refused without a word."""
+    from .endpoints import origin_pattern
+
+    return [Error(f"ALLOWED_ENDPOINTS entry {entry!r} is not an origin.",
+                  hint='Write a scheme, a host and an optional port, without a path: "https://gw.example.com", '
+                       '"https://*.openai.azure.com", "http://10.0.0.5:11434".', id="conversations.E042")
+            for entry in cfg["ALLOWED_ENDPOINTS"] if not origin_pattern(entry)]
 
 
 @register(Tags.database)

@@ -37,8 +37,9 @@ DEFAULTS = {
     "FALLBACKS": [],
     "FALLBACK_RESERVE": 15,
     "FAILOVER_ON_AUTH": False,
-    # A provider failing BREAKER_FAILURES times within BREAKER_WINDOW seconds is skipped for
-    # BREAKER_COOLDOWN seconds, then probed by one call (conversations/breaker.py).
+    # A provider failing BREAKER_FAILURES times within BREAKER_WINDOW seconds (outages only, in the
+    # turns of more than one owner) is skipped for BREAKER_COOLDOWN seconds, then probed by one
+    # call (conversations/breaker.py).
     "BREAKER_FAILURES": 5,
     "BREAKER_WINDOW": 60,
     "BREAKER_COOLDOWN": 30,
@@ -49,12 +50,19 @@ DEFAULTS = {
     # STREAM_IDLE_TIMEOUT between reads (before it, a gateway may be retrying its upstream).
     "STREAM": True,
     "STREAM_IDLE_TIMEOUT": 20,
+    # The most characters one model reply may bring, streamed or not: its text, and each tool call's arguments
+    # (0 = no limit). Past it the call ends there, incomplete with the text so far, so that an
+    # endpoint streaming without end cannot fill the database, Redis and the poll responses.
+    "MAX_REPLY_CHARS": 100000,
     # Seconds between two publishes of a growing answer (each touches only the cache).
     "PUBLISH_INTERVAL": 0.25,
     "TOOL_TIMEOUT": 20,
     # Time kept back from a tool's limit for the round-trip after it.
     "TOOL_RESERVE": 5,
     "MAX_STEPS": 8,
+    # Tool calls one model reply may have run (0 = no limit); each one past it gets an error
+    # result instead of running, so that a prompt-injected reply cannot run a tool thousands of times.
+    "MAX_TOOL_CALLS_PER_STEP": 16,
     # Times a turn is continued by a new job after its work horse died or its worker shut down
     # (each within the turn's own deadline); then it ends failed as before.
     "MAX_RESUMES": 2,
@@ -105,8 +113,18 @@ DEFAULTS = {
     "LOGIN_REQUIRED": False,
     # API keys that assistants (edited in the admin, which never stores a key) and FALLBACKS entries
     # name: {name: value}, the value the key itself or "env:VARIABLE" to read it from the worker's
-    # environment.
+    # environment, sent only to its provider's default origin; or {"KEY": value, "ORIGINS": [...]}
+    # to bind it to the origins it may be sent to (a gateway, Azure; endpoints.py).
     "CREDENTIALS": {},
+    # Endpoints an assistant may be given in the admin (its own or a fallback's), besides the
+    # vendors' public origins and the site's own BASE_URL and FALLBACKS: origins, "*" matching any
+    # characters ("https://*.example.com", "http://127.0.0.1:*"). An entry whose host is written
+    # out may be at a private, loopback or link-local address (a local model); the others, like
+    # the vendors', must be at a public address, checked on the address connected to.
+    "ALLOWED_ENDPOINTS": [],
+    # Dotted paths of provider classes an assistant may name in the admin, besides "openai",
+    # "anthropic", "demo" and the site's PROVIDER and FALLBACKS providers (nothing else is imported).
+    "ALLOWED_PROVIDERS": [],
     # Prices per million tokens, by model name: {"gpt-4o-mini": {"input": "0.15", "output": "0.60"}};
     # each turn's cost is computed from them at its final write.
     "PRICES": {},
@@ -115,7 +133,7 @@ DEFAULTS = {
     "RATING_RATE_PER_IP": "60/min",
 }
 
-_LIST_KEYS = {"TOOLS"}
+_LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS"}
 _DICT_KEYS = {"CREDENTIALS", "PRICES"}
 
 

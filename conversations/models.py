@@ -68,6 +68,10 @@ class Assistant(models.Model):
         ordering = ["name"]
         verbose_name = _("assistant")
         verbose_name_plural = _("assistants")
+        # Where an assistant's calls go and with which key: more than changing what it says
+        # (assistant_admin.CONFIGURE_FIELDS are read-only without it).
+        permissions = [("configure_provider", _("Can change an assistant's provider, endpoint, credential and "
+                                                "fallbacks"))]
 
     def __str__(self):
         return self.name
@@ -205,6 +209,9 @@ class Turn(models.Model):
     tool_calls = models.PositiveIntegerField(default=0)
     input_tokens = models.PositiveIntegerField(null=True, blank=True)
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Some of the tokens are an estimate: a call ended (a Stop, a stream cut off or timed out)
+    # before the provider sent its usage, which OpenAI-compatible APIs send only at the end.
+    usage_estimated = models.BooleanField(_("usage estimated"), default=False)
     cancel_requested = models.BooleanField(default=False)
     # Times a new job continued the turn after its work horse died or its worker shut down.
     resumes = models.PositiveSmallIntegerField(default=0)

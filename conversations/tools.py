@@ -256,6 +256,13 @@ def interrupted_result(call):
                       detail="interrupted when its worker stopped; not idempotent, so not run again")
 
 
+def too_many_calls_message(limit):
+    """The result the model gets for each tool call of one reply past ``MAX_TOOL_CALLS_PER_STEP``
+    (for the model, like every tool result: not translated)."""
+    return (f"Error: this tool call was not run: one reply may ask for at most {limit} tool calls. Ask again for "
+            "what is still needed.")
+
+
 def run_tool(t, call, context, limit, max_chars):
     """Run tool ``t`` for ``call`` within ``limit`` seconds; always return a ``ToolResult``.
 

@@ -7,6 +7,7 @@ when each event left (``fake.sent_at``) and when the client closed the connectio
 (``fake.closed_at``), so tests can time what the turn did with them.
 """
 
+import itertools
 import json
 import select
 import socket
@@ -161,3 +162,9 @@ def refuses_streaming(status=400):
     """What an endpoint without streaming answers to ``stream: true`` (e.g. an old local server)."""
     return Reply(status, {"error": {"message": "stream is not supported", "type": "invalid_request_error",
                                     "param": "stream"}})
+
+
+def endless(first, again):
+    """Events for ``streaming()`` that never end: the events ``first``, then the event ``again``
+    over and over (a hostile or runaway endpoint); the server stops when the client leaves."""
+    return itertools.chain(first, itertools.repeat(again))

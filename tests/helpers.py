@@ -33,6 +33,9 @@ FAST = {
     # Every test client is 127.0.0.1, so this limit would count the whole suite as one visitor;
     # tests/test_limits.py turns it on where it is the subject.
     "MAX_ACTIVE_TURNS_PER_ADDRESS": 0,
+    # The fake providers are on 127.0.0.1: this site lets its admin point assistants there.
+    # tests/test_security_endpoints.py takes it away.
+    "ALLOWED_ENDPOINTS": ["http://127.0.0.1:*"],
 }
 
 
@@ -203,7 +206,7 @@ def worker_env(**conversations):
     else:
         env["DATABASE_URL"] = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     for key, value in {**get_config(), **conversations}.items():
-        if key == "TOOLS":
+        if key in ("TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS"):
             value = ",".join(value)
         elif key == "FALLBACKS":
             value = json.dumps([dict(entry) for entry in value])
@@ -211,6 +214,11 @@ def worker_env(**conversations):
             value = json.dumps(dict(value), default=dict)
         env[f"CONVERSATIONS_{key}"] = str(value)
     return env
+
+
+def local_key(key):
+    """A ``CREDENTIALS`` entry whose key may go to the fake providers on 127.0.0.1 (any port)."""
+    return {"KEY": key, "ORIGINS": ["http://127.0.0.1:*"]}
 
 
 # Each operation of the API: its name in test messages, and its path and method in the schema.

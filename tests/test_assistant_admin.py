@@ -53,7 +53,8 @@ def bulk_turns(assistant, specs, *, day=0):
 
 def test_the_form_offers_the_sites_tools_and_credentials_and_refuses_what_cannot_work(admin_client,
                                                                                        conversations_settings):
-    conversations_settings.update(CREDENTIALS={"support-key": "sk-1"})
+    # Listed, so that the form tries it (an unlisted path is refused before any import).
+    conversations_settings.update(CREDENTIALS={"support-key": "sk-1"}, ALLOWED_PROVIDERS=["no.such.Provider"])
     form = admin_client.get("/admin/conversations/assistant/add/").content.decode()
     assert 'value="current_time"' in form and 'value="search_faq"' in form
     assert '<option value="support-key">support-key</option>' in form
@@ -97,7 +98,8 @@ def test_the_form_sets_who_may_chat_and_refuses_a_permission_that_does_not_exist
 
 def test_the_form_refuses_a_chain_naming_an_unknown_provider_or_credential_and_saves_a_good_one(
         admin_client, conversations_settings):
-    conversations_settings.update(CREDENTIALS={"support-key": "sk-support-secret", "backup-key": "sk-backup-secret"})
+    conversations_settings.update(CREDENTIALS={"support-key": "sk-support-secret", "backup-key": "sk-backup-secret"},
+                                  ALLOWED_PROVIDERS=["no.such.Provider"])
     fields = {"name": "Support", "slug": "support", "active": "on", "system_prompt": "Be kind.", "provider": "demo",
               "model": "", "base_url": "", "credential": "", "greeting": "", "suggestions": "",
               "access": "public", "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}

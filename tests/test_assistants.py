@@ -13,7 +13,7 @@ from django.test import RequestFactory
 from conversations import assistants
 from conversations.models import Assistant, AssistantVersion, Conversation, Turn
 from tests.fakes import FakeProvider, Reply, openai_text, openai_tool_calls, unavailable
-from tests.helpers import api_post, logged_in_client, make_client, poll_until_done
+from tests.helpers import api_post, local_key, logged_in_client, make_client, poll_until_done
 
 
 def make_assistant(slug, **fields):
@@ -158,7 +158,8 @@ def test_a_visitor_who_lost_access_mid_way_gets_a_sentence_not_an_answer(worker)
     assert final["status"] == "failed"
     assert final["error"] == "The assistant “Internal” is not available to you any more."
     assert [m["role"] for m in final["messages"]] == ["user"]
-    assert not Turn.objects.get(pk=turn["id"]).calls.exists()  # the model was never asked
+    calls = Turn.objects.get(pk=turn["id"]).calls.all()  # the model was never asked; the timeline says why
+    assert [(c.outcome, c.detail) for c in calls] == [("skipped", "refused: the owner may not use it")]
 
 
 def render_for(template, user=None, path="/help/"):
@@ -213,7 +214,8 @@ def test_with_login_required_an_anonymous_page_carries_no_greeting_or_suggestion
 def test_two_assistants_on_one_page_answer_with_their_own_prompt_model_key_and_tools(
         worker, conversations_settings, monkeypatch):
     monkeypatch.setenv("TEST_SUPPORT_KEY", "sk-support-from-env")
-    conversations_settings.update(CREDENTIALS={"support-key": "env:TEST_SUPPORT_KEY", "shop-key": "sk-shop-literal"},
+    conversations_settings.update(CREDENTIALS={"support-key": local_key("env:TEST_SUPPORT_KEY"),
+                                               "shop-key": local_key("sk-shop-literal")},
                                   PRICES={"support-model": {"input": "1.00", "output": "2.00"}})
     with FakeProvider() as support_api, FakeProvider() as shop_api:
         support_api.add(openai_tool_calls(("search_faq", {"query": "refunds"})), openai_text("Within 30 days."))
@@ -287,7 +289,8 @@ def test_changing_an_assistant_makes_a_new_version_and_leaves_earlier_turns_alon
 def test_an_assistants_own_chain_answers_when_its_provider_is_down_and_leaves_the_other_assistant_alone(
         worker, conversations_settings, monkeypatch):
     monkeypatch.setenv("TEST_BACKUP_KEY", "sk-backup-from-env")
-    conversations_settings.update(CREDENTIALS={"support-key": "sk-support", "backup-key": "env:TEST_BACKUP_KEY"},
+    conversations_settings.update(CREDENTIALS={"support-key": local_key("sk-support"),
+                                               "backup-key": local_key("env:TEST_BACKUP_KEY")},
                                   FALLBACK_RESERVE=2, MAX_ATTEMPTS=1, STREAM=False, TOOLS=[])
     with FakeProvider(default=unavailable(500)) as support_api, FakeProvider() as backup_api, \
             FakeProvider() as shop_api:
@@ -331,7 +334,7 @@ def test_an_assistants_own_chain_answers_when_its_provider_is_down_and_leaves_th
 @pytest.mark.django_db
 def test_saving_refuses_what_cannot_work(conversations_settings):
     conversations_settings.update(CREDENTIALS={"ok": "sk-x", "unset": "env:TEST_NO_SUCH_VARIABLE"},
-                                  HISTORY_MAX_CHARS=100)
+                                  HISTORY_MAX_CHARS=100, ALLOWED_PROVIDERS=["no.such.Provider"])
     bad = Assistant(slug="bad", name="Bad", system_prompt="x" * 51, provider="no.such.Provider",
                     tools=["search_faq", "delete_everything"], credential="missing", job_timeout=3)
     with pytest.raises(ValidationError) as refused:
@@ -360,7 +363,9 @@ def test_saving_refuses_what_cannot_work(conversations_settings):
 
 @pytest.mark.django_db
 def test_saving_refuses_a_chain_of_fallbacks_that_cannot_work(conversations_settings):
-    conversations_settings.update(CREDENTIALS={"ok": "sk-x"}, MIN_CALL_BUDGET=1, FALLBACK_RESERVE=0.5)
+    conversations_settings.update(CREDENTIALS={"ok": {"KEY": "sk-x", "ORIGINS": ["https://api.openai.com",
+                                                                               "http://127.0.0.1:*"]}},
+                                  MIN_CALL_BUDGET=1, FALLBACK_RESERVE=0.5, ALLOWED_PROVIDERS=["no.such.Provider"])
 
     def refused(fallbacks):
         assistant = Assistant(slug="a", name="A", system_prompt="Hi", provider="demo", fallbacks=fallbacks)
@@ -390,8 +395,16 @@ def test_saving_refuses_a_chain_of_fallbacks_that_cannot_work(conversations_sett
         Assistant(slug="a", name="A", system_prompt="Hi", provider="demo", fallbacks=fallbacks).full_clean()
 
 
+NOT_SET_UP = "The assistant “Support” is not set up correctly, so it cannot answer right now."
+
+
+def reasons_recorded(turn_id):
+    """What the admin's timeline of the turn says (its call records' details)."""
+    return list(Turn.objects.get(pk=turn_id).calls.values_list("detail", flat=True))
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_chain_whose_key_is_unset_on_the_worker_ends_the_turn_failed_naming_the_assistant(
+def test_a_chain_whose_key_is_unset_on_the_worker_ends_the_turn_failed_with_one_sentence(
         worker, conversations_settings, monkeypatch):
     monkeypatch.setenv("TEST_BACKUP_KEY", "sk-backup")
     conversations_settings.update(CREDENTIALS={"backup-key": "env:TEST_BACKUP_KEY"})
@@ -401,41 +414,57 @@ def test_a_chain_whose_key_is_unset_on_the_worker_ends_the_turn_failed_naming_th
     monkeypatch.delenv("TEST_BACKUP_KEY")  # as on a worker started without it
     worker()
     final = poll_until_done(client, turn["poll_url"])
-    assert (final["status"], final["error"]) == (
-        "failed", "The assistant “Support” is not set up correctly: in its fallback 1, the environment variable "
-                  "TEST_BACKUP_KEY of its credential “backup-key” is not set.")
+    # The visitor learns neither the credential's name nor the variable's; the admin does.
+    assert (final["status"], final["error"]) == ("failed", NOT_SET_UP)
+    assert reasons_recorded(turn["id"]) == [
+        "not set up: in its fallback 1, the environment variable TEST_BACKUP_KEY of its credential “backup-key” is "
+        "not set."]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_assistant_broken_after_it_was_saved_ends_its_turn_failed_naming_it(worker, conversations_settings):
-    make_assistant("support", name="Support", tools=["search_faq", "current_time"])
+@pytest.mark.parametrize("breaks, reason", [
+    ("a tool", "its tools “current_time” are not among the site's registered tools."),
+    ("the provider", "its provider “chatproject.no_such.Provider” cannot be used (No module named "
+                     "'chatproject.no_such')."),
+    ("the credential", "its credential “gone-key” is not in the site's CREDENTIALS setting."),
+])
+def test_an_assistant_broken_after_it_was_saved_tells_the_visitor_one_sentence_and_the_admin_why(
+        worker, conversations_settings, breaks, reason):
+    support = make_assistant("support", name="Support", tools=["search_faq", "current_time"])
     client = make_client()
     turn = start(client, "support", "Hello")
-    # The site drops a tool the assistant uses, between the message and the job.
-    conversations_settings.update(TOOLS=["chatproject.tools.search_faq"])
+    # Between the message and the job, the site drops a tool; or the assistant's provider or key breaks.
+    if breaks == "a tool":
+        conversations_settings.update(TOOLS=["chatproject.tools.search_faq"])
+    elif breaks == "the provider":
+        conversations_settings.update(ALLOWED_PROVIDERS=["chatproject.no_such.Provider"])
+        Assistant.objects.filter(pk=support.pk).update(provider="chatproject.no_such.Provider")
+    else:
+        Assistant.objects.filter(pk=support.pk).update(credential="gone-key")
     worker()
     final = poll_until_done(client, turn["poll_url"])
 
-    assert final["status"] == "failed"
-    assert final["error"] == ("The assistant “Support” is not set up correctly: its tools “current_time” are not "
-                              "among the site's registered tools.")
+    assert (final["status"], final["error"]) == ("failed", NOT_SET_UP)
+    assert reasons_recorded(turn["id"]) == [f"not set up: {reason}"]
     assert Turn.objects.get(pk=turn["id"]).assistant_version is None
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_model_the_service_rejects_ends_the_turn_failed_naming_the_assistant(worker):
+def test_a_model_the_service_rejects_ends_the_turn_failed_with_one_sentence(worker, conversations_settings):
     with FakeProvider() as api:
         api.add(Reply(404, {"error": {"message": "The model `gpt-nope` does not exist", "type": "invalid_request_error",
                                       "code": "model_not_found"}}))
-        make_assistant("support", name="Support", provider="openai", base_url=api.url, model="gpt-nope")
+        conversations_settings.update(PROVIDER="openai", BASE_URL=api.url)  # the site's endpoint, from settings
+        make_assistant("support", name="Support", provider="openai", model="gpt-nope")
         client = make_client()
         turn = start(client, "support", "Hello")
         worker()
         final = poll_until_done(client, turn["poll_url"])
 
-    assert final["status"] == "failed"
-    assert final["error"] == "The assistant “Support” is not set up correctly: the AI service does not know its " \
-                             "model “gpt-nope”."
+    assert (final["status"], final["error"]) == ("failed", NOT_SET_UP)
+    # The admin's turn page shows the model and the status the service answered.
+    called = Turn.objects.get(pk=turn["id"])
+    assert called.model == "gpt-nope" and list(called.calls.values_list("status_code", flat=True)) == [404]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -496,8 +525,7 @@ def test_the_sentences_naming_an_assistant_are_translated(worker, settings):
     turn = start(client, "soporte", "Hola")
     worker()
     final = poll_until_done(client, turn["poll_url"])
-    assert final["error"] == ("El asistente «Soporte» no está bien configurado: sus herramientas “no_such_tool” no "
-                              "están entre las registradas en el sitio.")
+    assert final["error"] == "El asistente «Soporte» no está bien configurado, así que no puede responder ahora."
 
 
 @pytest.mark.django_db
@@ -548,7 +576,8 @@ def test_credentials_and_prices_are_checked_at_start_up(conversations_settings):
                 "half": {"input": "1"}, "negative": {"input": "-1", "output": "1"}})
     found = {(m.id, m.msg) for m in check_config()}
     assert {m for m in found if m[0].startswith("conversations.E04") or m[0] == "conversations.W040"} == {
-        ("conversations.E040", "CREDENTIALS['number'] must be an API key or \"env:VARIABLE\" (a non-empty string)."),
+        ("conversations.E040", "CREDENTIALS['number'] must be an API key or \"env:VARIABLE\" (a non-empty string), "
+                               "or {\"KEY\": …, \"ORIGINS\": […]}."),
         ("conversations.W040", "CREDENTIALS['unset'] reads the environment variable TEST_NO_SUCH_VARIABLE, which is "
                                "not set in this process."),
         ("conversations.E041", "PRICES['words'] has an input price that is not a decimal number: 'cheap'."),

@@ -298,7 +298,7 @@ def test_a_base_url_in_the_environment_that_the_settings_do_not_read_is_named_by
     output = capsys.readouterr().err
 
     assert ("(conversations.W008) CONVERSATIONS_BASE_URL names http://gateway.internal:4000, but the turns call "
-            "https://api.openai.com:443: the environment's value is not in CONVERSATIONS['BASE_URL'].") in output
+            "https://api.openai.com: the environment's value is not in CONVERSATIONS['BASE_URL'].") in output
     assert 'HINT: Read it in settings.py, as the README\'s block does: "BASE_URL": ' \
            'os.environ.get("CONVERSATIONS_BASE_URL", "")' in output
     assert "sk-" not in output and "pw@" not in output

@@ -14,7 +14,7 @@ from conversations.models import CallRecord, Turn
 from conversations.providers.openai import OpenAIProvider
 from tests.fake_stream import openai_stream, streaming
 from tests.fakes import FakeProvider, hang, http_error, openai_text, retry_after, unavailable
-from tests.helpers import make_client, poll_until_done, start_turn
+from tests.helpers import local_key, make_client, poll_until_done, start_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -227,7 +227,7 @@ def backup_key(chain, conversations_settings, monkeypatch):
     """The site's fallback names its key by a credential read from the environment, as in production."""
     primary, fallback = chain
     monkeypatch.setenv("TEST_BACKUP_KEY", "sk-backup-from-env")
-    conversations_settings.update(CREDENTIALS={"backup": "env:TEST_BACKUP_KEY"}, FALLBACKS=[
+    conversations_settings.update(CREDENTIALS={"backup": local_key("env:TEST_BACKUP_KEY")}, FALLBACKS=[
         {"PROVIDER": "openai", "BASE_URL": fallback.url, "MODEL": "fallback-model", "CREDENTIAL": "backup"}])
     return primary, fallback
 

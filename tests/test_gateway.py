@@ -209,7 +209,7 @@ def plain_text(status, text):
 
 @pytest.mark.parametrize("body, quoted", [
     (html_error(500), "HTTP 500: 500 Internal Server Error Internal Server Error nginx"),
-    (plain_text(502, f"upstream refused the key {SECRET}\n"), "HTTP 502: upstream refused the key [redacted]"),
+    (plain_text(502, f"upstream refused the key {SECRET}\n"), "HTTP 502: upstream refused the key [API key hidden]"),
 ], ids=["an HTML error page", "plain text echoing the key"])
 def test_an_error_body_that_is_not_json_is_quoted_short_and_redacted_in_the_log(gateway, conversations_settings,
                                                                               caplog, body, quoted):

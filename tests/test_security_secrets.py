@@ -2,6 +2,7 @@
 the cache (Redis), the database, the admin or the RQ dashboard, the logs, or what the
 visitor sees, even when the provider quotes the key back in its error messages."""
 
+import json
 import logging
 
 import pytest
@@ -11,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.urls import reverse
 
 from conversations.models import Turn
-from tests.helpers import api_post, make_client, poll_until_done, redis_values
+from tests.helpers import api_post, local_key, make_client, poll_until_done, redis_values
 from tests.fakes import FakeProvider, Reply, openai_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -129,7 +130,8 @@ def test_the_key_of_an_assistants_fallback_credential_is_nowhere_either(conversa
 
     key = "plainword-Backup-77"
     monkeypatch.setenv("TEST_BACKUP_KEY", key)
-    conversations_settings.update(CREDENTIALS={"backup": "env:TEST_BACKUP_KEY"}, FALLBACK_RESERVE=2, MAX_ATTEMPTS=1)
+    conversations_settings.update(CREDENTIALS={"backup": local_key("env:TEST_BACKUP_KEY")}, FALLBACK_RESERVE=2,
+                                  MAX_ATTEMPTS=1)
     client = make_client()
     with FakeProvider(default=unavailable(500)) as primary, FakeProvider() as backup:
         backup.add(echoing(500, key), openai_text("From the backup."))  # down (quoting the key), then answering
@@ -181,3 +183,34 @@ def test_a_redirect_is_never_followed_and_the_key_stays_home(conversations_setti
                           f"redirect (HTTP {status}), which is not followed.")
     details = " ".join(turn.calls.values_list("detail", flat=True))
     assert "location-secret" not in turn.error + details and str(status) in details
+
+
+@pytest.mark.parametrize("api_key", KEYS)
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("when", ["before any text", "after some text", "malformed event"])
+def test_a_key_quoted_back_in_a_stream_is_nowhere_in_the_log_or_the_call_records(conversations_settings, caplog,
+                                                                                 api_key, provider, when):
+    from conversations.models import CallRecord
+    from tests.fake_stream import anthropic_error_event, anthropic_stream, openai_stream, streaming
+    from tests.fake_wire import run_turn_here
+
+    events = anthropic_stream if provider == "anthropic" else openai_stream
+    error = anthropic_error_event("invalid_request_error", f"key {api_key} is not allowed") \
+        if provider == "anthropic" else (None, json.dumps({"error": {"message": f"key {api_key} is not allowed"}}))
+    if when == "malformed event":
+        error = (None, f'{{"choices": [], "key": "{api_key}"')
+    text = events(pieces=["Refunds ", "are "], done=False)[:-2] if when == "after some text" else []
+    caplog.set_level(logging.DEBUG)
+    with FakeProvider() as fake:
+        fake.repeat(streaming([*text, error]), 3)
+        base = fake.url if provider == "openai" else f"http://127.0.0.1:{fake.port}"
+        conversations_settings.update(PROVIDER=provider, BASE_URL=base, API_KEY=api_key, MODEL="m", TOOLS=[],
+                                      MAX_ATTEMPTS=1)
+        turn = run_turn_here("How do refunds work?")
+
+    assert turn.status in ("failed", "incomplete")
+    details = list(CallRecord.objects.values_list("detail", flat=True))
+    assert details and [d for d in details if api_key in d] == []
+    assert any("[API key hidden]" in d for d in details)  # the detail is there, without the key
+    logged = [r.getMessage() for r in caplog.records]
+    assert [m for m in logged if api_key in m] == [] and any("[API key hidden]" in m for m in logged)

@@ -149,3 +149,24 @@ def test_the_queue_dashboard_is_for_superusers_only():
     client.force_login(root)
     assert [client.get(url).status_code for url in pages] == [200] * 3
     assert started["status"] == "queued"
+
+
+def test_the_queue_statistics_are_for_superusers_and_the_api_token_only(settings):
+    """django-rq answers stats.json (Redis host, port, database) to any staff session."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    settings.RQ_API_TOKEN = "rqTokenForMonitoring"
+    staff = get_user_model().objects.create_user("staff", password="pw-123456789", is_staff=True)
+    root = get_user_model().objects.create_superuser("root", password="pw-123456789")
+    client = Client()
+    client.force_login(staff)
+    for url in ("/django-rq/stats.json", "/django-rq/stats.json/"):
+        refused = client.get(url)
+        assert refused.status_code == 401 and "queues" not in refused.json()
+    assert client.get("/django-rq/stats.json", HTTP_AUTHORIZATION="Bearer guessed").status_code == 401
+    # The monitoring token still works, from a staff session or none; a superuser's session too.
+    assert client.get("/django-rq/stats.json/rqTokenForMonitoring/").status_code == 200
+    assert Client().get("/django-rq/stats.json", HTTP_AUTHORIZATION="Bearer rqTokenForMonitoring").status_code == 200
+    client.force_login(root)
+    assert "queues" in client.get("/django-rq/stats.json").json()

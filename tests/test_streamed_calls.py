@@ -105,8 +105,9 @@ def test_a_stream_that_trickles_past_the_total_limit_is_ended_there_with_its_tex
     assert record.outcome == "timeout" and 2 <= record.duration <= 2 + 0.25
 
 
-def test_keep_alive_comments_empty_events_and_one_large_event_are_read_as_they_should(wire):
+def test_keep_alive_comments_empty_events_and_one_large_event_are_read_as_they_should(wire, conversations_settings):
     events, fake = wire
+    conversations_settings.update(MAX_REPLY_CHARS=300_000)  # the event is large, the reply within its limit
     big = "x" * 200_000
     stream = events(pieces=["Hello ", big])
     stream[1:1] = [b": keep-alive\n\n", b"\n\n", b"event: ping\ndata: {\"type\": \"ping\"}\n\n"

@@ -9,6 +9,7 @@ import re
 
 from django import forms
 from django.contrib import admin
+from django.db import models
 from django.db.models import Count, OuterRef, Subquery
 from django.http import HttpResponse
 from django.template.response import TemplateResponse
@@ -26,6 +27,16 @@ from .overview import overview
 from .timeline import seconds
 
 OVERVIEW_DAYS = (7, 30, 90)
+
+
+# The fields that decide where an assistant's calls go and with which key.
+CONFIGURE_FIELDS = ("provider", "base_url", "credential", "fallbacks")
+CONFIGURE_PERMISSION = "conversations.configure_provider"
+
+
+def can_configure(user):
+    """Whether ``user`` may edit ``CONFIGURE_FIELDS`` (superusers have every permission)."""
+    return user.has_perm(CONFIGURE_PERMISSION)
 
 
 class LinesField(forms.CharField):
@@ -67,6 +78,10 @@ class AssistantForm(forms.ModelForm):
     class Meta:
         model = Assistant
         fields = "__all__"
+        # As the form's own base_url field: the admin builds the model's too when that is read-only.
+        formfield_callback = staticmethod(
+            lambda db_field, **kwargs: db_field.formfield(**{"assume_scheme": "https", **kwargs})
+            if isinstance(db_field, models.URLField) else db_field.formfield(**kwargs))
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -74,6 +89,8 @@ class AssistantForm(forms.ModelForm):
             # A new assistant starts from the site's provider, not the model's "demo" (canned answers).
             self.initial.update(provider=get_config()["PROVIDER"], model=get_config()["MODEL"])
         for name in ("base_url", "tools", "credential", "fallbacks", "suggestions"):  # as the model's fields
+            if name not in self.fields:  # read-only for this user (CONFIGURE_FIELDS)
+                continue
             model_field = Assistant._meta.get_field(name)
             self.fields[name].label = capfirst(model_field.verbose_name)
             self.fields[name].help_text = self.fields[name].help_text or model_field.help_text
@@ -83,10 +100,11 @@ class AssistantForm(forms.ModelForm):
             names = []
         current = list(self.instance.tools or []) if self.instance.pk else []
         self.fields["tools"].choices = [(name, name) for name in dict.fromkeys(names + current)]
-        credentials = list(get_config()["CREDENTIALS"])
-        if self.instance.credential and self.instance.credential not in credentials:
-            credentials.append(self.instance.credential)  # shown, so that clean() can say it is gone
-        self.fields["credential"].choices = [("", _("— the site's API_KEY —"))] + [(c, c) for c in credentials]
+        if "credential" in self.fields:
+            credentials = list(get_config()["CREDENTIALS"])
+            if self.instance.credential and self.instance.credential not in credentials:
+                credentials.append(self.instance.credential)  # shown, so that clean() can say it is gone
+            self.fields["credential"].choices = [("", _("— the site's API_KEY —"))] + [(c, c) for c in credentials]
 
 
 class VersionInline(admin.TabularInline):
@@ -143,6 +161,21 @@ class AssistantAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(turn_count=Count("turns"))
+
+    def get_readonly_fields(self, request, obj=None):
+        """Where the assistant's calls go and with which key, for superusers and holders of
+        ``configure_provider`` only: with ``change_assistant`` alone, a staff user could send
+        every credential and every visitor's conversation to a server of their own."""
+        readonly = list(super().get_readonly_fields(request, obj))
+        if not can_configure(request.user):
+            readonly += [name for name in CONFIGURE_FIELDS if name not in readonly]
+        return readonly
+
+    def save_model(self, request, obj, form, change):
+        if not change and not can_configure(request.user):
+            # The provider field was not the user's to choose: the site's, as the form would suggest.
+            obj.provider = get_config()["PROVIDER"]
+        super().save_model(request, obj, form, change)
 
     @admin.display(description=gettext_lazy("tools"))
     def tool_list(self, obj):

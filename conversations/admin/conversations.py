@@ -165,7 +165,8 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
         (gettext_lazy("Clocks"), {"fields": (("enqueued_at", "started_at", "finished_at"), "duration_text",
                                              ("job_timeout", "deadline_margin", "deadline_at"),
                                              "margin_left_text")}),
-        (gettext_lazy("Work"), {"fields": (("model_calls", "tool_calls"), ("input_tokens", "output_tokens"),
+        (gettext_lazy("Work"), {"fields": (("model_calls", "tool_calls"), ("input_tokens", "output_tokens",
+                                                                            "usage_estimated"),
                                            "cost_text", "cancel_requested")}),
         (gettext_lazy("RQ job"), {"fields": ("job_id", "rq_status")}),
     ]
@@ -244,7 +245,9 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
     def tokens(self, obj):
         if obj.input_tokens is None and obj.output_tokens is None:
             return "—"
-        return f"{obj.input_tokens or 0} / {obj.output_tokens or 0}"
+        tokens = f"{obj.input_tokens or 0} / {obj.output_tokens or 0}"
+        # A call ended before the provider said what it used (a Stop, a stream cut off): estimated.
+        return _("%(tokens)s (estimated)") % {"tokens": tokens} if obj.usage_estimated else tokens
 
     @admin.display(description=gettext_lazy("time left at final write"), ordering="margin_left")
     def margin_left_text(self, obj):

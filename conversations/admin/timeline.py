@@ -14,20 +14,7 @@ from rq.job import Job
 from ..engine import job as jobs
 from ..conf import get_config
 from ..models import CallRecord, Turn
-
-
-def redact(text):
-    """``text`` with every API key the site knows blanked out, should a provider have echoed one
-    back: the site's own, its fallbacks' and each of its credentials' (``assistants``)."""
-    from ..assistants import credential_values
-
-    text = "" if text is None else str(text)
-    cfg = get_config()
-    keys = [cfg["API_KEY"], *(entry.get("API_KEY") for entry in cfg["FALLBACKS"]), *credential_values(cfg)]
-    for key in sorted({str(key) for key in keys if key}, key=len, reverse=True):
-        if len(key) >= 4 and key in text:
-            text = text.replace(key, "[API key hidden]")
-    return text
+from ..redaction import hide_keys as redact
 
 
 def seconds(value, digits=2):

@@ -9,7 +9,7 @@ History lives in the default cache (Redis), so every web process shares it.
 
 The client's address is ``REMOTE_ADDR``. Headers a client can write (``X-Forwarded-For``,
 ``Forwarded``, ``X-Real-IP``) are read only when ``REST_FRAMEWORK["NUM_PROXIES"]`` says how many
-proxies in front of the site append to ``X-Forwarded-For``; then the address the nearest of
+proxies in front of the site append to ``X-Forwarded-For``; then the address the outermost of
 them saw is used, as DRF reads it. Every per-address limit counts by ``client_key``, which
 counts an IPv6 address by its network (``IPV6_PREFIX``).
 """

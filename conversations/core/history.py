@@ -18,8 +18,9 @@ def chat_message(row):
     )
 
 
-def _size(message):
-    return len(message.content) + sum(len(str(c.arguments)) + len(c.name) for c in message.tool_calls)
+def message_size(message):
+    """The characters of ``message`` that go to the model (its text and its tool calls)."""
+    return len(message.content or "") + sum(len(str(c.arguments)) + len(c.name) for c in message.tool_calls)
 
 
 def interrupted_message():
@@ -67,14 +68,14 @@ def trim_history(messages, max_chars):
     while head < len(messages) and messages[head].role == "system":
         head += 1
     system, messages = list(messages[:head]), messages[head:]
-    max_chars -= sum(_size(m) for m in system)
+    max_chars -= sum(message_size(m) for m in system)
     exchanges = []
     for message in _paired(messages):
         if message.role == "user" or not exchanges:
             exchanges.append([message])
         else:
             exchanges[-1].append(message)
-    sizes = [sum(_size(m) for m in exchange) for exchange in exchanges]
+    sizes = [sum(message_size(m) for m in exchange) for exchange in exchanges]
     total, start = sum(sizes), 0
     while start < len(exchanges) - 1 and total > max_chars:
         total -= sizes[start]

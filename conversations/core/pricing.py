@@ -13,6 +13,9 @@ from decimal import Decimal, InvalidOperation
 from ..conf import get_config
 
 MILLION = Decimal(1_000_000)
+# Characters per token when a call ended without the provider's usage: about 4 for English text
+# with the common tokenizers (fewer for other scripts, so the estimate errs low there, never high).
+CHARS_PER_TOKEN = 4
 # A cost is kept to 1e-8 of the currency unit: one token of the cheapest models costs ~1e-8.
 COST_PLACES = Decimal("0.00000001")
 
@@ -45,6 +48,12 @@ def price_of(model, prices=None):
     if entry is None or price_problem(entry):
         return None
     return to_decimal(entry["input"]), to_decimal(entry["output"])
+
+
+def estimate_tokens(characters):
+    """Tokens for ``characters`` of text, for a call that ended without its usage (rounded up:
+    a call that sent anything was billed for something)."""
+    return -(-int(characters) // CHARS_PER_TOKEN)
 
 
 def turn_cost(model, input_tokens, output_tokens, prices=None):

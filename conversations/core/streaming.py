@@ -16,18 +16,23 @@ import json
 # One event may be large (a long tool argument sent at once), but not without bound.
 MAX_EVENT_BYTES = 1024 * 1024
 
+_BLANK = frozenset({b"\n", b"\r\n", b"\r"})
+
 
 class StreamError(Exception):
     """The stream cannot be read on: a malformed or oversized event, or an error event.
 
-    ``code`` is a ``ProviderError`` code (``bad_response``, ``unavailable``, ``rate_limited``…);
-    the message is for the operator's log.
+    ``code`` is a ``ProviderError`` code (``bad_response``) for a stream that cannot be read;
+    for an error event it is "" and ``body`` is the event's JSON: the provider classifies it as
+    it classifies the same error sent as an HTTP error body (a request error must not count as
+    an outage). The message is for the operator's log.
     """
 
-    def __init__(self, code, detail):
+    def __init__(self, code, detail, body=None):
         super().__init__(detail)
         self.code = code
         self.detail = detail
+        self.body = body
 
 
 class EventDecoder:
@@ -40,49 +45,51 @@ class EventDecoder:
 
     def __init__(self, max_event_bytes=MAX_EVENT_BYTES):
         self.max_event_bytes = max_event_bytes
-        self._buffer = b""
+        self._pending = []  # the pieces of a line whose end has not arrived yet
+        self._pending_size = 0
         self._event = ""
         self._data = []
         self._size = 0
 
     def feed(self, chunk):
-        self._buffer += chunk
+        # Linear in the bytes fed, whatever the lines: a piece without a line end is only kept
+        # (not rescanned); otherwise ``splitlines`` cuts the lines at C speed and each costs one
+        # comparison when it is a blank line or a comment (the floods a hostile endpoint sends).
+        if not chunk:
+            return []
+        if b"\n" not in chunk and b"\r" not in chunk:
+            self._pending.append(chunk)
+            self._pending_size += len(chunk)
+            self._check_size(self._pending_size)
+            return []
+        if self._pending:
+            chunk = b"".join(self._pending) + chunk
+            self._pending, self._pending_size = [], 0
+        lines = chunk.splitlines(True)  # on CRLF, LF and CR, as the format says (bytes: nothing else)
+        last = lines[-1]
+        if not last.endswith(b"\n"):  # unfinished, or ending in a CR that may be the first half of a CRLF
+            lines.pop()
+            self._pending, self._pending_size = [last], len(last)
         events = []
-        while True:
-            end = self._line_end()
-            if end is None:
-                break
-            stop, skip = end
-            line = self._buffer[:stop].decode("utf-8", "replace")
-            self._buffer = self._buffer[stop + skip:]
-            event = self._line(line)
-            if event is not None:
-                events.append(event)
-        self._check_size(len(self._buffer))
+        for line in lines:
+            if line in _BLANK:
+                if self._data or self._event:
+                    event, data = self._event or "message", self._data
+                    self._event, self._data, self._size = "", [], 0
+                    if data:
+                        events.append((event, "\n".join(data)))
+                continue
+            if line[0] == 0x3A:  # ":" a comment (a keep-alive): not even decoded
+                continue
+            self._field(line.rstrip(b"\r\n").decode("utf-8", "replace"))
+        self._check_size(self._pending_size)
         return events
 
     def _check_size(self, pending):
         if self._size + pending > self.max_event_bytes:
             raise StreamError("bad_response", f"an event of more than {self.max_event_bytes} bytes")
 
-    def _line_end(self):
-        """``(index, length)`` of the first line terminator (CRLF, LF or CR), or None."""
-        for index, byte in enumerate(self._buffer):
-            if byte == 0x0A:
-                return index, 1
-            if byte == 0x0D:
-                if index + 1 == len(self._buffer):
-                    return None  # a CR at the end may be the first half of a CRLF
-                return index, 2 if self._buffer[index + 1] == 0x0A else 1
-        return None
-
-    def _line(self, line):
-        if line == "":
-            event, data = self._event or "message", self._data
-            self._event, self._data, self._size = "", [], 0
-            return (event, "\n".join(data)) if data else None
-        if line.startswith(":"):
-            return None
+    def _field(self, line):
         name, _, value = line.partition(":")
         if value.startswith(" "):
             value = value[1:]
@@ -92,7 +99,40 @@ class EventDecoder:
             self._check_size(0)
         elif name == "event":
             self._event = value
-        return None
+
+
+class ReplyLimit:
+    """The most characters one reply may add up to (``MAX_REPLY_CHARS``): its text, and each tool
+    call's arguments. A hostile or runaway endpoint can stream without end; what passes the limit
+    is dropped and ``exceeded`` says why, so that the reader ends the call there, and the row,
+    the live state and the poll response stay bounded. ``None``: no limit."""
+
+    def __init__(self, max_chars=None):
+        self.max_chars = max_chars
+        self.text_chars = 0
+        self.exceeded = ""
+
+    def text(self, piece):
+        """``piece`` of the reply's text, cut where the text passes the limit."""
+        if self.max_chars is None:
+            return piece
+        room = max(0, self.max_chars - self.text_chars)
+        if len(piece) > room:
+            piece = piece[:room]
+            self.exceeded = f"the reply's text passed {self.max_chars} characters"
+        self.text_chars += len(piece)
+        return piece
+
+    def arguments(self, length, piece):
+        """``piece`` of one tool call's arguments, ``length`` characters long so far, cut where they
+        pass the limit."""
+        if self.max_chars is None:
+            return piece
+        room = max(0, self.max_chars - length)
+        if len(piece) > room:
+            self.exceeded = f"a tool call's arguments passed {self.max_chars} characters"
+            return piece[:room]
+        return piece
 
 
 def _json(data, what):
@@ -113,7 +153,8 @@ class OpenAIStream:
     finish reason in a later chunk, the usage in a last chunk with no choices; then ``[DONE]``.
     """
 
-    def __init__(self):
+    def __init__(self, max_chars=None):
+        self.limit = ReplyLimit(max_chars)
         self.done = False
         self.text = []
         self.refusal = []
@@ -128,8 +169,7 @@ class OpenAIStream:
             return ""
         chunk = _json(data, "a chunk")
         if isinstance(chunk.get("error"), dict):
-            error = chunk["error"]
-            raise StreamError("unavailable", f"error in the stream: {str(error.get('message') or '')[:200]}")
+            raise StreamError("", "an error event in the stream", body=chunk)
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
         added = ""
@@ -138,10 +178,10 @@ class OpenAIStream:
                 continue
             delta = choice.get("delta") or {}
             if isinstance(delta.get("content"), str):
-                added = delta["content"]
+                added = self.limit.text(delta["content"])
                 self.text.append(added)
             if isinstance(delta.get("refusal"), str):
-                self.refusal.append(delta["refusal"])
+                self.refusal.append(self.limit.text(delta["refusal"]))
             for piece in delta.get("tool_calls") or []:
                 self._call_piece(piece)
             if choice.get("finish_reason"):
@@ -157,7 +197,8 @@ class OpenAIStream:
         if function.get("name"):
             call["function"]["name"] += function["name"]
         if isinstance(function.get("arguments"), str):
-            call["function"]["arguments"] += function["arguments"]
+            call["function"]["arguments"] += self.limit.arguments(len(call["function"]["arguments"]),
+                                                                    function["arguments"])
 
     def reply(self):
         """The ``chat.completion`` object these chunks add up to (so far)."""
@@ -172,22 +213,19 @@ class OpenAIStream:
         return reply
 
 
-# Anthropic's error event types, as ProviderError codes.
-_ANTHROPIC_ERRORS = {"overloaded_error": "unavailable", "api_error": "unavailable", "rate_limit_error": "rate_limited",
-                     "timeout_error": "timeout"}
-
-
 class AnthropicStream:
     """Adds up Messages API events: ``message_start`` (the message, input usage),
     ``content_block_start``/``_delta``/``_stop`` (text deltas; a tool's ``input`` as
     ``input_json_delta`` fragments), ``message_delta`` (stop reason, output usage),
     ``message_stop``; ``ping`` is ignored and ``error`` ends the stream."""
 
-    def __init__(self):
+    def __init__(self, max_chars=None):
+        self.limit = ReplyLimit(max_chars)
         self.done = False
         self.message = {"type": "message", "role": "assistant", "content": [], "stop_reason": None, "usage": {}}
         self._blocks = {}
         self._json = {}
+        self._json_chars = {}  # the length of each tool block's input so far
 
     def feed(self, event, data):
         """Take one event; return the text it added ("" for none)."""
@@ -214,18 +252,19 @@ class AnthropicStream:
         elif kind == "message_stop":
             self.done = True
         elif kind == "error":
-            error = body.get("error") or {}
-            code = _ANTHROPIC_ERRORS.get(error.get("type"), "bad_response")
-            raise StreamError(code, f"{error.get('type')}: {str(error.get('message') or '')[:200]}")
+            raise StreamError("", "an error event in the stream", body=body)
         return ""
 
     def _delta(self, index, delta):
         block = self._blocks.setdefault(index, {"type": "text", "text": ""})
         if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
-            block["text"] = block.get("text", "") + delta["text"]
-            return delta["text"]
+            added = self.limit.text(delta["text"])
+            block["text"] = block.get("text", "") + added
+            return added
         if delta.get("type") == "input_json_delta" and isinstance(delta.get("partial_json"), str):
-            self._json.setdefault(index, []).append(delta["partial_json"])
+            piece = self.limit.arguments(self._json_chars.get(index, 0), delta["partial_json"])
+            self._json.setdefault(index, []).append(piece)
+            self._json_chars[index] = self._json_chars.get(index, 0) + len(piece)
         return ""
 
     def _close(self, index):

@@ -32,8 +32,9 @@ from ..infra import state
 from . import lifecycle as turns
 from ..core.budget import TurnClock
 from ..conf import get_config
-from ..models import Turn
+from ..models import CallRecord, Turn
 from .runner import TurnRunner
+from ..core.types import Outcome
 
 logger = logging.getLogger("conversations.jobs")
 
@@ -191,6 +192,10 @@ def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None):
         cfg = assistants.config_for_turn(turn, cfg)
     except assistants.NotSetUp as exc:  # e.g. a tool removed from TOOLS since the assistant was saved
         logger.error("Turn %s cannot run%s: the assistant %s", turn_id, again, exc)
+        # The visitor reads one sentence; what broke is for the admin's timeline (and the log).
+        CallRecord.objects.create(turn=turn, kind=CallRecord.Kind.MODEL, name=turn.assistant.slug,
+                                  outcome=Outcome.SKIPPED, started_offset=0.0, remaining_before=0.0,
+                                  detail=f"{exc.kind}: {exc.reason}"[:CallRecord._meta.get_field("detail").max_length])
         turns.finalize(turn, Turn.Status.FAILED, exc.message)
         return turn.status
     try:

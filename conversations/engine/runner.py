@@ -9,6 +9,7 @@ when the call ends. A Stop shuts the call in flight (see ``watchdog.Watchdog``);
 shown so far is kept.
 """
 
+import json
 import logging
 import time
 
@@ -20,6 +21,7 @@ from redis.exceptions import RedisError
 from .. import assistants
 from ..core import pricing as costs
 from ..infra import state
+from ..infra.breaker import owner_key
 from ..core.budget import BudgetExhausted
 from ..core.sentences import (
     cut_short_message,
@@ -32,8 +34,8 @@ from ..providers.chain import ProviderChain, build_provider
 from ..infra.http import CallCancelled, ensure_call_budget
 from ..models import CallRecord, Conversation, Message, Turn
 from ..providers import ProviderError, call_complete
-from ..core.history import chat_message, trim_history, unfinished_step
-from ..tools import ToolContext, interrupted_result, load_tools, run_tool
+from ..core.history import chat_message, message_size, trim_history, unfinished_step
+from ..tools import ToolContext, interrupted_result, load_tools, run_tool, too_many_calls_message
 from ..core.types import ChatMessage, Outcome, ToolResult, record_call
 
 logger = logging.getLogger("conversations.runner")
@@ -59,7 +61,8 @@ class TurnRunner:
         self.https = []
         if provider is None:
             provider, self.https = build_provider(config, self.budget, recorder=self.record,
-                                                  cancelled=self.cancelled, turn_id=str(turn.id))
+                                                  cancelled=self.cancelled, turn_id=str(turn.id),
+                                                  owner=owner_key(turn.conversation))
         self.http = self.https[0] if self.https else None
         self.provider = provider
         # Every model call of the turn, attempted or skipped, is recorded under this one name.
@@ -71,6 +74,7 @@ class TurnRunner:
         self.finished = False
         self.streamed = None  # the pieces of the reply streaming now, or None between calls
         self.streamed_at = 0.0  # when its growing text was last published (time.monotonic)
+        self.prompt_chars = 0  # the size of the last call's messages, for a usage estimate
 
     # -- records -------------------------------------------------------------------------
 
@@ -127,6 +131,7 @@ class TurnRunner:
         what it was, and asked for once more while the budget allows a call; a second one is
         returned for the loop to end the turn with."""
         self.streamed, self.streamed_at = [], time.monotonic()
+        self.prompt_chars = sum(message_size(m) for m in messages)
         reply = call_complete(self.provider, messages, tools, self.on_text)
         if reply.empty:
             self.note_empty(reply)
@@ -157,7 +162,7 @@ class TurnRunner:
         """Count the call and save its reply as this round-trip's assistant message; returns the row.
         Through a chain of providers, the turn records the one that answered."""
         self.count_model_call(reply)
-        fields = ["model_calls", "input_tokens", "output_tokens"]
+        fields = ["model_calls", "input_tokens", "output_tokens", "usage_estimated"]
         if isinstance(self.provider, ProviderChain):
             answered = self.provider.answered.provider
             self.turn.provider, self.turn.model = answered.name, getattr(answered, "model", "") or ""
@@ -172,6 +177,7 @@ class TurnRunner:
         if not self.streamed:
             return None
         self.turn.model_calls += 1
+        self.count_estimate("".join(self.streamed))
         return Message.objects.create(conversation_id=self.turn.conversation_id, turn=self.turn,
                                       role=Message.Role.ASSISTANT, content="".join(self.streamed))
 
@@ -277,7 +283,9 @@ class TurnRunner:
             answered, calls = unfinished_step(self.rows)
             if answered:  # the dead job had saved the answer but not the final state
                 return Turn.Status.COMPLETED, None
-            ended = self.run_calls(calls, history, interrupted_first=True)
+            # The calls already answered came first in their reply: the step's limit counts from there.
+            asked = next((len(r.tool_calls or []) for r in reversed(self.rows) if r.role == Message.Role.ASSISTANT), 0)
+            ended = self.run_calls(calls, history, interrupted_first=True, position=asked - len(calls))
             if ended:
                 return ended
         for _step in range(cfg["MAX_STEPS"] - self.turn.model_calls):
@@ -293,6 +301,8 @@ class TurnRunner:
                 asked = self.stop_requested() or "cancel"
                 if asked == "cancel" and stop.reply is not None and stop.reply.text:
                     self.save_reply(stop.reply)  # what the visitor saw stays
+                elif asked == "cancel":
+                    self.count_estimate("")  # the prompt was sent, and is billed (saved by the final write)
                 ended = self.stop_for(asked)
                 if ended:
                     return ended
@@ -315,26 +325,71 @@ class TurnRunner:
                 return ended
         return Turn.Status.INCOMPLETE, step_limit_message(cfg["MAX_STEPS"])
 
-    def run_calls(self, calls, history, *, interrupted_first=False):
-        """Run ``calls`` in order, saving and publishing each result; returns ``(status, error)``
-        when the turn must stop first, else None. ``interrupted_first``: the first was running
-        when the previous job died; it runs again only if its tool is idempotent."""
-        for number, call in enumerate(calls):
-            ended = self.stop_for(self.stop_requested())
-            if ended:
-                return ended
-            tool = self.tools.get(call.name)
-            if interrupted_first and number == 0 and tool is not None and not tool.idempotent:
-                result = interrupted_result(call)
-                record_call(self.record, "tool", call.name, result.outcome, started_offset=self.budget.elapsed(),
-                            remaining_before=self.budget.remaining(), detail=result.detail)
-            else:
-                result = self.run_tool(call)
-            row = self.save_step(["tool_calls"], role=Message.Role.TOOL, content=result.output,
-                                 tool_call_id=call.id, tool_name=call.name, is_error=result.is_error)
-            history.append(chat_message(row))
-            self.publish()
+    def run_calls(self, calls, history, *, interrupted_first=False, position=0):
+        """Run ``calls`` in order, saving each result; returns ``(status, error)`` when the turn
+        must stop first, else None. ``interrupted_first``: the first was running when the previous
+        job died; it runs again only if its tool is idempotent. ``position``: how many calls of
+        the same reply came before ``calls``.
+
+        At most ``MAX_TOOL_CALLS_PER_STEP`` calls of one reply run; the model gets an error result
+        for each one past that (a prompt-injected reply may ask for thousands, and a tool may have
+        side effects). Before each call the time left is checked: when no tool could start, the
+        turn stops with one record naming the calls not run, not a row and a publish for each.
+        The growing transcript is published at most every ``PUBLISH_INTERVAL`` during the batch,
+        and once at its end.
+        """
+        cfg = self.config
+        allowed = max(0, cfg["MAX_TOOL_CALLS_PER_STEP"] - position) if cfg["MAX_TOOL_CALLS_PER_STEP"] else len(calls)
+        calls, extra = calls[:allowed], calls[allowed:]
+        published_at, unpublished = time.monotonic(), False
+        try:
+            for number, call in enumerate(calls):
+                ended = self.stop_for(self.stop_requested())
+                if ended:
+                    return ended
+                tool = self.tools.get(call.name)
+                if interrupted_first and number == 0 and tool is not None and not tool.idempotent:
+                    result = interrupted_result(call)
+                    record_call(self.record, "tool", call.name, result.outcome, started_offset=self.budget.elapsed(),
+                                remaining_before=self.budget.remaining(), detail=result.detail)
+                elif tool is not None and self.tool_time(call) <= 0:
+                    # Never start what cannot finish (a tool thread cannot be stopped once started);
+                    # a name with no tool needs no time: its error result is immediate.
+                    self.record_not_run(calls[number:] + extra, "no time left for a tool")
+                    return Turn.Status.INCOMPLETE, deadline_message()
+                else:
+                    result = self.run_tool(call)
+                row = self.save_step(["tool_calls"], role=Message.Role.TOOL, content=result.output,
+                                     tool_call_id=call.id, tool_name=call.name, is_error=result.is_error)
+                history.append(chat_message(row))
+                unpublished = True
+                if time.monotonic() - published_at >= cfg["PUBLISH_INTERVAL"]:
+                    self.publish()
+                    published_at, unpublished = time.monotonic(), False
+            if extra:
+                # Error results for the model only (no rows): a history read back later answers
+                # the same calls with ``history.interrupted_message()``.
+                self.record_not_run(extra, f"over the limit of {cfg['MAX_TOOL_CALLS_PER_STEP']} tool calls per reply")
+                history += [ChatMessage(role="tool", content=too_many_calls_message(cfg["MAX_TOOL_CALLS_PER_STEP"]),
+                                        tool_call_id=call.id, name=call.name, is_error=True) for call in extra]
+        finally:
+            if unpublished:
+                self.publish()
         return None
+
+    def record_not_run(self, calls, why):
+        """One ``CallRecord`` for ``calls`` left unrun, naming them (cut to the column's length)."""
+        names = ", ".join(call.name for call in calls)
+        record_call(self.record, "tool", f"{len(calls)} tool calls", Outcome.SKIPPED,
+                    started_offset=self.budget.elapsed(), remaining_before=self.budget.remaining(),
+                    detail=f"not run, {why}: {names}")
+
+    def tool_time(self, call):
+        """Seconds ``call``'s tool may run: ``min(its timeout or TOOL_TIMEOUT, remaining − TOOL_RESERVE)``."""
+        cfg = self.config
+        t = self.tools.get(call.name)
+        cap = t.timeout if t is not None and t.timeout else cfg["TOOL_TIMEOUT"]
+        return max(0.0, min(float(cap), self.budget.remaining() - cfg["TOOL_RESERVE"]))
 
     def stop_for(self, asked):
         """``(status, error)`` for a stop request (``stop_requested()``): ``cancelled``; or, for a
@@ -352,21 +407,33 @@ class TurnRunner:
         return None
 
     def count_model_call(self, reply):
-        """Add one model call and its usage to the turn (saved by the round-trip's ``save_step``)."""
+        """Add one model call and its usage to the turn (saved by the round-trip's ``save_step``);
+        an estimate when the call ended without the provider's usage (see ``count_estimate``)."""
         turn = self.turn
         turn.model_calls += 1
-        if reply.usage is not None:
-            turn.input_tokens = (turn.input_tokens or 0) + reply.usage.input_tokens
-            turn.output_tokens = (turn.output_tokens or 0) + reply.usage.output_tokens
+        if reply.usage is None:
+            self.count_estimate(reply.text + "".join(json.dumps(c.arguments) for c in reply.tool_calls))
+            return
+        turn.input_tokens = (turn.input_tokens or 0) + reply.usage.input_tokens
+        turn.output_tokens = (turn.output_tokens or 0) + reply.usage.output_tokens
+
+    def count_estimate(self, written):
+        """Add an estimate of the last call's tokens to the turn: its prompt and ``written``, the text
+        received. A call stopped, cut off or timed out mid-stream has no usage (OpenAI-compatible
+        APIs send it in the last chunk), yet was billed: without this, Stop would bypass the daily
+        token budget and the cost. The turn is marked ``usage_estimated`` for the admin."""
+        turn = self.turn
+        turn.input_tokens = (turn.input_tokens or 0) + costs.estimate_tokens(self.prompt_chars)
+        turn.output_tokens = (turn.output_tokens or 0) + costs.estimate_tokens(len(written))
+        turn.usage_estimated = True
 
     def run_tool(self, call):
         """Run one tool call within ``min(TOOL_TIMEOUT, remaining − TOOL_RESERVE)``, record it, and
         return its ``ToolResult`` (an error result when it raised, timed out or had no time at all)."""
         cfg = self.config
         t = self.tools.get(call.name)
-        cap = t.timeout if t is not None and t.timeout else cfg["TOOL_TIMEOUT"]
         remaining = self.budget.remaining()
-        limit = max(0.0, min(float(cap), remaining - cfg["TOOL_RESERVE"]))
+        limit = self.tool_time(call)
         if limit <= 0:  # never start what cannot finish: a tool thread cannot be stopped once started
             result = ToolResult(call.id, call.name, "Error: the tool was not run because the time for this answer "
                                 "ran out.", outcome=Outcome.SKIPPED)
@@ -411,7 +478,7 @@ class TurnRunner:
                 shown = self.save_streamed()
                 turn.cost = costs.turn_cost(turn.model, turn.input_tokens, turn.output_tokens)
                 turn.save(update_fields=["status", "error", "finished_at", "margin_left", "model_calls",
-                                         "tool_calls", "input_tokens", "output_tokens", "cost"])
+                                         "tool_calls", "input_tokens", "output_tokens", "usage_estimated", "cost"])
             if shown is not None:
                 self.rows.append(shown)
                 self.streamed = None

@@ -1,10 +1,16 @@
 """A circuit breaker per provider, shared by every worker through Redis.
 
 After ``BREAKER_FAILURES`` failures of one provider (an outage: time-outs, refused
-connections, 408/429/5xx/529) within ``BREAKER_WINDOW`` seconds, the provider is *open*:
-skipped for ``BREAKER_COOLDOWN`` seconds, so one broken provider does not cost every turn its
-first attempt. Then it is *half-open*: exactly one call, by whichever worker asks first, may
-probe it; a success closes it, a failure opens it for another cool-down.
+connections, 408/429/5xx/529, and the same errors sent as an event in a stream) within
+``BREAKER_WINDOW`` seconds, coming from the turns of more than one owner, the provider is
+*open*: skipped for ``BREAKER_COOLDOWN`` seconds, so one broken provider does not cost every
+turn its first attempt. Then it is *half-open*: exactly one call, by whichever worker asks
+first, may probe it; its success closes it, its failure opens it for another cool-down.
+
+The breaker is shared by every visitor, so no one visitor may open it: a request's own fault
+(a moderation refusal, a context too long, a bad key) never counts, failures from one owner
+alone never open it, and a call that began before the circuit opened cannot close it by
+succeeding; only the probe can. A success while closed forgets the failures so far.
 
 State lives in the Redis of the turns' queue (the app needs it anyway), under
 ``conversations:breaker:<provider key>:…``. When Redis cannot be read the breaker lets every
@@ -14,12 +20,20 @@ call through: it must never be the reason a turn fails.
 import hashlib
 import logging
 import time
+import uuid
 
 from redis.exceptions import RedisError
 
 logger = logging.getLogger("conversations.breaker")
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
+
+
+def owner_key(conversation):
+    """Who a failure is counted for: the conversation's user or anonymous owner, hashed (the
+    token is a credential of sorts; Redis only needs to tell owners apart)."""
+    who = f"user:{conversation.user_id}" if conversation.user_id else f"token:{conversation.owner_token}"
+    return hashlib.sha256(who.encode()).hexdigest()[:16]
 
 
 def provider_key(config):
@@ -56,27 +70,42 @@ class CircuitBreaker:
         except RedisError:
             return True
 
-    def succeeded(self):
-        """The provider answered: closed again, its failures forgotten."""
+    def succeeded(self, probe=False):
+        """The provider answered: its failures so far are forgotten; the probe's answer (``probe``:
+        ``allow()`` said ``"probe"``) also closes the circuit. Any other call's answer leaves an
+        open circuit open: it was sent before the circuit opened, and says little of now."""
         try:
-            self.redis.delete(self._key("failures"), self._key("tripped"), self._key("probe"), self._key("open"))
+            if probe:
+                self.redis.delete(self._key("failures"), self._key("tripped"), self._key("probe"), self._key("open"))
+            else:
+                self.redis.delete(self._key("failures"))
         except RedisError:
             pass
 
-    def failed(self):
-        """The provider failed in a way that says it is down; opens the breaker at the threshold
-        (or at once after a failed probe). Returns the state afterwards."""
+    def released(self):
+        """The probe's call ended without saying whether the provider is up (the request's own
+        error): the next caller probes instead."""
+        try:
+            self.redis.delete(self._key("probe"))
+        except RedisError:
+            pass
+
+    def failed(self, owner, probe=False):
+        """The provider failed in a way that says it is down, in a turn of ``owner``
+        (``owner_key``); opens the breaker at the threshold, when more than one owner failed
+        within the window, or at once when the probe (``probe``) failed. Returns the state afterwards."""
         now = self.clock()
         try:
-            if self.redis.exists(self._key("tripped")):  # a failed probe: another cool-down
+            if probe:  # a failed probe: another cool-down
                 return self._open(now)
             pipe = self.redis.pipeline()
-            pipe.zadd(self._key("failures"), {f"{now:.6f}": now})
+            pipe.zadd(self._key("failures"), {f"{now:.6f}:{owner}:{uuid.uuid4().hex[:8]}": now})
             pipe.zremrangebyscore(self._key("failures"), 0, now - self.window)
-            pipe.zcard(self._key("failures"))
+            pipe.zrange(self._key("failures"), 0, -1)
             pipe.expire(self._key("failures"), int(self.window) + 1)
-            count = pipe.execute()[2]
-            if count >= self.failures:
+            recent = pipe.execute()[2]
+            owners = {member.split(b":")[1] for member in recent}
+            if len(recent) >= self.failures and len(owners) > 1:
                 return self._open(now)
             return CLOSED
         except RedisError:

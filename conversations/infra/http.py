@@ -23,6 +23,7 @@ Not bounded: DNS resolution (``getaddrinfo`` cannot be interrupted); use IP addr
 local resolver cache when that matters.
 """
 
+import contextlib
 import email.utils
 import json
 import logging
@@ -34,10 +35,13 @@ import requests
 from urllib3 import exceptions as urllib3_exceptions
 
 from ..core.budget import BudgetExhausted
+from ..conf import get_config
+from ..endpoints import KeyNotBound, address_allowed, check_key, endpoint_rule, origin
 from .network import failed_endpoint, os_reason
+from ..redaction import redact
 from ..core.streaming import EventDecoder, StreamError
 from ..core.types import Outcome, record_call
-from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND, Watchdog, environment_settings, new_session, stop_requested
+from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND, AddressGuard, Watchdog, environment_settings, new_session, stop_requested
 
 logger = logging.getLogger("conversations.http")
 
@@ -80,9 +84,10 @@ class PartialReply(Exception):
     by the stream's accumulator; ``outcome`` and ``detail`` say why it ended. Never retried:
     the visitor has seen that text, and another attempt would write a different one."""
 
-    def __init__(self, data, outcome, detail):
+    def __init__(self, data, outcome, detail, finish="cut"):
         super().__init__(detail)
         self.data, self.outcome, self.detail = data, outcome, detail
+        self.finish = finish  # the ModelReply's: "cut" (broke off), "length" (passed MAX_REPLY_CHARS)
 
 
 class CallCancelled(Exception):
@@ -184,7 +189,7 @@ class BudgetedHTTP:
         headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
         return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt))
 
-    def post_stream(self, url, payload, headers, stream, on_text):
+    def post_stream(self, url, payload, headers, stream, on_text, classify=None):
         """POST ``payload`` (which asks for a stream) and read the server-sent events as they
         arrive: each is fed to ``stream`` (an accumulator from ``conversations.streaming``) and
         the text it adds is passed to ``on_text(text)``. Returns a ``Response`` whose ``data`` is
@@ -192,12 +197,17 @@ class BudgetedHTTP:
 
         Failures before any text arrived are retried as in ``post_json`` (with a fresh
         accumulator from ``stream.__class__``); after, ``PartialReply`` carries the reply so
-        far. ``CallCancelled`` when the turn is stopped meanwhile.
+        far. ``CallCancelled`` when the turn is stopped meanwhile. ``classify(failure)`` (the
+        provider's ``error_from_failure``) names the ``ProviderError`` code of an error event, read
+        as the provider reads the same error in an HTTP error body; without it, such an event is
+        a ``bad_response``.
         """
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **headers}
+        limit = self.config["MAX_REPLY_CHARS"] or None
         return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt,
-                                                            stream=type(stream)(), on_text=on_text))
+                                                            stream=type(stream)(limit), on_text=on_text,
+                                                            classify=classify))
 
     def _retrying(self, attempt_once):
         """Call ``attempt_once(attempt)`` until it returns, retrying what may be retried while the
@@ -243,7 +253,7 @@ class BudgetedHTTP:
         base = float(self.config["BACKOFF_BASE"]) * (2 ** (attempt - 1))
         return min(float(self.config["BACKOFF_MAX"]), base) * (0.5 + self.random.random() / 2)
 
-    def _attempt(self, url, body, headers, attempt, *, stream=None, on_text=None):
+    def _attempt(self, url, body, headers, attempt, *, stream=None, on_text=None, classify=None):
         """One attempt within ``min(CALL_TIMEOUT, remaining)``, recorded and logged. With ``stream``,
         the reply's events are read as they come (``_read_events``), each read after the headers
         within ``STREAM_IDLE_TIMEOUT``; the headers themselves may take the whole limit."""
@@ -259,8 +269,17 @@ class BudgetedHTTP:
         started = time.monotonic()
         outcome, status, detail = Outcome.OK, None, ""
         try:
-            with Watchdog(limit, self.cancelled) as watchdog:
+            try:
+                guard = self._guard(url)
+            except CallFailed as failure:
+                outcome, detail = failure.outcome, failure.detail
+                raise
+            with Watchdog(limit, self.cancelled) as watchdog, guard or contextlib.nullcontext():
                 try:
+                    try:  # the last moment before the key leaves: is it bound to this origin?
+                        check_key(url, headers, cfg.get("API_KEY"))
+                    except KeyNotBound as refusal:
+                        raise CallFailed(Outcome.ERROR, str(refusal), code="key_not_bound") from None
                     if url not in self._environment:
                         self._environment[url] = environment_settings(url)
                     # Never follow a redirect: requests strips only Authorization on the way,
@@ -272,13 +291,16 @@ class BudgetedHTTP:
                     if stream is not None and status == 200 and _is_event_stream(reply):
                         watchdog.read_timeout(idle)  # the stream has begun: now it may not pause for long
                         try:
-                            data = self._read_events(reply, watchdog, stream, on_text, limit, idle)
+                            data = self._read_events(reply, watchdog, stream, on_text, limit, idle, classify)
                         except PartialReply as cut:
                             outcome, detail = cut.outcome, cut.detail
                             raise
                         return Response(status=status, data=data, headers=dict(reply.headers))
                     content = reply.content  # read inside the watchdog: the body is what trickles
                 except requests.RequestException as exc:
+                    if guard is not None and guard.refused:
+                        outcome, detail = Outcome.CONNECTION_ERROR, guard.refused
+                        raise CallFailed(outcome, detail, code="endpoint_refused") from None
                     outcome, detail = self._failure(exc, watchdog, limit, limits)
                     raise CallFailed(outcome, detail, retryable=True) from None
                 except CallFailed as failure:
@@ -322,6 +344,21 @@ class BudgetedHTTP:
             record_call(self.recorder, "model", self.name, outcome, attempt=attempt, started_offset=started_offset,
                         timeout=limit, remaining_before=remaining, duration=duration, status_code=status, detail=detail)
 
+    def _guard(self, url):
+        """For an endpoint set in the admin (``ADMIN_ENDPOINT``), an ``AddressGuard`` letting the
+        attempt connect only where ``endpoints.endpoint_rule`` allows, under the site's settings
+        as they are now; raises ``CallFailed`` when its origin is not allowed at all. Endpoints
+        from settings are the operator's word: no guard."""
+        if not self.config.get("ADMIN_ENDPOINT"):
+            return None
+        rule = endpoint_rule(url, get_config())
+        if rule is None:
+            raise CallFailed(Outcome.ERROR, f"{origin(url) or 'the endpoint'} is not an allowed endpoint: not sent",
+                             code="endpoint_refused")
+        if rule == "any":  # an origin the operator wrote out: wherever it resolves to
+            return None
+        return AddressGuard(lambda address: address_allowed(address, rule))
+
     @staticmethod
     def _failure(exc, watchdog, limit, limits):
         """``(outcome, detail)`` for an attempt whose sockets failed (``exc``) or were shut down.
@@ -337,7 +374,7 @@ class BudgetedHTTP:
             return Outcome.TIMEOUT, f"{_describe(exc)}: timed out {watchdog.phase} ({name} limit {seconds:.1f}s)"
         return Outcome.CONNECTION_ERROR, _describe(exc)
 
-    def _read_events(self, reply, watchdog, stream, on_text, limit, idle):
+    def _read_events(self, reply, watchdog, stream, on_text, limit, idle, classify=None):
         """Feed the reply's events to ``stream`` until its terminator; return the reply it adds up to.
 
         A failure before any text raises ``CallFailed`` (retried like any other); after some text,
@@ -362,26 +399,35 @@ class BudgetedHTTP:
                     if added:
                         received = True
                         on_text(added)
+                    if stream.limit.exceeded:  # never retried: another attempt would run on as long
+                        raise PartialReply(stream.reply(), Outcome.BAD_RESPONSE, stream.limit.exceeded, "length")
                     if stream.done:
                         break
             return stream.reply()
         except (StreamError, requests.RequestException, urllib3_exceptions.HTTPError, OSError) as exc:
             if watchdog.cancelled:
                 raise CallCancelled(stream.reply() if received else None) from None
-            if isinstance(exc, StreamError):
-                outcome, detail, code = Outcome.BAD_RESPONSE, exc.detail, exc.code
+            if isinstance(exc, StreamError):  # its detail quotes the provider, who may quote the key
+                outcome, detail, code = Outcome.BAD_RESPONSE, redact(exc.detail, self.config.get("API_KEY")), exc.code
             elif watchdog.expired:
                 outcome, detail, code = Outcome.TIMEOUT, f"timed out {BODY} (total limit {limit:.1f}s)", ""
             elif _timed_out(exc):
                 outcome, detail, code = Outcome.TIMEOUT, f"timed out {BODY} (idle limit {idle:.1f}s)", ""
             else:
                 outcome, detail, code = Outcome.CONNECTION_ERROR, f"the stream broke off: {_describe(exc)}", ""
-            if received:
-                raise PartialReply(stream.reply(), outcome, detail) from None
+            failure = CallFailed(outcome, detail, status=200, code=code)
+            if isinstance(exc, StreamError) and exc.body is not None:  # an error event: the provider says which
+                failure.body = json.dumps(exc.body)
+                named = classify(failure) if classify is not None else None
+                failure.code = named.code if named is not None else "bad_response"
+                failure.detail = named.detail if named is not None else detail
+            if received:  # the visitor has seen text: it is kept, and the record says what ended it
+                raise PartialReply(stream.reply(), outcome, failure.detail) from None
             # An error event naming an outage may be retried, like the same error as a status; a
             # malformed stream may not (the next would most likely be malformed too).
-            retryable = code in ("unavailable", "rate_limited", "timeout") or not isinstance(exc, StreamError)
-            raise CallFailed(outcome, detail, status=200, retryable=retryable, code=code) from None
+            failure.retryable = failure.code in ("unavailable", "rate_limited", "timeout") \
+                or not isinstance(exc, StreamError)
+            raise failure from None
         finally:
             reply.close()
 

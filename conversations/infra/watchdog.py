@@ -21,6 +21,40 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 CONNECT, SEND, FIRST_BYTE, BODY = "connecting", "sending the request", "waiting for the first byte", "between bytes"
 
 _current_watchdog = contextvars.ContextVar("conversations_http_watchdog", default=None)
+_current_guard = contextvars.ContextVar("conversations_http_address_guard", default=None)
+
+
+class AddressRefused(OSError):
+    """Every address the endpoint's host resolved to is one it may not connect to."""
+
+
+class AddressGuard:
+    """Lets the connections of one attempt go only to addresses ``allowed(ip)`` accepts: the
+    host is resolved once, the address checked, and the socket connected to that very address
+    (TLS still verifies the host name), so a second lookup cannot hand out another one (DNS
+    rebinding). Use as a context manager around the attempt; ``refused`` then says why a
+    connection was refused, if one was."""
+
+    def __init__(self, allowed):
+        self.allowed = allowed
+        self.refused = ""
+
+    def address_for(self, host, port):
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = list(dict.fromkeys(info[4][0] for info in infos))
+        for address in addresses:
+            if self.allowed(address):
+                return address
+        self.refused = f"{host} resolves to {', '.join(addresses)}, which this endpoint may not connect to"
+        raise AddressRefused(self.refused)
+
+    def __enter__(self):
+        self._token = _current_guard.set(self)
+        return self
+
+    def __exit__(self, *exc):
+        _current_guard.reset(self._token)
+        return False
 
 
 def stop_requested(check):
@@ -131,7 +165,19 @@ class _WatchedConnection:
 
     def _new_conn(self):
         _set_phase(CONNECT)
-        sock = super()._new_conn()
+        guard = _current_guard.get()
+        if guard is None:
+            sock = super()._new_conn()
+        else:
+            # Connect to the address checked, not to whatever a second lookup says. urllib3 looks
+            # up ``_dns_host``; ``host`` (the Host header, TLS's server name) derives from it too,
+            # so it is put back as soon as the socket is connected.
+            host = self._dns_host
+            self._dns_host = guard.address_for(self.host, self.port)
+            try:
+                sock = super()._new_conn()
+            finally:
+                self._dns_host = host
         _watch(sock)
         return sock
 

@@ -4,7 +4,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0005_assistant_fallbacks'),
+        ('conversations', '0006_assistant_configure_permission'),
     ]
 
     operations = [

@@ -149,5 +149,7 @@ class AnthropicProvider(BaseProvider):
             return ProviderError("rate_limited", detail)
         if kind in ("overloaded_error", "api_error"):
             return ProviderError("unavailable", detail)
+        if kind == "timeout_error":
+            return ProviderError("timeout", detail)
         fallback = super().error_from_failure(failure)
         return ProviderError(fallback.code, detail)

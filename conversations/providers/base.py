@@ -9,6 +9,7 @@ failures to ``ProviderError``.
 
 import dataclasses
 import inspect
+import json
 import logging
 import re
 from urllib.parse import urlsplit, urlunsplit
@@ -16,6 +17,8 @@ from urllib.parse import urlsplit, urlunsplit
 from django.utils.translation import gettext_lazy as _
 
 from ..infra.http import CallCancelled, CallFailed, PartialReply
+from ..redaction import redact
+from ..core.streaming import ReplyLimit
 from ..core.types import Outcome
 
 logger = logging.getLogger("conversations.providers")
@@ -26,7 +29,7 @@ class ProviderError(Exception):
 
     ``code`` names the kind (``auth``, ``unknown_model``, ``context_length``, ``refused``,
     ``bad_response``, ``rate_limited``, ``unavailable``, ``timeout``, ``connection``,
-    ``bad_request``, ``redirected``, ``stream_refused``); ``message`` is a sentence for the visitor (it becomes the turn's error);
+    ``bad_request``, ``redirected``, ``stream_refused``, ``key_not_bound``, ``endpoint_refused``); ``message`` is a sentence for the visitor (it becomes the turn's error);
     ``detail`` is for the operator's log. Neither may contain a secret: build ``detail`` with
     ``redact()`` when it quotes the provider.
     """
@@ -45,6 +48,8 @@ class ProviderError(Exception):
         "stream_refused": _("The assistant is not set up correctly: the AI service would not stream its answer."),
         "redirected": _("The assistant is not set up correctly: the AI service's address answered with a "
                         "redirect (HTTP %(status)s), which is not followed."),
+        "key_not_bound": _("The assistant is not set up correctly: its key may not be sent to its endpoint."),
+        "endpoint_refused": _("The assistant is not set up correctly: its endpoint is not one the site allows."),
     }
 
     def __init__(self, code, detail="", **params):
@@ -54,21 +59,6 @@ class ProviderError(Exception):
         if params:
             self.message %= params
         super().__init__(f"{code}: {detail}" if detail else code)
-
-
-# Things in a provider's error text that look like credentials: OpenAI echoes a masked key
-# ("Incorrect API key provided: sk-abc***xyz"), others quote tokens.
-_SECRETISH = re.compile(r"(?i)(\b(?:sk|pk|rk|key|api|ant)[-_][\w*.\-]{4,}|\b[A-Za-z0-9_\-]{32,}\b|key provided:\s*\S+)")
-
-
-def redact(text, *secrets, limit=300):
-    """``text`` shortened to ``limit`` characters with ``secrets`` and anything key-like removed."""
-    text = str(text or "")
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "[redacted]")
-    text = _SECRETISH.sub("[redacted]", text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # How vendors and gateways say that the model asked for is unknown: OpenAI's code and Azure's,
@@ -178,7 +168,8 @@ class BaseProvider:
         """
         try:
             if self.streams(on_text):
-                response = self.http.post_stream(url, payload, headers, self.stream_class(), on_text)
+                response = self.http.post_stream(url, payload, headers, self.stream_class(), on_text,
+                                                 classify=self.error_from_failure)
             else:
                 response = self.http.post_json(url, payload, headers)
         except CallFailed as failure:
@@ -188,11 +179,25 @@ class BaseProvider:
         except PartialReply as cut:
             logger.error("%s stream cut short: %s", self.name, cut.detail)
             reply = self.parse_reply(parse, cut.data)
-            return dataclasses.replace(reply, tool_calls=[], finish="cut", cut_reason=cut.detail)
+            return dataclasses.replace(reply, tool_calls=[], finish=cut.finish, cut_reason=cut.detail)
         except CallCancelled as stop:
             stop.reply = self.parse_reply(parse, stop.data) if stop.data is not None else None
             raise
-        return self.parse_reply(parse, response.data)
+        return self.bounded(self.parse_reply(parse, response.data))
+
+    def bounded(self, reply):
+        """``reply`` within ``MAX_REPLY_CHARS`` (its text, and each tool call's arguments), as a
+        stream is cut (``streaming.ReplyLimit``): an unstreamed reply may be as large, and what is
+        saved, published and served must stay bounded. Past it: the text so far, no tool calls,
+        ``finish="length"``."""
+        limit = ReplyLimit(self.config.get("MAX_REPLY_CHARS") or None)
+        text = limit.text(reply.text)
+        for call in reply.tool_calls:
+            limit.arguments(0, json.dumps(call.arguments))
+        if not limit.exceeded:
+            return reply
+        logger.error("%s reply cut: %s", self.name, limit.exceeded)
+        return dataclasses.replace(reply, text=text, tool_calls=[], finish="length", cut_reason=limit.exceeded)
 
     def parse_reply(self, parse, data):
         """``parse(data)``; an unreadable reply becomes ``bad_response`` (logged)."""

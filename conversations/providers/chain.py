@@ -19,8 +19,9 @@ kept as it is, never asked again of another provider.
 
 import logging
 
-from ..infra.breaker import CircuitBreaker, provider_key
+from ..infra.breaker import CircuitBreaker, owner_key, provider_key
 from ..core.budget import Budget, BudgetExhausted
+from ..endpoints import bind_settings_key, calls_url
 from ..infra.http import BudgetedHTTP
 from ..infra.network import endpoint
 from . import BaseProvider, ProviderError, call_complete, get_provider_class
@@ -52,8 +53,13 @@ def chain_entries(config):
     entries = [dict(config)]
     for entry in config["FALLBACKS"]:
         entries.append({**config, "MODEL": "", "BASE_URL": "", "API_KEY": "",
-                        **{key: entry[key] for key in ENTRY_KEYS if key in entry}})
-    return entries
+                        **{key: entry[key] for key in ENTRY_KEYS if key in entry},
+                        # set for an assistant's own chain (assistants.chain_settings), never inherited
+                        "ADMIN_ENDPOINT": bool(entry.get("ADMIN_ENDPOINT"))})
+    # A key still unbound here came from settings (the site's API_KEY, a FALLBACKS entry's):
+    # bound to the endpoint those settings name. The job binds every key an assistant brings
+    # (assistants.config_for_turn), and an assistant's chain never holds an API_KEY.
+    return [{**entry, "API_KEY": bind_settings_key(entry)} for entry in entries]
 
 
 class Link:
@@ -81,10 +87,11 @@ class ProviderChain(BaseProvider):
 
     name = "chain"
 
-    def __init__(self, links, config, budget):
+    def __init__(self, links, config, budget, owner=""):
         super().__init__(config, http=links[0].http, budget=budget)
         self.links = links
         self.answered = links[0]
+        self.owner = owner  # whose turn this is, for the breakers (``breaker.owner_key``)
 
     @property
     def model(self):
@@ -99,15 +106,22 @@ class ProviderChain(BaseProvider):
         failover = OUTAGE_CODES | ({"auth"} if self.config["FAILOVER_ON_AUTH"] else set())
         for index, link in enumerate(self.links):
             last = index == len(self.links) - 1
-            if not link.breaker.allow():
+            allowed = link.breaker.allow()
+            if not allowed:
                 self.hop(link, "circuit open")
                 continue
+            probe = allowed == "probe"
             try:
                 reply = call_complete(link.provider, messages, tools, on_text)
             except ProviderError as error:
+                # Only an outage counts: a request's own error (and a key refused, even when it
+                # fails over) would let one visitor open the circuit for everyone.
+                if error.code in OUTAGE_CODES:
+                    link.breaker.failed(self.owner, probe=probe)
+                elif probe:
+                    link.breaker.released()
                 if error.code not in failover:
                     raise
-                link.breaker.failed()
                 failure = error
                 self.hop(link, f"{error.code}: {error.detail}"[:200], last=last)
                 continue
@@ -117,7 +131,7 @@ class ProviderChain(BaseProvider):
                     raise
                 self.hop(link, "no time left before the reserve", last=last)
                 continue
-            link.breaker.succeeded()
+            link.breaker.succeeded(probe=probe)
             self.answered = link
             return reply
         if failure is not None:
@@ -135,11 +149,13 @@ class ProviderChain(BaseProvider):
                         detail=f"{link.label}: circuit open, skipped{following}")
 
 
-def build_provider(config, budget, *, recorder, cancelled, turn_id):
+def build_provider(config, budget, *, recorder, cancelled, turn_id, owner=""):
     """The turn's provider: the site's own, or a ``ProviderChain`` when ``FALLBACKS`` lists more.
-    Returns ``(provider, http clients to close at the end of the turn)``."""
+    ``owner`` is whose turn it is (``breaker.owner_key``). Returns ``(provider, http clients to
+    close at the end of the turn)``."""
     entries = chain_entries(config)
     if len(entries) == 1:
+        config = entries[0]  # its key bound
         cls = get_provider_class(config["PROVIDER"])
         http = BudgetedHTTP(budget, config, recorder=recorder, turn_id=turn_id, cancelled=cancelled)
         http.provider = cls.name
@@ -149,7 +165,7 @@ def build_provider(config, budget, *, recorder, cancelled, turn_id):
     connection = get_queue().connection
     links = [Link(entry, budget, recorder=recorder, cancelled=cancelled, turn_id=turn_id, connection=connection,
                   last=index == len(entries) - 1) for index, entry in enumerate(entries)]
-    return ProviderChain(links, config, budget), [link.http for link in links]
+    return ProviderChain(links, config, budget, owner=owner), [link.http for link in links]
 
 
 def provider_health(config, connection, chains=()):
@@ -182,9 +198,5 @@ def _calls(entry):
     """``provider:model at host:port`` for one chain entry (the vendor's default endpoint when it
     names none; no host for a provider that calls none, like the demo model). Never the key."""
     what = f"{entry['PROVIDER']}:{entry['MODEL'] or '(default model)'}"
-    try:
-        default = get_provider_class(entry["PROVIDER"]).default_base_url
-    except (ImportError, TypeError, ValueError, AttributeError):
-        default = ""
-    where = endpoint(entry.get("BASE_URL") or default)
+    where = endpoint(calls_url(entry["PROVIDER"], entry.get("BASE_URL")))
     return f"{what} at {where}" if where else what

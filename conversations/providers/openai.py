@@ -137,5 +137,10 @@ class OpenAIProvider(BaseProvider):
             return ProviderError("auth", detail)
         if status == 400 and (error.get("param") in ("stream", "stream_options") or "stream" in lowered):
             return ProviderError("stream_refused", detail)
+        # What the status says for an HTTP error, the type says for an error event in a stream (200).
+        if "rate_limit" in code or "rate_limit" in kind:
+            return ProviderError("rate_limited", detail)
+        if kind in ("server_error", "service_unavailable") or code in ("server_error", "service_unavailable"):
+            return ProviderError("unavailable", detail)
         fallback = super().error_from_failure(failure)
         return ProviderError(fallback.code, detail)

@@ -83,12 +83,14 @@ def test_an_openai_stream_cut_short_still_gives_the_text_so_far():
 @pytest.mark.parametrize("data, code", [
     ("{not json", "bad_response"),
     ("[1, 2]", "bad_response"),
-    (json.dumps({"error": {"message": "The server had an error", "type": "server_error"}}), "unavailable"),
+    # An error chunk is handed on whole, for the provider to read like an HTTP error body.
+    (json.dumps({"error": {"message": "The server had an error", "type": "server_error"}}), ""),
 ])
 def test_a_malformed_or_error_chunk_ends_an_openai_stream(data, code):
     with pytest.raises(StreamError) as raised:
         OpenAIStream().feed("message", data)
     assert raised.value.code == code
+    assert raised.value.body == (json.loads(data) if code == "" else None)
 
 
 def anthropic_events(*events):
@@ -125,12 +127,24 @@ def test_anthropic_events_add_up_to_a_message_with_text_tool_input_and_usage():
     assert (reply.usage.input_tokens, reply.usage.output_tokens) == (50, 25)
 
 
-def test_an_anthropic_error_event_ends_the_stream_with_its_kind():
+def test_an_anthropic_error_event_ends_the_stream_and_is_handed_on_whole():
     stream = AnthropicStream()
     stream.feed("content_block_delta", json.dumps({"type": "content_block_delta", "index": 0,
                                                    "delta": {"type": "text_delta", "text": "Part"}}))
     with pytest.raises(StreamError) as raised:
         stream.feed("error", json.dumps({"type": "error", "error": {"type": "overloaded_error",
                                                                     "message": "Overloaded"}}))
-    assert raised.value.code == "unavailable"
+    assert raised.value.body == {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     assert AnthropicProvider({}).parse(stream.reply()).text == "Part"
+
+
+@pytest.mark.parametrize("flood", [b": keep-alive\n", b"\n", b"\r\n"])
+def test_a_flood_of_comments_or_blank_lines_is_read_in_linear_time(flood):
+    # 4 MiB in the 64 KiB reads the HTTP client makes: well under a second when linear; the
+    # quadratic parser took 10 s and more (about 400 KiB/s), a worker core busy all along.
+    import time
+
+    body = flood * (4 * 1024 * 1024 // len(flood)) + b"data: end\n\n"
+    started = time.perf_counter()
+    assert decode_in_pieces(body, 65536) == [("message", "end")]
+    assert time.perf_counter() - started < 3

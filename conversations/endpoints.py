@@ -1,0 +1,270 @@
+"""Where a turn's provider calls may go, and which key may go with each.
+
+**Endpoints set in the admin are allow-listed.** An assistant's own endpoint (or a fallback's)
+must have the origin of a vendor's public API, of the site's own ``BASE_URL`` or ``FALLBACKS``,
+or match ``ALLOWED_ENDPOINTS`` (``endpoint_rule``). Only an origin written out (the site's, or
+an entry without ``*`` in its host) may be at a private, loopback, link-local or metadata
+address; for the others the worker resolves the host once, checks the address and connects to
+that address (``watchdog.AddressGuard``), so a name that resolves to a public address when the
+form is saved and to 169.254.169.254 when the call is made is refused. Endpoints in settings
+are the operator's word and are not checked. The provider an assistant names must be a
+built-in one, the site's, or listed in ``ALLOWED_PROVIDERS``: the web process imports nothing
+else.
+
+**Keys are bound to origins.** A ``CREDENTIALS`` entry is ``{"KEY": "sk-…" or "env:VAR",
+"ORIGINS": ["https://gw.example.com", …]}``; a bare string (a key, or ``env:VAR``) may go only
+to the default origin of the provider it is used with (``https://api.openai.com`` for
+``openai``). The site's ``API_KEY`` goes to the site's ``BASE_URL`` (or its provider's default),
+a ``FALLBACKS`` entry's ``API_KEY`` to that entry's. The job hands each provider its key as a
+``BoundKey`` (the key and its origins), and the HTTP layer checks the origin of every request
+right before sending it (``check_key``): a key is never put into a request for an origin it
+is not bound to, whatever the admin says.
+"""
+
+import ipaddress
+import os
+import re
+from urllib.parse import urlsplit
+
+from django.utils.translation import gettext as _
+
+ENV_PREFIX = "env:"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin(url):
+    """``scheme://host[:port]`` of ``url``, lower-cased, without a default port; "" for none."""
+    parts = urlsplit(str(url or "").strip())
+    if not parts.scheme or not parts.hostname:
+        return ""
+    try:
+        port = parts.port
+    except ValueError:
+        return ""
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    scheme = parts.scheme.lower()
+    return f"{scheme}://{host}" + (f":{port}" if port and port != _DEFAULT_PORTS.get(scheme) else "")
+
+
+# An origin pattern: a scheme, a host that may hold "*" (any characters), and "*" or a number as port.
+_PATTERN = re.compile(r"^https?://(\[[0-9a-f:.]+\]|[a-z0-9*._-]+)(:(\*|[0-9]+))?$")
+
+
+def origin_pattern(value):
+    """``value`` (an origin, or one with ``*`` wildcards: ``https://*.example.com``,
+    ``http://127.0.0.1:*``) in the form ``origin_allowed`` compares; "" when it is neither."""
+    text = str(value or "").strip().rstrip("/").lower()
+    if "*" not in text:
+        parts = urlsplit(text)
+        if parts.path or parts.query or parts.fragment:  # an origin has none: a path would be ignored
+            return ""
+        text = origin(text)
+    return text if _PATTERN.match(text) else ""
+
+
+def origin_allowed(target, patterns):
+    """Whether origin ``target`` matches one of ``patterns`` (see ``origin_pattern``); only ``*`` is
+    special (not fnmatch's ``[…]``, which an IPv6 origin holds)."""
+    compiled = [re.compile(re.escape(origin_pattern(p)).replace(r"\*", ".*")) for p in patterns if origin_pattern(p)]
+    return bool(target) and any(pattern.fullmatch(target) for pattern in compiled)
+
+
+def calls_url(provider, base_url=""):
+    """The URL calls of ``provider`` (a name in ``PROVIDER``) go to: ``base_url``, or when it is
+    empty the provider's default; "" when the provider cannot be loaded or calls nothing
+    (``demo``). The one rule for it: the key bindings, the checks and ``provider_health`` agree."""
+    from .providers import get_provider_class
+
+    if base_url:
+        return base_url
+    try:
+        return get_provider_class(provider).default_base_url or ""
+    except (ImportError, TypeError, ValueError, AttributeError):
+        return ""
+
+
+def default_origin(provider):
+    """The origin a provider (a name in ``PROVIDER``) calls when no ``BASE_URL`` is set; "" when it
+    cannot be loaded or calls nothing (``demo``)."""
+    return origin(calls_url(provider))
+
+
+def endpoint_origin(provider, base_url):
+    """The origin calls of ``provider`` go to with ``base_url`` (empty: the provider's default)."""
+    return origin(base_url) if base_url else default_origin(provider)
+
+
+class BoundKey(str):
+    """An API key with ``origins``, the origins it may be sent to."""
+
+    origins = ()
+
+    def __new__(cls, key, origins):
+        value = super().__new__(cls, key)
+        value.origins = tuple(sorted({origin_pattern(o) for o in origins if origin_pattern(o)}))
+        return value
+
+
+class CredentialError(LookupError):
+    """A credential cannot be resolved; ``reason`` says why, for the admin form and the log."""
+
+    def __init__(self, reason):
+        self.reason = reason
+        super().__init__(reason)
+
+
+def credential_shape_problem(value):
+    """Why a ``CREDENTIALS`` value is not a credential, or None."""
+    if isinstance(value, dict) or hasattr(value, "keys"):
+        key, origins = value.get("KEY"), value.get("ORIGINS", ())
+        if set(value) - {"KEY", "ORIGINS"}:
+            return "takes only KEY and ORIGINS"
+        if not isinstance(key, str) or not key or key == ENV_PREFIX:
+            return "needs a KEY: an API key or \"env:VARIABLE\" (a non-empty string)"
+        if isinstance(origins, str) or not all(isinstance(o, str) and origin_pattern(o) for o in origins):
+            return "needs ORIGINS as a list of origins such as \"https://gateway.example.com\""
+        return None
+    if not isinstance(value, str) or not value or value == ENV_PREFIX:
+        return "must be an API key or \"env:VARIABLE\" (a non-empty string), or {\"KEY\": …, \"ORIGINS\": […]}"
+    return None
+
+
+def credential_parts(value):
+    """``(key or "env:VAR", origins or None)`` of a ``CREDENTIALS`` value (None: a bare string)."""
+    if isinstance(value, str):
+        return value, None
+    return value.get("KEY"), tuple(value.get("ORIGINS") or ())
+
+
+def unset_variable(value):
+    """The variable an ``env:VARIABLE`` credential value names, when it is unset or empty in this
+    process (a credential that cannot be read here); "" otherwise. For the job and check W040."""
+    if not value.startswith(ENV_PREFIX):
+        return ""
+    variable = value[len(ENV_PREFIX):]
+    return "" if os.environ.get(variable) else variable
+
+
+def resolve_credential(name, cfg, provider=None):
+    """The API key that credential ``name`` stands for: its key itself, or the environment
+    variable it names with ``env:`` (read now, in the process that calls). With ``provider``
+    (the provider it is used with), a ``BoundKey`` with the origins it may go to. Raises
+    ``CredentialError``."""
+    credentials = cfg["CREDENTIALS"]
+    if name not in credentials:
+        raise CredentialError(_("its credential “%(name)s” is not in the site's CREDENTIALS setting.") % {
+            "name": name})
+    if credential_shape_problem(credentials[name]):
+        raise CredentialError(_("its credential “%(name)s” is not a key.") % {"name": name})
+    value, origins = credential_parts(credentials[name])
+    if unset_variable(value):
+        raise CredentialError(_("the environment variable %(variable)s of its credential “%(name)s” is not "
+                                "set.") % {"variable": unset_variable(value), "name": name})
+    if value.startswith(ENV_PREFIX):
+        value = os.environ[value[len(ENV_PREFIX):]]
+    if provider is None:
+        return value
+    return BoundKey(value, origins if origins is not None else [default_origin(provider)])
+
+
+def bind_settings_key(entry):
+    """The ``API_KEY`` of a configuration taken from settings (the site's own, or a ``FALLBACKS``
+    entry's), bound to the endpoint those settings name: the operator's word."""
+    key = entry.get("API_KEY") or ""
+    if not key or isinstance(key, BoundKey):
+        return key
+    return BoundKey(key, [endpoint_origin(entry.get("PROVIDER", ""), entry.get("BASE_URL", ""))])
+
+
+class KeyNotBound(Exception):
+    """A request would carry a key to an origin it is not bound to; it is not sent."""
+
+
+def check_key(url, headers, key):
+    """Raise ``KeyNotBound`` unless ``key`` (a ``BoundKey``; a plain string counts as bound to
+    nothing) may be sent to ``url``. Called with the request's headers right before sending: a
+    request that carries the key nowhere (headers or URL) passes."""
+    if not key or not (key in url or any(key in str(value) for value in headers.values())):
+        return
+    target = origin(url)
+    if not origin_allowed(target, getattr(key, "origins", ())):
+        allowed = ", ".join(getattr(key, "origins", ())) or "no origin"
+        raise KeyNotBound(f"the key is bound to {allowed}, not to {target or url!r}: not sent")
+
+
+# -- endpoints and providers set in the admin ------------------------------------------------
+
+BUILTIN_PROVIDERS = ("demo", "openai", "anthropic")
+
+
+def allowed_providers(cfg):
+    """The provider names an assistant may use: the built-in ones, the site's own and its
+    fallbacks', and ``ALLOWED_PROVIDERS``."""
+    names = [*BUILTIN_PROVIDERS, cfg["PROVIDER"], *(entry.get("PROVIDER") for entry in cfg["FALLBACKS"]),
+             *cfg["ALLOWED_PROVIDERS"]]
+    return tuple(dict.fromkeys(name for name in names if isinstance(name, str) and name))
+
+
+def provider_problem(name, cfg):
+    """Why an assistant may not name provider ``name`` (checked before anything is imported), or None."""
+    if name in allowed_providers(cfg):
+        return None
+    return _("its provider “%(provider)s” is not one this site allows (a built-in one, the site's own, or a "
+             "dotted path in ALLOWED_PROVIDERS).") % {"provider": name}
+
+
+def _written_out(pattern):
+    """Whether an origin pattern names its host without a wildcard."""
+    match = _PATTERN.match(origin_pattern(pattern))
+    return bool(match) and "*" not in match.group(1)
+
+
+def endpoint_rule(url, cfg):
+    """What an endpoint set in the admin may connect to: ``"any"`` address (an origin the
+    operator wrote out: the site's ``BASE_URL`` or a ``FALLBACKS`` one, an ``ALLOWED_ENDPOINTS``
+    entry whose host has no ``*``), ``"public"`` addresses only (a vendor's public origin, or a
+    wildcard entry), or None: not allowed at all."""
+    target = origin(url)
+    if not target:
+        return None
+    site = [endpoint_origin(cfg["PROVIDER"], cfg["BASE_URL"]),
+            *(endpoint_origin(e.get("PROVIDER", ""), e.get("BASE_URL", "")) for e in cfg["FALLBACKS"])]
+    listed = list(cfg["ALLOWED_ENDPOINTS"])
+    if origin_allowed(target, [*site, *(p for p in listed if _written_out(p))]):
+        return "any"
+    vendors = [default_origin(name) for name in BUILTIN_PROVIDERS]
+    if origin_allowed(target, [*vendors, *listed]):
+        return "public"
+    return None
+
+
+def address_allowed(address, rule):
+    """Whether an endpoint under ``rule`` (``endpoint_rule``) may connect to IP ``address``: a
+    public one, unless the rule allows any. Private, loopback, link-local (the cloud metadata
+    service, 169.254.169.254), shared, reserved and multicast addresses are not public; an
+    IPv4 address written as IPv6 (``::ffff:127.0.0.1``) counts as itself."""
+    if rule == "any":
+        return True
+    if rule != "public":
+        return False
+    ip = ipaddress.ip_address(str(address).split("%", 1)[0])
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return ip.is_global and not ip.is_multicast
+
+
+def endpoint_problem(url, cfg):
+    """Why an endpoint may not be set in the admin, or None: its origin is not allowed, or it
+    is an address (written as such) that its rule does not allow."""
+    rule = endpoint_rule(url, cfg)
+    if rule is None:
+        return _("its endpoint %(origin)s is not one this site allows (a vendor's, the site's own, or one in "
+                 "ALLOWED_ENDPOINTS).") % {"origin": origin(url) or url}
+    host = urlsplit(url).hostname or ""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a name: its addresses are checked when the worker connects
+    if not address_allowed(host, rule):
+        return _("its endpoint %(origin)s is a private, loopback or link-local address, which ALLOWED_ENDPOINTS "
+                 "does not list.") % {"origin": origin(url)}
+    return None
