@@ -112,7 +112,7 @@ def turn_margins(stack, runs):
     from django.db import transaction
     from rq.job import Job
 
-    from conversations.engine.job import get_queue
+    from conversations.infra.queue import get_queue
     from conversations.models import Conversation, Turn
     from conversations.engine.lifecycle import create as create_turn
 

@@ -55,7 +55,7 @@ def main():
             from rq.registry import FailedJobRegistry
 
             from conversations.infra import state
-            from conversations.engine.job import get_queue
+            from conversations.infra.queue import get_queue
             from conversations.models import Turn
 
             base = stack.gunicorn(2)

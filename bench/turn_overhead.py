@@ -114,7 +114,7 @@ def main():
     with ScriptedProvider(calls=3) as provider:
         conversations = {"PROVIDER": "openai", "BASE_URL": provider.url, "API_KEY": "bench", "MODEL": "bench"}
         with Stack(database=args.database, conversations=conversations) as stack:
-            from conversations.engine.job import get_queue
+            from conversations.infra.queue import get_queue
 
             base = stack.gunicorn(2)
             stack.workers(1)

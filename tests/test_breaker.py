@@ -12,7 +12,7 @@ from django.db import connections
 from conversations.infra.breaker import CircuitBreaker, provider_key
 from conversations.conf import get_config
 from conversations.providers.chain import provider_health
-from conversations.engine.job import get_queue
+from conversations.infra.queue import get_queue
 from conversations.models import Conversation
 from tests.fake_stream import streaming
 from tests.fake_wire import run_turn_here

@@ -14,7 +14,8 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 from rq.job import Job
 
-from conversations.engine import job as jobs, lifecycle as turns
+from conversations.engine import lifecycle as turns
+from conversations.infra import queue
 from conversations.infra import state
 from conversations.models import Turn
 from tests.fakes import FakeProvider, openai_text
@@ -34,7 +35,7 @@ def queued_turn():
     client = make_client()
     body = start_turn(client, "Hello?")
     turn = Turn.objects.get(pk=body["id"])
-    return client, body, turn, Job.fetch(turn.job_id, connection=jobs.get_queue().connection)
+    return client, body, turn, Job.fetch(turn.job_id, connection=queue.get_queue().connection)
 
 
 def mark_running(turn, *, deadline_ago):
@@ -70,7 +71,7 @@ def test_running_turn_whose_job_is_alive_is_left_alone():
     client, body, turn, job = queued_turn()
     # A worker on another machine has started the job and is heartbeating; the turn is past
     # its own deadline, i.e. inside its margin, writing its final state.
-    connection = jobs.get_queue().connection
+    connection = queue.get_queue().connection
     with connection.pipeline() as pipeline:
         job.prepare_for_execution("worker-on-another-host", pipeline)
         pipeline.execute()
@@ -109,7 +110,7 @@ def test_queued_turn_waiting_behind_a_backlog_within_queue_wait_is_left_alone():
     assert "left alone" in out
     turn.refresh_from_db()
     assert turn.status == "queued"
-    assert jobs.get_queue().job_ids == [turn.job_id]
+    assert queue.get_queue().job_ids == [turn.job_id]
 
 
 def test_queued_turn_no_worker_picked_up_within_queue_wait_is_ended_and_never_runs(worker, conversations_settings):

@@ -149,7 +149,7 @@ def test_a_turn_queued_while_no_worker_listens_is_logged_at_once(caplog):
 def test_a_turn_queued_while_a_worker_listens_logs_no_warning(worker_process, caplog):
     from rq.worker import Worker
 
-    from conversations.engine.job import get_queue
+    from conversations.infra.queue import get_queue
 
     worker_process()
     deadline = time.monotonic() + 30

@@ -14,7 +14,7 @@ import pytest
 from django.core.cache import cache
 from django.db import connections
 
-from conversations.engine import lifecycle as turns
+from conversations.engine import recovery
 from conversations.models import CallRecord, Message, Turn
 from conversations.engine.recovery import gave_up_message, resume_or_fail
 from conversations.tools import tool
@@ -210,7 +210,7 @@ def test_two_places_noticing_one_death_start_one_continuation(resuming):
                                                  deadline_at=timezone.now() + timezone.timedelta(seconds=14))
     queue = django_rq.get_queue("default")
     queue.empty()
-    at_once(*[lambda: turns.repair(Turn.objects.get(pk=started["id"]))] * 4, timeout=10)
+    at_once(*[lambda: recovery.repair(Turn.objects.get(pk=started["id"]))] * 4, timeout=10)
     turn = Turn.objects.get(pk=started["id"])
     assert turn.resumes == 1 and turn.status == "running" and queue.count == 1
     assert queue.job_ids == [turn.job_id] and turn.job_id.endswith("-r1")
@@ -220,7 +220,7 @@ def test_two_places_noticing_one_death_start_one_continuation(resuming):
 
 
 def test_a_continuation_that_finds_its_turn_finished_does_nothing(resuming):
-    from conversations.engine.job import enqueue_continuation
+    from conversations.infra.queue import enqueue_continuation
 
     fake = resuming
     client = make_client()

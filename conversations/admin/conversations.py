@@ -33,6 +33,10 @@ from ..models import Conversation, Message, Turn
 from .filters import NearDeadlineFilter, QueueFilter, RatingFilter
 from .assistants import TurnAssistantColumns
 from .timeline import job_status, owner_label, redact, seconds, turn_page
+from ..engine.configure import chains
+from ..conf import get_config
+from ..providers.chain import provider_health
+from ..infra.queue import get_queue
 
 # -- operations ----------------------------------------------------------------------------
 
@@ -275,11 +279,6 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
     def changelist_view(self, request, extra_context=None):
         """The turn list, headed by the circuit breaker of each provider of the site's chain and of
         the active assistants' (``manage.py provider_health``)."""
-        from ..assistants import chains
-        from ..conf import get_config
-        from ..providers.chain import provider_health
-        from ..engine.job import get_queue
-
         try:
             health = provider_health(get_config(), get_queue().connection, chains())
         except (RedisError, DatabaseError):  # the list must show whatever Redis does

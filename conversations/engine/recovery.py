@@ -16,16 +16,14 @@ import math
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from . import job as jobs
-from ..infra import state
+from ..infra import queue, state
 from ..conf import get_config
 from ..models import CallRecord, Turn
+from .lifecycle import end_unclaimed, finalize, waited_too_long
 
 logger = logging.getLogger("conversations.resume")
-
-
-def continuation_job_id(turn, number):
-    return f"{jobs.job_id_for(turn)}-r{number}"
+# repair() came from lifecycle; its lines keep the logger name operators filter on.
+repair_logger = logging.getLogger("conversations.turns")
 
 
 def time_left(turn, now=None):
@@ -52,7 +50,7 @@ def continue_turn(turn, cause, *, from_job_id):
         return None
     left = time_left(turn)
     number = turn.resumes + 1
-    job_id = continuation_job_id(turn, number)
+    job_id = queue.continuation_job_id(turn, number)
     state.mark_enqueueing(turn.id, job_id)  # until it is in the queue, nobody takes it for dead
     won = Turn.objects.filter(pk=turn.pk, status=Turn.Status.RUNNING, job_id=from_job_id, resumes=turn.resumes,
                               cancel_requested=False).update(job_id=job_id, resumes=number)
@@ -65,7 +63,7 @@ def continue_turn(turn, cause, *, from_job_id):
                               started_offset=(timezone.now() - started).total_seconds(), remaining_before=left,
                               timeout=left, outcome="ok", detail=f"continued by job {job_id}: {cause}"[:500])
     # What is left of the turn's own deadline, plus the margin: never a longer budget.
-    jobs.enqueue_continuation(turn, job_id, job_timeout=math.ceil(left + cfg["DEADLINE_MARGIN"]))
+    queue.enqueue_continuation(turn, job_id, job_timeout=math.ceil(left + cfg["DEADLINE_MARGIN"]))
     try:
         data = state.read(turn.id) or state.state_from_db(turn)
         state.publish({**data, "resuming": True, "job_id": job_id})
@@ -85,8 +83,6 @@ def resume_or_fail(turn, cause, *, dead_job_id=None):
     continue a running turn (``continue_turn``) or, when it may not be continued, end it as
     before — ``cancelled`` if it was asked to stop, else ``failed``. Returns the published
     state, or None when another caller continued or ended it first."""
-    from .lifecycle import finalize
-
     turn.refresh_from_db()
     dead = dead_job_id or turn.job_id
     if turn.done or turn.job_id != dead:
@@ -99,3 +95,20 @@ def resume_or_fail(turn, cause, *, dead_job_id=None):
     if turn.cancel_requested:
         return finalize(turn, Turn.Status.CANCELLED, "")
     return finalize(turn, Turn.Status.FAILED, gave_up_message())
+
+
+def repair(turn):
+    """Called by the poll view for a stale or missing state: end ``turn`` if it waited in the
+    queue past ``QUEUE_WAIT`` (``end_unclaimed``), or if it is unfinished but its job can no
+    longer finish it (``failed``). Returns the new state, or None."""
+    if turn.done:
+        return None
+    if waited_too_long(turn):
+        ended = end_unclaimed(turn)
+        if ended is not None:
+            return ended
+    problem = queue.job_problem(turn)
+    if problem is None:
+        return None
+    repair_logger.error("Turn %s repaired: %s", turn.id, problem)
+    return resume_or_fail(turn, problem, dead_job_id=turn.job_id)

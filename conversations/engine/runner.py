@@ -37,6 +37,7 @@ from ..providers import ProviderError, call_complete
 from ..core.history import chat_message, message_size, trim_history, unfinished_step
 from ..tools import ToolContext, interrupted_result, load_tools, run_tool, too_many_calls_message
 from ..core.types import ChatMessage, Outcome, ToolResult, record_call
+from .recovery import can_hand_over, continue_turn
 
 logger = logging.getLogger("conversations.runner")
 
@@ -201,8 +202,6 @@ class TurnRunner:
     def cancelled(self):
         """Whether a call in flight must be shut (checked by its watchdog): on a Stop, or when the
         worker shuts down and the turn can be handed over (else the call is let finish here)."""
-        from .recovery import can_hand_over
-
         asked = self.stop_requested()
         return asked == "cancel" or (asked == "handoff" and can_hand_over(self.turn, self.config))
 
@@ -399,7 +398,6 @@ class TurnRunner:
             return None
         if asked == "cancel":
             return Turn.Status.CANCELLED, None
-        from .recovery import continue_turn
 
         if continue_turn(self.turn, "its worker shut down", from_job_id=self.turn.job_id):
             return None, None
@@ -476,7 +474,7 @@ class TurnRunner:
             with transaction.atomic():
                 self.save_records()
                 shown = self.save_streamed()
-                turn.cost = costs.turn_cost(turn.model, turn.input_tokens, turn.output_tokens)
+                turn.cost = costs.turn_cost(turn.model, turn.input_tokens, turn.output_tokens, self.config["PRICES"])
                 turn.save(update_fields=["status", "error", "finished_at", "margin_left", "model_calls",
                                          "tool_calls", "input_tokens", "output_tokens", "usage_estimated", "cost"])
             if shown is not None:

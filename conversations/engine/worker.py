@@ -12,6 +12,11 @@ import logging
 
 import rq
 from django.db import close_old_connections, connections
+from .job import warm_up
+from ..infra import state
+from ..infra.queue import turn_id_from_job_id
+from ..models import Turn
+from .recovery import resume_or_fail
 
 logger = logging.getLogger("conversations.worker")
 
@@ -22,8 +27,6 @@ class Worker(rq.Worker):
 
     def work(self, *args, **kwargs):
         """RQ's loop, after ``jobs.warm_up()``: every work horse forks from this process."""
-        from .job import warm_up
-
         warm_up()
         return super().work(*args, **kwargs)
 
@@ -38,8 +41,6 @@ class Worker(rq.Worker):
         """Called by RQ in the parent on a warm shutdown (SIGTERM): ask the turn being run to hand
         over at its next step (``resume``), so the worker exits within seconds, not JOB_TIMEOUT."""
         super().handle_warm_shutdown_request()
-        from ..infra import state
-        from .job import turn_id_from_job_id
 
         job_id = self.get_current_job_id()  # the id is all it needs: no fetch of the whole job
         turn_id = turn_id_from_job_id(job_id) if job_id is not None else None
@@ -56,9 +57,6 @@ class Worker(rq.Worker):
         unless it already has a final state. Returns None; never raises.
         """
         super().handle_work_horse_killed(job, retpid, ret_val, rusage)
-        from .job import turn_id_from_job_id
-        from ..models import Turn
-        from .recovery import resume_or_fail
 
         turn_id = turn_id_from_job_id(job.id)
         if turn_id is None:
