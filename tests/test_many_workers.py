@@ -16,11 +16,12 @@ from rq.command import send_kill_horse_command
 from rq.job import Job
 from rq.registry import FailedJobRegistry
 
-from conversations.engine import job as jobs, lifecycle as turns
+from conversations.engine import job as jobs
 from conversations.infra import queue
 from conversations.models import Turn
 from tests.helpers import ROOT, make_client, poll_until_done, start_turn, worker_env
 from tests.fakes import FakeProvider, hang, openai_text
+from conversations.core.sentences import crashed_message
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -117,7 +118,7 @@ def test_rqworker_pool_runs_our_worker_class(transactional_db, conversations_set
             started = time.monotonic()
             final = poll_until_done(client, body["poll_url"], timeout=30)
             assert time.monotonic() - started < 10  # finalised by the worker, well before the poll gives up
-            assert final["status"] == "failed" and final["error"] == turns.crashed_message()
+            assert final["status"] == "failed" and final["error"] == crashed_message()
 
             # The other two are still in the hands of their horses.
             for client, body in posted[1:]:

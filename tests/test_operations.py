@@ -14,12 +14,12 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 from rq.job import Job
 
-from conversations.engine import lifecycle as turns
 from conversations.infra import queue
 from conversations.infra import state
 from conversations.models import Turn
 from tests.fakes import FakeProvider, openai_text
 from tests.helpers import make_client, start_turn
+from conversations.core.sentences import crashed_message
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,9 +61,9 @@ def test_running_turn_whose_job_is_gone_is_ended_and_the_visitor_sees_why():
     assert "1 overdue turn(s), 1 repaired" in out
     turn.refresh_from_db()
     assert turn.status == "failed" and turn.finished_at is not None
-    assert turn.error == turns.crashed_message()
+    assert turn.error == crashed_message()
     final = client.get(body["poll_url"]).json()
-    assert final["done"] is True and final["status"] == "failed" and final["error"] == turns.crashed_message()
+    assert final["done"] is True and final["status"] == "failed" and final["error"] == crashed_message()
     assert final["messages"][0]["content"] == "Hello?"
 
 

@@ -16,7 +16,8 @@ from django.db import connections
 
 from conversations.engine import recovery
 from conversations.models import CallRecord, Message, Turn
-from conversations.engine.recovery import gave_up_message, resume_or_fail
+from conversations.core.sentences import crashed_message
+from conversations.engine.recovery import resume_or_fail
 from conversations.tools import tool
 from tests.fakes import FakeProvider, hang, openai_text, openai_tool_calls
 from tests.helpers import Poller, at_once, make_client, poll_until_done, start_turn
@@ -157,7 +158,7 @@ def test_killed_with_too_little_time_left_the_turn_fails_as_before(resuming, con
     began = time.monotonic()
     run_with_killer(client, started, until=lambda: fake.requests and time.monotonic() - began > 3.5)
     final = poll_until_done(client, started["poll_url"])
-    assert (final["status"], final["error"]) == ("failed", gave_up_message())
+    assert (final["status"], final["error"]) == ("failed", crashed_message())
     assert Turn.objects.get(pk=started["id"]).resumes == 0
 
 
@@ -186,7 +187,7 @@ def test_a_worker_killed_over_and_over_gives_up_after_max_resumes(resuming):
     thread.join(2)
     final = poll_until_done(client, started["poll_url"])
     turn = Turn.objects.get(pk=started["id"])
-    assert (final["status"], final["error"]) == ("failed", gave_up_message())
+    assert (final["status"], final["error"]) == ("failed", crashed_message())
     assert turn.resumes == 2 and len(fake.requests) == 3 and time.monotonic() - began < 20
 
 

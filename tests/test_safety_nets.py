@@ -26,10 +26,10 @@ from rq.job import Job, JobStatus
 
 import conversations.worker
 from conversations.infra import state
-from conversations.engine.job import timeout_message
+from conversations.core.sentences import timeout_message
 from conversations.models import CallRecord, Message, Turn
 from conversations.providers import BaseProvider, ProviderError
-from conversations.engine.lifecycle import crashed_message
+from conversations.core.sentences import crashed_message
 from tests.helpers import Poller, make_client, start_turn
 from tests.fakes import FakeProvider, hang
 

@@ -10,7 +10,7 @@ from django.core.cache import cache
 from rq.job import Job
 
 from conversations.infra import state
-from conversations.engine.lifecycle import crashed_message
+from conversations.core.sentences import crashed_message
 from conversations.models import Turn
 from tests.fakes import FakeProvider, openai_text, openai_tool_calls
 from tests.helpers import logged_in_client, make_client, poll_until_done, start_turn

@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from conversations.engine.job import timeout_message
+from conversations.core.sentences import timeout_message
 from conversations.models import CallRecord, Turn
 from conversations.providers import BaseProvider
 from conversations.engine.runner import cut_short_message

@@ -22,8 +22,8 @@ from ..owners import owner_matches, owner_token, owns_state, stamp_matches
 from . import serializers
 from .permissions import LoginNotRequiredMixin, may_chat, sign_in_message
 from .sessions import UNAVAILABLE_ERRORS, check_session_store
-from .views import (CONVERSATION_ID, NOT_FOUND, SIGN_IN, TURN_ID, UNAVAILABLE, RedisDownMixin, owned_conversation,
-                    public_state)
+from .base import RedisDownMixin, owned_conversation, public_state
+from .schema import CONVERSATION_ID, NOT_FOUND, SIGN_IN, TURN_ID, UNAVAILABLE
 
 
 class TurnDetailView(LoginNotRequiredMixin, RedisDownMixin, APIView):

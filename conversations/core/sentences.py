@@ -1,4 +1,6 @@
-"""The sentences a visitor reads when the model loop ends a turn short of a full answer."""
+"""Every sentence a visitor reads when a turn ends short of a full answer: in the model loop
+(the runner), in the job, and outside it (a turn never picked up, a work horse that died, a
+queue that could not be reached). One function per sentence, so each is written once."""
 
 from django.utils.translation import gettext as _
 
@@ -22,3 +24,19 @@ def length_message():
 
 def empty_reply_message():
     return _("The AI service sent an empty answer. Please try again, or ask in other words.")
+
+
+def crashed_message():
+    return _("The assistant stopped unexpectedly before finishing. Please try again.")
+
+
+def unavailable_message():
+    return _("The assistant is unavailable right now. Please try again in a minute.")
+
+
+def not_picked_up_message():
+    return _("The assistant is not available right now. Please try again later.")
+
+
+def timeout_message():
+    return _("The assistant ran out of time on this answer. Please try again.")

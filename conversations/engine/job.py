@@ -19,7 +19,6 @@ import logging
 
 from django.db import close_old_connections
 from django.utils import timezone
-from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
@@ -36,12 +35,9 @@ from .recovery import time_left
 from ..models import Message
 from ..providers import get_provider_class
 from ..tools import load_tools
+from ..core.sentences import crashed_message, timeout_message
 
 logger = logging.getLogger("conversations.jobs")
-
-
-def timeout_message():
-    return _("The assistant ran out of time on this answer. Please try again.")
 
 
 def perform_turn(turn_id):
@@ -111,7 +107,7 @@ def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None):
         runner = TurnRunner(turn, clock=clock_for(cfg), config=cfg)
     except Exception:  # e.g. a PROVIDER or TOOLS path that cannot be imported: still end the turn
         logger.exception("Turn %s could not start%s", turn_id, again)
-        turns.finalize(turn, Turn.Status.FAILED, turns.crashed_message())
+        turns.finalize(turn, Turn.Status.FAILED, crashed_message())
         raise
     try:
         runner.run(resuming=resuming)
@@ -122,7 +118,7 @@ def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None):
         raise
     except Exception:
         logger.exception("Turn %s crashed%s", turn_id, again)
-        runner.finish(Turn.Status.FAILED, turns.crashed_message())
+        runner.finish(Turn.Status.FAILED, crashed_message())
         raise
     return turn.status
 

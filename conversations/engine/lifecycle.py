@@ -12,7 +12,6 @@ import logging
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 
 from .. import assistants
@@ -20,6 +19,7 @@ from ..core import pricing as costs
 from ..infra import queue, state
 from ..conf import get_config
 from ..models import Conversation, Message, Turn
+from ..core.sentences import not_picked_up_message, unavailable_message
 
 logger = logging.getLogger("conversations.turns")
 
@@ -30,18 +30,6 @@ class TurnActive(Exception):
 
 class QueueUnavailable(Exception):
     """``start()`` could not enqueue the turn (Redis unreachable); a turn it had saved has ended failed."""
-
-
-def crashed_message():
-    return _("The assistant stopped unexpectedly before finishing. Please try again.")
-
-
-def unavailable_message():
-    return _("The assistant is unavailable right now. Please try again in a minute.")
-
-
-def not_picked_up_message():
-    return _("The assistant is not available right now. Please try again later.")
 
 
 def ensure_idle(conversation):

@@ -14,12 +14,12 @@ import logging
 import math
 
 from django.utils import timezone
-from django.utils.translation import gettext as _
 
 from ..infra import queue, state
 from ..conf import get_config
 from ..models import CallRecord, Turn
 from .lifecycle import end_unclaimed, finalize, waited_too_long
+from ..core.sentences import crashed_message
 
 logger = logging.getLogger("conversations.resume")
 # repair() came from lifecycle; its lines keep the logger name operators filter on.
@@ -74,10 +74,6 @@ def continue_turn(turn, cause, *, from_job_id):
     return job_id
 
 
-def gave_up_message():
-    return _("The assistant stopped unexpectedly before finishing. Please try again.")
-
-
 def resume_or_fail(turn, cause, *, dead_job_id=None):
     """For a turn whose job (``dead_job_id``, default its current one) can no longer finish it:
     continue a running turn (``continue_turn``) or, when it may not be continued, end it as
@@ -94,7 +90,7 @@ def resume_or_fail(turn, cause, *, dead_job_id=None):
         return None  # ended, or continued by another caller a moment ago
     if turn.cancel_requested:
         return finalize(turn, Turn.Status.CANCELLED, "")
-    return finalize(turn, Turn.Status.FAILED, gave_up_message())
+    return finalize(turn, Turn.Status.FAILED, crashed_message())
 
 
 def repair(turn):
