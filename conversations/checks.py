@@ -13,7 +13,7 @@ from django.utils.module_loading import import_string
 
 from .conf import get_config, unknown_keys
 from .infra.network import describe_redis_error, redis_endpoint
-from .core.rules import clock_errors, reserve_errors
+from .core.rules import clock_errors, rate_is_on, reserve_errors
 from .engine.worker import Worker
 from .providers import get_provider_class
 from .endpoints import calls_url, credential_parts, credential_shape_problem, origin, origin_pattern, unset_variable
@@ -178,7 +178,7 @@ def _check_rates(cfg):
     for key in ("TURN_RATE_PER_OWNER", "TURN_RATE_PER_IP", "CONVERSATION_RATE_PER_OWNER", "CONVERSATION_RATE_PER_IP",
                 "RATING_RATE_PER_OWNER", "RATING_RATE_PER_IP"):
         rate = cfg[key]
-        if not rate or str(rate).strip() == "0":
+        if not rate_is_on(rate):
             continue
         try:
             SimpleRateThrottle.parse_rate(None, str(rate))
@@ -269,26 +269,21 @@ def check_deploy(app_configs=None, **kwargs):
     rest = getattr(settings, "REST_FRAMEWORK", {}) or {}
     behind_proxy = getattr(settings, "SECURE_PROXY_SSL_HEADER", None) or getattr(settings, "USE_X_FORWARDED_HOST",
                                                                                    False)
-    if behind_proxy and rest.get("NUM_PROXIES") is None and _is_rate(cfg["TURN_RATE_PER_IP"]):
+    if behind_proxy and rest.get("NUM_PROXIES") is None and rate_is_on(cfg["TURN_RATE_PER_IP"]):
         warnings.append(Warning(
             "The site is behind a reverse proxy (SECURE_PROXY_SSL_HEADER or USE_X_FORWARDED_HOST is set) but "
             "REST_FRAMEWORK['NUM_PROXIES'] is not: the per-IP turn limit sees every visitor as the proxy, so a "
             "few visitors use it up for everyone.",
             hint="Set REST_FRAMEWORK['NUM_PROXIES'] to the number of proxies in front of Django (see SECURITY.md).",
             id="conversations.W031"))
-    if (cfg["PROVIDER"] != "demo" and not _is_rate(cfg["TURN_RATE_PER_OWNER"])
-            and not _is_rate(cfg["TURN_RATE_PER_IP"]) and not cfg["DAILY_TOKEN_BUDGET"]):
+    if (cfg["PROVIDER"] != "demo" and not rate_is_on(cfg["TURN_RATE_PER_OWNER"])
+            and not rate_is_on(cfg["TURN_RATE_PER_IP"]) and not cfg["DAILY_TOKEN_BUDGET"]):
         warnings.append(Warning(
             "TURN_RATE_PER_OWNER, TURN_RATE_PER_IP and DAILY_TOKEN_BUDGET are all off: anyone who can reach the "
             "page can make the site pay for model calls without limit.",
             hint="Set at least one of them (the defaults are 10/min, 30/min and 200000 tokens a day).",
             id="conversations.W032"))
     return warnings
-
-
-def _is_rate(rate):
-    """Whether a throttle rate setting switches its limit on ("" and "0" switch it off)."""
-    return bool(rate) and str(rate).strip() != "0"
 
 
 def _check_keys():

@@ -83,3 +83,8 @@ def reserve_errors(cfg):
             f"({cfg['MIN_CALL_BUDGET']}s): a provider that hangs would leave the next too little time to start.",
             hint="Make FALLBACK_RESERVE at least MIN_CALL_BUDGET.", id="conversations.E014")]
     return []
+
+
+def rate_is_on(rate):
+    """Whether a throttle rate setting switches its limit on: "" and "0" (or None, 0) switch it off."""
+    return bool(rate) and str(rate).strip() != "0"
