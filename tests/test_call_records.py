@@ -7,6 +7,7 @@ import pytest
 from conversations.core.budget import TurnClock
 from conversations.conf import get_config
 from conversations.models import CallRecord, Conversation, Message, Turn
+from conversations.providers import BaseProvider
 from conversations.engine.runner import TurnRunner, deadline_message
 from conversations.tools import tool
 from conversations.core.types import ModelReply, ToolCall
@@ -16,7 +17,7 @@ from tests.fakes import FakeProvider, openai_tool_calls
 pytestmark = pytest.mark.django_db
 
 
-class AskFor:
+class AskFor(BaseProvider):
     """A scripted provider: asks for ``tool_name`` once, then answers with the tool's result."""
 
     name = "scripted"

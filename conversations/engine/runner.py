@@ -30,7 +30,7 @@ from ..core.sentences import (
     length_message,
     step_limit_message,
 )
-from ..providers.chain import ProviderChain, build_provider
+from ..providers.chain import build_provider
 from ..infra.http import CallCancelled, ensure_call_budget
 from ..models import CallRecord, Conversation, Message, Turn
 from ..providers import ProviderError, call_complete
@@ -68,8 +68,6 @@ class TurnRunner:
         self.provider = provider
         # Every model call of the turn, attempted or skipped, is recorded under this one name.
         self.model_name = getattr(provider, "model", "") or provider.name
-        if self.http is not None and not isinstance(provider, ProviderChain):
-            self.http.name = self.model_name
         self.earlier, self.rows = self.transcript()
         self.pending_records = []
         self.finished = False
@@ -164,8 +162,8 @@ class TurnRunner:
         Through a chain of providers, the turn records the one that answered."""
         self.count_model_call(reply)
         fields = ["model_calls", "input_tokens", "output_tokens", "usage_estimated"]
-        if isinstance(self.provider, ProviderChain):
-            answered = self.provider.answered.provider
+        answered = self.provider.answered_by
+        if (answered.name, getattr(answered, "model", "") or "") != (self.turn.provider, self.turn.model):
             self.turn.provider, self.turn.model = answered.name, getattr(answered, "model", "") or ""
             fields += ["provider", "model"]
         return self.save_step(fields, role=Message.Role.ASSISTANT, content=reply.text,
@@ -237,7 +235,7 @@ class TurnRunner:
         turn.job_timeout = self.clock.job_timeout
         turn.deadline_margin = self.clock.margin
         turn.deadline_at = turn.started_at + timezone.timedelta(seconds=self.budget.seconds)
-        first = self.provider.links[0].provider if isinstance(self.provider, ProviderChain) else self.provider
+        first = self.provider.first
         turn.provider = first.name
         turn.model = getattr(first, "model", "") or ""
         turn.save(update_fields=["status", "started_at", "job_timeout", "deadline_margin", "deadline_at",

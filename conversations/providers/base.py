@@ -128,6 +128,16 @@ class BaseProvider:
         return self.config.get("MODEL") or self.default_model
 
     @property
+    def first(self):
+        """The provider a turn calls first: this one (a chain: its first link's)."""
+        return self
+
+    @property
+    def answered_by(self):
+        """The provider whose reply the last call returned: this one (a chain: the link that answered)."""
+        return self
+
+    @property
     def api_key(self):
         return self.config.get("API_KEY") or ""
 

@@ -98,6 +98,14 @@ class ProviderChain(BaseProvider):
     def model(self):
         return getattr(self.links[0].provider, "model", "")
 
+    @property
+    def first(self):
+        return self.links[0].provider
+
+    @property
+    def answered_by(self):
+        return self.answered.provider
+
     def streams(self, on_text):
         return any(link.provider.streams(on_text) for link in self.links)
 
@@ -160,7 +168,11 @@ def build_provider(config, budget, *, recorder, cancelled, turn_id, owner=""):
         cls = get_provider_class(config["PROVIDER"])
         http = BudgetedHTTP(budget, config, recorder=recorder, turn_id=turn_id, cancelled=cancelled)
         http.provider = cls.name
-        return cls(config, http=http, budget=budget), [http]
+        provider = cls(config, http=http, budget=budget)
+        # Every model call of the turn, attempted or skipped, is recorded under this one name
+        # (a chain's links name their own).
+        http.name = getattr(provider, "model", "") or provider.name
+        return provider, [http]
 
     connection = get_queue().connection
     links = [Link(entry, budget, recorder=recorder, cancelled=cancelled, turn_id=turn_id, connection=connection,
