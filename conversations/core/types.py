@@ -4,6 +4,7 @@ Also what became of each call a turn made (``Outcome``) and the one way to recor
 """
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from django.db.models import TextChoices
 from django.utils.translation import gettext_lazy as _
@@ -94,18 +95,23 @@ class Usage:
     output_tokens: int = 0
 
 
+class Finish(StrEnum):
+    """Why a model's reply ended (``ModelReply.finish``), whatever the vendor called it."""
+
+    STOP = "stop"  # a final answer
+    TOOL_CALLS = "tool_calls"  # run them and call again
+    LENGTH = "length"  # cut off by the output limit
+    REFUSED = "refused"  # a content filter or a refusal
+    CUT = "cut"  # a streamed reply that broke off: ``text`` is what had arrived, ``cut_reason`` why
+
+
 @dataclass
 class ModelReply:
-    """What one model call produced.
-
-    ``finish`` is ``"stop"`` (a final answer), ``"tool_calls"`` (run them and call again),
-    ``"length"`` (cut off by the output limit), ``"refused"`` (content filter / refusal) or
-    ``"cut"`` (a streamed reply that broke off: ``text`` is what had arrived, ``cut_reason`` why).
-    """
+    """What one model call produced; ``finish`` says why it ended (``Finish``)."""
 
     text: str = ""
     tool_calls: list = field(default_factory=list)
-    finish: str = "stop"
+    finish: Finish = Finish.STOP
     usage: Usage | None = None
     cut_reason: str = ""
 
@@ -113,4 +119,4 @@ class ModelReply:
     def empty(self):
         """A finished reply with nothing in it: no text and no tool call. A gateway forwards one
         when its upstream answered a stream request with JSON; a content filter sends one too."""
-        return self.finish == "stop" and not self.text.strip() and not self.tool_calls
+        return self.finish == Finish.STOP and not self.text.strip() and not self.tool_calls

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from ..infra import queue, state
 from ..conf import get_config
+from ..core.types import Outcome
 from ..models import CallRecord, Turn
 from .lifecycle import end_unclaimed, finalize, waited_too_long
 from ..core.sentences import crashed_message
@@ -61,7 +62,7 @@ def continue_turn(turn, cause, *, from_job_id):
     started = turn.started_at or timezone.now()
     CallRecord.objects.create(turn=turn, kind=CallRecord.Kind.RESUME, name=cause[:200], attempt=number,
                               started_offset=(timezone.now() - started).total_seconds(), remaining_before=left,
-                              timeout=left, outcome="ok", detail=f"continued by job {job_id}: {cause}"[:500])
+                              timeout=left, outcome=Outcome.OK, detail=f"continued by job {job_id}: {cause}"[:500])
     # What is left of the turn's own deadline, plus the margin: never a longer budget.
     queue.enqueue_continuation(turn, job_id, job_timeout=math.ceil(left + cfg["DEADLINE_MARGIN"]))
     try:

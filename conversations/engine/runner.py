@@ -36,7 +36,7 @@ from ..models import CallRecord, Conversation, Message, Turn
 from ..providers import ProviderError, call_complete
 from ..core.history import chat_message, message_size, trim_history, unfinished_step
 from ..tools import ToolContext, interrupted_result, load_tools, run_tool, too_many_calls_message
-from ..core.types import ChatMessage, Outcome, ToolResult, record_call
+from ..core.types import ChatMessage, Finish, Outcome, ToolResult, record_call
 from .recovery import can_hand_over, continue_turn
 
 logger = logging.getLogger("conversations.runner")
@@ -309,11 +309,11 @@ class TurnRunner:
             row = self.save_reply(reply)
             history.append(chat_message(row))
             self.publish()
-            if reply.finish == "cut":
+            if reply.finish == Finish.CUT:
                 return Turn.Status.INCOMPLETE, cut_short_message()
-            if reply.finish == "length":
+            if reply.finish == Finish.LENGTH:
                 return Turn.Status.INCOMPLETE, length_message()
-            if reply.finish == "refused":
+            if reply.finish == Finish.REFUSED:
                 return Turn.Status.INCOMPLETE, str(ProviderError("refused").message)
             if not reply.tool_calls:
                 return Turn.Status.COMPLETED, None
