@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import django_rq
@@ -240,3 +241,12 @@ def test_a_provider_that_cannot_be_loaded_still_ends_the_turn(worker, conversati
 
     assert (data["done"], data["status"], data["error"]) == (True, "failed", crashed_message())
     assert (saved(summary).status, saved(summary).error) == ("failed", crashed_message())
+
+
+def test_a_stop_asked_of_a_running_turn_is_a_hand_over_until_someone_cancels_it():
+    turn_id = uuid.uuid4()
+    assert state.stop_requested(turn_id) is None
+    state.request_handoff(turn_id)
+    assert state.stop_requested(turn_id) is state.Stop.HANDOFF
+    state.request_cancel(turn_id)
+    assert state.stop_requested(turn_id) is state.Stop.CANCEL

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from .. import assistants
 from ..core import pricing as costs
 from ..infra import state
+from ..infra.state import Stop
 from ..infra.breaker import owner_key
 from ..core.budget import BudgetExhausted
 from ..core.sentences import (
@@ -193,15 +194,11 @@ class TurnRunner:
         if owner is not None:
             conversation.user_id, conversation.owner_token = owner
 
-    def stop_requested(self):
-        """``"cancel"``, ``"handoff"`` (the worker is shutting down) or None; see ``state.stop_requested``."""
-        return state.stop_requested(self.turn.id)
-
     def cancelled(self):
         """Whether a call in flight must be shut (checked by its watchdog): on a Stop, or when the
         worker shuts down and the turn can be handed over (else the call is let finish here)."""
-        asked = self.stop_requested()
-        return asked == "cancel" or (asked == "handoff" and can_hand_over(self.turn, self.config))
+        asked = state.stop_requested(self.turn.id)
+        return asked == Stop.CANCEL or (asked == Stop.HANDOFF and can_hand_over(self.turn, self.config))
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -268,7 +265,7 @@ class TurnRunner:
         """The model/tool round-trips. Returns ``(status, error)`` for the final write, or
         ``(None, None)`` when another job continues the turn (its worker is shutting down).
 
-        Before every model call and every tool: ``stop_requested()`` (a Stop, or a hand-over; see
+        Before every model call and every tool: ``state.stop_requested`` (a Stop, or a hand-over; see
         ``stop_for``). Then, for a model call, the budget (one that could not get ``MIN_CALL_BUDGET``
         seconds is skipped, raising ``BudgetExhausted``); during it, ``cancelled()`` shuts the call.
         After every round-trip: the new rows are published.
@@ -286,7 +283,7 @@ class TurnRunner:
             if ended:
                 return ended
         for _step in range(cfg["MAX_STEPS"] - self.turn.model_calls):
-            ended = self.stop_for(self.stop_requested())
+            ended = self.stop_for(state.stop_requested(self.turn.id))
             if ended:
                 return ended
             ensure_call_budget(self.budget, cfg["MIN_CALL_BUDGET"], turn_id=str(self.turn.id), name=self.model_name,
@@ -295,8 +292,8 @@ class TurnRunner:
                 reply = self.call_model(trim_history(history, cfg["HISTORY_MAX_CHARS"]), tools)
             except CallCancelled as stop:
                 self.streamed = None
-                asked = self.stop_requested() or "cancel"
-                if asked == "cancel" and stop.reply is not None and stop.reply.text:
+                asked = state.stop_requested(self.turn.id) or Stop.CANCEL
+                if asked == Stop.CANCEL and stop.reply is not None and stop.reply.text:
                     self.save_reply(stop.reply)  # what the visitor saw stays
                 elif asked == "cancel":
                     self.count_estimate("")  # the prompt was sent, and is billed (saved by the final write)
@@ -341,7 +338,7 @@ class TurnRunner:
         published_at, unpublished = time.monotonic(), False
         try:
             for number, call in enumerate(calls):
-                ended = self.stop_for(self.stop_requested())
+                ended = self.stop_for(state.stop_requested(self.turn.id))
                 if ended:
                     return ended
                 tool = self.tools.get(call.name)
@@ -389,12 +386,12 @@ class TurnRunner:
         return max(0.0, min(float(cap), self.budget.remaining() - cfg["TOOL_RESERVE"]))
 
     def stop_for(self, asked):
-        """``(status, error)`` for a stop request (``stop_requested()``): ``cancelled``; or, for a
+        """``(status, error)`` for a stop request (``state.stop_requested``): ``cancelled``; or, for a
         worker shutting down, ``(None, None)`` once another job continues the turn (``resume``).
         None to go on: nothing was asked, or the turn cannot be handed over."""
         if not asked:
             return None
-        if asked == "cancel":
+        if asked == Stop.CANCEL:
             return Turn.Status.CANCELLED, None
 
         if continue_turn(self.turn, "its worker shut down", from_job_id=self.turn.job_id):

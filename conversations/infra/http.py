@@ -41,7 +41,7 @@ from .network import failed_endpoint, os_reason
 from ..redaction import redact
 from ..core.streaming import EventDecoder, StreamError
 from ..core.types import Finish, Outcome, record_call
-from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND, AddressGuard, Watchdog, environment_settings, new_session, stop_requested
+from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND, AddressGuard, Watchdog, environment_settings, new_session, stopped
 
 logger = logging.getLogger("conversations.http")
 
@@ -242,7 +242,7 @@ class BudgetedHTTP:
             return self.sleep(seconds)
         end = time.monotonic() + seconds
         while True:
-            if stop_requested(self.cancelled):
+            if stopped(self.cancelled):
                 raise CallCancelled()
             left = end - time.monotonic()
             if left <= 0:
