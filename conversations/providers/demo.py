@@ -16,6 +16,7 @@ import time
 from django.utils.translation import gettext as _
 
 from ..infra.http import CallCancelled
+from ..infra.watchdog import stopped
 from ..core.types import Finish, ModelReply, Outcome, ToolCall, Usage, record_call
 from .base import BaseProvider
 
@@ -84,7 +85,7 @@ class DemoProvider(BaseProvider):
         steps = max(1, len(pieces))
         sent = ""
         for number in range(steps):
-            if self.http is not None and self.http.cancelled is not None and self.http.cancelled():
+            if self.http is not None and stopped(self.http.cancelled):
                 stop = CallCancelled()
                 stop.reply = ModelReply(text=sent, finish=Finish.CUT) if sent else None
                 raise stop
