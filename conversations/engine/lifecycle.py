@@ -265,7 +265,7 @@ def job_fields(turn):
 def enqueue_turn(turn, *, saved=False):
     """Enqueue ``turn`` with ``job_timeout = JOB_TIMEOUT`` (its assistant's, when it sets one); returns the job id.
 
-    ``saved``: the turn's row already holds ``job_fields()`` (``turns.create`` inserts them).
+    ``saved``: the turn's row already holds ``job_fields()`` (``create`` inserts them).
     """
     if not saved:
         turn.save(update_fields=job_fields(turn))

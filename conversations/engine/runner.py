@@ -241,7 +241,7 @@ class TurnRunner:
 
     def run(self, *, resuming=False):
         """Run the loop to its end and write the final state. Returns the turn. ``resuming``: this
-        job continues a turn another job began (``resume``), from its saved transcript."""
+        job continues a turn another job began (``recovery``), from its saved transcript."""
         if resuming:
             self.publish()  # running again; the widget keeps what it showed
         else:
@@ -387,7 +387,7 @@ class TurnRunner:
 
     def stop_for(self, asked):
         """``(status, error)`` for a stop request (``state.stop_requested``): ``cancelled``; or, for a
-        worker shutting down, ``(None, None)`` once another job continues the turn (``resume``).
+        worker shutting down, ``(None, None)`` once another job continues the turn (``recovery``).
         None to go on: nothing was asked, or the turn cannot be handed over."""
         if not asked:
             return None

@@ -3,7 +3,7 @@
 When a work horse dies abruptly (SIGKILL, the OOM killer, ``os._exit``) RQ marks the job
 failed in the parent process but calls no failure callback, so the job's own ``finally``
 and ``except`` blocks never run. ``handle_work_horse_killed`` runs in the parent on exactly
-that path: the turn is continued by a new job when its deadline allows (``resume``), else
+that path: the turn is continued by a new job when its deadline allows (``recovery``), else
 ended ``failed``. On a warm shutdown the running turn hands over at its next step. Set it with
 ``RQ = {"WORKER_CLASS": "conversations.worker.Worker"}``.
 """
@@ -39,7 +39,7 @@ class Worker(rq.Worker):
 
     def handle_warm_shutdown_request(self):
         """Called by RQ in the parent on a warm shutdown (SIGTERM): ask the turn being run to hand
-        over at its next step (``resume``), so the worker exits within seconds, not JOB_TIMEOUT."""
+        over at its next step (``recovery``), so the worker exits within seconds, not JOB_TIMEOUT."""
         super().handle_warm_shutdown_request()
 
         job_id = self.get_current_job_id()  # the id is all it needs: no fetch of the whole job
