@@ -23,7 +23,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from conversations.engine import lifecycle as turns
-from conversations.admin.conversations import TurnAdmin, user_fields
+from conversations.admin.conversations import user_fields
+from conversations.admin.turns import TurnAdmin
 from conversations.models import CallRecord, Conversation, Message, Turn
 from conversations.admin.timeline import owner_label
 from tests.helpers import make_client, start_turn

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from conversations.admin.assistants import csv_cell
+from conversations.admin.export import csv_cell
 from conversations.models import Assistant, AssistantVersion, Conversation, Message, Turn
 from conversations.admin.overview import overview
 
