@@ -37,7 +37,7 @@ def bare_job(url, key, turn_number):
 @require_POST
 def bare_enqueue(request):
     """A bare view: read the JSON body, enqueue ``bare_job``, answer 202. No session, no rows."""
-    from conversations.jobs import get_queue
+    from conversations.infra.queue import get_queue
 
     body = json.loads(request.body)
     job = get_queue().enqueue(bare_job, body["url"], body["key"], body["number"], job_timeout=120)

@@ -142,7 +142,7 @@ class Stack:
             started = [self.spawn(*manage, "rqworker") for _ in range(count)]
         from rq import Worker
 
-        from conversations.jobs import get_queue
+        from conversations.infra.queue import get_queue
 
         deadline = time.monotonic() + 120
         while len(Worker.all(connection=get_queue().connection)) < count:

@@ -68,8 +68,8 @@ def faults():
 
 
 def http_overruns(limit, runs):
-    from conversations.budget import Budget
-    from conversations.http import BudgetedHTTP, CallFailed
+    from conversations.core.budget import Budget
+    from conversations.infra.http import BudgetedHTTP, CallFailed
 
     config = {"CALL_TIMEOUT": limit, "CONNECT_TIMEOUT": limit * 5, "MIN_CALL_BUDGET": 0.5, "MAX_ATTEMPTS": 1,
               "BACKOFF_BASE": 0.05, "BACKOFF_MAX": 0.2}
@@ -112,9 +112,9 @@ def turn_margins(stack, runs):
     from django.db import transaction
     from rq.job import Job
 
-    from conversations.jobs import get_queue
+    from conversations.infra.queue import get_queue
     from conversations.models import Conversation, Turn
-    from conversations.turns import create as create_turn
+    from conversations.engine.lifecycle import create as create_turn
 
     results = {}
     for name, serve in turn_faults().items():

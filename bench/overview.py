@@ -5,7 +5,7 @@
 Three assistants and the site's default answer turns spread over the last 30 days (so the
 30-day overview has 120 rows). Turns are inserted with ``bulk_create`` in steps up to each
 count in ``--turns``; after each step the overview is measured ``--runs`` times, as the
-function that runs its queries (``conversations.overview.overview``) and as the whole admin
+function that runs its queries (``conversations.admin.overview.overview``) and as the whole admin
 page (a superuser's GET through Django's test client, templates included), and its SQL
 queries are counted. Medians are printed as a Markdown table.
 """
@@ -49,7 +49,7 @@ def measure(client, runs):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from conversations.overview import overview
+    from conversations.admin.overview import overview
 
     function, page = [], []
     for _ in range(runs):

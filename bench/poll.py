@@ -30,7 +30,8 @@ def publish_finished_turn():
     from django.contrib.sessions.backends.cache import SessionStore
     from django.utils import timezone
 
-    from conversations import owners, state
+    from conversations import owners
+    from conversations.infra import state
     from conversations.models import Conversation, Message, Turn
 
     token = "bench-owner-token-0123456789abcdef"

@@ -19,7 +19,7 @@ import argparse
 import time
 
 from bench.common import machine, median, table
-from conversations.streaming import MAX_EVENT_BYTES, EventDecoder
+from conversations.core.streaming import MAX_EVENT_BYTES, EventDecoder
 
 READ = 65536
 

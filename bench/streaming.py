@@ -152,7 +152,7 @@ def measure_polls(base, fake):
 
 def measure_publish(runs=2000):
     """Microseconds for one partial publish of a state with a 2,000-character growing answer."""
-    from conversations import state
+    from conversations.infra import state
 
     data = {"id": "bench-turn", "conversation": "c", "owner": {"user": None, "token": "t"}, "status": "running",
             "done": False, "error": None, "job_id": "j", "started_at": time.time(),

@@ -54,8 +54,8 @@ def main():
         with Stack(database=args.database, conversations=conversations) as stack:
             from rq.registry import FailedJobRegistry
 
-            from conversations import state
-            from conversations.jobs import get_queue
+            from conversations.infra import state
+            from conversations.infra.queue import get_queue
             from conversations.models import Turn
 
             base = stack.gunicorn(2)

@@ -50,7 +50,7 @@ def job_started(queue, job_id):
 
 def run_turn(base, provider, queue):
     """One real turn; returns its timings in seconds (see ``PHASES``)."""
-    from conversations import state
+    from conversations.infra import state
     from conversations.models import Turn
 
     session = visitor(base)
@@ -114,7 +114,7 @@ def main():
     with ScriptedProvider(calls=3) as provider:
         conversations = {"PROVIDER": "openai", "BASE_URL": provider.url, "API_KEY": "bench", "MODEL": "bench"}
         with Stack(database=args.database, conversations=conversations) as stack:
-            from conversations.jobs import get_queue
+            from conversations.infra.queue import get_queue
 
             base = stack.gunicorn(2)
             stack.workers(1)

@@ -14,8 +14,8 @@ from django.http import HttpResponse
 from django.urls import include, path
 
 from bench.bare import bare_enqueue
-from conversations import state
-from conversations.api.views import public_state
+from conversations.infra import state
+from conversations.api.base import public_state
 
 
 def bare_poll(request, turn_id):

@@ -11,9 +11,9 @@ the site's, ``[]`` has none); each names a credential too.
   provider and model a queued turn shows).
 - ``problems(assistant)``: why it cannot answer, field by field: the admin refuses to save it,
   a system check lists it, a turn of it ends failed.
-- ``config_for_turn(turn)``: in the job, the configuration the turn runs with (credential
-  resolved, tools narrowed to the assistant's), and the version of the assistant it records.
-- ``chains()``: the active assistants' chains of providers, whose circuits the admin shows.
+
+What needs the database (the configuration a turn runs with, the versions, the active
+assistants' chains) is ``engine.configure``.
 """
 
 import hashlib
@@ -27,6 +27,9 @@ from .endpoints import (
     CredentialError, bind_settings_key, endpoint_origin, endpoint_problem, origin_allowed,
     provider_problem, resolve_credential,
 )
+from .tools import load_tools
+from .core.rules import clock_errors, reserve_errors
+from .providers import get_provider_class
 
 logger = logging.getLogger("conversations.assistants")
 
@@ -134,25 +137,11 @@ def assistant_key(assistant, config, site):
 # -- credentials -------------------------------------------------------------------------
 
 
-def credential_values(cfg=None):
-    """Every API key the site's credentials resolve to here (for redaction)."""
-    cfg = get_config() if cfg is None else cfg
-    values = []
-    for name in cfg["CREDENTIALS"]:
-        try:
-            values.append(resolve_credential(name, cfg))
-        except CredentialError:
-            pass
-    return values
-
-
 # -- what can be known before a turn -----------------------------------------------------------
 
 
 def registered_tools(cfg=None):
     """The site's tools ``{name: dotted path}``; raises what ``load_tools`` raises."""
-    from .tools import load_tools
-
     cfg = get_config() if cfg is None else cfg
     return {next(iter(load_tools([path]))): path for path in cfg["TOOLS"]}
 
@@ -171,9 +160,6 @@ def problems(assistant, cfg=None):
     Only what can be known without calling the provider: a model name that the provider's
     server rejects shows at the first turn (which ends failed, naming the assistant).
     """
-    from .checks import clock_errors, reserve_errors
-    from .providers import get_provider_class
-
     site = get_config() if cfg is None else cfg
     found = []
     refusal = provider_problem(assistant.provider, site)  # before importing anything it names
@@ -253,8 +239,6 @@ def chain_problems(fallbacks, site):
     from django.core.exceptions import ValidationError
     from django.core.validators import URLValidator
 
-    from .providers import get_provider_class
-
     if fallbacks is None:
         return []
     if not isinstance(fallbacks, list) or not all(isinstance(entry, dict) for entry in fallbacks):
@@ -322,76 +306,6 @@ def fingerprint(data):
     """The first 12 hex digits of the SHA-256 of ``data`` as canonical JSON."""
     text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def record_version(assistant, cfg):
-    """The ``AssistantVersion`` of ``assistant`` under ``cfg``, created the first time it answers."""
-    from .models import AssistantVersion
-
-    data = snapshot(assistant, cfg)
-    version, _created = AssistantVersion.objects.get_or_create(
-        assistant=assistant, fingerprint=fingerprint(data), defaults={"snapshot": data})
-    return version
-
-
-def config_for_turn(turn, cfg=None):
-    """The configuration ``turn`` runs with: the site's for a turn with no assistant; else its
-    assistant's, with its credential resolved and the site's tools narrowed to its own. Sets
-    ``turn.assistant_version`` (not saved). Raises ``NotSetUp`` (``Inactive``) with the
-    visitor's sentence when the assistant cannot answer."""
-    site = get_config() if cfg is None else cfg
-    assistant = turn.assistant
-    if assistant is None:
-        if not any(entry.get("CREDENTIAL") for entry in site["FALLBACKS"]):
-            return site
-        return {**site, "FALLBACKS": resolve_chain(site["FALLBACKS"], site)}
-    if not assistant.active:
-        raise Inactive(assistant)
-    # Read now, not when the conversation started: a visitor whose access was taken away since
-    # (staff no more, a permission removed, a stricter policy) gets no more answers.
-    if not assistant.allows(turn.conversation.user):
-        raise NoAccess(assistant)
-    found = problems(assistant, site)
-    if found:
-        raise NotSetUp(assistant, found[0][1])
-    config = settings_for(assistant, site)
-    tools = registered_tools(site)
-    config["TOOLS"] = tuple(tools[name] for name in assistant.tools)
-    config["API_KEY"] = assistant_key(assistant, config, site)
-    config["ADMIN_ENDPOINT"] = bool(assistant.base_url)  # its connections are checked (endpoints)
-    config["FALLBACKS"] = resolve_chain(config["FALLBACKS"], site)
-    turn.assistant_version = record_version(assistant, config)
-    return config
-
-
-def resolve_chain(entries, cfg):
-    """``entries`` (``FALLBACKS``) with each ``CREDENTIAL`` resolved to its key as ``API_KEY``, read
-    now, in the worker, as an assistant's own credential is. An entry whose key cannot be read
-    here (its environment variable unset: ``conversations.W040`` warned at start-up) is left out,
-    with an error logged: it could not answer, and the rest of the chain still may."""
-    chain = []
-    for number, entry in enumerate(entries, start=1):
-        if not entry.get("CREDENTIAL"):
-            chain.append(entry)
-            continue
-        try:
-            chain.append({**entry, "API_KEY": resolve_credential(entry["CREDENTIAL"], cfg,
-                                                                 provider=entry.get("PROVIDER", ""))})
-        except CredentialError as exc:
-            logger.error("Fallback %d (%s) left out of the chain: %s", number, entry.get("PROVIDER"), exc.reason,
-                         extra={"provider": entry.get("PROVIDER")})
-    return tuple(chain)
-
-
-def chains(cfg=None):
-    """``[(slug, settings)]`` for each active assistant whose turns go through a chain of providers
-    (its own provider, then its fallbacks or the site's): circuits besides the site's, which
-    ``fallback.provider_health`` shows too."""
-    from .models import Assistant
-
-    site = get_config() if cfg is None else cfg
-    configs = [(a.slug, settings_for(a, site)) for a in Assistant.objects.filter(active=True).order_by("slug")]
-    return [(slug, config) for slug, config in configs if config["FALLBACKS"]]
 
 
 # ProviderError codes that mean the assistant's configuration is wrong.

@@ -12,11 +12,16 @@ from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
 from .conf import get_config, unknown_keys
-from .network import describe_redis_error, redis_endpoint
-
-
-# Seconds the widget keeps polling past JOB_TIMEOUT (its data-give-up-margin default).
-WIDGET_GIVE_UP_MARGIN = 30
+from .infra.network import describe_redis_error, redis_endpoint
+from .core.rules import clock_errors, rate_is_on, reserve_errors
+from .engine.worker import Worker
+from .providers import get_provider_class
+from .endpoints import calls_url, credential_parts, credential_shape_problem, origin, origin_pattern, unset_variable
+from .providers.chain import ENTRY_KEYS
+from .tools import load_tools
+from .core.pricing import price_problem
+from .assistants import problems
+from .models import Assistant
 
 
 @register()
@@ -57,74 +62,8 @@ def check_config(app_configs=None, **kwargs):
     return errors
 
 
-def clock_errors(cfg):
-    """The rules the clocks of ``cfg`` (a merged configuration) must follow, as check messages:
-    every call fits in the job's own deadline, which fits in RQ's job timeout with a margin left
-    for the final write. ``check_config`` applies them to the site's settings, and an assistant's
-    ``clean()`` to the site's settings with its own limits over them."""
-    errors = []
-    job, margin, call = cfg["JOB_TIMEOUT"], cfg["DEADLINE_MARGIN"], cfg["CALL_TIMEOUT"]
-    min_call = cfg["MIN_CALL_BUDGET"]
-    if margin >= job:
-        errors.append(Error(
-            f"DEADLINE_MARGIN ({margin}s) must be smaller than JOB_TIMEOUT ({job}s).",
-            hint="The job's own deadline is JOB_TIMEOUT - DEADLINE_MARGIN; it must leave time for work.",
-            id="conversations.E001"))
-    if min_call >= margin:
-        errors.append(Error(
-            f"MIN_CALL_BUDGET ({min_call}s) must be smaller than DEADLINE_MARGIN ({margin}s).",
-            hint="The margin is what remains for the final write after the last call that may start.",
-            id="conversations.E002"))
-    if call < min_call:
-        errors.append(Error(
-            f"CALL_TIMEOUT ({call}s) is smaller than MIN_CALL_BUDGET ({min_call}s): no call could ever start.",
-            hint="Raise CALL_TIMEOUT or lower MIN_CALL_BUDGET.",
-            id="conversations.E003"))
-    if margin < job and job - margin < min_call:
-        errors.append(Error(
-            f"JOB_TIMEOUT - DEADLINE_MARGIN ({job - margin}s) is less than MIN_CALL_BUDGET ({min_call}s): no model "
-            "call could ever start.",
-            hint="The job's own deadline must leave room for at least one call: raise JOB_TIMEOUT or lower "
-                 "DEADLINE_MARGIN or MIN_CALL_BUDGET.",
-            id="conversations.E008"))
-    if cfg["CONNECT_TIMEOUT"] > call:
-        errors.append(Warning(
-            f"CONNECT_TIMEOUT ({cfg['CONNECT_TIMEOUT']}s) is longer than CALL_TIMEOUT ({call}s); a connect never gets "
-            "more than the call's total limit.",
-            hint="Set CONNECT_TIMEOUT to at most CALL_TIMEOUT (a few seconds is usual).",
-            id="conversations.W003"))
-    if cfg["TOOL_RESERVE"] < min_call:
-        errors.append(Warning(
-            f"TOOL_RESERVE ({cfg['TOOL_RESERVE']}s) is smaller than MIN_CALL_BUDGET ({min_call}s): a tool that uses "
-            "its whole limit late in a turn leaves too little time for the model to read its result.",
-            hint="Make TOOL_RESERVE at least MIN_CALL_BUDGET.",
-            id="conversations.W004"))
-    if cfg["QUEUE_WAIT"] > WIDGET_GIVE_UP_MARGIN:
-        errors.append(Warning(
-            f"QUEUE_WAIT ({cfg['QUEUE_WAIT']}s) is longer than the widget's give-up margin "
-            f"({WIDGET_GIVE_UP_MARGIN}s): the widget stops polling JOB_TIMEOUT plus that margin after the message "
-            "was sent, so a turn that waits this long for a worker and then runs its whole JOB_TIMEOUT ends after "
-            "the visitor was told it did not finish.",
-            hint=f"Keep QUEUE_WAIT at most {WIDGET_GIVE_UP_MARGIN}s and add workers rather than let turns wait, or "
-                 "give the widget a data-give-up-margin of at least QUEUE_WAIT and silence this warning.",
-            id="conversations.W006"))
-    for key in ("JOB_TIMEOUT", "DEADLINE_MARGIN", "CALL_TIMEOUT", "CONNECT_TIMEOUT", "MIN_CALL_BUDGET", "STATE_TTL",
-                "MAX_STEPS", "MAX_ATTEMPTS", "TOOL_TIMEOUT", "STALE_AFTER", "STREAM_IDLE_TIMEOUT", "PUBLISH_INTERVAL",
-                "QUEUE_WAIT"):
-        if cfg[key] <= 0:
-            errors.append(Error(f"{key} must be positive (it is {cfg[key]}).", hint="Use a positive number.",
-                                id="conversations.E004"))
-    if cfg["STATE_TTL"] < job:
-        errors.append(Error(
-            f"STATE_TTL ({cfg['STATE_TTL']}s) is shorter than JOB_TIMEOUT ({job}s): a turn's state could expire "
-            "while it runs.", hint="Make STATE_TTL at least JOB_TIMEOUT.", id="conversations.E005"))
-    return errors
-
-
 def _final_writing_worker(worker_class):
     """Whether the configured RQ worker class is (a subclass of) ours."""
-    from .worker import Worker
-
     try:
         cls = import_string(worker_class) if isinstance(worker_class, str) else worker_class
     except ImportError:
@@ -133,8 +72,6 @@ def _final_writing_worker(worker_class):
 
 
 def _check_provider(cfg):
-    from .providers import get_provider_class
-
     try:
         get_provider_class(cfg["PROVIDER"])
     except (ImportError, TypeError) as exc:
@@ -159,8 +96,6 @@ def _check_environment(cfg):
     the operator named, and the visitor reads "could not reach the AI service". The settings
     win, so this only warns: it is silenced where a site overrides the environment on purpose.
     The message names keys and hosts, never a key's value."""
-    from .endpoints import calls_url
-
     messages = []
     for key in PROVIDER_ENVIRONMENT:
         variable = f"CONVERSATIONS_{key}"
@@ -186,8 +121,6 @@ def _check_environment(cfg):
 def _host(url):
     """The origin of ``url`` (``scheme://host[:port]``), as the admin's endpoint sentences and
     ``ALLOWED_ENDPOINTS`` write it: no user, password, path or query, where keys sometimes travel."""
-    from .endpoints import origin
-
     return origin(url) or "an unreadable URL"
 
 
@@ -195,9 +128,6 @@ def _check_fallbacks(cfg):
     """Each FALLBACKS entry names a provider that loads, with keys the chain knows and a credential
     that ``CREDENTIALS`` has (its ``env:`` variable is ``conversations.W040``'s); the reserve kept
     for the next provider lets a call start (conversations.E013, E014)."""
-    from .fallback import ENTRY_KEYS
-    from .providers import get_provider_class
-
     errors = []
     for number, entry in enumerate(cfg["FALLBACKS"], start=1):
         unknown = sorted(set(entry) - set(ENTRY_KEYS))
@@ -230,20 +160,7 @@ def _fallback_credential_errors(number, entry, credentials):
     return []
 
 
-def reserve_errors(cfg):
-    """With fallbacks, the reserve kept back for the next provider must let a call start
-    (conversations.E014): for the site's chain here, and for an assistant's own in ``problems``."""
-    if cfg["FALLBACKS"] and cfg["FALLBACK_RESERVE"] < cfg["MIN_CALL_BUDGET"]:
-        return [Error(
-            f"FALLBACK_RESERVE ({cfg['FALLBACK_RESERVE']}s) is smaller than MIN_CALL_BUDGET "
-            f"({cfg['MIN_CALL_BUDGET']}s): a provider that hangs would leave the next too little time to start.",
-            hint="Make FALLBACK_RESERVE at least MIN_CALL_BUDGET.", id="conversations.E014")]
-    return []
-
-
 def _check_tools(cfg):
-    from .tools import load_tools
-
     try:
         load_tools(cfg["TOOLS"])
     except (ImportError, TypeError, ValueError) as exc:
@@ -261,7 +178,7 @@ def _check_rates(cfg):
     for key in ("TURN_RATE_PER_OWNER", "TURN_RATE_PER_IP", "CONVERSATION_RATE_PER_OWNER", "CONVERSATION_RATE_PER_IP",
                 "RATING_RATE_PER_OWNER", "RATING_RATE_PER_IP"):
         rate = cfg[key]
-        if not rate or str(rate).strip() == "0":
+        if not rate_is_on(rate):
             continue
         try:
             SimpleRateThrottle.parse_rate(None, str(rate))
@@ -352,26 +269,21 @@ def check_deploy(app_configs=None, **kwargs):
     rest = getattr(settings, "REST_FRAMEWORK", {}) or {}
     behind_proxy = getattr(settings, "SECURE_PROXY_SSL_HEADER", None) or getattr(settings, "USE_X_FORWARDED_HOST",
                                                                                    False)
-    if behind_proxy and rest.get("NUM_PROXIES") is None and _is_rate(cfg["TURN_RATE_PER_IP"]):
+    if behind_proxy and rest.get("NUM_PROXIES") is None and rate_is_on(cfg["TURN_RATE_PER_IP"]):
         warnings.append(Warning(
             "The site is behind a reverse proxy (SECURE_PROXY_SSL_HEADER or USE_X_FORWARDED_HOST is set) but "
             "REST_FRAMEWORK['NUM_PROXIES'] is not: the per-IP turn limit sees every visitor as the proxy, so a "
             "few visitors use it up for everyone.",
             hint="Set REST_FRAMEWORK['NUM_PROXIES'] to the number of proxies in front of Django (see SECURITY.md).",
             id="conversations.W031"))
-    if (cfg["PROVIDER"] != "demo" and not _is_rate(cfg["TURN_RATE_PER_OWNER"])
-            and not _is_rate(cfg["TURN_RATE_PER_IP"]) and not cfg["DAILY_TOKEN_BUDGET"]):
+    if (cfg["PROVIDER"] != "demo" and not rate_is_on(cfg["TURN_RATE_PER_OWNER"])
+            and not rate_is_on(cfg["TURN_RATE_PER_IP"]) and not cfg["DAILY_TOKEN_BUDGET"]):
         warnings.append(Warning(
             "TURN_RATE_PER_OWNER, TURN_RATE_PER_IP and DAILY_TOKEN_BUDGET are all off: anyone who can reach the "
             "page can make the site pay for model calls without limit.",
             hint="Set at least one of them (the defaults are 10/min, 30/min and 200000 tokens a day).",
             id="conversations.W032"))
     return warnings
-
-
-def _is_rate(rate):
-    """Whether a throttle rate setting switches its limit on ("" and "0" switch it off)."""
-    return bool(rate) and str(rate).strip() != "0"
 
 
 def _check_keys():
@@ -389,8 +301,6 @@ def _check_keys():
 def _check_credentials(cfg):
     """A credential is a key or ``env:VARIABLE``; one whose variable is unset here is probably
     unset on the workers too (where it is read), so every turn of an assistant naming it fails."""
-    from .endpoints import credential_parts, credential_shape_problem, unset_variable
-
     messages = []
     for name, entry in cfg["CREDENTIALS"].items():
         problem = credential_shape_problem(entry)
@@ -413,8 +323,6 @@ def _check_credentials(cfg):
 
 def _check_prices(cfg):
     """Each price is a decimal number of the site's currency per million tokens, input and output."""
-    from .costs import price_problem
-
     return [Error(f"PRICES[{model!r}] {problem}.",
                   hint='Write {"model-name": {"input": "0.15", "output": "0.60"}}: prices per million tokens, '
                        "as decimal strings.", id="conversations.E041")
@@ -425,8 +333,6 @@ def _check_prices(cfg):
 def _check_allowed_endpoints(cfg):
     """Each ALLOWED_ENDPOINTS entry is an origin, wildcards allowed; anything else would match
     nothing, and the endpoint the operator meant to allow would be refused without a word."""
-    from .endpoints import origin_pattern
-
     return [Error(f"ALLOWED_ENDPOINTS entry {entry!r} is not an origin.",
                   hint='Write a scheme, a host and an optional port, without a path: "https://gw.example.com", '
                        '"https://*.openai.azure.com", "http://10.0.0.5:11434".', id="conversations.E042")
@@ -441,9 +347,6 @@ def check_assistants(app_configs=None, databases=None, **kwargs):
     assistants' table exists; warnings, so that they never stop a migration. A turn of such an
     assistant ends failed with a sentence naming it, and the admin refuses to save it."""
     from django.db import DatabaseError, connections
-
-    from .assistants import problems
-    from .models import Assistant
 
     messages = []
     for alias in databases or []:

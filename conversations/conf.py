@@ -31,7 +31,7 @@ DEFAULTS = {
     "MIN_CALL_BUDGET": 5,
     "MAX_ATTEMPTS": 3,
     # Providers tried in order after the site's own when it is down: [{"PROVIDER", "MODEL", "BASE_URL",
-    # "API_KEY" or "CREDENTIAL" (a name in CREDENTIALS)}, …] (see conversations/fallback.py). Each but
+    # "API_KEY" or "CREDENTIAL" (a name in CREDENTIALS)}, …] (see conversations/providers/chain.py). Each but
     # the last keeps FALLBACK_RESERVE seconds of the turn's budget back for the next; FAILOVER_ON_AUTH
     # also moves on after a 401/403. An assistant's own chain (Assistant.fallbacks) replaces this one.
     "FALLBACKS": [],
@@ -39,7 +39,7 @@ DEFAULTS = {
     "FAILOVER_ON_AUTH": False,
     # A provider failing BREAKER_FAILURES times within BREAKER_WINDOW seconds (outages only, in the
     # turns of more than one owner) is skipped for BREAKER_COOLDOWN seconds, then probed by one
-    # call (conversations/breaker.py).
+    # call (conversations/infra/breaker.py).
     "BREAKER_FAILURES": 5,
     "BREAKER_WINDOW": 60,
     "BREAKER_COOLDOWN": 30,

@@ -26,7 +26,10 @@ import os
 import re
 from urllib.parse import urlsplit
 
+from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
+
+from .conf import get_config
 
 ENV_PREFIX = "env:"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -73,12 +76,12 @@ def calls_url(provider, base_url=""):
     """The URL calls of ``provider`` (a name in ``PROVIDER``) go to: ``base_url``, or when it is
     empty the provider's default; "" when the provider cannot be loaded or calls nothing
     (``demo``). The one rule for it: the key bindings, the checks and ``provider_health`` agree."""
-    from .providers import get_provider_class
-
     if base_url:
         return base_url
     try:
-        return get_provider_class(provider).default_base_url or ""
+        # By its dotted path, not through conversations.providers: they call through the HTTP
+        # layer, which applies the rules of this module.
+        return import_string(BUILTIN_PROVIDERS.get(provider, provider)).default_base_url or ""
     except (ImportError, TypeError, ValueError, AttributeError):
         return ""
 
@@ -167,6 +170,18 @@ def resolve_credential(name, cfg, provider=None):
     return BoundKey(value, origins if origins is not None else [default_origin(provider)])
 
 
+def credential_values(cfg=None):
+    """Every API key the site's credentials resolve to here (for redaction)."""
+    cfg = get_config() if cfg is None else cfg
+    values = []
+    for name in cfg["CREDENTIALS"]:
+        try:
+            values.append(resolve_credential(name, cfg))
+        except CredentialError:
+            pass
+    return values
+
+
 def bind_settings_key(entry):
     """The ``API_KEY`` of a configuration taken from settings (the site's own, or a ``FALLBACKS``
     entry's), bound to the endpoint those settings name: the operator's word."""
@@ -194,7 +209,12 @@ def check_key(url, headers, key):
 
 # -- endpoints and providers set in the admin ------------------------------------------------
 
-BUILTIN_PROVIDERS = ("demo", "openai", "anthropic")
+# The built-in providers, by name: the dotted path of each class.
+BUILTIN_PROVIDERS = {
+    "demo": "conversations.providers.demo.DemoProvider",
+    "openai": "conversations.providers.openai.OpenAIProvider",
+    "anthropic": "conversations.providers.anthropic.AnthropicProvider",
+}
 
 
 def allowed_providers(cfg):

@@ -8,7 +8,8 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from .types import Outcome
+from .core.types import Outcome
+from .assistants import problems
 
 
 class Assistant(models.Model):
@@ -105,8 +106,6 @@ class Assistant(models.Model):
         does not exist, a model the provider refuses, an unknown credential, a prompt too long,
         clocks the system checks would refuse, a fallback with any of these (``assistants.problems``)."""
         from django.core.exceptions import ValidationError
-
-        from .assistants import problems
 
         errors = {}
         for field, reason in problems(self):

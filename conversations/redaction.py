@@ -11,6 +11,7 @@ arguments) keeps its words and loses only the known keys (``hide_keys``).
 import re
 
 from .conf import get_config
+from .endpoints import credential_values
 
 MARKER = "[API key hidden]"
 
@@ -21,8 +22,6 @@ _SECRETISH = re.compile(r"(?i)(\b(?:sk|pk|rk|key|api|ant)[-_][\w*.\-]{4,}|\b[A-Z
 
 def known_keys(cfg=None):
     """Every API key the site's settings name or resolve to in this process, longest first."""
-    from .assistants import credential_values
-
     cfg = get_config() if cfg is None else cfg
     keys = [cfg["API_KEY"], *(entry.get("API_KEY") for entry in cfg["FALLBACKS"]), *credential_values(cfg)]
     return sorted({str(key) for key in keys if key}, key=len, reverse=True)

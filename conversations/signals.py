@@ -14,11 +14,12 @@ from django.dispatch import receiver
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import state
+from .infra import state
 from .conf import get_config
 from .models import Conversation, Turn
-from .network import describe_redis_error
+from .infra.network import describe_redis_error
 from .owners import SESSION_KEY
+from .api.sessions import UNAVAILABLE_ERRORS
 
 logger = logging.getLogger("conversations.redis")
 
@@ -87,8 +88,6 @@ def log_unreachable_redis(sender, request=None, **kwargs):
     line (an error: Python prints it even where no logging is configured) names Redis's host,
     port and reason. The API answers these with its own 503 and logs them there."""
     import sys
-
-    from .api.sessions import UNAVAILABLE_ERRORS
 
     exc = sys.exc_info()[1]
     if isinstance(exc, UNAVAILABLE_ERRORS):

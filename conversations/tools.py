@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from django.db import connections
 from django.utils.module_loading import import_string
 
-from .types import Outcome, ToolResult
+from .core.types import Outcome, ToolResult
 
 logger = logging.getLogger("conversations.tools")
 

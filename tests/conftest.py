@@ -1,5 +1,6 @@
-"""Fixtures: a real Redis (from REDIS_URL; `python3 dev.py test` starts a private one), the
-suite's short clocks, real forking RQ workers and widget-like clients. Plain helpers are in helpers.py."""
+"""Fixtures: a real Redis (from REDIS_URL; `python3 dev.py test` starts a private one) for every
+test outside tests/core/, the suite's short clocks, real forking RQ workers and widget-like
+clients. Plain helpers are in helpers.py."""
 
 import subprocess
 import sys
@@ -10,15 +11,18 @@ from django.core.cache import cache
 from tests.helpers import FAST, NOWHERE, ROOT, logged_in_client, make_client, run_worker, worker_env
 
 
-def pytest_configure(config):
+@pytest.fixture(scope="session")
+def _redis_guard():
+    """Once per run, before the first test that uses Redis: refuse a Redis that holds data."""
     from tests.redis_guard import ensure_empty_redis
 
     ensure_empty_redis()
 
 
 @pytest.fixture(autouse=True)
-def _clean_redis():
-    """Each test starts with an empty Redis database (checked to be ours at session start)."""
+def _clean_redis(_redis_guard):
+    """Each test starts with an empty Redis database (checked to be ours before the first one).
+    tests/core/conftest.py turns this off: the pure core's tests run without Redis."""
     cache._cache.get_client(write=True).flushdb()
     yield
 

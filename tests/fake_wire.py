@@ -56,10 +56,10 @@ def run_turn_here(content, *, conversation=None, tools=None):
     For tests of what a provider sends and receives; tests that need the real forking worker
     post through the API and call the ``worker`` fixture instead.
     """
-    from conversations.budget import TurnClock
+    from conversations.core.budget import TurnClock
     from conversations.conf import get_config
     from conversations.models import Conversation, Message, Turn
-    from conversations.runner import TurnRunner
+    from conversations.engine.runner import TurnRunner
 
     cfg = get_config()
     conversation = conversation or Conversation.objects.create(owner_token="visitor-token")

@@ -22,10 +22,11 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from conversations import turns
-from conversations.admin import TurnAdmin, user_fields
+from conversations.engine import lifecycle as turns
+from conversations.admin.conversations import user_fields
+from conversations.admin.turns import TurnAdmin
 from conversations.models import CallRecord, Conversation, Message, Turn
-from conversations.timeline import owner_label
+from conversations.admin.timeline import owner_label
 from tests.helpers import make_client, start_turn
 from tests.fakes import FakeProvider, openai_text, openai_tool_calls
 
@@ -261,7 +262,7 @@ def test_turn_and_conversation_search_work_for_a_site_whose_users_log_in_by_emai
     (here on the stock user table, which has one), never a ``username`` the model lacks."""
     owner = User.objects.create_user("joan", email="joan@shop.example")
     mine = completed_turn(user=owner)
-    monkeypatch.setattr("conversations.admin.get_user_model", lambda: EmailLoginUser)
+    monkeypatch.setattr("conversations.admin.conversations.get_user_model", lambda: EmailLoginUser)
 
     turns_found = admin_client.get(CHANGELIST, {"q": "joan@shop"})
     conversations_found = admin_client.get("/admin/conversations/conversation/", {"q": "joan@shop"})

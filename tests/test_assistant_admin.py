@@ -15,9 +15,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from conversations.assistant_admin import csv_cell
+from conversations.admin.export import csv_cell
 from conversations.models import Assistant, AssistantVersion, Conversation, Message, Turn
-from conversations.overview import overview
+from conversations.admin.overview import overview
 
 pytestmark = pytest.mark.django_db
 

@@ -9,10 +9,10 @@ import time
 import pytest
 from django.db import connections
 
-from conversations.breaker import CircuitBreaker, provider_key
+from conversations.infra.breaker import CircuitBreaker, provider_key
 from conversations.conf import get_config
-from conversations.fallback import provider_health
-from conversations.jobs import get_queue
+from conversations.providers.chain import provider_health
+from conversations.infra.queue import get_queue
 from conversations.models import Conversation
 from tests.fake_stream import streaming
 from tests.fake_wire import run_turn_here

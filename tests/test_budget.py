@@ -1,4 +1,5 @@
-"""The budget arithmetic on a fake clock: no network, no sleeping.
+"""The budget arithmetic of the HTTP calls on a fake clock: no network, no sleeping (the clocks
+alone: tests/core/test_budget.py).
 
 The last test drives the runner's loop the same way (it saves rows, so it needs the database).
 
@@ -13,12 +14,12 @@ import logging
 
 import pytest
 
-from conversations.budget import Budget, BudgetExhausted, TurnClock
-from conversations.http import SKIPPED_MESSAGE, BudgetedHTTP, CallFailed, Response, parse_retry_after
+from conversations.core.budget import Budget, BudgetExhausted, TurnClock
+from conversations.infra.http import SKIPPED_MESSAGE, BudgetedHTTP, CallFailed, Response, parse_retry_after
 from conversations.models import CallRecord, Conversation, Message, Turn
 from conversations.providers import BaseProvider
-from conversations.runner import TurnRunner, deadline_message
-from conversations.types import ModelReply, ToolCall
+from conversations.engine.runner import TurnRunner, deadline_message
+from conversations.core.types import ModelReply, ToolCall
 from tests.helpers import FakeClock
 
 
@@ -62,30 +63,6 @@ def rate_limited(retry_after):
 
 def timed_out():
     return CallFailed("timeout", "no complete response", retryable=True)
-
-
-def test_early_call_gets_the_cap_and_a_late_one_what_is_left():
-    clock = FakeClock()
-    budget = TurnClock(120, 20, clock=clock).budget
-    assert budget.seconds == 100
-    assert budget.call_timeout(60) == 60
-    clock.advance(70)
-    assert budget.call_timeout(60) == 30
-    clock.advance(27)
-    assert budget.call_timeout(60) == 3
-    assert not budget.can_start(5)
-    clock.advance(10)
-    assert budget.remaining() == 0 and budget.call_timeout(60) == 0
-
-
-def test_margin_left_counts_down_to_the_job_timeout():
-    clock = FakeClock()
-    turn_clock = TurnClock(120, 20, clock=clock)
-    clock.advance(100)
-    assert turn_clock.budget.remaining() == 0
-    assert turn_clock.margin_left() == 20
-    clock.advance(25)
-    assert turn_clock.margin_left() == -5
 
 
 def test_each_attempt_gets_min_of_cap_and_remaining():

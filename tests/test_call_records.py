@@ -4,19 +4,20 @@ happened to it, never from the words of its result."""
 
 import pytest
 
-from conversations.budget import TurnClock
+from conversations.core.budget import TurnClock
 from conversations.conf import get_config
 from conversations.models import CallRecord, Conversation, Message, Turn
-from conversations.runner import TurnRunner, deadline_message
+from conversations.providers import BaseProvider
+from conversations.engine.runner import TurnRunner, deadline_message
 from conversations.tools import tool
-from conversations.types import ModelReply, ToolCall
+from conversations.core.types import ModelReply, ToolCall
 from tests.helpers import FakeClock
 from tests.fakes import FakeProvider, openai_tool_calls
 
 pytestmark = pytest.mark.django_db
 
 
-class AskFor:
+class AskFor(BaseProvider):
     """A scripted provider: asks for ``tool_name`` once, then answers with the tool's result."""
 
     name = "scripted"

@@ -14,7 +14,7 @@ from django.db import connections
 from django.utils import timezone
 
 from conversations.models import Turn
-from conversations.resume import gave_up_message
+from conversations.core.sentences import crashed_message
 from tests.fakes import FakeProvider, hang, openai_text, openai_tool_calls
 from tests.helpers import make_client, poll_until_done, start_turn
 
@@ -54,7 +54,7 @@ def test_a_turn_ended_by_the_worker_after_its_work_horse_died_keeps_the_cost_of_
 
     final = poll_until_done(client, started["poll_url"])
     turn = Turn.objects.get(pk=started["id"])
-    assert (final["status"], final["error"]) == ("failed", gave_up_message())
+    assert (final["status"], final["error"]) == ("failed", crashed_message())
     assert (turn.input_tokens, turn.output_tokens) == (13, 5)
     assert turn.cost == Decimal("0.00002300")  # 13 × 1.00 + 5 × 2.00 per million
 

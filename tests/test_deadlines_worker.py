@@ -15,7 +15,7 @@ import pytest
 
 from conversations.models import CallRecord, Message, Turn
 from conversations.providers import ProviderError
-from conversations.runner import deadline_message, step_limit_message
+from conversations.engine.runner import deadline_message, step_limit_message
 from conversations.tools import ToolError, tool
 from tests.helpers import Poller, make_client, redis_values, start_turn
 from tests.fakes import (

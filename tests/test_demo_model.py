@@ -3,15 +3,17 @@ when a question needs them (several at once when it asks several things), answer
 results, and otherwise says what it is and what to try."""
 
 import pytest
+from redis.exceptions import RedisError
 
-from conversations.budget import Budget
+from conversations.core.budget import Budget
 from conversations.conf import DEFAULTS
+from conversations.infra.http import BudgetedHTTP
 from django.urls import reverse
 
 from conversations.models import CallRecord, Message, Turn
 from conversations.providers.demo import DemoProvider
 from conversations.tools import load_tools
-from conversations.types import ChatMessage
+from conversations.core.types import ChatMessage
 from tests.helpers import FAST, make_client, poll_until_done, start_turn
 from tests.fake_wire import run_turn_here
 
@@ -166,3 +168,16 @@ def test_the_demo_tools_answer_in_the_words_a_visitor_would_read():
 def test_the_demo_page_is_marked_in_the_visitors_language(client):
     assert '<html lang="es">' in client.get("/", HTTP_ACCEPT_LANGUAGE="es").content.decode()
     assert '<html lang="en">' in client.get("/", HTTP_ACCEPT_LANGUAGE="en").content.decode()
+
+
+def test_a_stop_flag_that_cannot_be_read_does_not_stop_the_demo_model():
+    """As for a real provider's call: an unreadable flag (Redis down) stops nothing."""
+    def unreadable():
+        raise RedisError("Redis is down")
+
+    http = BudgetedHTTP(Budget(10), {**DEFAULTS, "DEMO_DELAY": 0}, recorder=lambda **fields: None,
+                        cancelled=unreadable)
+    provider = DemoProvider({**DEFAULTS, "DEMO_DELAY": 0}, http=http, budget=Budget(10))
+    reply = provider.complete([ChatMessage("user", "Hello?")], [])
+    http.close()
+    assert reply.text.startswith("Hello! I am the demo assistant")

@@ -10,7 +10,11 @@ import pytest
 from django.core.checks import Error
 
 from conversations.checks import check_config
+from conversations.conf import get_config
+from conversations.core.budget import Budget
+from conversations.core.types import ChatMessage
 from conversations.models import CallRecord, Turn
+from conversations.providers.chain import build_provider
 from conversations.providers.openai import OpenAIProvider
 from tests.fake_stream import openai_stream, streaming
 from tests.fakes import FakeProvider, hang, http_error, openai_text, retry_after, unavailable
@@ -381,3 +385,23 @@ def test_a_site_without_fallbacks_has_no_circuit_to_show(conversations_settings,
     assert out.getvalue().startswith("No provider has fallbacks")
     page = admin_client.get("/admin/conversations/turn/").content.decode()
     assert 'class="provider-health"' not in page  # no "answering" line for a provider nothing watches
+
+
+def test_a_chain_names_its_first_provider_and_the_one_that_answered_as_a_lone_provider_does(chain):
+    """The runner asks any provider which one it calls first and which one answered; a chain
+    answers with its links, a lone provider with itself (the turn records both)."""
+    def built(config):
+        return build_provider(config, Budget(10), recorder=lambda **fields: None, cancelled=lambda: False,
+                              turn_id="")
+
+    chain[1].add(openai_text("Hello from the fallback."))
+    lone, lone_https = built({**get_config(), "FALLBACKS": ()})
+    two, chain_https = built(get_config())
+    try:
+        assert lone.first is lone and lone.answered_by is lone
+        assert (two.first.model, two.answered_by.model) == ("primary-model", "primary-model")
+        two.complete([ChatMessage(role="user", content="Hello?")], [])
+        assert (two.first.model, two.answered_by.model) == ("primary-model", "fallback-model")
+    finally:
+        for http in lone_https + chain_https:
+            http.close()

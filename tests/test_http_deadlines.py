@@ -14,9 +14,9 @@ import time
 import pytest
 from redis.exceptions import RedisError
 
-from conversations.budget import Budget, BudgetExhausted
-from conversations.http import SKIPPED_MESSAGE, BudgetedHTTP, CallFailed
-from conversations.watchdog import Watchdog, new_session
+from conversations.core.budget import Budget, BudgetExhausted
+from conversations.infra.http import SKIPPED_MESSAGE, BudgetedHTTP, CallFailed
+from conversations.infra.watchdog import Watchdog, new_session
 from tests.fakes import (
     FakeProvider, SilentListener, cut_short_then_stall, full_accept_queue, hang, malformed_json, never_read,
     openai_text, refused_url, reset_mid_body, retry_after, retry_after_date, retry_after_ms, trickle_body,

@@ -16,10 +16,12 @@ from rq.command import send_kill_horse_command
 from rq.job import Job
 from rq.registry import FailedJobRegistry
 
-from conversations import jobs, turns
+from conversations.engine import job as jobs
+from conversations.infra import queue
 from conversations.models import Turn
 from tests.helpers import ROOT, make_client, poll_until_done, start_turn, worker_env
 from tests.fakes import FakeProvider, hang, openai_text
+from conversations.core.sentences import crashed_message
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -43,7 +45,7 @@ def together(size, text):
 
 def wait_for_workers(count, timeout=60):
     """Block until ``count`` RQ workers have registered in Redis; return them."""
-    connection = jobs.get_queue().connection
+    connection = queue.get_queue().connection
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         workers = Worker.all(connection=connection)
@@ -55,7 +57,7 @@ def wait_for_workers(count, timeout=60):
 
 def wait_for_started(job_ids, timeout=30):
     """Block until every job has been picked up; return {job id: worker name}."""
-    connection = jobs.get_queue().connection
+    connection = queue.get_queue().connection
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         names = {job_id: Job.fetch(job_id, connection=connection).worker_name for job_id in job_ids}
@@ -86,13 +88,13 @@ def test_three_rqworker_processes_run_turns_side_by_side_and_lose_none(worker_pr
     assert [f["status"] for f in finals] == ["completed"] * turns
     assert all(f["messages"][-1]["content"] == "Answered." for f in finals)
     assert len(fake.requests) == turns  # one call per turn: no turn ran twice, none was dropped
-    connection = jobs.get_queue().connection
+    connection = queue.get_queue().connection
     rows = Turn.objects.filter(pk__in=[body["id"] for _, body in posted])
     assert sorted(r.status for r in rows) == ["completed"] * turns
     ran_on = {Job.fetch(r.job_id, connection=connection).worker_name for r in rows}
     assert len(ran_on) == 3, ran_on  # three requests were in flight at once: one per worker
-    assert jobs.get_queue().count == 0
-    assert FailedJobRegistry(queue=jobs.get_queue()).count == 0
+    assert queue.get_queue().count == 0
+    assert FailedJobRegistry(queue=queue.get_queue()).count == 0
 
 
 def test_rqworker_pool_runs_our_worker_class(transactional_db, conversations_settings):
@@ -112,11 +114,11 @@ def test_rqworker_pool_runs_our_worker_class(transactional_db, conversations_set
 
             # An operator (or the OOM killer) kills one work horse.
             (client, body), job_id = posted[0], job_ids[0]
-            send_kill_horse_command(jobs.get_queue().connection, ran_on[job_id])
+            send_kill_horse_command(queue.get_queue().connection, ran_on[job_id])
             started = time.monotonic()
             final = poll_until_done(client, body["poll_url"], timeout=30)
             assert time.monotonic() - started < 10  # finalised by the worker, well before the poll gives up
-            assert final["status"] == "failed" and final["error"] == turns.crashed_message()
+            assert final["status"] == "failed" and final["error"] == crashed_message()
 
             # The other two are still in the hands of their horses.
             for client, body in posted[1:]:

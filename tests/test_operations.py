@@ -14,10 +14,12 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 from rq.job import Job
 
-from conversations import jobs, state, turns
+from conversations.infra import queue
+from conversations.infra import state
 from conversations.models import Turn
 from tests.fakes import FakeProvider, openai_text
 from tests.helpers import make_client, start_turn
+from conversations.core.sentences import crashed_message
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,7 +35,7 @@ def queued_turn():
     client = make_client()
     body = start_turn(client, "Hello?")
     turn = Turn.objects.get(pk=body["id"])
-    return client, body, turn, Job.fetch(turn.job_id, connection=jobs.get_queue().connection)
+    return client, body, turn, Job.fetch(turn.job_id, connection=queue.get_queue().connection)
 
 
 def mark_running(turn, *, deadline_ago):
@@ -59,9 +61,9 @@ def test_running_turn_whose_job_is_gone_is_ended_and_the_visitor_sees_why():
     assert "1 overdue turn(s), 1 repaired" in out
     turn.refresh_from_db()
     assert turn.status == "failed" and turn.finished_at is not None
-    assert turn.error == turns.crashed_message()
+    assert turn.error == crashed_message()
     final = client.get(body["poll_url"]).json()
-    assert final["done"] is True and final["status"] == "failed" and final["error"] == turns.crashed_message()
+    assert final["done"] is True and final["status"] == "failed" and final["error"] == crashed_message()
     assert final["messages"][0]["content"] == "Hello?"
 
 
@@ -69,7 +71,7 @@ def test_running_turn_whose_job_is_alive_is_left_alone():
     client, body, turn, job = queued_turn()
     # A worker on another machine has started the job and is heartbeating; the turn is past
     # its own deadline, i.e. inside its margin, writing its final state.
-    connection = jobs.get_queue().connection
+    connection = queue.get_queue().connection
     with connection.pipeline() as pipeline:
         job.prepare_for_execution("worker-on-another-host", pipeline)
         pipeline.execute()
@@ -108,7 +110,7 @@ def test_queued_turn_waiting_behind_a_backlog_within_queue_wait_is_left_alone():
     assert "left alone" in out
     turn.refresh_from_db()
     assert turn.status == "queued"
-    assert jobs.get_queue().job_ids == [turn.job_id]
+    assert queue.get_queue().job_ids == [turn.job_id]
 
 
 def test_queued_turn_no_worker_picked_up_within_queue_wait_is_ended_and_never_runs(worker, conversations_settings):
@@ -181,9 +183,9 @@ def test_each_provider_call_logs_a_json_line_an_operator_can_filter(caplog):
     skipped call into one JSON object carrying the turn id, attempt, timeout, time left and outcome."""
     import json
 
-    from conversations.budget import Budget, BudgetExhausted
+    from conversations.core.budget import Budget, BudgetExhausted
     from conversations.conf import get_config
-    from conversations.http import BudgetedHTTP
+    from conversations.infra.http import BudgetedHTTP
     from conversations.log import JsonFormatter
     from tests.fakes import FakeProvider, Reply, openai_text
 

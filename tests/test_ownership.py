@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from conversations import state
+from conversations.infra import state
 from conversations.models import Conversation, Turn
 from tests.helpers import api_post, make_client, poll_until_done, start_turn
 

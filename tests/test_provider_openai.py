@@ -6,11 +6,11 @@ import logging
 
 import pytest
 
-from conversations.http import CallFailed
+from conversations.infra.http import CallFailed
 from conversations.models import Message, Turn
 from conversations.providers import BaseProvider, ProviderError, get_provider_class
 from conversations.providers.openai import OpenAIProvider
-from conversations.types import ModelReply, Usage
+from conversations.core.types import ModelReply, Usage
 from tests.helpers import make_client, poll_until_done, start_turn
 from tests.fake_wire import openai_error, run_error_cases, run_turn_here
 from tests.fakes import FakeProvider, Reply, malformed_json, openai_text, openai_tool_calls

@@ -10,7 +10,7 @@ import time
 import pytest
 from django.utils import timezone
 
-from conversations import turns
+from conversations.engine import lifecycle as turns
 from conversations.models import Turn
 from tests.fakes import FakeProvider, openai_text
 from tests.helpers import api_post, make_client, poll_until_done, start_turn
@@ -149,7 +149,7 @@ def test_a_turn_queued_while_no_worker_listens_is_logged_at_once(caplog):
 def test_a_turn_queued_while_a_worker_listens_logs_no_warning(worker_process, caplog):
     from rq.worker import Worker
 
-    from conversations.jobs import get_queue
+    from conversations.infra.queue import get_queue
 
     worker_process()
     deadline = time.monotonic() + 30

@@ -14,9 +14,10 @@ import pytest
 from django.core.cache import cache
 from django.db import connections
 
-from conversations import turns
+from conversations.engine import recovery
 from conversations.models import CallRecord, Message, Turn
-from conversations.resume import gave_up_message, resume_or_fail
+from conversations.core.sentences import crashed_message
+from conversations.engine.recovery import resume_or_fail
 from conversations.tools import tool
 from tests.fakes import FakeProvider, hang, openai_text, openai_tool_calls
 from tests.helpers import Poller, at_once, make_client, poll_until_done, start_turn
@@ -157,7 +158,7 @@ def test_killed_with_too_little_time_left_the_turn_fails_as_before(resuming, con
     began = time.monotonic()
     run_with_killer(client, started, until=lambda: fake.requests and time.monotonic() - began > 3.5)
     final = poll_until_done(client, started["poll_url"])
-    assert (final["status"], final["error"]) == ("failed", gave_up_message())
+    assert (final["status"], final["error"]) == ("failed", crashed_message())
     assert Turn.objects.get(pk=started["id"]).resumes == 0
 
 
@@ -186,7 +187,7 @@ def test_a_worker_killed_over_and_over_gives_up_after_max_resumes(resuming):
     thread.join(2)
     final = poll_until_done(client, started["poll_url"])
     turn = Turn.objects.get(pk=started["id"])
-    assert (final["status"], final["error"]) == ("failed", gave_up_message())
+    assert (final["status"], final["error"]) == ("failed", crashed_message())
     assert turn.resumes == 2 and len(fake.requests) == 3 and time.monotonic() - began < 20
 
 
@@ -210,7 +211,7 @@ def test_two_places_noticing_one_death_start_one_continuation(resuming):
                                                  deadline_at=timezone.now() + timezone.timedelta(seconds=14))
     queue = django_rq.get_queue("default")
     queue.empty()
-    at_once(*[lambda: turns.repair(Turn.objects.get(pk=started["id"]))] * 4, timeout=10)
+    at_once(*[lambda: recovery.repair(Turn.objects.get(pk=started["id"]))] * 4, timeout=10)
     turn = Turn.objects.get(pk=started["id"])
     assert turn.resumes == 1 and turn.status == "running" and queue.count == 1
     assert queue.job_ids == [turn.job_id] and turn.job_id.endswith("-r1")
@@ -220,7 +221,7 @@ def test_two_places_noticing_one_death_start_one_continuation(resuming):
 
 
 def test_a_continuation_that_finds_its_turn_finished_does_nothing(resuming):
-    from conversations.jobs import enqueue_continuation
+    from conversations.infra.queue import enqueue_continuation
 
     fake = resuming
     client = make_client()
@@ -278,7 +279,7 @@ def dead_running_turn(client, content, *, seconds_left=14):
 
 
 def test_of_two_copies_of_a_dead_turn_only_the_first_to_continue_it_starts_a_job(resuming):
-    from conversations.resume import continue_turn
+    from conversations.engine.recovery import continue_turn
 
     started = dead_running_turn(make_client(), "Once only")
     # Two places loaded the turn before either continued it: the second must find it taken.
@@ -321,7 +322,7 @@ def test_a_continuation_runs_on_what_is_left_of_the_turns_deadline_not_a_fresh_j
 
     from rq.job import Job
 
-    from conversations.endings import deadline_message
+    from conversations.core.sentences import deadline_message
     from conversations.providers import ProviderError
 
     fake = resuming

@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import django_rq
@@ -24,11 +25,12 @@ from django.core.cache import cache
 from django.db import connections
 from rq.job import Job, JobStatus
 
-from conversations import state
-from conversations.jobs import timeout_message
+import conversations.worker
+from conversations.infra import state
+from conversations.core.sentences import timeout_message
 from conversations.models import CallRecord, Message, Turn
 from conversations.providers import BaseProvider, ProviderError
-from conversations.turns import crashed_message
+from conversations.core.sentences import crashed_message
 from tests.helpers import Poller, make_client, start_turn
 from tests.fakes import FakeProvider, hang
 
@@ -123,7 +125,7 @@ def test_sigkilled_work_horse_still_ends_the_turn(conversations_settings):
         summary = start_turn(client, "Still there?")
         connections.close_all()  # the horse must not share the test's database socket
         worker = django_rq.get_worker("default")
-        assert type(worker).__module__ == "conversations.worker"
+        assert type(worker) is conversations.worker.Worker  # the class the site names in RQ["WORKER_CLASS"]
         with Poller(client, summary["poll_url"]) as poller:
             killer = kill_horse_when_called(worker, fake)
             started = time.monotonic()
@@ -239,3 +241,12 @@ def test_a_provider_that_cannot_be_loaded_still_ends_the_turn(worker, conversati
 
     assert (data["done"], data["status"], data["error"]) == (True, "failed", crashed_message())
     assert (saved(summary).status, saved(summary).error) == ("failed", crashed_message())
+
+
+def test_a_stop_asked_of_a_running_turn_is_a_hand_over_until_someone_cancels_it():
+    turn_id = uuid.uuid4()
+    assert state.stop_requested(turn_id) is None
+    state.request_handoff(turn_id)
+    assert state.stop_requested(turn_id) is state.Stop.HANDOFF
+    state.request_cancel(turn_id)
+    assert state.stop_requested(turn_id) is state.Stop.CANCEL

@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 from django.core.cache import cache
 
-from conversations.endings import deadline_message, length_message
+from conversations.core.sentences import deadline_message, length_message
 from conversations.models import CallRecord, Message, Turn
 from conversations.tools import tool
 from tests.fake_stream import anthropic_stream, endless, openai_stream, streaming

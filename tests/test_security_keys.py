@@ -10,9 +10,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from conversations.budget import Budget
+from conversations.core.budget import Budget
 from conversations.endpoints import BoundKey, origin
-from conversations.http import BudgetedHTTP, CallFailed
+from conversations.infra.http import BudgetedHTTP, CallFailed
 from conversations.models import Assistant, Turn
 from tests.fakes import FakeProvider, openai_text
 from tests.helpers import api_post, make_client, poll_until_done

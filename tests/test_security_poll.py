@@ -9,8 +9,8 @@ from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from rq.job import Job
 
-from conversations import state
-from conversations.turns import crashed_message
+from conversations.infra import state
+from conversations.core.sentences import crashed_message
 from conversations.models import Turn
 from tests.fakes import FakeProvider, openai_text, openai_tool_calls
 from tests.helpers import logged_in_client, make_client, poll_until_done, start_turn

@@ -104,8 +104,8 @@ def test_a_request_that_loses_the_race_to_the_unique_constraint_gets_the_winners
     """What a request that passed the replay check just before another committed the same key meets."""
     from django.db import transaction
 
-    from conversations import turns
-    from conversations.jobs import get_queue
+    from conversations.engine import lifecycle as turns
+    from conversations.infra.queue import get_queue
     from conversations.models import Conversation
 
     client = make_client()
@@ -131,7 +131,7 @@ def test_the_queue_dashboard_is_for_superusers_only():
     from django.contrib.auth import get_user_model
     from django.test import Client
 
-    from conversations.jobs import get_queue
+    from conversations.infra.queue import get_queue
 
     started = start_turn(make_client())
     staff = get_user_model().objects.create_user("staff", password="pw-123456789", is_staff=True)

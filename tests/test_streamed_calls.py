@@ -10,10 +10,10 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from conversations.jobs import timeout_message
+from conversations.core.sentences import timeout_message
 from conversations.models import CallRecord, Turn
 from conversations.providers import BaseProvider
-from conversations.runner import cut_short_message
+from conversations.engine.runner import cut_short_message
 from tests.fake_stream import anthropic_error_event, anthropic_stream, openai_stream, refuses_streaming, streaming
 from tests.fake_wire import run_turn_here
 from tests.fakes import FakeProvider, openai_text, retry_after, unavailable

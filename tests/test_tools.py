@@ -7,12 +7,13 @@ from typing import Literal, Optional
 import pytest
 from django.contrib.auth import get_user_model
 
-from conversations.budget import TurnClock
+from conversations.core.budget import TurnClock
 from conversations.conf import get_config
 from conversations.models import Conversation, Message, Turn
-from conversations.runner import TurnRunner
+from conversations.providers import BaseProvider
+from conversations.engine.runner import TurnRunner
 from conversations.tools import InvalidArguments, ToolContext, load_tools, run_tool, tool, validate_arguments
-from conversations.types import ModelReply, ToolCall
+from conversations.core.types import ModelReply, ToolCall
 
 
 def schema(t):
@@ -217,7 +218,7 @@ def my_questions(context, contains: str = "") -> list:
     return list(mine.exclude(turn=context.turn).order_by("id").values_list("content", flat=True))
 
 
-class AskMyQuestions:
+class AskMyQuestions(BaseProvider):
     """A scripted provider: first asks for ``my_questions``, then answers with what it got."""
 
     name = "scripted"
@@ -234,7 +235,7 @@ def ask(conversation, content):
     turn = Turn.objects.create(conversation=conversation)
     Message.objects.create(conversation=conversation, turn=turn, role="user", content=content)
     runner = TurnRunner(turn, clock=TurnClock(cfg["JOB_TIMEOUT"], cfg["DEADLINE_MARGIN"]), config=cfg,
-                        provider=AskMyQuestions(), tools={"my_questions": my_questions})
+                        provider=AskMyQuestions({}), tools={"my_questions": my_questions})
     runner.run()
     return Message.objects.filter(turn=turn, role="assistant").last().content
 

@@ -4,7 +4,7 @@ import django_rq
 import pytest
 from django.db import transaction
 
-from conversations.jobs import enqueue_turn
+from conversations.engine.lifecycle import enqueue_turn
 from conversations.models import Conversation, Message, Turn
 from tests.helpers import Poller, api_post, make_client, start_turn
 from tests.fakes import FakeProvider, openai_text, openai_tool_calls

@@ -14,15 +14,16 @@ from rest_framework.permissions import AllowAny
 from rest_framework.utils import encoders
 from rest_framework.views import APIView
 
-from .. import state, turns
+from ..infra import state
+from ..engine import recovery
 from ..conf import get_config
 from ..models import Turn
 from ..owners import owner_matches, owner_token, owns_state, stamp_matches
 from . import serializers
 from .permissions import LoginNotRequiredMixin, may_chat, sign_in_message
 from .sessions import UNAVAILABLE_ERRORS, check_session_store
-from .views import (CONVERSATION_ID, NOT_FOUND, SIGN_IN, TURN_ID, UNAVAILABLE, RedisDownMixin, owned_conversation,
-                    public_state)
+from .base import RedisDownMixin, owned_conversation, public_state
+from .schema import CONVERSATION_ID, NOT_FOUND, SIGN_IN, TURN_ID, UNAVAILABLE
 
 
 class TurnDetailView(LoginNotRequiredMixin, RedisDownMixin, APIView):
@@ -138,7 +139,7 @@ class TurnDetailView(LoginNotRequiredMixin, RedisDownMixin, APIView):
         ended and the cache does not (a write the cache missed)."""
         conversation = owned_conversation(request, conversation_id, user=user)
         turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)
-        repaired = turns.repair(turn)
+        repaired = recovery.repair(turn)
         if repaired is not None:
             return repaired
         if cached is None or (turn.done and not cached["done"]):  # once a turn is done, its row is the truth

@@ -14,8 +14,9 @@ from rest_framework.response import Response
 from ..models import Turn
 from . import serializers
 from .throttling import RatingIPThrottle, RatingOwnerThrottle
-from .views import (CONVERSATION_ID, CSRF_OR_SIGN_IN, ERROR, NOT_FOUND, NOT_JSON, RETRY_AFTER, TOO_LARGE, TURN_ID,
-                    UNAVAILABLE, Conflict, ConversationAPIView, owned_conversation)
+from .base import Conflict, ConversationAPIView, owned_conversation
+from .schema import (CONVERSATION_ID, CSRF_OR_SIGN_IN, ERROR, NOT_FOUND, NOT_JSON, RETRY_AFTER, TOO_LARGE, TURN_ID,
+                     UNAVAILABLE)
 
 
 class RatingView(ConversationAPIView):

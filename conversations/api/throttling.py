@@ -20,6 +20,7 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
 
 from ..conf import get_config
+from ..core.rules import rate_is_on
 from ..owners import owner_token
 
 
@@ -59,7 +60,7 @@ class ConfiguredRateThrottle(SimpleRateThrottle):
         """The rate string ("10/min"), or None (no limit) when the setting is empty or "0"."""
         rates = api_settings.DEFAULT_THROTTLE_RATES or {}
         rate = rates[self.scope] if self.scope in rates else get_config()[self.config_key]
-        return rate if rate and str(rate).strip() != "0" else None
+        return rate if rate_is_on(rate) else None
 
     def get_ident(self, request):
         """The client's key (``client_key``): DRF's own would trust ``X-Forwarded-For`` from

@@ -3,44 +3,30 @@
 import logging
 import re
 
-from django.http import Http404
 from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404
-from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import APIException, NotFound, PermissionDenied, Throttled, ValidationError
+from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from .. import assistants, limits, state, turns
+from .. import assistants
+from ..engine import limits, lifecycle as turns
+from ..infra import state
 from ..models import Conversation, Message, Turn
-from ..network import describe_redis_error
 from ..owners import owned_filter, owner_token
 from . import serializers
-from .authentication import CsrfSessionAuthentication
-from .parsers import LimitedJSONParser, check_content_length
-from .permissions import LoginNotRequiredMixin, SignedInIfRequired
-from .sessions import UNAVAILABLE_ERRORS, check_session_store, save_session
+from .base import Conflict, ConversationAPIView, ServiceUnavailable, owned_conversation, turn_summary
+from .schema import (CONVERSATION_ID, CSRF_OR_SIGN_IN, ERROR, NOT_FOUND, NOT_JSON, RETRY_AFTER, SIGN_IN, TOO_LARGE,
+                     TURN_ID, UNAVAILABLE)
 from .throttling import (ConversationIPThrottle, ConversationOwnerThrottle, TurnIPThrottle, TurnOwnerThrottle,
                          client_key)
+from ..core.sentences import unavailable_message
 
 logger = logging.getLogger("conversations.api")
-
-PUBLIC_FIELDS = ("id", "conversation", "status", "done", "messages", "error", "version", "resuming")
-
-
-class Conflict(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "conflict"
-
-
-class ServiceUnavailable(APIException):
-    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    default_code = "unavailable"
 
 
 class LimitReached(APIException):
@@ -63,115 +49,6 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 # Visible ASCII only, as long as the model field: the key is stored and compared as is.
 IDEMPOTENCY_PATTERN = r"^[!-~]{1,200}$"
 _IDEMPOTENCY_RE = re.compile(IDEMPOTENCY_PATTERN)
-
-ERROR = serializers.ErrorSerializer
-NOT_FOUND = OpenApiResponse(ERROR, description="Not found, or not yours (the API never says which).")
-TOO_LARGE = OpenApiResponse(ERROR, description="The body is larger than MAX_REQUEST_BYTES; it was not read.")
-NOT_JSON = OpenApiResponse(ERROR, description="The body is not application/json.")
-SIGN_IN = OpenApiResponse(ERROR, description="The caller is anonymous while LOGIN_REQUIRED is on: "
-                                             "\"Please sign in to chat with the assistant.\"")
-CSRF_OR_SIGN_IN = OpenApiResponse(ERROR, description="CSRF check failed (send the csrftoken cookie and "
-                                                     "X-CSRFToken), or the caller is anonymous while LOGIN_REQUIRED "
-                                                     "is on.")
-UNAVAILABLE = OpenApiResponse(ERROR, description="Redis (the cache, the sessions kept there, or the queue) is "
-                                                 "unreachable; nothing was changed. Try again later.")
-CONVERSATION_ID = OpenApiParameter("conversation_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
-TURN_ID = OpenApiParameter("turn_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
-RETRY_AFTER = OpenApiParameter("Retry-After", OpenApiTypes.INT, OpenApiParameter.HEADER, response=[429],
-                               description="Seconds to wait before trying again.")
-
-
-def not_found_message():
-    # Not found and not yours read the same (the API never says which).
-    return _("This conversation is no longer available. It may have expired; please start a new one.")
-
-
-def poll_url(turn):
-    return reverse("conversations:turn-detail", args=[turn.conversation_id, turn.id])
-
-
-def turn_summary(turn):
-    return {
-        "id": str(turn.id),
-        "conversation": str(turn.conversation_id),
-        "status": turn.status,
-        "done": turn.done,
-        "poll_url": poll_url(turn),
-        "cancel_url": reverse("conversations:turn-cancel", args=[turn.conversation_id, turn.id]),
-    }
-
-
-def public_state(data):
-    return {**{key: data.get(key) for key in PUBLIC_FIELDS}, "resuming": bool(data.get("resuming"))}
-
-
-def owned_conversation(request, conversation_id, *, for_update=False, user=None):
-    """The caller's conversation ``conversation_id`` (a UUID, or None for a malformed id), else 404.
-    ``for_update``: inside ``transaction.atomic()``, lock every conversation the caller owns.
-    ``user``: the caller's verified user, where ``request.user`` is not it (see ``owned_filter``)."""
-    if conversation_id is None:
-        raise NotFound()
-    queryset = Conversation.objects.filter(owned_filter(request, user))
-    if for_update:
-        # Lock all of the caller's conversations, in one order: the limits that span them (turns
-        # running at once, the daily token budget) are then checked by one request at a time.
-        list(queryset.select_for_update().order_by("pk").values_list("pk", flat=True))
-    return get_object_or_404(queryset, pk=conversation_id)
-
-
-class RedisDownMixin:
-    """An unreachable Redis answers 503 ``{"detail": "<sentence>"}`` from every API view, never
-    Django's HTML 500: errors raised in the view (throttle history, live states, the queue) are
-    turned into a ``ServiceUnavailable``; a session kept in the cache is checked before anything
-    trusts it, and a changed session is saved inside the view (see ``sessions``)."""
-
-    def handle_exception(self, exc):
-        """DRF's, with Redis errors answered 503 instead of re-raised, and every 404 with the app's
-        own sentence (not "No Conversation matches the given query."); returns the response."""
-        if isinstance(exc, UNAVAILABLE_ERRORS):
-            logger.error("Redis is unreachable; %s %s answered 503: %s", self.request.method, self.request.path,
-                         describe_redis_error(exc))
-            exc = ServiceUnavailable(turns.unavailable_message())
-        elif isinstance(exc, (Http404, NotFound)):
-            exc = NotFound(not_found_message())
-        return super().handle_exception(exc)
-
-    def finalize_response(self, request, response, *args, **kwargs):
-        """Save the session before the response goes out, so that a failure is still a 503."""
-        if response.status_code < 500:
-            try:
-                save_session(request)
-            except UNAVAILABLE_ERRORS as exc:
-                response = self.handle_exception(exc)
-        return super().finalize_response(request, response, *args, **kwargs)
-
-
-class ConversationAPIView(LoginNotRequiredMixin, RedisDownMixin, APIView):
-    """Base of the API views: session authentication with CSRF for everyone, JSON bodies only,
-    a body over ``MAX_REQUEST_BYTES`` refused (413) before anything reads it, and anonymous
-    callers refused (403) while ``LOGIN_REQUIRED`` is on."""
-
-    authentication_classes = [CsrfSessionAuthentication]
-    permission_classes = [SignedInIfRequired]
-    parser_classes = [LimitedJSONParser]
-
-    def permission_denied(self, request, message=None, code=None):
-        """Always a 403 with the permission's sentence: DRF's own would give an anonymous caller
-        "Authentication credentials were not provided." instead."""
-        raise PermissionDenied(message)
-
-    throttle_message = None  # the sentence of this view's 429; None: DRF's
-
-    def initial(self, request, *args, **kwargs):
-        check_content_length(request)
-        check_session_store(request)
-        super().initial(request, *args, **kwargs)
-
-    def throttled(self, request, wait):
-        """A 429 with the view's sentence, and ``Retry-After`` in whole seconds (at least 1)."""
-        wait = max(1, round(wait)) if wait is not None else None
-        message = self.throttle_message
-        raise Throttled(wait, detail=None if message is None else str(message))  # DRF joins it to its own
 
 
 class ConversationListView(ConversationAPIView):
@@ -316,7 +193,7 @@ class TurnListView(ConversationAPIView):
         except turns.QueueUnavailable:
             # The visitor's message may be saved, but its turn has ended failed: they are told to try again.
             logger.exception("Could not enqueue a turn of conversation %s", conversation_id)
-            raise ServiceUnavailable(turns.unavailable_message()) from None
+            raise ServiceUnavailable(unavailable_message()) from None
         if not created:
             return self.replay(turn, content)
         return Response(turn_summary(turn), status=status.HTTP_202_ACCEPTED)

@@ -2,13 +2,10 @@
 
 from django.utils.module_loading import import_string
 
+from ..endpoints import BUILTIN_PROVIDERS
 from .base import BaseProvider, ProviderError, call_complete, redact
 
-BUILTIN = {
-    "demo": "conversations.providers.demo.DemoProvider",
-    "openai": "conversations.providers.openai.OpenAIProvider",
-    "anthropic": "conversations.providers.anthropic.AnthropicProvider",
-}
+BUILTIN = BUILTIN_PROVIDERS
 
 
 def get_provider_class(name):

@@ -7,14 +7,14 @@ results travel as ``tool_result`` blocks in a user message, and the first messag
 user's.
 """
 
-from ..streaming import AnthropicStream
-from ..types import ModelReply, ToolCall, Usage
+from ..core.streaming import AnthropicStream
+from ..core.types import Finish, ModelReply, ToolCall, Usage
 from .base import BaseProvider, ProviderError, names_unknown_model, redact
 
 API_VERSION = "2023-06-01"
 
-STOP = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "tool_use": "tool_calls",
-        "max_tokens": "length", "model_context_window_exceeded": "length", "refusal": "refused"}
+STOP = {"end_turn": Finish.STOP, "stop_sequence": Finish.STOP, "pause_turn": Finish.STOP, "tool_use": Finish.TOOL_CALLS,
+        "max_tokens": Finish.LENGTH, "model_context_window_exceeded": Finish.LENGTH, "refusal": Finish.REFUSED}
 
 
 class AnthropicProvider(BaseProvider):
@@ -118,10 +118,10 @@ class AnthropicProvider(BaseProvider):
                 input_tokens=sum(int(raw.get(k) or 0) for k in
                                  ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")),
                 output_tokens=int(raw.get("output_tokens") or 0))
-        finish = STOP.get(data.get("stop_reason") or "end_turn", "stop")
-        if finish == "tool_calls" and not calls:
-            finish = "stop"
-        return ModelReply(text="\n\n".join(t for t in texts if t), tool_calls=calls if finish == "tool_calls" else [],
+        finish = STOP.get(data.get("stop_reason") or "end_turn", Finish.STOP)
+        if finish == Finish.TOOL_CALLS and not calls:
+            finish = Finish.STOP
+        return ModelReply(text="\n\n".join(t for t in texts if t), tool_calls=calls if finish == Finish.TOOL_CALLS else [],
                           finish=finish, usage=usage)
 
     def error_from_failure(self, failure):

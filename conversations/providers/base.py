@@ -16,10 +16,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from django.utils.translation import gettext_lazy as _
 
-from ..http import CallCancelled, CallFailed, PartialReply
+from ..infra.http import CallCancelled, CallFailed, PartialReply
 from ..redaction import redact
-from ..streaming import ReplyLimit
-from ..types import Outcome
+from ..core.streaming import ReplyLimit
+from ..core.types import Finish, Outcome
 
 logger = logging.getLogger("conversations.providers")
 
@@ -128,6 +128,16 @@ class BaseProvider:
         return self.config.get("MODEL") or self.default_model
 
     @property
+    def first(self):
+        """The provider a turn calls first: this one (a chain: its first link's)."""
+        return self
+
+    @property
+    def answered_by(self):
+        """The provider whose reply the last call returned: this one (a chain: the link that answered)."""
+        return self
+
+    @property
     def api_key(self):
         return self.config.get("API_KEY") or ""
 
@@ -143,7 +153,7 @@ class BaseProvider:
         ``on_text(text)``, when given, wants each piece of the answer's text as it is written
         (``streams()`` says whether to ask for a stream).
 
-        Returns a ``ModelReply`` (``finish="cut"`` when a stream broke off after some text).
+        Returns a ``ModelReply`` (``finish=Finish.CUT`` when a stream broke off after some text).
         Raises ``ProviderError`` for failures, ``BudgetExhausted`` when no call could be started
         in the time left, ``CallCancelled`` (with ``.reply``, the text so far or None) when the
         turn was stopped during the call.
@@ -164,7 +174,7 @@ class BaseProvider:
         A failed call becomes the ``ProviderError`` from ``error_from_failure()``; a reply that
         ``parse`` cannot read (a missing key, a wrong type) becomes ``bad_response``. Both are
         logged for the operator, without the key. A stream that broke off after some text gives
-        that text as a ``"cut"`` reply, without its unfinished tool calls.
+        that text as a ``Finish.CUT`` reply, without its unfinished tool calls.
         """
         try:
             if self.streams(on_text):
@@ -189,7 +199,7 @@ class BaseProvider:
         """``reply`` within ``MAX_REPLY_CHARS`` (its text, and each tool call's arguments), as a
         stream is cut (``streaming.ReplyLimit``): an unstreamed reply may be as large, and what is
         saved, published and served must stay bounded. Past it: the text so far, no tool calls,
-        ``finish="length"``."""
+        ``finish=Finish.LENGTH``."""
         limit = ReplyLimit(self.config.get("MAX_REPLY_CHARS") or None)
         text = limit.text(reply.text)
         for call in reply.tool_calls:
@@ -197,7 +207,7 @@ class BaseProvider:
         if not limit.exceeded:
             return reply
         logger.error("%s reply cut: %s", self.name, limit.exceeded)
-        return dataclasses.replace(reply, text=text, tool_calls=[], finish="length", cut_reason=limit.exceeded)
+        return dataclasses.replace(reply, text=text, tool_calls=[], finish=Finish.LENGTH, cut_reason=limit.exceeded)
 
     def parse_reply(self, parse, data):
         """``parse(data)``; an unreadable reply becomes ``bad_response`` (logged)."""

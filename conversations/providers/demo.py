@@ -15,8 +15,9 @@ import time
 
 from django.utils.translation import gettext as _
 
-from ..http import CallCancelled
-from ..types import ModelReply, Outcome, ToolCall, Usage, record_call
+from ..infra.http import CallCancelled
+from ..infra.watchdog import stopped
+from ..core.types import Finish, ModelReply, Outcome, ToolCall, Usage, record_call
 from .base import BaseProvider
 
 CITIES = ("london", "paris", "madrid", "new york", "tokyo", "sydney", "berlin", "buenos aires", "mexico city",
@@ -84,9 +85,9 @@ class DemoProvider(BaseProvider):
         steps = max(1, len(pieces))
         sent = ""
         for number in range(steps):
-            if self.http is not None and self.http.cancelled is not None and self.http.cancelled():
+            if self.http is not None and stopped(self.http.cancelled):
                 stop = CallCancelled()
-                stop.reply = ModelReply(text=sent, finish="cut") if sent else None
+                stop.reply = ModelReply(text=sent, finish=Finish.CUT) if sent else None
                 raise stop
             if delay:
                 self.sleep(delay / 2 / steps + (delay / 2 if number == 0 else 0))
@@ -112,10 +113,10 @@ class DemoProvider(BaseProvider):
             calls = self.plan(question, available, step)
             if calls:
                 usage.output_tokens = sum(len(str(c.arguments)) for c in calls) // 4
-                return ModelReply(text="", tool_calls=calls, finish="tool_calls", usage=usage)
+                return ModelReply(text="", tool_calls=calls, finish=Finish.TOOL_CALLS, usage=usage)
             reply = self.about_me(question, available)
         usage.output_tokens = len(reply) // 4
-        return ModelReply(text=reply, finish="stop", usage=usage)
+        return ModelReply(text=reply, finish=Finish.STOP, usage=usage)
 
     def plan(self, question, available, step=1):
         """The tool calls a question asks for (possibly several), or [] to answer directly."""

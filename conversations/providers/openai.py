@@ -10,12 +10,12 @@ or in ``api-key`` for Azure (an Azure host, or a URL with ``api-version``).
 import json
 from urllib.parse import urlsplit
 
-from ..streaming import OpenAIStream
-from ..types import ModelReply, ToolCall, Usage
+from ..core.streaming import OpenAIStream
+from ..core.types import Finish, ModelReply, ToolCall, Usage
 from .base import BaseProvider, ProviderError, names_unknown_model, redact
 
-FINISH = {"stop": "stop", "tool_calls": "tool_calls", "function_call": "tool_calls", "length": "length",
-          "content_filter": "refused"}
+FINISH = {"stop": Finish.STOP, "tool_calls": Finish.TOOL_CALLS, "function_call": Finish.TOOL_CALLS,
+          "length": Finish.LENGTH, "content_filter": Finish.REFUSED}
 
 
 class OpenAIProvider(BaseProvider):
@@ -103,13 +103,13 @@ class OpenAIProvider(BaseProvider):
         if not isinstance(text, str):  # some servers send a list of content parts
             text = "".join(part.get("text", "") for part in text if isinstance(part, dict))
         if message.get("refusal"):
-            return ModelReply(text=message["refusal"], finish="refused", usage=usage)
-        finish = FINISH.get(choice.get("finish_reason") or "stop", "stop")
-        if calls and finish != "length":
-            finish = "tool_calls"
-        elif finish == "tool_calls":
-            finish = "stop"  # announced tool calls that never came: take the text as the answer
-        return ModelReply(text=text, tool_calls=calls if finish == "tool_calls" else [], finish=finish, usage=usage)
+            return ModelReply(text=message["refusal"], finish=Finish.REFUSED, usage=usage)
+        finish = FINISH.get(choice.get("finish_reason") or "stop", Finish.STOP)
+        if calls and finish != Finish.LENGTH:
+            finish = Finish.TOOL_CALLS
+        elif finish == Finish.TOOL_CALLS:
+            finish = Finish.STOP  # announced tool calls that never came: take the text as the answer
+        return ModelReply(text=text, tool_calls=calls if finish == Finish.TOOL_CALLS else [], finish=finish, usage=usage)
 
     def error_from_failure(self, failure):
         """Read OpenAI's ``{"error": {"code", "type", "message"}}`` (or Ollama's ``{"error": "..."}``)."""

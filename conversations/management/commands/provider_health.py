@@ -10,9 +10,10 @@ Exits 1 when any provider is open, so a monitoring check can run it; 0 otherwise
 
 from django.core.management.base import BaseCommand, CommandError
 
-from conversations.assistants import chains
+from conversations.engine.configure import chains
 from conversations.conf import get_config
-from conversations.fallback import provider_health
+from conversations.providers.chain import provider_health
+from conversations.infra.queue import get_queue
 
 
 class Command(BaseCommand):
@@ -20,8 +21,6 @@ class Command(BaseCommand):
             "host it calls (exit status 1 when a circuit is open).")
 
     def handle(self, *args, **options):
-        from conversations.jobs import get_queue
-
         any_open = False
         health = provider_health(get_config(), get_queue().connection, chains())
         if not health:

@@ -1,14 +1,14 @@
 """``manage.py repair_turns [--dry-run] [--grace SECONDS]``: repair the turns nobody will finish.
 
 Meant for cron (every few minutes). A turn still ``queued`` more than ``QUEUE_WAIT`` seconds
-after it was enqueued is ended (``turns.end_unclaimed``: failed, "not available right now"),
+after it was enqueued is ended (``lifecycle.end_unclaimed``: failed, "not available right now"),
 whatever its job's state: no worker picked it up in time, so it must never run. Otherwise a
 turn is a candidate when it is still ``queued`` or ``running`` and either its own deadline
 (``deadline_at``) has passed, or it was enqueued (or started, without a recorded deadline)
 more than ``--grace`` seconds ago. A candidate is repaired only when its RQ job can no longer
-write a final state (``jobs.job_problem``: the job is gone, failed, stopped, finished without
+write a final state (``queue.job_problem``: the job is gone, failed, stopped, finished without
 a final state, or stopped heartbeating), or when it never had a job at all: a running turn is
-continued by a new job when its deadline still allows (``resume.resume_or_fail``), else ended
+continued by a new job when its deadline still allows (``recovery.resume_or_fail``), else ended
 (failed, or cancelled if it was asked to stop). A running job still inside its
 ``job_timeout`` is reported and left alone.
 
@@ -25,8 +25,9 @@ from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from conversations import jobs, turns
-from conversations.resume import resume_or_fail
+from conversations.engine import lifecycle as turns
+from conversations.infra import queue
+from conversations.engine.recovery import resume_or_fail
 from conversations.conf import get_config
 from conversations.models import Turn
 
@@ -50,7 +51,7 @@ def stuck_reason(turn, connection=None):
     """Why ``turn`` can never be finished by its job (a short string), or None if it still may be."""
     if not turn.job_id:
         return "no job"
-    return jobs.job_problem(turn, connection=connection)
+    return queue.job_problem(turn, connection=connection)
 
 
 class Command(BaseCommand):
@@ -74,7 +75,7 @@ class Command(BaseCommand):
         now = timezone.now()
         overdue = repaired = resumed = 0
         try:
-            connection = jobs.get_queue().connection
+            connection = queue.get_queue().connection
             for turn in candidates(now, grace):
                 status = turn.status
                 if turns.waited_too_long(turn, now):

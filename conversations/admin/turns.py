@@ -8,15 +8,15 @@ permission, which here means "may operate on turns", not "may edit them". What t
 shows is built in ``timeline``.
 """
 
+import csv
 import uuid
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import flatten_fieldsets
-from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Q
-from django.http import HttpResponseRedirect
+from django.db.models import DurationField, ExpressionWrapper, F, Q
+from django.http import HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils import timezone
@@ -28,13 +28,17 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 from redis.exceptions import RedisError
 
-from . import turns
-from .models import Conversation, Message, Turn
-from .admin_filters import NearDeadlineFilter, QueueFilter, RatingFilter
-from .assistant_admin import TurnAssistantColumns
+from ..engine import lifecycle as turns
+from ..models import Turn
+from .filters import NearDeadlineFilter, QueueFilter, RatingFilter
 from .timeline import job_status, owner_label, redact, seconds, turn_page
-
-# -- operations ----------------------------------------------------------------------------
+from ..engine.configure import chains
+from ..conf import get_config
+from ..providers.chain import provider_health
+from ..infra.queue import get_queue
+from .assistants import configuration_html
+from .conversations import ReadOnlyMixin, user_fields
+from .export import CSV_COLUMNS, csv_cell, rated_rows
 
 
 def rerun_turn(turn):
@@ -68,82 +72,64 @@ def stop_turn(turn):
         return UNREACHABLE
 
 
-# -- model admins --------------------------------------------------------------------------
+class TurnAssistantColumns:
+    """What ``TurnAdmin`` shows of assistants, ratings and costs, and its CSV export action."""
 
+    @admin.display(description=gettext_lazy("assistant"), ordering="assistant__name")
+    def assistant_short(self, obj):
+        if obj.assistant_id is None:
+            return "—"
+        version = obj.assistant_version.fingerprint[:7] if obj.assistant_version_id else ""
+        return format_html('{} <span class="assistant-version" title="{}">{}</span>', obj.assistant.name,
+                           _("configuration version"), version)
 
-class ReadOnlyMixin:
-    """Turns, messages and calls are records of what happened: nobody adds or edits them;
-    only superusers may delete them (to honour an erasure request, say)."""
+    @admin.display(description=gettext_lazy("assistant"))
+    def assistant_link(self, obj):
+        if obj.assistant_id is None:
+            return _("the site's settings")
+        url = reverse("admin:conversations_assistant_change", args=[obj.assistant_id])
+        return format_html('<a href="{}">{}</a> ({})', url, obj.assistant.name, obj.assistant.slug)
 
-    def has_add_permission(self, request, obj=None):
-        return False
+    @admin.display(description=gettext_lazy("configuration that answered"))
+    def version_text(self, obj):
+        if obj.assistant_version_id is None:
+            return "—"
+        return format_html("{}{}", obj.assistant_version.fingerprint, configuration_html(obj.assistant_version))
 
-    def has_change_permission(self, request, obj=None):
-        return False
+    @admin.display(description=gettext_lazy("rating"), ordering="rating")
+    def rating_text(self, obj):
+        if not obj.rating:
+            return "—"
+        return format_html('<span class="turn-rating turn-rating-{}">{}</span>{}', obj.rating, obj.get_rating_display(),
+                           format_html(' <span class="turn-rating-comment" title="{}">✎</span>', obj.rating_comment)
+                           if obj.rating_comment else "")
 
-    def has_delete_permission(self, request, obj=None):
-        return request.user.is_superuser and super().has_delete_permission(request, obj)
+    @admin.display(description=gettext_lazy("visitor's comment"))
+    def rating_comment_text(self, obj):
+        return obj.rating_comment or "—"
 
+    @admin.display(description=gettext_lazy("cost"), ordering="cost")
+    def cost_text(self, obj):
+        return "—" if obj.cost is None else f"{obj.cost:.4f}"
 
-def user_fields(user_model=None):
-    """The user model's login name field and, when it has a separate one, its email field
-    (``USERNAME_FIELD``, ``EMAIL_FIELD``): what the admin searches and orders owners by. A
-    custom user model may have no ``username`` (an email login) or no email at all."""
-    user_model = user_model or get_user_model()
-    fields = [user_model.USERNAME_FIELD]
-    email = user_model.get_email_field_name()
-    if email not in fields and any(f.name == email for f in user_model._meta.get_fields()):
-        fields.append(email)
-    return fields
-
-
-class TurnInline(ReadOnlyMixin, admin.TabularInline):
-    model = Turn
-    fields = ("status", "started_at", "duration_text", "model_calls", "tool_calls", "margin_left_text", "error")
-    readonly_fields = fields
-    ordering = ("enqueued_at",)
-    extra = 0
-    show_change_link = True
-
-    @admin.display(description=gettext_lazy("duration"))
-    def duration_text(self, obj):
-        return seconds(obj.duration, 1)
-
-    @admin.display(description=gettext_lazy("time left at final write"))
-    def margin_left_text(self, obj):
-        return seconds(obj.margin_left, 1)
-
-
-@admin.register(Conversation)
-class ConversationAdmin(ReadOnlyMixin, admin.ModelAdmin):
-    list_display = ("id", "owner", "created_at", "turn_count")
-    list_select_related = ("user",)
-    fields = ("id", "owner", "created_at")
-    readonly_fields = fields
-    inlines = [TurnInline]
-    date_hierarchy = "created_at"
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).select_related("user").annotate(turn_count=Count("turns"))
-
-    def get_search_fields(self, request):
-        """The owner's login name and email, whatever the user model calls them."""
-        return [f"user__{field}" for field in user_fields()]
-
-    def get_search_results(self, request, queryset, search_term):
-        term = search_term.strip()
-        try:
-            return queryset.filter(pk=uuid.UUID(term)), False
-        except ValueError:
-            return super().get_search_results(request, queryset, search_term)
-
-    @admin.display(description=gettext_lazy("owner"))
-    def owner(self, obj):
-        return owner_label(obj)
-
-    @admin.display(description=gettext_lazy("turns"), ordering="turn_count")
-    def turn_count(self, obj):
-        return obj.turn_count
+    # A bulk copy of visitors' words leaving the admin: for staff trusted to operate on turns.
+    @admin.action(description=gettext_lazy("Export the rated ones among the selected turns as CSV"),
+                  permissions=["operate"])
+    def export_rated_csv(self, request, queryset):
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        stamp = timezone.localtime().strftime("%Y%m%d-%H%M")
+        response["Content-Disposition"] = f'attachment; filename="rated-turns-{stamp}.csv"'
+        # Every cell quoted: a spreadsheet splitting on ";" or tab still reads each cell as one.
+        writer = csv.writer(response, quoting=csv.QUOTE_ALL)
+        writer.writerow(CSV_COLUMNS)
+        for turn in rated_rows(queryset).iterator():
+            writer.writerow([csv_cell(value) for value in (
+                turn.pk, turn.finished_at.isoformat() if turn.finished_at else "",
+                turn.assistant.slug if turn.assistant_id else "",
+                turn.assistant_version.fingerprint if turn.assistant_version_id else "", turn.rating,
+                turn.rating_comment, turn.question, turn.answer, turn.status, turn.model, turn.input_tokens,
+                turn.output_tokens, turn.cost)])
+        return response
 
 
 @admin.register(Turn)
@@ -275,11 +261,6 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
     def changelist_view(self, request, extra_context=None):
         """The turn list, headed by the circuit breaker of each provider of the site's chain and of
         the active assistants' (``manage.py provider_health``)."""
-        from .assistants import chains
-        from .conf import get_config
-        from .fallback import provider_health
-        from .jobs import get_queue
-
         try:
             health = provider_health(get_config(), get_queue().connection, chains())
         except (RedisError, DatabaseError):  # the list must show whatever Redis does
@@ -373,21 +354,3 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
         if not ended and not stopping and not unreachable:
             self.message_user(request, _("No running or queued turn was selected; nothing to cancel."),
                               messages.WARNING)
-
-
-@admin.register(Message)
-class MessageAdmin(ReadOnlyMixin, admin.ModelAdmin):
-    list_display = ("id", "role", "excerpt", "turn", "created_at")
-    list_filter = ("role",)
-    list_select_related = ("turn",)
-    search_fields = ("content",)
-    fields = ("turn", "role", "content_text", "tool_calls", "tool_call_id", "tool_name", "is_error", "created_at")
-    readonly_fields = fields
-
-    @admin.display(description=gettext_lazy("content"))
-    def excerpt(self, obj):
-        return redact(obj.content)[:80]
-
-    @admin.display(description=gettext_lazy("content"))
-    def content_text(self, obj):
-        return redact(obj.content)

@@ -5,7 +5,7 @@ from django.contrib import admin
 from django.db.models import F
 from django.utils.translation import gettext_lazy
 
-from .models import Turn
+from ..models import Turn
 
 
 class NearDeadlineFilter(admin.SimpleListFilter):

@@ -3,26 +3,22 @@ configured credentials, and refuses what cannot work), the versions each has ans
 the overview of what each did and cost per day, and, for the turn list, the assistant, rating
 and cost columns and the CSV export of rated turns."""
 
-import csv
 import json
-import re
 
 from django import forms
 from django.contrib import admin
 from django.db import models
-from django.db.models import Count, OuterRef, Subquery
-from django.http import HttpResponse
+from django.db.models import Count
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from .assistants import CHAIN_KEYS, registered_tools
-from .conf import get_config
-from .models import Assistant, AssistantVersion, Message, Turn
+from ..assistants import CHAIN_KEYS, registered_tools
+from ..conf import get_config
+from ..models import Assistant, AssistantVersion, Turn
 from .overview import overview
 from .timeline import seconds
 
@@ -221,88 +217,3 @@ def turns_url(row):
 
 
 # -- the turn list: assistant, version, rating and cost; the CSV export -------------------------
-
-CSV_COLUMNS = ["turn", "finished_at", "assistant", "version", "rating", "comment", "question", "answer", "status",
-               "model", "input_tokens", "output_tokens", "cost"]
-# A spreadsheet runs a cell that starts with one of these as a formula (CSV injection).
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-# Where a spreadsheet may start a new cell or row inside our one: the separator of another
-# locale (";" in most European Excels, tab, "|") or a line break, when it does not honour the
-# quotes. A formula start after any of them (spaces between) gets a quote too.
-_FORMULA_AFTER_SEPARATOR = re.compile("(^|[,;|\t\r\n])( *)(?=[" + re.escape("".join(FORMULA_STARTS)) + "])")
-
-
-def csv_cell(value):
-    """``value`` as a CSV cell that no spreadsheet runs, whichever separator it splits on: a
-    formula start at the beginning, or after a separator or line break, gets a quote (``'``)."""
-    text = "" if value is None else str(value)
-    return _FORMULA_AFTER_SEPARATOR.sub(r"\1\2'", text)
-
-
-def rated_rows(queryset):
-    """The rated turns of ``queryset`` with their question and last answer, in one query."""
-    messages = Message.objects.filter(turn=OuterRef("pk"))
-    question = messages.filter(role=Message.Role.USER).order_by("id").values("content")[:1]
-    answer = messages.filter(role=Message.Role.ASSISTANT).exclude(content="").order_by("-id").values("content")[:1]
-    return (queryset.exclude(rating="").select_related("assistant", "assistant_version")
-            .annotate(question=Subquery(question), answer=Subquery(answer)).order_by("finished_at"))
-
-
-class TurnAssistantColumns:
-    """What ``TurnAdmin`` shows of assistants, ratings and costs, and its CSV export action."""
-
-    @admin.display(description=gettext_lazy("assistant"), ordering="assistant__name")
-    def assistant_short(self, obj):
-        if obj.assistant_id is None:
-            return "—"
-        version = obj.assistant_version.fingerprint[:7] if obj.assistant_version_id else ""
-        return format_html('{} <span class="assistant-version" title="{}">{}</span>', obj.assistant.name,
-                           _("configuration version"), version)
-
-    @admin.display(description=gettext_lazy("assistant"))
-    def assistant_link(self, obj):
-        if obj.assistant_id is None:
-            return _("the site's settings")
-        url = reverse("admin:conversations_assistant_change", args=[obj.assistant_id])
-        return format_html('<a href="{}">{}</a> ({})', url, obj.assistant.name, obj.assistant.slug)
-
-    @admin.display(description=gettext_lazy("configuration that answered"))
-    def version_text(self, obj):
-        if obj.assistant_version_id is None:
-            return "—"
-        return format_html("{}{}", obj.assistant_version.fingerprint, configuration_html(obj.assistant_version))
-
-    @admin.display(description=gettext_lazy("rating"), ordering="rating")
-    def rating_text(self, obj):
-        if not obj.rating:
-            return "—"
-        return format_html('<span class="turn-rating turn-rating-{}">{}</span>{}', obj.rating, obj.get_rating_display(),
-                           format_html(' <span class="turn-rating-comment" title="{}">✎</span>', obj.rating_comment)
-                           if obj.rating_comment else "")
-
-    @admin.display(description=gettext_lazy("visitor's comment"))
-    def rating_comment_text(self, obj):
-        return obj.rating_comment or "—"
-
-    @admin.display(description=gettext_lazy("cost"), ordering="cost")
-    def cost_text(self, obj):
-        return "—" if obj.cost is None else f"{obj.cost:.4f}"
-
-    # A bulk copy of visitors' words leaving the admin: for staff trusted to operate on turns.
-    @admin.action(description=gettext_lazy("Export the rated ones among the selected turns as CSV"),
-                  permissions=["operate"])
-    def export_rated_csv(self, request, queryset):
-        response = HttpResponse(content_type="text/csv; charset=utf-8")
-        stamp = timezone.localtime().strftime("%Y%m%d-%H%M")
-        response["Content-Disposition"] = f'attachment; filename="rated-turns-{stamp}.csv"'
-        # Every cell quoted: a spreadsheet splitting on ";" or tab still reads each cell as one.
-        writer = csv.writer(response, quoting=csv.QUOTE_ALL)
-        writer.writerow(CSV_COLUMNS)
-        for turn in rated_rows(queryset).iterator():
-            writer.writerow([csv_cell(value) for value in (
-                turn.pk, turn.finished_at.isoformat() if turn.finished_at else "",
-                turn.assistant.slug if turn.assistant_id else "",
-                turn.assistant_version.fingerprint if turn.assistant_version_id else "", turn.rating,
-                turn.rating_comment, turn.question, turn.answer, turn.status, turn.model, turn.input_tokens,
-                turn.output_tokens, turn.cost)])
-        return response

@@ -11,10 +11,10 @@ from redis.exceptions import RedisError
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
-from . import jobs
-from .conf import get_config
-from .models import CallRecord, Turn
-from .redaction import hide_keys as redact
+from ..infra import queue as jobs_queue
+from ..conf import get_config
+from ..models import CallRecord, Turn
+from ..redaction import hide_keys as redact
 
 
 def seconds(value, digits=2):
@@ -103,7 +103,7 @@ def job_status(turn):
     django-rq's job page (None when there is nothing to link to)."""
     if not turn.job_id:
         return None, None
-    queue = jobs.get_queue()
+    queue = jobs_queue.get_queue()
     try:
         job = Job.fetch(turn.job_id, connection=queue.connection, serializer=queue.serializer)
         status = job.get_status(refresh=False)

@@ -23,8 +23,9 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from redis.exceptions import LockError
 
-from .conf import get_config
-from .models import Turn
+from ..conf import get_config
+from ..infra.queue import get_queue
+from ..models import Turn
 
 
 @dataclass
@@ -112,9 +113,7 @@ class AddressTurns:
 
     @property
     def _redis(self):
-        from .jobs import get_queue  # the queue's Redis: always there, whatever the cache is
-
-        return get_queue().connection
+        return get_queue().connection  # the queue's Redis: always there, whatever the cache is
 
     def _set_key(self):
         return f"conversations:address-turns:{self.key}"

@@ -3,7 +3,7 @@
 ``CONVERSATIONS["FALLBACKS"]`` lists providers to try, in order, after the site's own
 (``PROVIDER``, ``MODEL``, ``BASE_URL``, ``API_KEY``): each a dict with ``PROVIDER`` and, as
 needed, ``MODEL``, ``BASE_URL`` and either ``API_KEY`` or ``CREDENTIAL`` (a name in
-``CREDENTIALS``, resolved to its key by the job, ``assistants.config_for_turn``). An assistant
+``CREDENTIALS``, resolved to its key by the job, ``engine.configure.config_for_turn``). An assistant
 may have a chain of its own (``Assistant.fallbacks``), which replaces the site's. A model call
 goes to the first provider whose circuit is not open (``breaker``); when it is down — a
 connection error, a time-out, 408/429/5xx/529 or an overloaded error, after the retries that
@@ -19,13 +19,14 @@ kept as it is, never asked again of another provider.
 
 import logging
 
-from .breaker import CircuitBreaker, owner_key, provider_key
-from .budget import Budget, BudgetExhausted
-from .endpoints import bind_settings_key, calls_url
-from .http import BudgetedHTTP
-from .network import endpoint
-from .providers import BaseProvider, ProviderError, call_complete, get_provider_class
-from .types import Outcome, record_call
+from ..infra.breaker import CircuitBreaker, owner_key, provider_key
+from ..core.budget import Budget, BudgetExhausted
+from ..endpoints import bind_settings_key, calls_url
+from ..infra.http import BudgetedHTTP
+from ..infra.network import endpoint
+from . import BaseProvider, ProviderError, call_complete, get_provider_class
+from ..core.types import Outcome, record_call
+from ..infra.queue import get_queue
 
 logger = logging.getLogger("conversations.fallback")
 
@@ -49,7 +50,7 @@ class ReservedBudget(Budget):
 def chain_entries(config):
     """The providers to try, in order: the site's own, then ``FALLBACKS``; each a full config. An
     entry's key is its ``API_KEY``: the job has resolved its ``CREDENTIAL`` into that
-    (``assistants.resolve_chain``); elsewhere (the admin, ``provider_health``) none is needed."""
+    (``engine.configure.resolve_chain``); elsewhere (the admin, ``provider_health``) none is needed."""
     entries = [dict(config)]
     for entry in config["FALLBACKS"]:
         entries.append({**config, "MODEL": "", "BASE_URL": "", "API_KEY": "",
@@ -96,6 +97,14 @@ class ProviderChain(BaseProvider):
     @property
     def model(self):
         return getattr(self.links[0].provider, "model", "")
+
+    @property
+    def first(self):
+        return self.links[0].provider
+
+    @property
+    def answered_by(self):
+        return self.answered.provider
 
     def streams(self, on_text):
         return any(link.provider.streams(on_text) for link in self.links)
@@ -159,8 +168,11 @@ def build_provider(config, budget, *, recorder, cancelled, turn_id, owner=""):
         cls = get_provider_class(config["PROVIDER"])
         http = BudgetedHTTP(budget, config, recorder=recorder, turn_id=turn_id, cancelled=cancelled)
         http.provider = cls.name
-        return cls(config, http=http, budget=budget), [http]
-    from .jobs import get_queue
+        provider = cls(config, http=http, budget=budget)
+        # Every model call of the turn, attempted or skipped, is recorded under this one name
+        # (a chain's links name their own).
+        http.name = getattr(provider, "model", "") or provider.name
+        return provider, [http]
 
     connection = get_queue().connection
     links = [Link(entry, budget, recorder=recorder, cancelled=cancelled, turn_id=turn_id, connection=connection,
@@ -170,7 +182,7 @@ def build_provider(config, budget, *, recorder, cancelled, turn_id, owner=""):
 
 def provider_health(config, connection, chains=()):
     """``[(label, state)]`` for every provider of the site's chain, in order, then for those of
-    ``chains`` (``[(name, config)]``, the active assistants' chains: ``assistants.chains()``) not
+    ``chains`` (``[(name, config)]``, the active assistants' chains: ``engine.configure.chains()``) not
     shown yet, each once per breaker (``provider_key``). The label names the provider, its model
     and the host it calls (two entries of one vendor and model differ by it), then its place in
     each chain that holds it: "openai:gpt-4o-mini at api.openai.com:443 (the site's primary)",

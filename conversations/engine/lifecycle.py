@@ -3,7 +3,8 @@
 The API, the admin, the worker's parent process and ``manage.py repair_turns`` all go through
 these functions, so each rule — one active turn per conversation, the visitor's message saved
 before the job can run, a turn that could not be enqueued ends failed, only an unfinished turn
-gets a final state — is written once. RQ's side (enqueueing, the job, its health) is in ``jobs``.
+gets a final state — is written once. RQ's side (the queue, job ids, a job's health) is in ``infra.queue``; a turn whose job died
+is continued or ended by ``recovery``.
 """
 
 import functools
@@ -11,12 +12,14 @@ import logging
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 
-from . import assistants, costs, jobs, state
-from .conf import get_config
-from .models import Conversation, Message, Turn
+from .. import assistants
+from ..core import pricing as costs
+from ..infra import queue, state
+from ..conf import get_config
+from ..models import Conversation, Message, Turn
+from ..core.sentences import not_picked_up_message, unavailable_message
 
 logger = logging.getLogger("conversations.turns")
 
@@ -27,18 +30,6 @@ class TurnActive(Exception):
 
 class QueueUnavailable(Exception):
     """``start()`` could not enqueue the turn (Redis unreachable); a turn it had saved has ended failed."""
-
-
-def crashed_message():
-    return _("The assistant stopped unexpectedly before finishing. Please try again.")
-
-
-def unavailable_message():
-    return _("The assistant is unavailable right now. Please try again in a minute.")
-
-
-def not_picked_up_message():
-    return _("The assistant is not available right now. Please try again later.")
 
 
 def ensure_idle(conversation):
@@ -64,10 +55,10 @@ def create(conversation, content, **fields):
     cfg = assistants.settings_for(assistant)
     turn = Turn(conversation=conversation, enqueued_at=timezone.now(), assistant=assistant,
                 provider=str(cfg["PROVIDER"]), model=str(cfg["MODEL"]), **fields)
-    jobs.job_fields(turn)
+    job_fields(turn)
     turn.save(force_insert=True)
     message = Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER, content=content)
-    jobs.enqueue_turn(turn, saved=True)
+    enqueue_turn(turn, saved=True)
     return turn, message
 
 
@@ -111,7 +102,7 @@ def start(lock, content, *, admit=ensure_idle, idempotency_key=""):
         state.publish(state.state_from_db(turn, [message]))
     except RedisError:
         logger.exception("Could not publish the queued state of turn %s", turn.id)
-    jobs.warn_if_unattended(turn)
+    queue.warn_if_unattended(turn)
     return turn, True
 
 
@@ -160,7 +151,7 @@ def stop(turn, *, end_orphaned=False):
 
 def _job_problem(turn):
     try:
-        return jobs.job_problem(turn)
+        return queue.job_problem(turn)
     except RedisError:
         return None  # the job cannot be looked at; it may well be alive
 
@@ -178,7 +169,7 @@ def finalize(turn, status, error):
         return None
     if updated:
         keep_streamed_text(turn)
-        costs.save_cost(turn)
+        save_cost(turn)
     return state.publish(state.state_from_db(turn))
 
 
@@ -261,20 +252,31 @@ def claim(turn):
     return bool(claimed)
 
 
-def repair(turn):
-    """Called by the poll view for a stale or missing state: end ``turn`` if it waited in the
-    queue past ``QUEUE_WAIT`` (``end_unclaimed``), or if it is unfinished but its job can no
-    longer finish it (``failed``). Returns the new state, or None."""
-    if turn.done:
-        return None
-    if waited_too_long(turn):
-        ended = end_unclaimed(turn)
-        if ended is not None:
-            return ended
-    problem = jobs.job_problem(turn)
-    if problem is None:
-        return None
-    from .resume import resume_or_fail
+def job_fields(turn):
+    """Set the job's id and clocks on ``turn`` (not saved). The job id is ours, not RQ's, because
+    inside ``transaction.atomic()`` django-rq defers the enqueue to the commit and returns None."""
+    cfg = assistants.settings_for(turn.assistant)  # an assistant may set its own job timeout
+    turn.job_id = queue.job_id_for(turn)
+    turn.job_timeout = cfg["JOB_TIMEOUT"]
+    turn.deadline_margin = cfg["DEADLINE_MARGIN"]
+    return ["job_id", "job_timeout", "deadline_margin"]
 
-    logger.error("Turn %s repaired: %s", turn.id, problem)
-    return resume_or_fail(turn, problem, dead_job_id=turn.job_id)
+
+def enqueue_turn(turn, *, saved=False):
+    """Enqueue ``turn`` with ``job_timeout = JOB_TIMEOUT`` (its assistant's, when it sets one); returns the job id.
+
+    ``saved``: the turn's row already holds ``job_fields()`` (``create`` inserts them).
+    """
+    if not saved:
+        turn.save(update_fields=job_fields(turn))
+    # The assistant's own JOB_TIMEOUT when it sets one (job_fields() wrote it on the turn).
+    return queue.enqueue(turn, turn.job_id, job_timeout=turn.job_timeout, description=f"conversation turn {turn.id}")
+
+
+def save_cost(turn):
+    """Compute and store ``turn``'s cost from its row's model and tokens (for final writes made
+    outside the job, where the runner did not compute it). Returns the cost or None."""
+    turn.cost = costs.turn_cost(turn.model, turn.input_tokens, turn.output_tokens, get_config()["PRICES"])
+    if turn.cost is not None:
+        Turn.objects.filter(pk=turn.pk).update(cost=turn.cost)
+    return turn.cost

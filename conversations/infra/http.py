@@ -34,14 +34,14 @@ from dataclasses import dataclass, field
 import requests
 from urllib3 import exceptions as urllib3_exceptions
 
-from .budget import BudgetExhausted
-from .conf import get_config
-from .endpoints import KeyNotBound, address_allowed, check_key, endpoint_rule, origin
+from ..core.budget import BudgetExhausted
+from ..conf import get_config
+from ..endpoints import KeyNotBound, address_allowed, check_key, endpoint_rule, origin
 from .network import failed_endpoint, os_reason
-from .redaction import redact
-from .streaming import EventDecoder, StreamError
-from .types import Outcome, record_call
-from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND, AddressGuard, Watchdog, environment_settings, new_session, stop_requested
+from ..redaction import redact
+from ..core.streaming import EventDecoder, StreamError
+from ..core.types import Finish, Outcome, record_call
+from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND, AddressGuard, Watchdog, environment_settings, new_session, stopped
 
 logger = logging.getLogger("conversations.http")
 
@@ -84,10 +84,10 @@ class PartialReply(Exception):
     by the stream's accumulator; ``outcome`` and ``detail`` say why it ended. Never retried:
     the visitor has seen that text, and another attempt would write a different one."""
 
-    def __init__(self, data, outcome, detail, finish="cut"):
+    def __init__(self, data, outcome, detail, finish=Finish.CUT):
         super().__init__(detail)
         self.data, self.outcome, self.detail = data, outcome, detail
-        self.finish = finish  # the ModelReply's: "cut" (broke off), "length" (passed MAX_REPLY_CHARS)
+        self.finish = finish  # the ModelReply's: CUT (broke off), LENGTH (passed MAX_REPLY_CHARS)
 
 
 class CallCancelled(Exception):
@@ -242,7 +242,7 @@ class BudgetedHTTP:
             return self.sleep(seconds)
         end = time.monotonic() + seconds
         while True:
-            if stop_requested(self.cancelled):
+            if stopped(self.cancelled):
                 raise CallCancelled()
             left = end - time.monotonic()
             if left <= 0:
@@ -400,7 +400,7 @@ class BudgetedHTTP:
                         received = True
                         on_text(added)
                     if stream.limit.exceeded:  # never retried: another attempt would run on as long
-                        raise PartialReply(stream.reply(), Outcome.BAD_RESPONSE, stream.limit.exceeded, "length")
+                        raise PartialReply(stream.reply(), Outcome.BAD_RESPONSE, stream.limit.exceeded, Finish.LENGTH)
                     if stream.done:
                         break
             return stream.reply()

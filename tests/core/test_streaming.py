@@ -7,7 +7,7 @@ import pytest
 
 from conversations.providers.anthropic import AnthropicProvider
 from conversations.providers.openai import OpenAIProvider
-from conversations.streaming import AnthropicStream, EventDecoder, OpenAIStream, StreamError
+from conversations.core.streaming import AnthropicStream, EventDecoder, OpenAIStream, StreamError
 
 
 def decode_in_pieces(body, size):

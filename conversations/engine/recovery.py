@@ -14,17 +14,17 @@ import logging
 import math
 
 from django.utils import timezone
-from django.utils.translation import gettext as _
 
-from . import jobs, state
-from .conf import get_config
-from .models import CallRecord, Turn
+from ..infra import queue, state
+from ..conf import get_config
+from ..core.types import Outcome
+from ..models import CallRecord, Turn
+from .lifecycle import end_unclaimed, finalize, waited_too_long
+from ..core.sentences import crashed_message
 
 logger = logging.getLogger("conversations.resume")
-
-
-def continuation_job_id(turn, number):
-    return f"{jobs.job_id_for(turn)}-r{number}"
+# repair() came from lifecycle; its lines keep the logger name operators filter on.
+repair_logger = logging.getLogger("conversations.turns")
 
 
 def time_left(turn, now=None):
@@ -51,7 +51,7 @@ def continue_turn(turn, cause, *, from_job_id):
         return None
     left = time_left(turn)
     number = turn.resumes + 1
-    job_id = continuation_job_id(turn, number)
+    job_id = queue.continuation_job_id(turn, number)
     state.mark_enqueueing(turn.id, job_id)  # until it is in the queue, nobody takes it for dead
     won = Turn.objects.filter(pk=turn.pk, status=Turn.Status.RUNNING, job_id=from_job_id, resumes=turn.resumes,
                               cancel_requested=False).update(job_id=job_id, resumes=number)
@@ -62,9 +62,9 @@ def continue_turn(turn, cause, *, from_job_id):
     started = turn.started_at or timezone.now()
     CallRecord.objects.create(turn=turn, kind=CallRecord.Kind.RESUME, name=cause[:200], attempt=number,
                               started_offset=(timezone.now() - started).total_seconds(), remaining_before=left,
-                              timeout=left, outcome="ok", detail=f"continued by job {job_id}: {cause}"[:500])
+                              timeout=left, outcome=Outcome.OK, detail=f"continued by job {job_id}: {cause}"[:500])
     # What is left of the turn's own deadline, plus the margin: never a longer budget.
-    jobs.enqueue_continuation(turn, job_id, job_timeout=math.ceil(left + cfg["DEADLINE_MARGIN"]))
+    queue.enqueue_continuation(turn, job_id, job_timeout=math.ceil(left + cfg["DEADLINE_MARGIN"]))
     try:
         data = state.read(turn.id) or state.state_from_db(turn)
         state.publish({**data, "resuming": True, "job_id": job_id})
@@ -75,17 +75,11 @@ def continue_turn(turn, cause, *, from_job_id):
     return job_id
 
 
-def gave_up_message():
-    return _("The assistant stopped unexpectedly before finishing. Please try again.")
-
-
 def resume_or_fail(turn, cause, *, dead_job_id=None):
     """For a turn whose job (``dead_job_id``, default its current one) can no longer finish it:
     continue a running turn (``continue_turn``) or, when it may not be continued, end it as
     before — ``cancelled`` if it was asked to stop, else ``failed``. Returns the published
     state, or None when another caller continued or ended it first."""
-    from .turns import finalize
-
     turn.refresh_from_db()
     dead = dead_job_id or turn.job_id
     if turn.done or turn.job_id != dead:
@@ -97,4 +91,21 @@ def resume_or_fail(turn, cause, *, dead_job_id=None):
         return None  # ended, or continued by another caller a moment ago
     if turn.cancel_requested:
         return finalize(turn, Turn.Status.CANCELLED, "")
-    return finalize(turn, Turn.Status.FAILED, gave_up_message())
+    return finalize(turn, Turn.Status.FAILED, crashed_message())
+
+
+def repair(turn):
+    """Called by the poll view for a stale or missing state: end ``turn`` if it waited in the
+    queue past ``QUEUE_WAIT`` (``end_unclaimed``), or if it is unfinished but its job can no
+    longer finish it (``failed``). Returns the new state, or None."""
+    if turn.done:
+        return None
+    if waited_too_long(turn):
+        ended = end_unclaimed(turn)
+        if ended is not None:
+            return ended
+    problem = queue.job_problem(turn)
+    if problem is None:
+        return None
+    repair_logger.error("Turn %s repaired: %s", turn.id, problem)
+    return resume_or_fail(turn, problem, dead_job_id=turn.job_id)

@@ -20,7 +20,7 @@ from django.db.models import (Aggregate, Case, Count, DateField, F, FloatField, 
 from django.db.models.functions import Floor, RowNumber
 from django.utils import timezone
 
-from .models import Turn
+from ..models import Turn
 
 GROUP = ("day", "assistant")
 

@@ -10,8 +10,6 @@ counts those turns apart rather than as free.
 
 from decimal import Decimal, InvalidOperation
 
-from .conf import get_config
-
 MILLION = Decimal(1_000_000)
 # Characters per token when a call ended without the provider's usage: about 4 for English text
 # with the common tokenizers (fewer for other scripts, so the estimate errs low there, never high).
@@ -41,9 +39,8 @@ def to_decimal(value):
     return Decimal(str(value)) if isinstance(value, float) else Decimal(value)
 
 
-def price_of(model, prices=None):
-    """``(input, output)`` per million tokens for ``model``, or None when it has no (valid) price."""
-    prices = get_config()["PRICES"] if prices is None else prices
+def price_of(model, prices):
+    """``(input, output)`` per million tokens for ``model`` in ``prices`` (``PRICES``), or None when it has no (valid) price."""
     entry = prices.get(model)
     if entry is None or price_problem(entry):
         return None
@@ -56,7 +53,7 @@ def estimate_tokens(characters):
     return -(-int(characters) // CHARS_PER_TOKEN)
 
 
-def turn_cost(model, input_tokens, output_tokens, prices=None):
+def turn_cost(model, input_tokens, output_tokens, prices):
     """The cost of ``input_tokens`` and ``output_tokens`` of ``model``, or None when the model has
     no price or no token was counted (a provider that reports no usage)."""
     price = price_of(model, prices)
@@ -64,15 +61,3 @@ def turn_cost(model, input_tokens, output_tokens, prices=None):
         return None
     cost = (Decimal(input_tokens or 0) * price[0] + Decimal(output_tokens or 0) * price[1]) / MILLION
     return cost.quantize(COST_PLACES)
-
-
-def save_cost(turn):
-    """Compute and store ``turn``'s cost from its row's model and tokens (for final writes made
-    outside the job, where the runner did not compute it). Returns the cost or None."""
-    from .models import Turn
-
-    turn.cost = turn_cost(turn.model, turn.input_tokens, turn.output_tokens)
-    if turn.cost is not None:
-        Turn.objects.filter(pk=turn.pk).update(cost=turn.cost)
-    return turn.cost
-

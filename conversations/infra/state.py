@@ -11,13 +11,14 @@ parent, the poll view's repair) produces a strictly newer state.
 """
 
 import time
+from enum import StrEnum
 from importlib import import_module
 
 from django.conf import settings
 from django.core.cache import caches
 
-from .conf import get_config
-from .owners import auth_stamp_key
+from ..conf import get_config
+from ..owners import auth_stamp_key
 
 
 def _cache():
@@ -105,13 +106,19 @@ def request_handoff(turn_id):
     _cache().set(handoff_key(turn_id), True, timeout=get_config()["STATE_TTL"])
 
 
+class Stop(StrEnum):
+    """What a running turn's job is asked to do instead of going on."""
+
+    CANCEL = "cancel"  # the visitor or an operator stopped it
+    HANDOFF = "handoff"  # its worker is shutting down: let another job go on
+
+
 def stop_requested(turn_id):
-    """What the turn's job is asked to do, read in one round trip: ``"cancel"`` (the visitor or
-    an operator stopped it), ``"handoff"`` (its worker is shutting down) or None."""
+    """The ``Stop`` the turn's job is asked for, read in one round trip, or None."""
     found = _cache().get_many([cancel_key(turn_id), handoff_key(turn_id)])
     if found.get(cancel_key(turn_id)):
-        return "cancel"
-    return "handoff" if found.get(handoff_key(turn_id)) else None
+        return Stop.CANCEL
+    return Stop.HANDOFF if found.get(handoff_key(turn_id)) else None
 
 
 def mark_enqueueing(turn_id, job_id, seconds=10):

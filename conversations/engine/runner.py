@@ -18,17 +18,27 @@ from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import assistants, costs, state
-from .breaker import owner_key
-from .budget import BudgetExhausted
-from .endings import cut_short_message, deadline_message, empty_reply_message, length_message, step_limit_message
-from .fallback import ProviderChain, build_provider
-from .http import CallCancelled, ensure_call_budget
-from .models import CallRecord, Conversation, Message, Turn
-from .providers import ProviderError, call_complete
-from .history import chat_message, message_size, trim_history, unfinished_step
-from .tools import ToolContext, interrupted_result, load_tools, run_tool, too_many_calls_message
-from .types import ChatMessage, Outcome, ToolResult, record_call
+from .. import assistants
+from ..core import pricing as costs
+from ..infra import state
+from ..infra.state import Stop
+from ..infra.breaker import owner_key
+from ..core.budget import BudgetExhausted
+from ..core.sentences import (
+    cut_short_message,
+    deadline_message,
+    empty_reply_message,
+    length_message,
+    step_limit_message,
+)
+from ..providers.chain import build_provider
+from ..infra.http import CallCancelled, ensure_call_budget
+from ..models import CallRecord, Conversation, Message, Turn
+from ..providers import ProviderError, call_complete
+from ..core.history import chat_message, message_size, trim_history, unfinished_step
+from ..tools import ToolContext, interrupted_result, load_tools, run_tool, too_many_calls_message
+from ..core.types import ChatMessage, Finish, Outcome, ToolResult, record_call
+from .recovery import can_hand_over, continue_turn
 
 logger = logging.getLogger("conversations.runner")
 
@@ -59,8 +69,6 @@ class TurnRunner:
         self.provider = provider
         # Every model call of the turn, attempted or skipped, is recorded under this one name.
         self.model_name = getattr(provider, "model", "") or provider.name
-        if self.http is not None and not isinstance(provider, ProviderChain):
-            self.http.name = self.model_name
         self.earlier, self.rows = self.transcript()
         self.pending_records = []
         self.finished = False
@@ -155,8 +163,8 @@ class TurnRunner:
         Through a chain of providers, the turn records the one that answered."""
         self.count_model_call(reply)
         fields = ["model_calls", "input_tokens", "output_tokens", "usage_estimated"]
-        if isinstance(self.provider, ProviderChain):
-            answered = self.provider.answered.provider
+        answered = self.provider.answered_by
+        if (answered.name, getattr(answered, "model", "") or "") != (self.turn.provider, self.turn.model):
             self.turn.provider, self.turn.model = answered.name, getattr(answered, "model", "") or ""
             fields += ["provider", "model"]
         return self.save_step(fields, role=Message.Role.ASSISTANT, content=reply.text,
@@ -186,17 +194,11 @@ class TurnRunner:
         if owner is not None:
             conversation.user_id, conversation.owner_token = owner
 
-    def stop_requested(self):
-        """``"cancel"``, ``"handoff"`` (the worker is shutting down) or None; see ``state.stop_requested``."""
-        return state.stop_requested(self.turn.id)
-
     def cancelled(self):
         """Whether a call in flight must be shut (checked by its watchdog): on a Stop, or when the
         worker shuts down and the turn can be handed over (else the call is let finish here)."""
-        from .resume import can_hand_over
-
-        asked = self.stop_requested()
-        return asked == "cancel" or (asked == "handoff" and can_hand_over(self.turn, self.config))
+        asked = state.stop_requested(self.turn.id)
+        return asked == Stop.CANCEL or (asked == Stop.HANDOFF and can_hand_over(self.turn, self.config))
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -230,7 +232,7 @@ class TurnRunner:
         turn.job_timeout = self.clock.job_timeout
         turn.deadline_margin = self.clock.margin
         turn.deadline_at = turn.started_at + timezone.timedelta(seconds=self.budget.seconds)
-        first = self.provider.links[0].provider if isinstance(self.provider, ProviderChain) else self.provider
+        first = self.provider.first
         turn.provider = first.name
         turn.model = getattr(first, "model", "") or ""
         turn.save(update_fields=["status", "started_at", "job_timeout", "deadline_margin", "deadline_at",
@@ -239,7 +241,7 @@ class TurnRunner:
 
     def run(self, *, resuming=False):
         """Run the loop to its end and write the final state. Returns the turn. ``resuming``: this
-        job continues a turn another job began (``resume``), from its saved transcript."""
+        job continues a turn another job began (``recovery``), from its saved transcript."""
         if resuming:
             self.publish()  # running again; the widget keeps what it showed
         else:
@@ -263,7 +265,7 @@ class TurnRunner:
         """The model/tool round-trips. Returns ``(status, error)`` for the final write, or
         ``(None, None)`` when another job continues the turn (its worker is shutting down).
 
-        Before every model call and every tool: ``stop_requested()`` (a Stop, or a hand-over; see
+        Before every model call and every tool: ``state.stop_requested`` (a Stop, or a hand-over; see
         ``stop_for``). Then, for a model call, the budget (one that could not get ``MIN_CALL_BUDGET``
         seconds is skipped, raising ``BudgetExhausted``); during it, ``cancelled()`` shuts the call.
         After every round-trip: the new rows are published.
@@ -281,7 +283,7 @@ class TurnRunner:
             if ended:
                 return ended
         for _step in range(cfg["MAX_STEPS"] - self.turn.model_calls):
-            ended = self.stop_for(self.stop_requested())
+            ended = self.stop_for(state.stop_requested(self.turn.id))
             if ended:
                 return ended
             ensure_call_budget(self.budget, cfg["MIN_CALL_BUDGET"], turn_id=str(self.turn.id), name=self.model_name,
@@ -290,8 +292,8 @@ class TurnRunner:
                 reply = self.call_model(trim_history(history, cfg["HISTORY_MAX_CHARS"]), tools)
             except CallCancelled as stop:
                 self.streamed = None
-                asked = self.stop_requested() or "cancel"
-                if asked == "cancel" and stop.reply is not None and stop.reply.text:
+                asked = state.stop_requested(self.turn.id) or Stop.CANCEL
+                if asked == Stop.CANCEL and stop.reply is not None and stop.reply.text:
                     self.save_reply(stop.reply)  # what the visitor saw stays
                 elif asked == "cancel":
                     self.count_estimate("")  # the prompt was sent, and is billed (saved by the final write)
@@ -304,11 +306,11 @@ class TurnRunner:
             row = self.save_reply(reply)
             history.append(chat_message(row))
             self.publish()
-            if reply.finish == "cut":
+            if reply.finish == Finish.CUT:
                 return Turn.Status.INCOMPLETE, cut_short_message()
-            if reply.finish == "length":
+            if reply.finish == Finish.LENGTH:
                 return Turn.Status.INCOMPLETE, length_message()
-            if reply.finish == "refused":
+            if reply.finish == Finish.REFUSED:
                 return Turn.Status.INCOMPLETE, str(ProviderError("refused").message)
             if not reply.tool_calls:
                 return Turn.Status.COMPLETED, None
@@ -336,7 +338,7 @@ class TurnRunner:
         published_at, unpublished = time.monotonic(), False
         try:
             for number, call in enumerate(calls):
-                ended = self.stop_for(self.stop_requested())
+                ended = self.stop_for(state.stop_requested(self.turn.id))
                 if ended:
                     return ended
                 tool = self.tools.get(call.name)
@@ -384,14 +386,13 @@ class TurnRunner:
         return max(0.0, min(float(cap), self.budget.remaining() - cfg["TOOL_RESERVE"]))
 
     def stop_for(self, asked):
-        """``(status, error)`` for a stop request (``stop_requested()``): ``cancelled``; or, for a
-        worker shutting down, ``(None, None)`` once another job continues the turn (``resume``).
+        """``(status, error)`` for a stop request (``state.stop_requested``): ``cancelled``; or, for a
+        worker shutting down, ``(None, None)`` once another job continues the turn (``recovery``).
         None to go on: nothing was asked, or the turn cannot be handed over."""
         if not asked:
             return None
-        if asked == "cancel":
+        if asked == Stop.CANCEL:
             return Turn.Status.CANCELLED, None
-        from .resume import continue_turn
 
         if continue_turn(self.turn, "its worker shut down", from_job_id=self.turn.job_id):
             return None, None
@@ -468,7 +469,7 @@ class TurnRunner:
             with transaction.atomic():
                 self.save_records()
                 shown = self.save_streamed()
-                turn.cost = costs.turn_cost(turn.model, turn.input_tokens, turn.output_tokens)
+                turn.cost = costs.turn_cost(turn.model, turn.input_tokens, turn.output_tokens, self.config["PRICES"])
                 turn.save(update_fields=["status", "error", "finished_at", "margin_left", "model_calls",
                                          "tool_calls", "input_tokens", "output_tokens", "usage_estimated", "cost"])
             if shown is not None:

@@ -57,7 +57,7 @@ class AddressGuard:
         return False
 
 
-def stop_requested(check):
+def stopped(check):
     """Whether ``check()`` (the turn's stop flag; None: never) says the turn was stopped. An
     unreadable flag (Redis down) stops nothing: a call is never ended on a guess."""
     if check is None:
@@ -116,7 +116,7 @@ class Watchdog:
             wait = left if self._check_cancel is None else min(left, self.poll)
             if self._done.wait(wait):
                 return None
-            if self._check_cancel is not None and stop_requested(self._check_cancel):
+            if self._check_cancel is not None and stopped(self._check_cancel):
                 return self._fire("cancelled")
 
     def _fire(self, why):

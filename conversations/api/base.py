@@ -1,0 +1,130 @@
+"""What every view of the API shares: the base view (authentication, body limits, 503 for an
+unreachable Redis, 404 for what the caller does not own), the caller's conversation, and the
+public shape of a turn and of its state."""
+
+import logging
+
+from django.http import Http404
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from django.utils.translation import gettext as _
+from rest_framework import status
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied, Throttled
+from rest_framework.views import APIView
+
+from ..core.sentences import unavailable_message
+from ..infra.network import describe_redis_error
+from ..models import Conversation
+from ..owners import owned_filter
+from .authentication import CsrfSessionAuthentication
+from .parsers import LimitedJSONParser, check_content_length
+from .permissions import LoginNotRequiredMixin, SignedInIfRequired
+from .sessions import UNAVAILABLE_ERRORS, check_session_store, save_session
+
+logger = logging.getLogger("conversations.api")
+
+
+PUBLIC_FIELDS = ("id", "conversation", "status", "done", "messages", "error", "version", "resuming")
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+
+class ServiceUnavailable(APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "unavailable"
+
+
+def not_found_message():
+    # Not found and not yours read the same (the API never says which).
+    return _("This conversation is no longer available. It may have expired; please start a new one.")
+
+
+def poll_url(turn):
+    return reverse("conversations:turn-detail", args=[turn.conversation_id, turn.id])
+
+
+def turn_summary(turn):
+    return {
+        "id": str(turn.id),
+        "conversation": str(turn.conversation_id),
+        "status": turn.status,
+        "done": turn.done,
+        "poll_url": poll_url(turn),
+        "cancel_url": reverse("conversations:turn-cancel", args=[turn.conversation_id, turn.id]),
+    }
+
+
+def public_state(data):
+    return {**{key: data.get(key) for key in PUBLIC_FIELDS}, "resuming": bool(data.get("resuming"))}
+
+
+def owned_conversation(request, conversation_id, *, for_update=False, user=None):
+    """The caller's conversation ``conversation_id`` (a UUID, or None for a malformed id), else 404.
+    ``for_update``: inside ``transaction.atomic()``, lock every conversation the caller owns.
+    ``user``: the caller's verified user, where ``request.user`` is not it (see ``owned_filter``)."""
+    if conversation_id is None:
+        raise NotFound()
+    queryset = Conversation.objects.filter(owned_filter(request, user))
+    if for_update:
+        # Lock all of the caller's conversations, in one order: the limits that span them (turns
+        # running at once, the daily token budget) are then checked by one request at a time.
+        list(queryset.select_for_update().order_by("pk").values_list("pk", flat=True))
+    return get_object_or_404(queryset, pk=conversation_id)
+
+
+class RedisDownMixin:
+    """An unreachable Redis answers 503 ``{"detail": "<sentence>"}`` from every API view, never
+    Django's HTML 500: errors raised in the view (throttle history, live states, the queue) are
+    turned into a ``ServiceUnavailable``; a session kept in the cache is checked before anything
+    trusts it, and a changed session is saved inside the view (see ``sessions``)."""
+
+    def handle_exception(self, exc):
+        """DRF's, with Redis errors answered 503 instead of re-raised, and every 404 with the app's
+        own sentence (not "No Conversation matches the given query."); returns the response."""
+        if isinstance(exc, UNAVAILABLE_ERRORS):
+            logger.error("Redis is unreachable; %s %s answered 503: %s", self.request.method, self.request.path,
+                         describe_redis_error(exc))
+            exc = ServiceUnavailable(unavailable_message())
+        elif isinstance(exc, (Http404, NotFound)):
+            exc = NotFound(not_found_message())
+        return super().handle_exception(exc)
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        """Save the session before the response goes out, so that a failure is still a 503."""
+        if response.status_code < 500:
+            try:
+                save_session(request)
+            except UNAVAILABLE_ERRORS as exc:
+                response = self.handle_exception(exc)
+        return super().finalize_response(request, response, *args, **kwargs)
+
+
+class ConversationAPIView(LoginNotRequiredMixin, RedisDownMixin, APIView):
+    """Base of the API views: session authentication with CSRF for everyone, JSON bodies only,
+    a body over ``MAX_REQUEST_BYTES`` refused (413) before anything reads it, and anonymous
+    callers refused (403) while ``LOGIN_REQUIRED`` is on."""
+
+    authentication_classes = [CsrfSessionAuthentication]
+    permission_classes = [SignedInIfRequired]
+    parser_classes = [LimitedJSONParser]
+
+    def permission_denied(self, request, message=None, code=None):
+        """Always a 403 with the permission's sentence: DRF's own would give an anonymous caller
+        "Authentication credentials were not provided." instead."""
+        raise PermissionDenied(message)
+
+    throttle_message = None  # the sentence of this view's 429; None: DRF's
+
+    def initial(self, request, *args, **kwargs):
+        check_content_length(request)
+        check_session_store(request)
+        super().initial(request, *args, **kwargs)
+
+    def throttled(self, request, wait):
+        """A 429 with the view's sentence, and ``Retry-After`` in whole seconds (at least 1)."""
+        wait = max(1, round(wait)) if wait is not None else None
+        message = self.throttle_message
+        raise Throttled(wait, detail=None if message is None else str(message))  # DRF joins it to its own

@@ -1,0 +1,131 @@
+"""RQ's side of a turn, below the engine: the turns' queue, job ids, enqueueing by the job's
+dotted path, and what RQ knows of a job's health. The job itself is ``engine.job``; the engine
+and the providers' chain use the queue without importing the job.
+"""
+
+import datetime
+import logging
+
+import django_rq
+from django.utils import timezone
+from redis.exceptions import RedisError
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
+from rq.worker import Worker
+
+from ..conf import get_config
+from . import state
+
+logger = logging.getLogger("conversations.jobs")
+
+
+JOB_PREFIX = "conversations-turn-"
+
+
+# RQ's parent process refreshes a running job's heartbeat every 30 s (job_monitoring_interval);
+# three missed beats mean no process is looking after the job any more.
+HEARTBEAT_GRACE = 90
+
+
+def job_id_for(turn):
+    return f"{JOB_PREFIX}{turn.id}"
+
+
+_connections = {}
+
+
+def get_queue():
+    """The turns' queue, on a Redis client made once per process (and queue configuration).
+
+    ``django_rq.get_queue()`` builds a new client, with a new connection pool, on every call,
+    so every POST would open (and handshake) a fresh connection to Redis. The client's pool
+    starts afresh in a forked child, as redis-py pools do.
+    """
+    from django_rq.settings import QUEUES
+
+    name = get_config()["QUEUE"]
+    key = (name, repr(sorted(QUEUES[name].items())))
+    connection = _connections.get(key)
+    if connection is None:
+        connection = _connections[key] = django_rq.get_connection(name)
+    return django_rq.get_queue(name, connection=connection)
+
+
+def warn_if_unattended(turn):
+    """Log a warning when no worker listens on the turns' queue just after ``turn`` was put on it.
+
+    Otherwise the visitor watches "thinking" until ``QUEUE_WAIT`` ends the turn, and nothing says
+    why until then. One ``SCARD`` of RQ's per-queue worker set: cheap enough for every POST. A
+    worker that died without unregistering still counts until RQ cleans it up; a Redis that
+    cannot be read says nothing here (the enqueue itself would have failed first)."""
+    queue = get_queue()
+    try:
+        listening = Worker.count(queue=queue)
+    except RedisError:
+        return
+    if not listening:
+        logger.warning("Turn %s was queued on %r, but no worker listens on that queue: it waits until one does, "
+                       "and ends after QUEUE_WAIT (%ss). Start one: manage.py rqworker %s", turn.id, queue.name,
+                       get_config()["QUEUE_WAIT"], queue.name,
+                       extra={"turn_id": str(turn.id), "queue": queue.name})
+
+
+def enqueue_continuation(turn, job_id, *, job_timeout):
+    """Enqueue job ``job_id`` continuing running ``turn`` (``recovery.continue_turn``), at the front
+    of the queue: its deadline is already running."""
+    return enqueue(turn, job_id, job_timeout=job_timeout, description=f"conversation turn {turn.id}, continued",
+                    at_front=True)
+
+
+# Jobs are queued by this path, not by the function: a job stores the path it names, and jobs
+# queued before the engine moved into conversations.engine name this one (the jobs.py face).
+TURN_JOB = "conversations.jobs.perform_turn"
+
+
+def enqueue(turn, job_id, *, job_timeout, description, at_front=False):
+    cfg = get_config()
+    get_queue().enqueue(TURN_JOB, str(turn.id), job_id=job_id, job_timeout=job_timeout,
+                        result_ttl=cfg["STATE_TTL"], failure_ttl=max(cfg["STATE_TTL"], 86400),
+                        description=description, at_front=at_front)
+    return job_id
+
+
+def turn_id_from_job_id(job_id):
+    """The turn the job ``job_id`` runs (its first job, or a continuation's ``…-rN``), or None."""
+    if job_id.startswith(JOB_PREFIX):
+        return job_id[len(JOB_PREFIX):].split("-r")[0]
+    return None
+
+
+def job_problem(turn, connection=None):
+    """Why ``turn``'s RQ job can no longer write a final state, or None if it still may."""
+    if not turn.job_id:
+        return None
+    connection = connection or get_queue().connection
+    try:
+        job = Job.fetch(turn.job_id, connection=connection)
+    except NoSuchJobError:
+        if state.is_enqueueing(turn.id, turn.job_id):  # a continuation, its row written a moment ago
+            return None
+        return "job gone"
+    status = job.get_status(refresh=False)
+    if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+        return f"job {status}"
+    if status == JobStatus.FINISHED:
+        return "job finished without a final state"
+    if status == JobStatus.STARTED:
+        heartbeat = job.last_heartbeat
+        timeout = job.timeout if job.timeout and job.timeout > 0 else get_config()["JOB_TIMEOUT"]
+        if job.started_at and (timezone.now() - _aware(job.started_at)).total_seconds() > timeout + HEARTBEAT_GRACE:
+            return "job overran its timeout"
+        if heartbeat and (timezone.now() - _aware(heartbeat)).total_seconds() > HEARTBEAT_GRACE:
+            return "job stopped heartbeating"
+    return None
+
+
+def _aware(value):
+    return value if timezone.is_aware(value) else timezone.make_aware(value, datetime.timezone.utc)
+
+
+def continuation_job_id(turn, number):
+    return f"{job_id_for(turn)}-r{number}"
