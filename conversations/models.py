@@ -137,6 +137,16 @@ class AssistantVersion(models.Model):
         return f"{self.assistant_id and self.assistant.slug}@{self.fingerprint}"
 
 
+def user_label(user):
+    """A user as the admin names an owner: the login name and email (whatever the user model's
+    fields are), or "anonymous visitor" for None."""
+    if user is None:
+        return _("anonymous visitor")
+    name = user.get_username()
+    email = getattr(user, user.get_email_field_name(), "") or ""
+    return f"{name} <{email}>" if email and email != name else name
+
+
 class Conversation(models.Model):
     """A chat owned by a user, or by an anonymous visitor's session (through a random owner token)."""
 
@@ -166,9 +176,8 @@ class Conversation(models.Model):
 
     @property
     def owner_label(self):
-        if self.user_id:
-            return str(self.user)
-        return _("anonymous visitor")
+        """Who owns this conversation, as the admin shows it (``user_label``)."""
+        return user_label(self.user)
 
 
 class Turn(models.Model):

@@ -9,7 +9,6 @@ others are produced by running a real turn in a forking RQ worker against a fake
 import re
 import threading
 import time
-from types import SimpleNamespace
 
 import django_rq
 import pytest
@@ -25,8 +24,7 @@ from django.utils import timezone
 from conversations.engine import lifecycle as turns
 from conversations.admin.conversations import user_fields
 from conversations.admin.turns import TurnAdmin
-from conversations.models import CallRecord, Conversation, Message, Turn
-from conversations.admin.timeline import owner_label
+from conversations.models import CallRecord, Conversation, Message, Turn, user_label
 from tests.helpers import make_client, start_turn
 from tests.fakes import FakeProvider, openai_text, openai_tool_calls
 
@@ -253,7 +251,7 @@ def test_owners_are_searched_and_ordered_by_the_user_models_own_fields():
     assert user_fields(EmailLoginUser) == ["email"]
     assert user_fields(PhoneLoginUser) == ["phone"]
     assert TurnAdmin.owner_short.admin_order_field == f"conversation__user__{get_user_model().USERNAME_FIELD}"
-    assert owner_label(SimpleNamespace(user=EmailLoginUser(email="ann@shop.example"))) == "ann@shop.example"
+    assert user_label(EmailLoginUser(email="ann@shop.example")) == "ann@shop.example"
 
 
 @pytest.mark.django_db

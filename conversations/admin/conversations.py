@@ -9,7 +9,7 @@ from django.db.models import Count
 from django.utils.translation import gettext_lazy
 
 from ..models import Conversation, Message, Turn
-from .timeline import owner_label, redact, seconds
+from .timeline import redact, seconds
 
 
 class ReadOnlyMixin:
@@ -80,7 +80,7 @@ class ConversationAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("owner"))
     def owner(self, obj):
-        return owner_label(obj)
+        return obj.owner_label
 
     @admin.display(description=gettext_lazy("turns"), ordering="turn_count")
     def turn_count(self, obj):

@@ -128,17 +128,6 @@ def rq_job_url(queue_name, job_id):
         return None
 
 
-def owner_label(conversation):
-    """Who owns ``conversation``, as the admin shows it: the user's login name and email, or
-    "anonymous visitor"."""
-    user = conversation.user
-    if user is None:
-        return _("anonymous visitor")
-    name = user.get_username()
-    email = getattr(user, user.get_email_field_name(), "") or ""
-    return f"{name} <{email}>" if email and email != name else name
-
-
 def turn_page(turn):
     """What the turn page's template shows besides the fields: timeline, transcript, the error
     the visitor saw, and whether the turn is still active."""

@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 from ..engine import lifecycle as turns
 from ..models import Turn
 from .filters import NearDeadlineFilter, QueueFilter, RatingFilter
-from .timeline import job_status, owner_label, redact, seconds, turn_page
+from .timeline import job_status, redact, seconds, turn_page
 from ..engine.configure import chains
 from ..conf import get_config
 from ..providers.chain import provider_health
@@ -196,14 +196,14 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("owner"))
     def owner(self, obj):
-        return owner_label(obj.conversation)
+        return obj.conversation.owner_label
 
     @admin.display(description=gettext_lazy("owner"), ordering=f"conversation__user__{user_fields()[0]}")
     def owner_short(self, obj):
         user = obj.conversation.user
         if user is None:
             return _("anonymous visitor")
-        return format_html('<span title="{}">{}</span>', owner_label(obj.conversation), user.get_username())
+        return format_html('<span title="{}">{}</span>', obj.conversation.owner_label, user.get_username())
 
     @admin.display(description=gettext_lazy("started"), ordering="started_at")
     def started(self, obj):
