@@ -52,10 +52,10 @@ def turn_of(owner, content="Hello?"):
     return run_turn_here(content, conversation=conversation)
 
 
-def slowly(reply, seconds):
-    """A behaviour: answer ``reply`` after ``seconds``."""
+def held(reply, released):
+    """A behaviour: answer ``reply`` once ``released`` is set (within 5 s)."""
     def behaviour(handler):
-        time.sleep(seconds)
+        released.wait(5)
         handler.send_json(200, reply)
     return behaviour
 
@@ -118,7 +118,8 @@ def test_outages_seen_by_one_visitor_alone_do_not_open_the_circuit(chain):
 def test_a_call_sent_before_the_circuit_opened_does_not_close_it_by_answering(chain, conversations_settings):
     primary, fallback = chain
     conversations_settings.update(BREAKER_FAILURES=2, BREAKER_COOLDOWN=30)
-    primary.add(slowly(openai_text(PRIMARY), 1.5))
+    released = threading.Event()  # the early call answers only once the circuit is open, however slow the machine
+    primary.add(held(openai_text(PRIMARY), released))
     early = {}
 
     def slow_turn():
@@ -135,6 +136,7 @@ def test_a_call_sent_before_the_circuit_opened_does_not_close_it_by_answering(ch
     turn_of("b")
     turn_of("c")
     assert primary_state()["state"] == "open"
+    released.set()
     thread.join(10)
 
     assert early["turn"].messages.filter(role="assistant").get().content == PRIMARY
