@@ -159,6 +159,7 @@ class TurnSummarySerializer(serializers.Serializer):
     done = serializers.BooleanField()
     poll_url = serializers.CharField()
     cancel_url = serializers.CharField()
+    rating_url = serializers.CharField(help_text="Where the visitor rates the turn's answer, once it has ended.")
 
 
 class NewConversationSerializer(ConversationSerializer):
@@ -191,6 +192,8 @@ class ConversationDetailSerializer(NewConversationSerializer):
                                     help_text="How each finished turn ended (status and sentence), by turn id.")
     ratings = serializers.DictField(child=RatingShortSerializer(),
                                     help_text="The visitor's rating of each rated turn, by turn id.")
+    rating_urls = serializers.DictField(child=serializers.CharField(),
+                                        help_text="Where each finished turn's answer is rated, by turn id.")
 
 
 class TurnStateSerializer(serializers.Serializer):
