@@ -117,7 +117,9 @@ class RatingCreateSerializer(serializers.Serializer):
     value = serializers.ChoiceField(choices=RATING_CHOICES, error_messages={
         "required": _("Rate the answer “up” or “down”."), "invalid_choice": _("Rate the answer “up” or “down”."),
         "null": _("Rate the answer “up” or “down”.")})
-    comment = CommentField(required=False, allow_blank=True, default="", max_length=500, error_messages={
+    # The column's length is the one rule (the widget gets it from the template tag too).
+    comment = CommentField(required=False, allow_blank=True, default="",
+                           max_length=Turn._meta.get_field("rating_comment").max_length, error_messages={
         "invalid": _("The comment must be text."),
         "max_length": _("The comment is too long: at most 500 characters are allowed.")})
 
