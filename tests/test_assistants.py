@@ -607,3 +607,16 @@ def test_assistants_that_cannot_work_are_listed_by_the_database_check():
     assert warning.id == "conversations.W041"
     assert warning.msg == ("The assistant 'support' is not set up correctly: its tools “gone” are not among the "
                            "site's registered tools.")
+
+
+@pytest.mark.django_db
+def test_the_tag_passes_the_servers_give_up_margin_comment_length_and_csrf_cookie(settings, monkeypatch):
+    from conversations.templatetags import conversations as tag
+
+    # The server's own values, whatever they are, not a copy in the script.
+    monkeypatch.setattr(tag, "WIDGET_GIVE_UP_MARGIN", 45)
+    settings.CSRF_COOKIE_NAME = "site_csrf"
+    html = render("{% chat_widget %}")
+    assert 'data-give-up-margin="45"' in html
+    assert 'data-comment-max-length="%d"' % Turn._meta.get_field("rating_comment").max_length in html
+    assert 'data-csrf-cookie="site_csrf"' in html

@@ -119,3 +119,13 @@ def test_ratings_from_one_ipv6_network_share_the_per_address_limit(conversations
                for n, (client, turn) in enumerate(zip(clients, turns))]
 
     assert answers == [201, 201, 429, 429]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_turn_summary_and_the_transcript_say_where_to_rate_the_answer(visitor, worker):
+    turn = finished_turn(visitor, worker)
+    assert turn["rating_url"] == rating_url(turn)
+    response = api_post(visitor, turn["rating_url"], {"value": "up"})
+    assert response.status_code == 201 and response.json()["value"] == "up"
+    detail = visitor.get(f"/api/conversations/{turn['conversation']}/").json()
+    assert detail["rating_urls"] == {turn["id"]: turn["rating_url"]}

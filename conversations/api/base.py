@@ -46,6 +46,11 @@ def poll_url(turn):
     return reverse("conversations:turn-detail", args=[turn.conversation_id, turn.id])
 
 
+def rating_url(conversation_id, turn_id):
+    # Handed out with every turn, so that the widget never builds an API path of its own.
+    return reverse("conversations:turn-rating", args=[conversation_id, turn_id])
+
+
 def turn_summary(turn):
     return {
         "id": str(turn.id),
@@ -54,6 +59,7 @@ def turn_summary(turn):
         "done": turn.done,
         "poll_url": poll_url(turn),
         "cancel_url": reverse("conversations:turn-cancel", args=[turn.conversation_id, turn.id]),
+        "rating_url": rating_url(turn.conversation_id, turn.id),
     }
 
 

@@ -117,7 +117,9 @@ class RatingCreateSerializer(serializers.Serializer):
     value = serializers.ChoiceField(choices=RATING_CHOICES, error_messages={
         "required": _("Rate the answer “up” or “down”."), "invalid_choice": _("Rate the answer “up” or “down”."),
         "null": _("Rate the answer “up” or “down”.")})
-    comment = CommentField(required=False, allow_blank=True, default="", max_length=500, error_messages={
+    # The column's length is the one rule (the widget gets it from the template tag too).
+    comment = CommentField(required=False, allow_blank=True, default="",
+                           max_length=Turn._meta.get_field("rating_comment").max_length, error_messages={
         "invalid": _("The comment must be text."),
         "max_length": _("The comment is too long: at most 500 characters are allowed.")})
 
@@ -159,6 +161,7 @@ class TurnSummarySerializer(serializers.Serializer):
     done = serializers.BooleanField()
     poll_url = serializers.CharField()
     cancel_url = serializers.CharField()
+    rating_url = serializers.CharField(help_text="Where the visitor rates the turn's answer, once it has ended.")
 
 
 class NewConversationSerializer(ConversationSerializer):
@@ -191,6 +194,8 @@ class ConversationDetailSerializer(NewConversationSerializer):
                                     help_text="How each finished turn ended (status and sentence), by turn id.")
     ratings = serializers.DictField(child=RatingShortSerializer(),
                                     help_text="The visitor's rating of each rated turn, by turn id.")
+    rating_urls = serializers.DictField(child=serializers.CharField(),
+                                        help_text="Where each finished turn's answer is rated, by turn id.")
 
 
 class TurnStateSerializer(serializers.Serializer):

@@ -19,7 +19,7 @@ from ..infra import state
 from ..models import Conversation, Message, Turn
 from ..owners import owned_filter, owner_token
 from . import serializers
-from .base import Conflict, ConversationAPIView, ServiceUnavailable, owned_conversation, turn_summary
+from .base import Conflict, ConversationAPIView, ServiceUnavailable, owned_conversation, rating_url, turn_summary
 from .schema import (CONVERSATION_ID, CSRF_OR_SIGN_IN, ERROR, NOT_FOUND, NOT_JSON, RETRY_AFTER, SIGN_IN, TOO_LARGE,
                      TURN_ID, UNAVAILABLE)
 from .throttling import (ConversationIPThrottle, ConversationOwnerThrottle, TurnIPThrottle, TurnOwnerThrottle,
@@ -116,6 +116,8 @@ class ConversationDetailView(ConversationAPIView):
             # the failure's sentence again, as the poll's last state did.
             "endings": {str(pk): {"status": status, "error": error or None} for pk, status, error in ended},
             "ratings": conversation.ratings(),
+            # Where each finished turn's answer is rated (the same URL as its summary's rating_url).
+            "rating_urls": {str(pk): rating_url(conversation.id, pk) for pk, _status, _error in ended},
         })
 
 

@@ -13,7 +13,8 @@ from django.utils.translation import gettext as _
 
 from .. import assistants
 from ..assistants import settings_for
-from ..models import Assistant
+from ..core.rules import WIDGET_GIVE_UP_MARGIN
+from ..models import Assistant, Turn
 
 register = template.Library()
 logger = logging.getLogger("conversations.widget")
@@ -120,6 +121,10 @@ def chat_widget(context, title="", mode="inline", key="", assistant=""):
         "api_url": reverse("conversations:conversation-list"),
         "job_timeout": cfg["JOB_TIMEOUT"],
         "max_length": cfg["MAX_MESSAGE_LENGTH"],
+        # Passed rather than copied into widget.js, so that the script and the server never disagree.
+        "give_up_margin": WIDGET_GIVE_UP_MARGIN,
+        "comment_max_length": Turn._meta.get_field("rating_comment").max_length,
+        "csrf_cookie": settings.CSRF_COOKIE_NAME,
         "csrf_token": csrf_token,
         "login_url": login_url,
         "strings": strings,

@@ -74,7 +74,10 @@ class ScriptedApi:
             return self._json(route, 201, {"id": CONVERSATION, "created_at": "2025-01-01T00:00:00Z"})
         if request.method == "GET" and path == f"{base}{CONVERSATION}/":
             return self._json(route, 200, {"id": CONVERSATION, "messages": self.transcript,
-                                           "active_turn": self.active, "ratings": self.rated})
+                                           "active_turn": self.active, "ratings": self.rated,
+                                           # Where each turn is rated, as the real API hands it out.
+                                           "rating_urls": {str(m["turn"]): f"{base}{CONVERSATION}/turns/{m['turn']}/rating/"
+                                                           for m in self.transcript}})
         if request.method == "POST" and path == f"{base}{CONVERSATION}/turns/{TURN}/rating/":
             body = json.loads(request.post_data or "{}")
             self.ratings.append(body)
@@ -105,7 +108,7 @@ class ScriptedApi:
     def summary():
         turns = f"/api/conversations/{CONVERSATION}/turns/{TURN}/"
         return {"id": TURN, "conversation": CONVERSATION, "status": "queued", "done": False,
-                "poll_url": turns, "cancel_url": turns + "cancel/"}
+                "poll_url": turns, "cancel_url": turns + "cancel/", "rating_url": turns + "rating/"}
 
     def release(self):
         """Answer the held turn POSTs with a 202."""

@@ -266,6 +266,27 @@ def test_polling_pauses_while_the_tab_is_hidden_and_resumes_when_shown(chat_page
     expect(chat.locator(".cvw-msg-assistant")).to_contain_text("in Tokyo")
 
 
+def test_a_widget_removed_from_the_page_stops_polling(chat_page):
+    chat = chat_page().open()
+    chat.send(QUESTION)  # no worker: the turn stays queued, and the widget keeps polling it
+    expect(chat.locator(".cvw-status")).to_have_text("The assistant is thinking…")
+    chat.page.wait_for_timeout(1000)
+    assert len(chat.polls) >= 1  # it was polling
+    chat.page.evaluate("() => document.querySelector('conversations-widget').remove()")
+    polls_at_removal = len(chat.polls)
+    # Longer than the longest poll delay (3 s), and the tab hidden and shown again: a listener
+    # left on the document would look at the turn at once.
+    chat.page.wait_for_timeout(3500)
+    chat.page.evaluate("""() => {
+        Object.defineProperty(document, "hidden", {configurable: true, get: () => true});
+        document.dispatchEvent(new Event("visibilitychange"));
+        Object.defineProperty(document, "hidden", {configurable: true, get: () => false});
+        document.dispatchEvent(new Event("visibilitychange"));
+    }""")
+    chat.page.wait_for_timeout(1000)
+    assert len(chat.polls) == polls_at_removal
+
+
 def test_an_incomplete_ending_reads_as_a_sentence(chat_page, worker_process, conversations_settings):
     with FakeProvider() as fake:
         fake.add(openai_text("The first half of an answer", finish_reason="length"))

@@ -169,537 +169,200 @@
     });
     while (shown.length > blocks.length) { into.removeChild(into.lastChild); }
   }
+  // -- the API client: its token, its requests, its sentences -------------------------------
 
-  // -- the widget ---------------------------------------------------------------------------
+  /* Every request the widget makes but the polling itself goes through here: JSON in and out,
+   * the CSRF token on writes, and an Error whose message is the server's sentence. */
+  class ApiClient {
+    constructor(apiUrl, options) {
+      this.apiUrl = apiUrl;
+      // An API on another origin (see SECURITY.md) needs its cookies sent cross-origin.
+      this.credentials = new URL(apiUrl).origin === location.origin ? "same-origin" : "include";
+      this.csrf = options.csrfToken || "";
+      this.csrfCookie = options.csrfCookie || "csrftoken";
+      this.sendFailed = options.sendFailed; // the sentence when the server cannot be reached
+    }
 
-  /* One widget per element; created by start() (or the custom element) for each host element. */
-  function Widget(host) {
-    var data = host.dataset;
-    var given = host.querySelector("script[type='application/json']");
-    this.host = host;
-    this.strings = Object.assign({}, STRINGS, given ? JSON.parse(given.textContent) : {},
-                                 data.strings ? JSON.parse(data.strings) : {});
-    this.mode = data.mode === "launcher" ? "launcher" : "inline";
-    this.apiUrl = new URL((data.apiUrl || "/api/conversations/").replace(/\/?$/, "/"), location.href).href;
-    // An API on another origin (see SECURITY.md) needs its cookies sent cross-origin.
-    this.credentials = new URL(this.apiUrl).origin === location.origin ? "same-origin" : "include";
-    this.jobTimeout = Number(data.jobTimeout || 120);
-    this.giveUpMargin = Number(data.giveUpMargin || 30);
-    this.maxLength = Number(data.maxLength || 4000);
-    this.csrf = data.csrfToken || "";
-    // The assistant this widget talks to ({% chat_widget assistant=… %}), its greeting and the
-    // questions it suggests before the first message.
-    this.assistant = data.assistant || "";
-    this.greeting = data.greeting || "";
-    this.suggestions = data.suggestions ? JSON.parse(data.suggestions) : [];
-    this.csrfCookie = data.csrfCookie || "csrftoken";
-    // Each widget of a page keeps its own conversation: its data-key, else its place on the page
-    // (so the first widget of every page of the site goes on with the same conversation).
-    this.n = ++widgets;
-    this.storageKey = "cvw:" + this.apiUrl + "#" + (data.key || this.n);
-    this.conversationId = null;
-    // What the widget is doing, one of STATUSES; the controls follow from it (setState).
-    this.status = "idle";
-    this.turn = null;      // the turn being followed (waiting, running, stopping): see follow()
-    this.unsent = null;    // the last message whose POST failed, and its Idempotency-Key
-    this.stopWanted = false; // Stop pressed while the message was still being posted
-    this.growing = null;   // the element of the assistant message being streamed, if any
-    this.answers = {};     // turn id -> the element of its last assistant message (rated under it)
-    this.nodes = {};
-    this.build(data.cssUrl || CSS_URL, data.loginUrl);
-    if (data.loginUrl) { return; } // a site for signed-in visitors only: the link, nothing to send
-    this.bind();
-    this.restore();
+    /* An URL the API handed out (maybe relative to it) as an absolute one. */
+    resolve(path) { return new URL(path, this.apiUrl).href; }
+
+    token() {
+      // data-csrf-token (the template tag sets it), else Django's cookie; on a page Django did
+      // not render the visitor may have none yet, and the API's GET sets it.
+      var self = this;
+      var known = this.csrf || readCookie(this.csrfCookie);
+      if (known) { return Promise.resolve(known); }
+      return fetch(this.apiUrl, { credentials: this.credentials, headers: { "Accept": "application/json" } })
+        .catch(function () { return null; })
+        .then(function () { return readCookie(self.csrfCookie); });
+    }
+
+    /* Resolves with the JSON body; rejects with an Error whose message is the server's sentence. */
+    request(method, url, body, extraHeaders) {
+      var self = this;
+      var ready = method === "GET" ? Promise.resolve("") : this.token();
+      return ready.then(function (token) {
+        var options = { method: method, credentials: self.credentials, headers: { "Accept": "application/json" } };
+        if (method !== "GET") {
+          options.headers["Content-Type"] = "application/json";
+          options.headers["X-CSRFToken"] = token;
+          options.body = JSON.stringify(body || {});
+        }
+        Object.assign(options.headers, extraHeaders || {});
+        return fetch(url, options).catch(function () { throw new Error(self.sendFailed); });
+      }).then(function (response) {
+        return response.json().catch(function () { return {}; }).then(function (data) {
+          if (response.ok) { return data; }
+          var error = new Error(self.problem(data));
+          error.status = response.status;
+          throw error;
+        });
+      });
+    }
+
+    problem(data) {
+      if (data && typeof data.detail === "string") { return data.detail; }
+      for (var key in data || {}) {
+        if (Array.isArray(data[key]) && typeof data[key][0] === "string") { return data[key][0]; }
+      }
+      return this.sendFailed;
+    }
   }
 
-  /* idle: nothing sent yet; sending: a message is being posted; waiting: its turn is queued or
-   * not yet seen running; running: the turn runs and its steps land; stopping: Stop was
-   * pressed and the turn has not ended yet; ended: the last turn ended (answered or not).
-   * true: the visitor must wait (Send disabled, Stop shown). */
-  var STATUSES = { idle: false, sending: true, waiting: true, running: true, stopping: true, ended: false };
+  // -- the poller: one turn followed until it ends (no DOM) ---------------------------------
 
-  Widget.prototype.build = function (cssUrl, loginUrl) {
-    var s = this.strings, n = this.n, launcher = this.mode === "launcher";
-    var shadow = this.shadow = this.host.attachShadow({ mode: "open" });
-    // Shown once its stylesheet has loaded (or failed to: unstyled beats invisible).
-    var frame = this.frame = el("div", "cvw cvw-mode-" + this.mode);
-    if (cssUrl) {
-      var sheet = el("link");
-      sheet.rel = "stylesheet";
-      sheet.href = cssUrl;
-      frame.hidden = true;
-      sheet.onload = sheet.onerror = function () { frame.hidden = false; };
-      shadow.appendChild(sheet);
+  /* Follows one turn at a time: looks at its poll URL with its ETag, backs off while nothing
+   * changes, does not look while the tab is hidden, and gives up `jobTimeout + giveUpMargin`
+   * seconds after the message was sent. It tells the widget through `events`:
+   *   changed(turn, state) -> whether an answer is still being streamed (a new version landed)
+   *   looked(turn, recovered)  after every look that landed, changed or not
+   *   lost(turn)               a look failed (network, 5xx); it tries again, backing off
+   *   ended(turn, state)       the turn is over (or given up on, or gone); it is no longer followed
+   * A turn has at most one look at a time: `timer`, the next one scheduled, or `request`, the
+   * one in flight. stop() drops both and the document listener; start() takes them up again. */
+  class Poller {
+    constructor(client, limits, events) {
+      this.client = client;
+      this.limits = limits;
+      this.events = events;
+      this.turn = null;
+      this.running = false;
+      var self = this;
+      // A hidden tab does not poll: its next look is dropped (a request in flight still lands, and
+      // schedules nothing); shown again, it looks at once unless a look is already under way.
+      this.onVisibility = function () {
+        var turn = self.turn;
+        if (!turn) { return; }
+        if (document.hidden && turn.timer) { clearTimeout(turn.timer); turn.timer = null; }
+        else if (!document.hidden && !turn.timer && !turn.request) { self.poll(); }
+      };
+      this.start();
     }
-    shadow.appendChild(frame);
-    var panel = this.panel = el("section", "cvw-panel");
-    panel.id = "cvw-panel-" + n;
-    panel.setAttribute("aria-label", s.region);
-    var header = el("div", "cvw-header");
-    header.appendChild(el("span", "cvw-title", s.title));
-    panel.appendChild(header);
-    if (launcher) {
-      // A panel over the page that does not block it: a non-modal dialog, no focus trap.
-      panel.setAttribute("role", "dialog");
-      panel.hidden = true;
-      this.launcher = el("button", "cvw-launcher", s.title);
-      this.launcher.type = "button";
-      this.launcher.setAttribute("aria-expanded", "false");
-      this.launcher.setAttribute("aria-controls", panel.id);
-      this.closeButton = el("button", "cvw-close", "×");
-      this.closeButton.type = "button";
-      this.closeButton.setAttribute("aria-label", s.close);
-      header.appendChild(this.closeButton);
-      frame.appendChild(this.launcher);
+
+    start() {
+      if (this.running) { return; }
+      this.running = true;
+      document.addEventListener("visibilitychange", this.onVisibility);
+      if (this.turn) { this.poll(); } // taken up again (the element was put back in a page)
     }
-    frame.appendChild(panel);
-    if (loginUrl) {
-      var signIn = el("p", "cvw-signin"), a = el("a", "", s.sign_in);
-      a.href = loginUrl;
-      signIn.appendChild(a);
-      panel.appendChild(signIn);
-      if (launcher) { this.bindLauncher(); }
-      return;
-    }
-    // The log role is on a wrapper, so the list inside keeps its own (list, listitem) semantics.
-    // aria-live off because steps land every poll: only finished answers and endings are read
-    // out, through the separate announcer below.
-    this.log = el("div", "cvw-log");
-    this.log.setAttribute("role", "log");
-    this.log.setAttribute("aria-live", "off");
-    this.log.setAttribute("aria-label", s.log);
-    this.log.tabIndex = 0;
-    this.list = el("ol", "cvw-list");
-    this.log.appendChild(this.list);
-    this.statusLine = el("p", "cvw-status");
-    // Outside the panel: a closed launcher panel is display:none, and so would be its live region.
-    this.announcer = el("div", "cvw-sr");
-    this.announcer.setAttribute("aria-live", "polite");
-    this.form = el("form", "cvw-form");
-    var label = el("label", "cvw-label", s.label);
-    label.htmlFor = "cvw-input-" + n;
-    this.input = el("textarea", "cvw-input");
-    this.input.id = label.htmlFor;
-    this.input.rows = 2;
-    this.input.maxLength = this.maxLength;
-    this.input.setAttribute("aria-describedby", "cvw-hint-" + n);
-    var hint = el("span", "cvw-hint", s.hint);
-    hint.id = "cvw-hint-" + n;
-    var actions = el("div", "cvw-actions");
-    this.sendButton = el("button", "cvw-send", s.send);
-    this.sendButton.type = "submit";
-    this.stopButton = el("button", "cvw-stop", s.stop);
-    this.stopButton.type = "button";
-    this.stopButton.hidden = true;
-    actions.appendChild(this.sendButton);
-    actions.appendChild(this.stopButton);
-    [label, this.input, actions, hint].forEach(function (node) { this.form.appendChild(node); }, this);
-    [this.log, this.statusLine, this.form].forEach(function (node) { panel.appendChild(node); });
-    frame.appendChild(this.announcer);
-  };
 
-  /* The element focus is on inside this widget (its shadow root's), or null. */
-  Widget.prototype.focused = function () { return this.shadow.activeElement; };
-
-  Widget.prototype.bindLauncher = function () {
-    var self = this;
-    this.launcher.addEventListener("click", function () { self.setOpen(self.panel.hidden); });
-    this.closeButton.addEventListener("click", function () { self.setOpen(false); });
-    this.frame.addEventListener("keydown", function (event) {
-      if (event.key === "Escape" && !self.panel.hidden && !event.isComposing) { event.preventDefault(); self.setOpen(false); }
-    });
-  };
-
-  /* Open or close the launcher's panel: opening puts focus where the visitor types, closing
-   * gives it back to the launcher. */
-  Widget.prototype.setOpen = function (open) {
-    this.panel.hidden = !open;
-    this.launcher.setAttribute("aria-expanded", String(open));
-    this.frame.classList.toggle("cvw-open", open);
-    if (!open) { this.launcher.focus(); return; }
-    var target = this.input || this.panel.querySelector("a");
-    target.focus();
-    if (this.log) { this.log.scrollTop = this.log.scrollHeight; }
-  };
-
-  Widget.prototype.bind = function () {
-    var self = this;
-    if (this.launcher) { this.bindLauncher(); }
-    this.form.addEventListener("submit", function (event) { event.preventDefault(); self.submit(); });
-    this.input.addEventListener("keydown", function (event) {
-      if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); self.submit(); }
-    });
-    this.stopButton.addEventListener("click", function () { self.cancel(); });
-    // A hidden tab does not poll: its next look is dropped (a request in flight still lands, and
-    // schedules nothing); shown again, it looks at once unless a look is already under way.
-    document.addEventListener("visibilitychange", function () {
-      var turn = self.turn;
-      if (!turn) { return; }
-      if (document.hidden && turn.timer) { clearTimeout(turn.timer); turn.timer = null; }
-      else if (!document.hidden && !turn.timer && !turn.request) { self.poll(); }
-    });
-  };
-
-  // -- storage: the conversation (and running turn) survive a reload in this tab ------------
-
-  Widget.prototype.save = function (turn) {
-    try {
-      sessionStorage.setItem(this.storageKey, JSON.stringify({
-        conversation: this.conversationId, turn: turn ? turn.id : null, since: turn ? turn.since : null }));
-    } catch (e) { /* storage disabled: the conversation just does not survive a reload */ }
-  };
-
-  Widget.prototype.load = function () {
-    try { return JSON.parse(sessionStorage.getItem(this.storageKey)) || {}; } catch (e) { return {}; }
-  };
-
-  // -- HTTP ---------------------------------------------------------------------------------
-
-  Widget.prototype.token = function () {
-    // data-csrf-token (the template tag sets it), else Django's cookie; on a page Django did
-    // not render the visitor may have none yet, and the API's GET sets it.
-    var self = this;
-    var known = this.csrf || readCookie(this.csrfCookie);
-    if (known) { return Promise.resolve(known); }
-    return fetch(this.apiUrl, { credentials: this.credentials, headers: { "Accept": "application/json" } })
-      .catch(function () { return null; })
-      .then(function () { return readCookie(self.csrfCookie); });
-  };
-
-  /* Resolves with the JSON body; rejects with an Error whose message is the server's sentence. */
-  Widget.prototype.request = function (method, url, body, extraHeaders) {
-    var self = this;
-    var ready = method === "GET" ? Promise.resolve("") : this.token();
-    return ready.then(function (token) {
-      var options = { method: method, credentials: self.credentials, headers: { "Accept": "application/json" } };
-      if (method !== "GET") {
-        options.headers["Content-Type"] = "application/json";
-        options.headers["X-CSRFToken"] = token;
-        options.body = JSON.stringify(body || {});
-      }
-      Object.assign(options.headers, extraHeaders || {});
-      return fetch(url, options).catch(function () { throw new Error(self.strings.send_failed); });
-    }).then(function (response) {
-      return response.json().catch(function () { return {}; }).then(function (data) {
-        if (response.ok) { return data; }
-        var error = new Error(self.problem(data));
-        error.status = response.status;
-        throw error;
-      });
-    });
-  };
-
-  Widget.prototype.problem = function (data) {
-    if (data && typeof data.detail === "string") { return data.detail; }
-    for (var key in data || {}) {
-      if (Array.isArray(data[key]) && typeof data[key][0] === "string") { return data[key][0]; }
-    }
-    return this.strings.send_failed;
-  };
-
-  // -- conversation and turns --------------------------------------------------------------
-
-  Widget.prototype.restore = function () {
-    var self = this, saved = this.load();
-    if (!saved.conversation) { this.welcome(); return; }
-    this.conversationId = saved.conversation;
-    this.request("GET", this.apiUrl + saved.conversation + "/").then(function (data) {
-      // Each ended turn's sentence goes back under its last message, where it stood before the reload.
-      var endings = data.endings || {}, messages = data.messages;
-      messages.forEach(function (m, i) {
-        self.draw(m, m.turn);
-        var next = messages[i + 1], ended = endings[m.turn];
-        if (ended && (!next || next.turn !== m.turn)) {
-          self.settle();
-          var sentence = self.ending(ended);
-          if (sentence) { self.notice(sentence); }
-        }
-      });
-      var active = data.active_turn, ratings = data.ratings || {};
-      Object.keys(self.answers).forEach(function (id) {
-        if (!active || id !== String(active.id)) { self.rateable(id, ratings[id]); }
-      });
-      if (active) { self.follow(active, active.id === saved.turn && saved.since ? saved.since : Date.now()); }
-      else { self.save(null); }
-    }).catch(function (error) {
-      if (error.status === 404 || error.status === 403) { self.forget(); }
-    });
-  };
-
-  /* A new conversation: the assistant's greeting, and its suggested questions as buttons that
-   * send themselves (gone once a message is sent). */
-  Widget.prototype.welcome = function () {
-    var self = this;
-    if (this.greeting) { this.add(el("li", "cvw-msg cvw-msg-assistant cvw-greeting", this.greeting)); }
-    if (!this.suggestions.length) { return; }
-    var item = this.suggestionsItem = el("li", "cvw-msg cvw-suggestions");
-    this.suggestions.forEach(function (question) {
-      var button = el("button", "cvw-suggestion", question);
-      button.type = "button";
-      button.addEventListener("click", function () { self.input.value = question; self.submit(); });
-      item.appendChild(button);
-    });
-    this.add(item);
-  };
-
-  Widget.prototype.forget = function () {
-    this.conversationId = null;
-    try { sessionStorage.removeItem(this.storageKey); } catch (e) { /* nothing kept */ }
-  };
-
-  Widget.prototype.ensureConversation = function () {
-    var self = this;
-    if (this.conversationId) { return Promise.resolve(this.conversationId); }
-    return this.request("POST", this.apiUrl, this.assistant ? { assistant: this.assistant } : {}).then(function (data) {
-      self.conversationId = data.id;
-      self.save(null);
-      return data.id;
-    });
-  };
-
-  Widget.prototype.submit = function () {
-    var self = this, content = this.input.value.trim();
-    if (!content) { return; }
-    if (STATUSES[this.status]) { this.setStatusLine(this.strings.busy); return; }
-    if (this.suggestionsItem) { this.suggestionsItem.remove(); this.suggestionsItem = null; }
-    // The Send button is about to be disabled: keep focus where the next message is typed.
-    if (this.focused() === this.sendButton) { this.input.focus(); }
-    this.setState("sending");
-    this.setStatusLine("");
-    // The same text sent again after a failure reuses its key: if the first POST did reach the
-    // server, the API answers with that turn instead of starting a second one.
-    var unsent = this.unsent && this.unsent.content === content ? this.unsent :
-      { content: content, key: "cvw-" + Date.now().toString(36) + "-" + Math.random().toString(36).slice(2) };
-    var key = unsent.key;
-    // Shown at once; it stands for the saved message when the turn's state arrives.
-    var pending = this.bubble("user", content);
-    pending.classList.add("cvw-pending");
-    this.input.value = "";
-    var post = function (retry) {
-      return self.ensureConversation().then(function (id) {
-        return self.request("POST", self.apiUrl + id + "/turns/", { content: content }, { "Idempotency-Key": key });
-      }).catch(function (error) {
-        // The kept conversation is gone (session expired): start a new one, once.
-        if (error.status === 404 && retry) { self.forget(); return post(false); }
-        throw error;
-      });
-    };
-    post(true).then(function (turn) {
-      self.unsent = null;
-      pending.classList.remove("cvw-pending");
-      self.follow(turn, Date.now(), pending);
-    }).catch(function (error) {
-      // Nothing the visitor wrote is lost: the text goes back into the box, with the reason.
-      self.unsent = unsent;
-      self.stopWanted = false;
-      pending.remove();
-      if (!self.input.value) { self.input.value = content; }
-      self.setState("idle");
-      self.setStatusLine(error.message, true);
-      self.announce(error.message);
-      self.input.focus();
-    });
-  };
-
-  /* Poll the turn `summary` (the API's 202 or a restored active turn) until it ends. `pending`
-   * is the visitor's message already shown for it, if any. A turn has at most one look at a
-   * time: `timer`, the next one scheduled, or `request`, the one in flight. */
-  Widget.prototype.follow = function (summary, since, pending) {
-    this.turn = { id: summary.id, pollUrl: this.resolve(summary.poll_url), cancelUrl: this.resolve(summary.cancel_url),
-                  etag: null, pending: pending || null,
-                  delay: FIRST_DELAY, errors: 0, since: since, timer: null, request: null,
-                  giveUpAt: since + (this.jobTimeout + this.giveUpMargin) * 1000 };
-    this.save(this.turn);
-    this.setState("waiting");
-    this.setStatusLine(this.strings.thinking);
-    this.schedule(FIRST_DELAY);
-    if (this.stopWanted) { this.stopWanted = false; this.cancel(); }
-  };
-
-  Widget.prototype.resolve = function (path) { return new URL(path, this.apiUrl).href; };
-
-  Widget.prototype.schedule = function (delay) {
-    var self = this, turn = this.turn;
-    if (!turn || document.hidden) { return; } // a hidden tab looks again when shown (visibilitychange)
-    turn.timer = setTimeout(function () { turn.timer = null; self.poll(); }, delay);
-  };
-
-  Widget.prototype.poll = function () {
-    var self = this, turn = this.turn;
-    if (!turn || turn.timer || turn.request || document.hidden) { return; }
-    if (Date.now() >= turn.giveUpAt) { this.end(turn, { status: "timeout" }); return; }
-    var headers = { "Accept": "application/json" };
-    if (turn.etag) { headers["If-None-Match"] = turn.etag; }
-    var controller = window.AbortController ? new AbortController() : null;
-    var abort = controller && setTimeout(function () { controller.abort(); }, REQUEST_TIMEOUT);
-    var landed = function () { // whether the turn is still the one followed, once its look is over
-      clearTimeout(abort);
-      turn.request = null;
-      return self.turn === turn;
-    };
-    turn.request = fetch(turn.pollUrl, { credentials: this.credentials, cache: "no-store", headers: headers,
-                          signal: controller && controller.signal }).then(function (response) {
-      if (response.status === 304) { return null; }
-      if (response.status === 404 || response.status === 403) {
-        // 403: no longer allowed (e.g. signed out on a site for signed-in visitors): its sentence.
-        return response.json().catch(function () { return {}; }).then(function (data) {
-          return { done: true, status: "gone", error: response.status === 403 && data.detail };
-        });
-      }
-      if (!response.ok) { throw new Error("HTTP " + response.status); }
-      turn.etag = response.headers.get("ETag");
-      return response.json();
-    }).then(function (state) {
-      if (!landed()) { return; }
-      var recovered = turn.errors > 0;
-      turn.errors = 0;
-      // Nothing new: a 304, or a server that ignores ETags. An ending is always new (a "gone"
-      // turn has no version, and neither has a turn before its first state). While a message is
-      // streamed the look stays quick, since its text is still growing.
-      if (!state || (!state.done && state.version === turn.version)) {
-        turn.delay = turn.streaming ? FIRST_DELAY : Math.min(turn.delay * GROWTH, MAX_DELAY);
-      } else {
-        turn.version = state.version;
-        turn.streaming = false;
-        (state.messages || []).forEach(function (m) { turn.streaming = self.draw(m, turn.id); });
-        if (state.done) { self.end(turn, state); return; }
-        if (state.status === "running" && self.status === "waiting") { self.setState("running"); }
-        turn.delay = FIRST_DELAY;
-      }
-      // A problem shown (Stop refused) stays until the visitor acts; "reconnecting" goes once a look lands.
-      if (recovered || !self.statusLine.classList.contains("cvw-status-problem")) {
-        self.setStatusLine(self.progress(turn));
-      }
-      self.schedule(turn.delay);
-    }).catch(function () {
-      if (!landed()) { return; }
-      turn.errors += 1;
-      self.setStatusLine(self.strings.reconnecting, true);
-      self.schedule(Math.min(FIRST_DELAY * Math.pow(2, turn.errors), MAX_RETRY_DELAY));
-    });
-  };
-
-  /* The status line while `turn` is followed: what the visitor is waiting for now. */
-  Widget.prototype.progress = function (turn) {
-    var s = this.strings;
-    if (this.status === "stopping") { return s.stopping; }
-    if (turn.streaming) { return s.writing; }
-    if (this.status === "waiting" && Date.now() - turn.since >= QUEUED_NOTICE) { return s.waiting; }
-    return s.thinking;
-  };
-
-  /* The sentence under a turn that ended `state.status` (with `state.error`), or "" for none:
-   * the same whether the widget saw it end or draws it again from the transcript. */
-  Widget.prototype.ending = function (state) {
-    var s = this.strings;
-    var endings = { cancelled: s.stopped, failed: state.error || s.failed, incomplete: state.error || s.incomplete,
-                    timeout: s.timed_out, gone: state.error || s.gone };
-    return endings[state.status] || state.error || "";
-  };
-
-  Widget.prototype.end = function (turn, state) {
-    if (turn.timer) { clearTimeout(turn.timer); }
-    this.turn = null;
-    this.save(null);
-    var ending = this.ending(state);
-    if (state.status === "gone") { this.forget(); }
-    if (ending) { this.notice(ending); }
-    this.settle(); // a streamed message the turn ended in the middle of keeps the text shown
-    if (state.status !== "gone") { this.rateable(turn.id); } // any ended turn with an answer, as after a reload
-    var answer = null;
-    (state.messages || []).forEach(function (m) { if (m.role === "assistant" && m.content) { answer = m.content; } });
-    this.announce([answer && state.status === "completed" ? answer : "", ending || ""].join(" ").trim());
-    var hadFocus = !!this.focused() && this.focused() !== this.launcher;
-    this.setState("ended");
-    this.setStatusLine("");
-    if (hadFocus) { this.input.focus(); }
-  };
-
-  Widget.prototype.cancel = function () {
-    var self = this, turn = this.turn, before = this.status;
-    if (!STATUSES[before] || before === "stopping") { return; }
-    this.setState("stopping");
-    this.setStatusLine(this.strings.stopping);
-    if (!turn) { this.stopWanted = true; return; } // still being posted: stopped once accepted (follow)
-    this.request("POST", turn.cancelUrl, {}).then(function () {
-      // Look at once rather than after the current back-off: the turn may already be over.
-      if (self.turn !== turn) { return; }
-      turn.delay = FIRST_DELAY;
-      if (turn.timer) { clearTimeout(turn.timer); turn.timer = null; self.poll(); }
-    }, function (error) {
-      if (self.turn !== turn) { return; }
-      self.setState(before);
-      self.setStatusLine(error.message, true);
-    });
-  };
-
-  // -- drawing ------------------------------------------------------------------------------
-
-  /* Add an item to the end of the log and bring it into view. */
-  Widget.prototype.add = function (item) {
-    this.list.appendChild(item);
-    this.log.scrollTop = this.log.scrollHeight;
-    return item;
-  };
-
-  Widget.prototype.bubble = function (role, text) {
-    var item = el("li", "cvw-msg cvw-msg-" + role);
-    if (role === "assistant") { renderMarkdown(text, item); } else { item.textContent = text; }
-    return this.add(item);
-  };
-
-  /* Draw one message of the transcript (once per id); `turnId` scopes its tool call ids.
-   * Returns whether it is an assistant message still being streamed. */
-  Widget.prototype.draw = function (message, turnId) {
-    var self = this, key = "m" + message.id;
-    if (message.role === "assistant" && message.streaming) { this.grow(message.content || ""); return true; }
-    if (this.nodes[key]) { return false; }
-    this.nodes[key] = true;
-    if (message.role === "user") {
+    /* No timer, no request in flight, no listener left: the turn stays known, for start(). */
+    stop() {
+      if (!this.running) { return; }
+      this.running = false;
+      document.removeEventListener("visibilitychange", this.onVisibility);
       var turn = this.turn;
-      if (turn && turn.pending && turnId === turn.id) { turn.pending = null; return false; } // already shown
-      this.bubble("user", message.content);
-    } else if (message.role === "assistant") {
-      // The finished message takes the place of its streamed one, reusing its element.
-      if (message.content) { this.grow(message.content); this.answers[turnId] = this.growing; }
-      this.settle();
-      (message.tool_calls || []).forEach(function (call) {
-        var args = Object.keys(call.arguments || {}).map(function (k) { return String(call.arguments[k]); });
-        var name = call.name + (args.length ? " (" + compact(args.join(", ")) + ")" : "");
-        self.nodes["c" + turnId + call.id] = self.add(el("li", "cvw-msg cvw-step", fmt(self.strings.using_tool, { name: name })));
+      if (!turn) { return; }
+      if (turn.timer) { clearTimeout(turn.timer); turn.timer = null; }
+      // The look in flight is dropped: aborted, and whatever it brings is ignored (`look`).
+      if (turn.controller) { turn.controller.abort(); }
+      turn.request = turn.controller = null;
+      turn.look += 1;
+    }
+
+    /* Follow the turn `summary` (the API's turn summary), sent at `since` (ms). */
+    follow(summary, since, extra) {
+      this.turn = Object.assign({
+        id: summary.id, pollUrl: this.client.resolve(summary.poll_url), cancelUrl: this.client.resolve(summary.cancel_url),
+        ratingUrl: summary.rating_url ? this.client.resolve(summary.rating_url) : "",
+        etag: null, delay: FIRST_DELAY, errors: 0, since: since, timer: null, request: null, controller: null, look: 0,
+        giveUpAt: since + (this.limits.jobTimeout + this.limits.giveUpMargin) * 1000 }, extra || {});
+      return this.turn;
+    }
+
+    schedule(delay) {
+      var self = this, turn = this.turn;
+      if (!turn || !this.running || document.hidden) { return; } // a hidden tab looks again when shown
+      turn.timer = setTimeout(function () { turn.timer = null; self.poll(); }, delay);
+    }
+
+    /* Look now rather than after the current back-off (e.g. Stop was accepted: the turn may be over). */
+    hurry(turn) {
+      if (this.turn !== turn) { return; }
+      turn.delay = FIRST_DELAY;
+      if (turn.timer) { clearTimeout(turn.timer); turn.timer = null; this.poll(); }
+    }
+
+    poll() {
+      var self = this, turn = this.turn;
+      if (!turn || !this.running || turn.timer || turn.request || document.hidden) { return; }
+      if (Date.now() >= turn.giveUpAt) { this.end(turn, { status: "timeout" }); return; }
+      var headers = { "Accept": "application/json" };
+      if (turn.etag) { headers["If-None-Match"] = turn.etag; }
+      var controller = turn.controller = window.AbortController ? new AbortController() : null;
+      var abort = controller && setTimeout(function () { controller.abort(); }, REQUEST_TIMEOUT);
+      var look = turn.look;
+      var landed = function () { // whether the turn is still the one followed, once its look is over
+        clearTimeout(abort);
+        if (turn.look !== look) { return false; } // dropped by stop()
+        turn.request = turn.controller = null;
+        return self.turn === turn && self.running;
+      };
+      turn.request = fetch(turn.pollUrl, { credentials: this.client.credentials, cache: "no-store", headers: headers,
+                            signal: controller && controller.signal }).then(function (response) {
+        if (response.status === 304) { return null; }
+        if (response.status === 404 || response.status === 403) {
+          // 403: no longer allowed (e.g. signed out on a site for signed-in visitors): its sentence.
+          return response.json().catch(function () { return {}; }).then(function (data) {
+            return { done: true, status: "gone", error: response.status === 403 && data.detail };
+          });
+        }
+        if (!response.ok) { throw new Error("HTTP " + response.status); }
+        turn.etag = response.headers.get("ETag");
+        return response.json();
+      }).then(function (state) {
+        if (!landed()) { return; }
+        var recovered = turn.errors > 0;
+        turn.errors = 0;
+        // Nothing new: a 304, or a server that ignores ETags. An ending is always new (a "gone"
+        // turn has no version, and neither has a turn before its first state). While a message is
+        // streamed the look stays quick, since its text is still growing.
+        if (!state || (!state.done && state.version === turn.version)) {
+          turn.delay = turn.streaming ? FIRST_DELAY : Math.min(turn.delay * GROWTH, MAX_DELAY);
+        } else {
+          turn.version = state.version;
+          turn.streaming = self.events.changed(turn, state);
+          if (state.done) { self.end(turn, state); return; }
+          turn.delay = FIRST_DELAY;
+        }
+        self.events.looked(turn, recovered);
+        self.schedule(turn.delay);
+      }).catch(function () {
+        if (!landed()) { return; }
+        turn.errors += 1;
+        self.events.lost(turn);
+        self.schedule(Math.min(FIRST_DELAY * Math.pow(2, turn.errors), MAX_RETRY_DELAY));
       });
-    } else if (message.role === "tool") {
-      var step = this.nodes["c" + turnId + message.tool_call_id] || this.add(el("li", "cvw-msg cvw-step"));
-      var text = fmt(message.is_error ? this.strings.tool_failed : this.strings.tool_result,
-                     { name: message.name || "", result: compact(message.content) });
-      step.appendChild(el("span", "cvw-result" + (message.is_error ? " cvw-result-error" : ""), text));
-      step.classList.add("cvw-step-done");
-      this.log.scrollTop = this.log.scrollHeight;
     }
-    return false;
-  };
 
-  /* Show `text` as the assistant message being written, in place: the element is made once and
-   * patched as the text grows. A reader who scrolled up to read stays where they are. */
-  Widget.prototype.grow = function (text) {
-    var log = this.log, item = this.growing;
-    if (!item) {
-      item = this.growing = this.add(el("li", "cvw-msg cvw-msg-assistant cvw-growing"));
-      item.setAttribute("aria-busy", "true");
+    end(turn, state) {
+      if (turn.timer) { clearTimeout(turn.timer); }
+      this.turn = null;
+      this.events.ended(turn, state);
     }
-    var atEnd = log.scrollHeight - log.scrollTop - log.clientHeight < NEAR_BOTTOM;
-    patch(item, text);
-    if (atEnd) { log.scrollTop = log.scrollHeight; }
-  };
+  }
 
-  /* The message being written is finished (or the turn ended): it becomes an ordinary one. */
-  Widget.prototype.settle = function () {
-    var item = this.growing;
-    if (!item) { return; }
-    this.growing = null;
-    item.classList.remove("cvw-growing");
-    item.removeAttribute("aria-busy");
-  };
+  // -- the rating control -------------------------------------------------------------------
 
   /* A thumb drawn as SVG: an emoji would need an emoji font, which many systems lack. Turned
    * upside down by the stylesheet for "not helpful". */
@@ -714,96 +377,556 @@
     return svg;
   }
 
-  /* Thumbs up and down under the answer of the finished turn `turnId`, then (once one is chosen)
-   * an optional comment. Each choice is posted at once and may be changed; `saved` is the
-   * rating given before a reload ({value, comment}). */
-  Widget.prototype.rateable = function (turnId, saved) {
-    var self = this, s = this.strings, answer = this.answers[turnId];
-    if (!answer || !this.conversationId) { return; }
-    var url = this.apiUrl + this.conversationId + "/turns/" + turnId + "/rating/";
-    var rating = { value: saved ? saved.value : "", comment: saved ? saved.comment : "" };
-    var item = el("li", "cvw-rate"), top = el("div", "cvw-rate-top"), group = el("div", "cvw-thumbs");
-    var buttons = {}, busy = false;
-    group.setAttribute("role", "group");
-    group.setAttribute("aria-label", s.rate);
-    [["up", s.rate_up], ["down", s.rate_down]].forEach(function (choice) {
-      var button = buttons[choice[0]] = el("button", "cvw-thumb cvw-thumb-" + choice[0]);
-      button.type = "button";
-      button.appendChild(thumb());
-      button.appendChild(document.createTextNode(choice[1]));
-      // The comment box's text goes with it, sent or not: a change of mind loses nothing typed.
-      button.addEventListener("click", function () { send({ value: choice[0], comment: input.value.trim() }); });
-      group.appendChild(button);
-    });
-    var form = el("form", "cvw-comment"), id = "cvw-comment-" + this.n + "-" + turnId;
-    var label = el("label", "", s.comment_label), input = el("input", "cvw-comment-input");
-    label.htmlFor = input.id = id;
-    input.type = "text";
-    input.maxLength = 500;
-    input.value = rating.comment;
-    var submit = el("button", "cvw-comment-send", s.comment_send);
-    submit.type = "submit";
-    [label, input, submit].forEach(function (node) { form.appendChild(node); });
-    form.addEventListener("submit", function (event) {
-      event.preventDefault();
-      send({ value: rating.value, comment: input.value.trim() });
-    });
-    var said = el("p", "cvw-rate-said");
-    top.appendChild(group);
-    top.appendChild(said);
-    item.appendChild(top);
-    item.appendChild(form);
-    function show() {
+  /* Thumbs up and down under one finished answer, then (once one is chosen) an optional
+   * comment. Each choice is posted at once to `url` (the API's rating_url) and may be changed;
+   * `saved` is the rating given before a reload ({value, comment}). `item` is its element;
+   * `announce` reads a sentence out. */
+  class RatingControl {
+    constructor(options) {
+      var self = this, s = this.strings = options.strings;
+      this.client = options.client;
+      this.url = options.url;
+      this.announce = options.announce;
+      this.rating = { value: options.saved ? options.saved.value : "", comment: options.saved ? options.saved.comment : "" };
+      this.busy = false;
+      this.buttons = {};
+      var item = this.item = el("li", "cvw-rate"), top = el("div", "cvw-rate-top"), group = el("div", "cvw-thumbs");
+      group.setAttribute("role", "group");
+      group.setAttribute("aria-label", s.rate);
+      var input = this.input = el("input", "cvw-comment-input");
+      [["up", s.rate_up], ["down", s.rate_down]].forEach(function (choice) {
+        var button = self.buttons[choice[0]] = el("button", "cvw-thumb cvw-thumb-" + choice[0]);
+        button.type = "button";
+        button.appendChild(thumb());
+        button.appendChild(document.createTextNode(choice[1]));
+        // The comment box's text goes with it, sent or not: a change of mind loses nothing typed.
+        button.addEventListener("click", function () { self.send({ value: choice[0], comment: input.value.trim() }); });
+        group.appendChild(button);
+      });
+      var form = this.form = el("form", "cvw-comment");
+      var label = el("label", "", s.comment_label);
+      label.htmlFor = input.id = options.id;
+      input.type = "text";
+      input.maxLength = options.maxLength;
+      input.value = this.rating.comment;
+      var submit = el("button", "cvw-comment-send", s.comment_send);
+      submit.type = "submit";
+      [label, input, submit].forEach(function (node) { form.appendChild(node); });
+      form.addEventListener("submit", function (event) {
+        event.preventDefault();
+        self.send({ value: self.rating.value, comment: input.value.trim() });
+      });
+      this.said = el("p", "cvw-rate-said");
+      top.appendChild(group);
+      top.appendChild(this.said);
+      item.appendChild(top);
+      item.appendChild(form);
+      this.show();
+    }
+
+    show() {
+      var rating = this.rating, buttons = this.buttons;
       Object.keys(buttons).forEach(function (value) {
         buttons[value].setAttribute("aria-pressed", String(rating.value === value));
       });
-      form.hidden = !rating.value;
+      this.form.hidden = !rating.value;
     }
-    function send(body) {
-      if (busy) { return; }
-      busy = true;
-      self.request("POST", url, body).then(function (data) {
-        rating = { value: data.value, comment: data.comment };
-        show();
+
+    send(body) {
+      var self = this, said = this.said;
+      if (this.busy) { return; }
+      this.busy = true;
+      this.client.request("POST", this.url, body).then(function (data) {
+        self.rating = { value: data.value, comment: data.comment };
+        self.show();
         said.className = "cvw-rate-said";
-        said.textContent = s.rated;
-        self.announce(s.rated);
+        said.textContent = self.strings.rated;
+        self.announce(self.strings.rated);
       }, function (error) {
         said.className = "cvw-rate-said cvw-status-problem";
         said.textContent = error.message;
         self.announce(error.message);
-      }).then(function () { busy = false; });
+      }).then(function () { self.busy = false; });
     }
-    show();
-    var atEnd = this.log.scrollHeight - this.log.scrollTop - this.log.clientHeight < NEAR_BOTTOM;
-    this.list.insertBefore(item, answer.nextSibling);
-    if (atEnd) { this.log.scrollTop = this.log.scrollHeight; }
-  };
+  }
 
-  Widget.prototype.notice = function (text) {
-    this.add(el("li", "cvw-msg cvw-notice", text));
-  };
+  // -- the widget ---------------------------------------------------------------------------
 
-  Widget.prototype.announce = function (text) {
-    // Markdown marks are noise when read aloud.
-    this.announcer.textContent = text.replace(/```|[*`#]/g, "");
-  };
+  /* idle: nothing sent yet; sending: a message is being posted; waiting: its turn is queued or
+   * not yet seen running; running: the turn runs and its steps land; stopping: Stop was
+   * pressed and the turn has not ended yet; ended: the last turn ended (answered or not).
+   * true: the visitor must wait (Send disabled, Stop shown). */
+  var STATUSES = { idle: false, sending: true, waiting: true, running: true, stopping: true, ended: false };
 
-  /* Enter `status` (a key of STATUSES) and set the controls from it. */
-  Widget.prototype.setState = function (status) {
-    var busy = STATUSES[status], stopHadFocus = this.focused() === this.stopButton;
-    this.status = status;
-    this.sendButton.disabled = busy;
-    this.stopButton.hidden = !busy;
-    this.log.setAttribute("aria-busy", busy ? "true" : "false");
-    this.frame.classList.toggle("cvw-busy", busy);
-    if (stopHadFocus && !busy) { this.input.focus(); }
-  };
+  /* One widget per host element: created by start() (or the custom element) for each. */
+  class Widget {
+    constructor(host) {
+      var self = this, data = host.dataset;
+      var given = host.querySelector("script[type='application/json']");
+      this.host = host;
+      this.strings = Object.assign({}, STRINGS, given ? JSON.parse(given.textContent) : {},
+                                   data.strings ? JSON.parse(data.strings) : {});
+      this.mode = data.mode === "launcher" ? "launcher" : "inline";
+      this.apiUrl = new URL((data.apiUrl || "/api/conversations/").replace(/\/?$/, "/"), location.href).href;
+      this.client = new ApiClient(this.apiUrl, { csrfToken: data.csrfToken, csrfCookie: data.csrfCookie,
+                                                 sendFailed: this.strings.send_failed });
+      // The tag passes the server's own values; the defaults are for an element written by hand.
+      this.maxLength = Number(data.maxLength || 4000);
+      this.commentMaxLength = Number(data.commentMaxLength || 500);
+      this.poller = new Poller(this.client, { jobTimeout: Number(data.jobTimeout || 120),
+                                              giveUpMargin: Number(data.giveUpMargin || 30) }, {
+        changed: function (turn, state) { return self.changed(turn, state); },
+        looked: function (turn, recovered) { self.looked(turn, recovered); },
+        lost: function () { self.setStatusLine(self.strings.reconnecting, true); },
+        ended: function (turn, state) { self.end(turn, state); }
+      });
+      // The assistant this widget talks to ({% chat_widget assistant=… %}), its greeting and the
+      // questions it suggests before the first message.
+      this.assistant = data.assistant || "";
+      this.greeting = data.greeting || "";
+      this.suggestions = data.suggestions ? JSON.parse(data.suggestions) : [];
+      // Each widget of a page keeps its own conversation: its data-key, else its place on the page
+      // (so the first widget of every page of the site goes on with the same conversation).
+      this.n = ++widgets;
+      this.storageKey = "cvw:" + this.apiUrl + "#" + (data.key || this.n);
+      this.conversationId = null;
+      // What the widget is doing, one of STATUSES; the controls follow from it (setState).
+      this.status = "idle";
+      this.unsent = null;    // the last message whose POST failed, and its Idempotency-Key
+      this.stopWanted = false; // Stop pressed while the message was still being posted
+      this.growing = null;   // the element of the assistant message being streamed, if any
+      this.answers = {};     // turn id -> the element of its last assistant message (rated under it)
+      this.ratingUrls = {};  // turn id -> its rating_url, as the API handed it out
+      this.nodes = {};
+      this.build(data.cssUrl || CSS_URL, data.loginUrl);
+      if (data.loginUrl) { this.poller.stop(); return; } // signed-in visitors only: the link, nothing to send
+      this.bind();
+      this.restore();
+    }
 
-  Widget.prototype.setStatusLine = function (text, problem) {
-    this.statusLine.textContent = text;
-    this.statusLine.classList.toggle("cvw-status-problem", !!problem);
-  };
+    /* The turn being followed (waiting, running, stopping), or null. */
+    get turn() { return this.poller.turn; }
+
+    /* The element left the page: nothing of it keeps running. */
+    disconnect() { this.poller.stop(); }
+
+    /* The element came back (moved in the page): a turn it followed is looked at again. */
+    reconnect() { if (this.form) { this.poller.start(); } }
+
+    build(cssUrl, loginUrl) {
+      var s = this.strings, n = this.n, launcher = this.mode === "launcher";
+      var shadow = this.shadow = this.host.attachShadow({ mode: "open" });
+      // Shown once its stylesheet has loaded (or failed to: unstyled beats invisible).
+      var frame = this.frame = el("div", "cvw cvw-mode-" + this.mode);
+      if (cssUrl) {
+        var sheet = el("link");
+        sheet.rel = "stylesheet";
+        sheet.href = cssUrl;
+        frame.hidden = true;
+        sheet.onload = sheet.onerror = function () { frame.hidden = false; };
+        shadow.appendChild(sheet);
+      }
+      shadow.appendChild(frame);
+      var panel = this.panel = el("section", "cvw-panel");
+      panel.id = "cvw-panel-" + n;
+      panel.setAttribute("aria-label", s.region);
+      var header = el("div", "cvw-header");
+      header.appendChild(el("span", "cvw-title", s.title));
+      panel.appendChild(header);
+      if (launcher) {
+        // A panel over the page that does not block it: a non-modal dialog, no focus trap.
+        panel.setAttribute("role", "dialog");
+        panel.hidden = true;
+        this.launcher = el("button", "cvw-launcher", s.title);
+        this.launcher.type = "button";
+        this.launcher.setAttribute("aria-expanded", "false");
+        this.launcher.setAttribute("aria-controls", panel.id);
+        this.closeButton = el("button", "cvw-close", "×");
+        this.closeButton.type = "button";
+        this.closeButton.setAttribute("aria-label", s.close);
+        header.appendChild(this.closeButton);
+        frame.appendChild(this.launcher);
+      }
+      frame.appendChild(panel);
+      if (loginUrl) {
+        var signIn = el("p", "cvw-signin"), a = el("a", "", s.sign_in);
+        a.href = loginUrl;
+        signIn.appendChild(a);
+        panel.appendChild(signIn);
+        if (launcher) { this.bindLauncher(); }
+        return;
+      }
+      // The log role is on a wrapper, so the list inside keeps its own (list, listitem) semantics.
+      // aria-live off because steps land every poll: only finished answers and endings are read
+      // out, through the separate announcer below.
+      this.log = el("div", "cvw-log");
+      this.log.setAttribute("role", "log");
+      this.log.setAttribute("aria-live", "off");
+      this.log.setAttribute("aria-label", s.log);
+      this.log.tabIndex = 0;
+      this.list = el("ol", "cvw-list");
+      this.log.appendChild(this.list);
+      this.statusLine = el("p", "cvw-status");
+      // Outside the panel: a closed launcher panel is display:none, and so would be its live region.
+      this.announcer = el("div", "cvw-sr");
+      this.announcer.setAttribute("aria-live", "polite");
+      this.form = el("form", "cvw-form");
+      var label = el("label", "cvw-label", s.label);
+      label.htmlFor = "cvw-input-" + n;
+      this.input = el("textarea", "cvw-input");
+      this.input.id = label.htmlFor;
+      this.input.rows = 2;
+      this.input.maxLength = this.maxLength;
+      this.input.setAttribute("aria-describedby", "cvw-hint-" + n);
+      var hint = el("span", "cvw-hint", s.hint);
+      hint.id = "cvw-hint-" + n;
+      var actions = el("div", "cvw-actions");
+      this.sendButton = el("button", "cvw-send", s.send);
+      this.sendButton.type = "submit";
+      this.stopButton = el("button", "cvw-stop", s.stop);
+      this.stopButton.type = "button";
+      this.stopButton.hidden = true;
+      actions.appendChild(this.sendButton);
+      actions.appendChild(this.stopButton);
+      [label, this.input, actions, hint].forEach(function (node) { this.form.appendChild(node); }, this);
+      [this.log, this.statusLine, this.form].forEach(function (node) { panel.appendChild(node); });
+      frame.appendChild(this.announcer);
+    }
+
+    /* The element focus is on inside this widget (its shadow root's), or null. */
+    focused() { return this.shadow.activeElement; }
+
+    bindLauncher() {
+      var self = this;
+      this.launcher.addEventListener("click", function () { self.setOpen(self.panel.hidden); });
+      this.closeButton.addEventListener("click", function () { self.setOpen(false); });
+      this.frame.addEventListener("keydown", function (event) {
+        if (event.key === "Escape" && !self.panel.hidden && !event.isComposing) { event.preventDefault(); self.setOpen(false); }
+      });
+    }
+
+    /* Open or close the launcher's panel: opening puts focus where the visitor types, closing
+     * gives it back to the launcher. */
+    setOpen(open) {
+      this.panel.hidden = !open;
+      this.launcher.setAttribute("aria-expanded", String(open));
+      this.frame.classList.toggle("cvw-open", open);
+      if (!open) { this.launcher.focus(); return; }
+      var target = this.input || this.panel.querySelector("a");
+      target.focus();
+      if (this.log) { this.log.scrollTop = this.log.scrollHeight; }
+    }
+
+    bind() {
+      var self = this;
+      if (this.launcher) { this.bindLauncher(); }
+      this.form.addEventListener("submit", function (event) { event.preventDefault(); self.submit(); });
+      this.input.addEventListener("keydown", function (event) {
+        if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); self.submit(); }
+      });
+      this.stopButton.addEventListener("click", function () { self.cancel(); });
+    }
+
+    // -- storage: the conversation (and running turn) survive a reload in this tab ------------
+
+    save(turn) {
+      try {
+        sessionStorage.setItem(this.storageKey, JSON.stringify({
+          conversation: this.conversationId, turn: turn ? turn.id : null, since: turn ? turn.since : null }));
+      } catch (e) { /* storage disabled: the conversation just does not survive a reload */ }
+    }
+
+    load() {
+      try { return JSON.parse(sessionStorage.getItem(this.storageKey)) || {}; } catch (e) { return {}; }
+    }
+
+    // -- conversation and turns --------------------------------------------------------------
+
+    restore() {
+      var self = this, saved = this.load();
+      if (!saved.conversation) { this.welcome(); return; }
+      this.conversationId = saved.conversation;
+      this.client.request("GET", this.apiUrl + saved.conversation + "/").then(function (data) {
+        // Each ended turn's sentence goes back under its last message, where it stood before the reload.
+        var endings = data.endings || {}, messages = data.messages;
+        messages.forEach(function (m, i) {
+          self.draw(m, m.turn);
+          var next = messages[i + 1], ended = endings[m.turn];
+          if (ended && (!next || next.turn !== m.turn)) {
+            self.settle();
+            var sentence = self.ending(ended);
+            if (sentence) { self.notice(sentence); }
+          }
+        });
+        var active = data.active_turn, ratings = data.ratings || {}, urls = data.rating_urls || {};
+        Object.keys(self.answers).forEach(function (id) {
+          if (!active || id !== String(active.id)) { self.rateable(id, ratings[id], urls[id]); }
+        });
+        if (active) { self.follow(active, active.id === saved.turn && saved.since ? saved.since : Date.now()); }
+        else { self.save(null); }
+      }).catch(function (error) {
+        if (error.status === 404 || error.status === 403) { self.forget(); }
+      });
+    }
+
+    /* A new conversation: the assistant's greeting, and its suggested questions as buttons that
+     * send themselves (gone once a message is sent). */
+    welcome() {
+      var self = this;
+      if (this.greeting) { this.add(el("li", "cvw-msg cvw-msg-assistant cvw-greeting", this.greeting)); }
+      if (!this.suggestions.length) { return; }
+      var item = this.suggestionsItem = el("li", "cvw-msg cvw-suggestions");
+      this.suggestions.forEach(function (question) {
+        var button = el("button", "cvw-suggestion", question);
+        button.type = "button";
+        button.addEventListener("click", function () { self.input.value = question; self.submit(); });
+        item.appendChild(button);
+      });
+      this.add(item);
+    }
+
+    forget() {
+      this.conversationId = null;
+      try { sessionStorage.removeItem(this.storageKey); } catch (e) { /* nothing kept */ }
+    }
+
+    ensureConversation() {
+      var self = this;
+      if (this.conversationId) { return Promise.resolve(this.conversationId); }
+      return this.client.request("POST", this.apiUrl, this.assistant ? { assistant: this.assistant } : {}).then(function (data) {
+        self.conversationId = data.id;
+        self.save(null);
+        return data.id;
+      });
+    }
+
+    submit() {
+      var self = this, content = this.input.value.trim();
+      if (!content) { return; }
+      if (STATUSES[this.status]) { this.setStatusLine(this.strings.busy); return; }
+      if (this.suggestionsItem) { this.suggestionsItem.remove(); this.suggestionsItem = null; }
+      // The Send button is about to be disabled: keep focus where the next message is typed.
+      if (this.focused() === this.sendButton) { this.input.focus(); }
+      this.setState("sending");
+      this.setStatusLine("");
+      // The same text sent again after a failure reuses its key: if the first POST did reach the
+      // server, the API answers with that turn instead of starting a second one.
+      var unsent = this.unsent && this.unsent.content === content ? this.unsent :
+        { content: content, key: "cvw-" + Date.now().toString(36) + "-" + Math.random().toString(36).slice(2) };
+      var key = unsent.key;
+      // Shown at once; it stands for the saved message when the turn's state arrives.
+      var pending = this.bubble("user", content);
+      pending.classList.add("cvw-pending");
+      this.input.value = "";
+      var post = function (retry) {
+        return self.ensureConversation().then(function (id) {
+          return self.client.request("POST", self.apiUrl + id + "/turns/", { content: content }, { "Idempotency-Key": key });
+        }).catch(function (error) {
+          // The kept conversation is gone (session expired): start a new one, once.
+          if (error.status === 404 && retry) { self.forget(); return post(false); }
+          throw error;
+        });
+      };
+      post(true).then(function (turn) {
+        self.unsent = null;
+        pending.classList.remove("cvw-pending");
+        self.follow(turn, Date.now(), pending);
+      }).catch(function (error) {
+        // Nothing the visitor wrote is lost: the text goes back into the box, with the reason.
+        self.unsent = unsent;
+        self.stopWanted = false;
+        pending.remove();
+        if (!self.input.value) { self.input.value = content; }
+        self.setState("idle");
+        self.setStatusLine(error.message, true);
+        self.announce(error.message);
+        self.input.focus();
+      });
+    }
+
+    /* Follow the turn `summary` (the API's 202 or a restored active turn) until it ends.
+     * `pending` is the visitor's message already shown for it, if any. */
+    follow(summary, since, pending) {
+      var turn = this.poller.follow(summary, since, { pending: pending || null });
+      this.save(turn);
+      this.setState("waiting");
+      this.setStatusLine(this.strings.thinking);
+      this.poller.schedule(FIRST_DELAY);
+      if (this.stopWanted) { this.stopWanted = false; this.cancel(); }
+    }
+
+    /* A new state of the followed turn landed: draw it. Returns whether an answer is still streamed. */
+    changed(turn, state) {
+      var self = this, streaming = false;
+      (state.messages || []).forEach(function (m) { streaming = self.draw(m, turn.id); });
+      if (!state.done && state.status === "running" && this.status === "waiting") { this.setState("running"); }
+      return streaming;
+    }
+
+    looked(turn, recovered) {
+      // A problem shown (Stop refused) stays until the visitor acts; "reconnecting" goes once a look lands.
+      if (recovered || !this.statusLine.classList.contains("cvw-status-problem")) {
+        this.setStatusLine(this.progress(turn));
+      }
+    }
+
+    /* The status line while `turn` is followed: what the visitor is waiting for now. */
+    progress(turn) {
+      var s = this.strings;
+      if (this.status === "stopping") { return s.stopping; }
+      if (turn.streaming) { return s.writing; }
+      if (this.status === "waiting" && Date.now() - turn.since >= QUEUED_NOTICE) { return s.waiting; }
+      return s.thinking;
+    }
+
+    /* The sentence under a turn that ended `state.status` (with `state.error`), or "" for none:
+     * the same whether the widget saw it end or draws it again from the transcript. */
+    ending(state) {
+      var s = this.strings;
+      var endings = { cancelled: s.stopped, failed: state.error || s.failed, incomplete: state.error || s.incomplete,
+                      timeout: s.timed_out, gone: state.error || s.gone };
+      return endings[state.status] || state.error || "";
+    }
+
+    end(turn, state) {
+      this.save(null);
+      var ending = this.ending(state);
+      if (state.status === "gone") { this.forget(); }
+      if (ending) { this.notice(ending); }
+      this.settle(); // a streamed message the turn ended in the middle of keeps the text shown
+      if (state.status !== "gone") { this.rateable(turn.id, null, turn.ratingUrl); } // any ended turn with an answer, as after a reload
+      var answer = null;
+      (state.messages || []).forEach(function (m) { if (m.role === "assistant" && m.content) { answer = m.content; } });
+      this.announce([answer && state.status === "completed" ? answer : "", ending || ""].join(" ").trim());
+      var hadFocus = !!this.focused() && this.focused() !== this.launcher;
+      this.setState("ended");
+      this.setStatusLine("");
+      if (hadFocus) { this.input.focus(); }
+    }
+
+    cancel() {
+      var self = this, turn = this.turn, before = this.status;
+      if (!STATUSES[before] || before === "stopping") { return; }
+      this.setState("stopping");
+      this.setStatusLine(this.strings.stopping);
+      if (!turn) { this.stopWanted = true; return; } // still being posted: stopped once accepted (follow)
+      this.client.request("POST", turn.cancelUrl, {}).then(function () {
+        // Look at once rather than after the current back-off: the turn may already be over.
+        self.poller.hurry(turn);
+      }, function (error) {
+        if (self.turn !== turn) { return; }
+        self.setState(before);
+        self.setStatusLine(error.message, true);
+      });
+    }
+
+    // -- drawing ------------------------------------------------------------------------------
+
+    /* Add an item to the end of the log and bring it into view. */
+    add(item) {
+      this.list.appendChild(item);
+      this.log.scrollTop = this.log.scrollHeight;
+      return item;
+    }
+
+    bubble(role, text) {
+      var item = el("li", "cvw-msg cvw-msg-" + role);
+      if (role === "assistant") { renderMarkdown(text, item); } else { item.textContent = text; }
+      return this.add(item);
+    }
+
+    /* Draw one message of the transcript (once per id); `turnId` scopes its tool call ids.
+     * Returns whether it is an assistant message still being streamed. */
+    draw(message, turnId) {
+      var self = this, key = "m" + message.id;
+      if (message.role === "assistant" && message.streaming) { this.grow(message.content || ""); return true; }
+      if (this.nodes[key]) { return false; }
+      this.nodes[key] = true;
+      if (message.role === "user") {
+        var turn = this.turn;
+        if (turn && turn.pending && turnId === turn.id) { turn.pending = null; return false; } // already shown
+        this.bubble("user", message.content);
+      } else if (message.role === "assistant") {
+        // The finished message takes the place of its streamed one, reusing its element.
+        if (message.content) { this.grow(message.content); this.answers[turnId] = this.growing; }
+        this.settle();
+        (message.tool_calls || []).forEach(function (call) {
+          var args = Object.keys(call.arguments || {}).map(function (k) { return String(call.arguments[k]); });
+          var name = call.name + (args.length ? " (" + compact(args.join(", ")) + ")" : "");
+          self.nodes["c" + turnId + call.id] = self.add(el("li", "cvw-msg cvw-step", fmt(self.strings.using_tool, { name: name })));
+        });
+      } else if (message.role === "tool") {
+        var step = this.nodes["c" + turnId + message.tool_call_id] || this.add(el("li", "cvw-msg cvw-step"));
+        var text = fmt(message.is_error ? this.strings.tool_failed : this.strings.tool_result,
+                       { name: message.name || "", result: compact(message.content) });
+        step.appendChild(el("span", "cvw-result" + (message.is_error ? " cvw-result-error" : ""), text));
+        step.classList.add("cvw-step-done");
+        this.log.scrollTop = this.log.scrollHeight;
+      }
+      return false;
+    }
+
+    /* Show `text` as the assistant message being written, in place: the element is made once and
+     * patched as the text grows. A reader who scrolled up to read stays where they are. */
+    grow(text) {
+      var log = this.log, item = this.growing;
+      if (!item) {
+        item = this.growing = this.add(el("li", "cvw-msg cvw-msg-assistant cvw-growing"));
+        item.setAttribute("aria-busy", "true");
+      }
+      var atEnd = log.scrollHeight - log.scrollTop - log.clientHeight < NEAR_BOTTOM;
+      patch(item, text);
+      if (atEnd) { log.scrollTop = log.scrollHeight; }
+    }
+
+    /* The message being written is finished (or the turn ended): it becomes an ordinary one. */
+    settle() {
+      var item = this.growing;
+      if (!item) { return; }
+      this.growing = null;
+      item.classList.remove("cvw-growing");
+      item.removeAttribute("aria-busy");
+    }
+
+    /* The rating control under the answer of the finished turn `turnId`, posting to `url` (the
+     * API's rating_url); `saved` is the rating given before a reload ({value, comment}). */
+    rateable(turnId, saved, url) {
+      var answer = this.answers[turnId], self = this;
+      if (!answer || !this.conversationId || !url) { return; }
+      var control = new RatingControl({ strings: this.strings, client: this.client, url: this.client.resolve(url),
+                                        saved: saved, id: "cvw-comment-" + this.n + "-" + turnId,
+                                        maxLength: this.commentMaxLength,
+                                        announce: function (text) { self.announce(text); } });
+      var atEnd = this.log.scrollHeight - this.log.scrollTop - this.log.clientHeight < NEAR_BOTTOM;
+      this.list.insertBefore(control.item, answer.nextSibling);
+      if (atEnd) { this.log.scrollTop = this.log.scrollHeight; }
+    }
+
+    notice(text) {
+      this.add(el("li", "cvw-msg cvw-notice", text));
+    }
+
+    announce(text) {
+      // Markdown marks are noise when read aloud.
+      this.announcer.textContent = text.replace(/```|[*`#]/g, "");
+    }
+
+    /* Enter `status` (a key of STATUSES) and set the controls from it. */
+    setState(status) {
+      var busy = STATUSES[status], stopHadFocus = this.focused() === this.stopButton;
+      this.status = status;
+      this.sendButton.disabled = busy;
+      this.stopButton.hidden = !busy;
+      this.log.setAttribute("aria-busy", busy ? "true" : "false");
+      this.frame.classList.toggle("cvw-busy", busy);
+      if (stopHadFocus && !busy) { this.input.focus(); }
+    }
+
+    setStatusLine(text, problem) {
+      this.statusLine.textContent = text;
+      this.statusLine.classList.toggle("cvw-status-problem", !!problem);
+    }
+  }
 
   function attach(host) {
     if (!host.conversationsWidget) { host.conversationsWidget = new Widget(host); }
@@ -814,11 +937,20 @@
     Array.prototype.forEach.call(document.querySelectorAll("conversations-widget, [data-conversations-widget]"), attach);
   }
 
-  // <conversations-widget> starts itself whenever it is put in a page, now or later.
+  // <conversations-widget> starts itself whenever it is put in a page, now or later, and stops
+  // polling when it is taken out (a single-page app that swaps views, a test that removes it).
+  class ConversationsWidgetElement extends HTMLElement {
+    connectedCallback() {
+      if (this.conversationsWidget) { this.conversationsWidget.reconnect(); } else { attach(this); }
+    }
+
+    disconnectedCallback() {
+      if (this.conversationsWidget) { this.conversationsWidget.disconnect(); }
+    }
+  }
+
   if (window.customElements && !customElements.get("conversations-widget")) {
-    customElements.define("conversations-widget", class extends HTMLElement {
-      connectedCallback() { attach(this); }
-    });
+    customElements.define("conversations-widget", ConversationsWidgetElement);
   }
   window.ConversationsWidget = { start: start, renderMarkdown: renderMarkdown };
   if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", start); } else { start(); }
