@@ -9,7 +9,8 @@ from django.db.models import Count
 from django.utils.translation import gettext_lazy
 
 from ..models import Conversation, Message, Turn
-from .timeline import redact, seconds
+from ..redaction import hide_keys
+from .timeline import seconds
 
 
 class ReadOnlyMixin:
@@ -98,8 +99,8 @@ class MessageAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("content"))
     def excerpt(self, obj):
-        return redact(obj.content)[:80]
+        return hide_keys(obj.content)[:80]
 
     @admin.display(description=gettext_lazy("content"))
     def content_text(self, obj):
-        return redact(obj.content)
+        return hide_keys(obj.content)

@@ -11,10 +11,10 @@ from redis.exceptions import RedisError
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
-from ..infra import queue as jobs_queue
+from ..infra import queue
 from ..conf import get_config
 from ..models import CallRecord, Turn
-from ..redaction import hide_keys as redact
+from ..redaction import hide_keys
 
 
 def seconds(value, digits=2):
@@ -48,7 +48,7 @@ def build_timeline(turn, calls):
         rows.append({
             "kind": call.get_kind_display(),
             "kind_code": call.kind,
-            "name": redact(call.name),
+            "name": hide_keys(call.name),
             "attempt": call.attempt,
             "offset": seconds(call.started_offset),
             "timeout": seconds(call.timeout),
@@ -57,7 +57,7 @@ def build_timeline(turn, calls):
             "outcome": call.get_outcome_display(),
             "outcome_class": OUTCOME_CLASS.get(call.outcome, "error"),
             "status_code": call.status_code,
-            "detail": redact(call.detail),
+            "detail": hide_keys(call.detail),
             "left": percent(call.started_offset, scale),
             "width": percent(call.duration, scale),
             # The grey band is the time the call was allowed; the solid bar inside it, what it took.
@@ -87,13 +87,13 @@ def build_transcript(turn, rows):
     """The messages of ``turn`` in order, each a dict the template renders as escaped text."""
     entries = []
     for message in rows:
-        calls = [{"id": c.get("id", ""), "name": redact(c.get("name", "")),
-                  "arguments": redact(json.dumps(c.get("arguments") or {}, indent=2, ensure_ascii=False,
+        calls = [{"id": c.get("id", ""), "name": hide_keys(c.get("name", "")),
+                  "arguments": hide_keys(json.dumps(c.get("arguments") or {}, indent=2, ensure_ascii=False,
                                                  sort_keys=True))}
                  for c in (message.tool_calls or []) if isinstance(c, dict)]
         entries.append({"role": message.role, "role_label": message.get_role_display(),
-                        "content": redact(message.content), "tool_calls": calls,
-                        "tool_name": redact(message.tool_name), "tool_call_id": message.tool_call_id,
+                        "content": hide_keys(message.content), "tool_calls": calls,
+                        "tool_name": hide_keys(message.tool_name), "tool_call_id": message.tool_call_id,
                         "is_error": message.is_error, "created_at": message.created_at})
     return entries
 
@@ -103,16 +103,16 @@ def job_status(turn):
     django-rq's job page (None when there is nothing to link to)."""
     if not turn.job_id:
         return None, None
-    queue = jobs_queue.get_queue()
+    rq_queue = queue.get_queue()
     try:
-        job = Job.fetch(turn.job_id, connection=queue.connection, serializer=queue.serializer)
+        job = Job.fetch(turn.job_id, connection=rq_queue.connection, serializer=rq_queue.serializer)
         status = job.get_status(refresh=False)
         status = getattr(status, "value", status) or "unknown"  # JobStatus is an Enum: show "finished"
     except NoSuchJobError:
         return "gone", None
     except RedisError:
         return "unknown (Redis unreachable)", None
-    return status, rq_job_url(queue.name, turn.job_id)
+    return status, rq_job_url(rq_queue.name, turn.job_id)
 
 
 def rq_job_url(queue_name, job_id):
@@ -134,6 +134,6 @@ def turn_page(turn):
     return {
         "timeline": build_timeline(turn, list(turn.calls.order_by("started_offset", "id"))),
         "transcript": build_transcript(turn, list(turn.messages.order_by("id"))),
-        "turn_error": redact(turn.error),
+        "turn_error": hide_keys(turn.error),
         "is_active": turn.status in Turn.ACTIVE_STATUSES,
     }

@@ -28,10 +28,11 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 from redis.exceptions import RedisError
 
-from ..engine import lifecycle as turns
+from ..engine import lifecycle
 from ..models import Turn
 from .filters import NearDeadlineFilter, QueueFilter, RatingFilter
-from .timeline import job_status, redact, seconds, turn_page
+from ..redaction import hide_keys
+from .timeline import job_status, seconds, turn_page
 from ..engine.configure import chains
 from ..conf import get_config
 from ..providers.chain import provider_health
@@ -48,10 +49,10 @@ def rerun_turn(turn):
     message, another turn of the conversation still active, or the queue unreachable.
     """
     try:
-        new = turns.rerun(turn)
-    except turns.TurnActive:
+        new = lifecycle.rerun(turn)
+    except lifecycle.TurnActive:
         return None, _("its conversation is still answering a message; wait for it or cancel it first")
-    except turns.QueueUnavailable:
+    except lifecycle.QueueUnavailable:
         return None, _("the job queue is unreachable")
     return (new, None) if new is not None else (None, _("it has no visitor message to send again"))
 
@@ -67,7 +68,7 @@ def stop_turn(turn):
     call. A turn whose RQ job is gone or dead would never see the request, so it is ended here.
     """
     try:
-        return turns.stop(turn, end_orphaned=True).status
+        return lifecycle.stop(turn, end_orphaned=True).status
     except RedisError:
         return UNREACHABLE
 
@@ -245,7 +246,7 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("error shown to the visitor"))
     def error_text(self, obj):
-        return redact(obj.error) or "—"
+        return hide_keys(obj.error) or "—"
 
     @admin.display(description=gettext_lazy("RQ status"))
     def rq_status(self, obj):

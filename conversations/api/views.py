@@ -14,7 +14,7 @@ from rest_framework.exceptions import APIException, PermissionDenied, Validation
 from rest_framework.response import Response
 
 from .. import assistants
-from ..engine import limits, lifecycle as turns
+from ..engine import lifecycle, limits
 from ..infra import state
 from ..models import Conversation, Message, Turn
 from ..owners import owned_filter, owner_token
@@ -178,21 +178,21 @@ class TurnListView(ConversationAPIView):
         def admit(conversation):
             replayed = self.earlier_turn(conversation, key)
             if replayed is None:
-                turns.ensure_idle(conversation)
+                lifecycle.ensure_idle(conversation)
                 self.refuse(limits.check_new_turn(conversation) or address.check())
             return replayed
 
         try:
             # The address's lock is taken first, then the owner's conversations (start's lock).
             with limits.AddressTurns(client_key(request)) as address:
-                turn, created = turns.start(lambda: owned_conversation(request, conversation_id, for_update=True),
+                turn, created = lifecycle.start(lambda: owned_conversation(request, conversation_id, for_update=True),
                                             content, admit=admit, idempotency_key=key)
                 if created:
                     address.add(turn)
-        except turns.TurnActive:
+        except lifecycle.TurnActive:
             raise Conflict(_("The assistant is still answering your previous message. "
                              "Wait for it to finish or stop it first.")) from None
-        except turns.QueueUnavailable:
+        except lifecycle.QueueUnavailable:
             # The visitor's message may be saved, but its turn has ended failed: they are told to try again.
             logger.exception("Could not enqueue a turn of conversation %s", conversation_id)
             raise ServiceUnavailable(unavailable_message()) from None
@@ -251,4 +251,4 @@ class TurnCancelView(ConversationAPIView):
         conversation = owned_conversation(request, conversation_id)
         turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)
         # Running, with Redis unreachable, the request to stop cannot reach it: RedisDownMixin's 503.
-        return Response(turn_summary(turns.stop(turn)), status=status.HTTP_202_ACCEPTED)
+        return Response(turn_summary(lifecycle.stop(turn)), status=status.HTTP_202_ACCEPTED)

@@ -25,7 +25,7 @@ from rq.timeouts import JobTimeoutException
 
 from .. import assistants
 from ..infra import state
-from . import configure, lifecycle as turns
+from . import configure, lifecycle
 from ..core.budget import TurnClock
 from ..conf import get_config
 from ..models import CallRecord, Turn
@@ -63,15 +63,15 @@ def perform_turn(turn_id):
         if job is None or job.id != turn.job_id:
             return turn.status
         return _continue(turn, cfg)
-    if turns.waited_too_long(turn):  # the visitor has been (or is now) told to try again later
+    if lifecycle.waited_too_long(turn):  # the visitor has been (or is now) told to try again later
         try:
-            turns.end_unclaimed(turn)
+            lifecycle.end_unclaimed(turn)
         except RedisError:  # the row says it; the poll view rebuilds the state from it
             logger.exception("Could not publish the end of turn %s", turn_id)
         logger.warning("Turn %s started %.0fs after it was enqueued, past QUEUE_WAIT: not run", turn_id,
                        (timezone.now() - turn.enqueued_at).total_seconds())
         return turn.status
-    if not turns.claim(turn):  # stopped or ended a moment ago, between the read above and now
+    if not lifecycle.claim(turn):  # stopped or ended a moment ago, between the read above and now
         turn.refresh_from_db()
         return turn.status
     return _run(turn, cfg, lambda cfg: clock, job_timeout=job_timeout)
@@ -101,13 +101,13 @@ def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None):
         CallRecord.objects.create(turn=turn, kind=CallRecord.Kind.MODEL, name=turn.assistant.slug,
                                   outcome=Outcome.SKIPPED, started_offset=0.0, remaining_before=0.0,
                                   detail=f"{exc.kind}: {exc.reason}"[:CallRecord._meta.get_field("detail").max_length])
-        turns.finalize(turn, Turn.Status.FAILED, exc.message)
+        lifecycle.finalize(turn, Turn.Status.FAILED, exc.message)
         return turn.status
     try:
         runner = TurnRunner(turn, clock=clock_for(cfg), config=cfg)
     except Exception:  # e.g. a PROVIDER or TOOLS path that cannot be imported: still end the turn
         logger.exception("Turn %s could not start%s", turn_id, again)
-        turns.finalize(turn, Turn.Status.FAILED, crashed_message())
+        lifecycle.finalize(turn, Turn.Status.FAILED, crashed_message())
         raise
     try:
         runner.run(resuming=resuming)

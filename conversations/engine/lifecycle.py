@@ -15,7 +15,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from .. import assistants
-from ..core import pricing as costs
+from ..core import pricing
 from ..infra import queue, state
 from ..conf import get_config
 from ..models import Conversation, Message, Turn
@@ -276,7 +276,7 @@ def enqueue_turn(turn, *, saved=False):
 def save_cost(turn):
     """Compute and store ``turn``'s cost from its row's model and tokens (for final writes made
     outside the job, where the runner did not compute it). Returns the cost or None."""
-    turn.cost = costs.turn_cost(turn.model, turn.input_tokens, turn.output_tokens, get_config()["PRICES"])
+    turn.cost = pricing.turn_cost(turn.model, turn.input_tokens, turn.output_tokens, get_config()["PRICES"])
     if turn.cost is not None:
         Turn.objects.filter(pk=turn.pk).update(cost=turn.cost)
     return turn.cost

@@ -19,7 +19,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from .. import assistants
-from ..core import pricing as costs
+from ..core import pricing
 from ..infra import state
 from ..infra.state import Stop
 from ..infra.breaker import owner_key
@@ -416,8 +416,8 @@ class TurnRunner:
         APIs send it in the last chunk), yet was billed: without this, Stop would bypass the daily
         token budget and the cost. The turn is marked ``usage_estimated`` for the admin."""
         turn = self.turn
-        turn.input_tokens = (turn.input_tokens or 0) + costs.estimate_tokens(self.prompt_chars)
-        turn.output_tokens = (turn.output_tokens or 0) + costs.estimate_tokens(len(written))
+        turn.input_tokens = (turn.input_tokens or 0) + pricing.estimate_tokens(self.prompt_chars)
+        turn.output_tokens = (turn.output_tokens or 0) + pricing.estimate_tokens(len(written))
         turn.usage_estimated = True
 
     def run_tool(self, call):
@@ -469,7 +469,7 @@ class TurnRunner:
             with transaction.atomic():
                 self.save_records()
                 shown = self.save_streamed()
-                turn.cost = costs.turn_cost(turn.model, turn.input_tokens, turn.output_tokens, self.config["PRICES"])
+                turn.cost = pricing.turn_cost(turn.model, turn.input_tokens, turn.output_tokens, self.config["PRICES"])
                 turn.save(update_fields=["status", "error", "finished_at", "margin_left", "model_calls",
                                          "tool_calls", "input_tokens", "output_tokens", "usage_estimated", "cost"])
             if shown is not None:

@@ -25,7 +25,7 @@ from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from conversations.engine import lifecycle as turns
+from conversations.engine import lifecycle
 from conversations.infra import queue
 from conversations.engine.recovery import resume_or_fail
 from conversations.conf import get_config
@@ -78,7 +78,7 @@ class Command(BaseCommand):
             connection = queue.get_queue().connection
             for turn in candidates(now, grace):
                 status = turn.status
-                if turns.waited_too_long(turn, now):
+                if lifecycle.waited_too_long(turn, now):
                     reason = f"not picked up within QUEUE_WAIT ({get_config()['QUEUE_WAIT']}s)"
                     action = self.end_unclaimed(turn, dry_run)
                 else:
@@ -102,7 +102,7 @@ class Command(BaseCommand):
         """End ``turn``, which waited in the queue past ``QUEUE_WAIT``; return what was done."""
         if dry_run:
             return "would repair"
-        if turns.end_unclaimed(turn) is None:
+        if lifecycle.end_unclaimed(turn) is None:
             return "already done" if turn.done else "started meanwhile"
         return "repaired"
 
