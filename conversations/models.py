@@ -87,9 +87,12 @@ class Assistant(models.Model):
             return False
         if self.access == self.Access.SIGNED_IN:
             return True
+        # A site's own user model need not have Django's staff flag or permissions (AbstractBaseUser
+        # has neither): such a user is neither staff nor holds a permission.
         if self.access == self.Access.STAFF:
-            return user.is_staff
-        return bool(self.access_permission) and user.has_perm(self.access_permission)
+            return bool(getattr(user, "is_staff", False))
+        has_perm = getattr(user, "has_perm", None)
+        return bool(self.access_permission) and has_perm is not None and has_perm(self.access_permission)
 
     def _access_errors(self):
         from django.contrib.auth.models import Permission

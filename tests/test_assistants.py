@@ -620,3 +620,13 @@ def test_the_tag_passes_the_servers_give_up_margin_comment_length_and_csrf_cooki
     assert 'data-give-up-margin="45"' in html
     assert 'data-comment-max-length="%d"' % Turn._meta.get_field("rating_comment").max_length in html
     assert 'data-csrf-cookie="site_csrf"' in html
+
+
+def test_a_user_model_without_staff_flag_or_permissions_is_refused_staff_and_permission_assistants():
+    from types import SimpleNamespace
+
+    # What a site's own AbstractBaseUser subclass looks like: signed in, active, nothing more.
+    user = SimpleNamespace(is_authenticated=True, is_active=True)
+    assert Assistant(slug="a", access="signed_in").allows(user)
+    assert not Assistant(slug="b", access="staff").allows(user)
+    assert not Assistant(slug="c", access="permission", access_permission="conversations.view_turn").allows(user)
