@@ -19,13 +19,17 @@ assistants' chains) is ``engine.configure``.
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 
+from django.core.checks import Error, Warning
+from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
 from django.utils.translation import gettext as _
 
 from .conf import get_config
 from .endpoints import (
-    CredentialError, bind_settings_key, endpoint_origin, endpoint_problem, origin_allowed,
-    provider_problem, resolve_credential,
+    CredentialError, bind_settings_key, credential_parts, credential_shape_problem, endpoint_origin,
+    endpoint_problem, origin_allowed, provider_problem, resolve_credential, unset_variable,
 )
 from .tools import load_tools
 from .core.rules import clock_errors, reserve_errors
@@ -206,7 +210,8 @@ def problems(assistant, cfg=None):
         found.append(("suggestions", _("at most %(count)d suggested questions, each of 1 to %(length)d "
                                        "characters.") % {"count": assistant.MAX_SUGGESTIONS,
                                                          "length": assistant.SUGGESTION_MAX_LENGTH}))
-    found += [("fallbacks", reason) for reason in chain_problems(assistant.fallbacks, site)]
+    # Its warnings too: the form refuses a credential it cannot read, a fallback's as the assistant's own.
+    found += [("fallbacks", problem.msg) for problem in chain_problems(assistant.fallbacks, site)]
     clocks = settings_for(assistant, site)
     for error in clock_errors(clocks):
         if error.is_serious():
@@ -232,58 +237,86 @@ def credential_problem(name, provider, base_url, site):
     return None
 
 
-def chain_problems(fallbacks, site):
-    """Why an assistant's ``fallbacks`` cannot work, as reasons: the same as for its own provider,
-    entry by entry, and keys other than ``CHAIN_KEYS`` (an API key above all: keys never enter
-    the database)."""
-    from django.core.exceptions import ValidationError
-    from django.core.validators import URLValidator
-
+def chain_problems(fallbacks, site, *, settings=False):
+    """Why a chain of fallbacks cannot work, entry by entry, as check messages whose ``msg`` is the
+    reason ("in its fallback 2, …"). The one rule for both chains: an assistant's ``fallbacks``
+    (``CHAIN_KEYS``), whose reasons ``problems`` gives under the form's field, and with
+    ``settings`` the site's ``FALLBACKS`` (the same keys in upper case, and an ``API_KEY`` in
+    place of a credential: settings are the operator's, while keys never enter the database),
+    which ``checks`` reports as conversations.E013. Each entry meets the rules of an assistant's
+    own provider: one that loads and takes its model, an endpoint that is a URL the site allows,
+    a credential that exists and is bound to that endpoint. A credential whose ``env:`` variable
+    is unset in this process is a ``Warning`` (conversations.W040): the workers, which read it,
+    may have it; the form refuses it all the same, as it does an assistant's own."""
     if fallbacks is None:
         return []
-    if not isinstance(fallbacks, list) or not all(isinstance(entry, dict) for entry in fallbacks):
-        return [_("its fallbacks must be a list of providers, each {\"provider\": …, \"model\": …, \"base_url\": …, "
-                  "\"credential\": …}.")]
+    if not isinstance(fallbacks, (list, tuple)) or not all(isinstance(entry, Mapping) for entry in fallbacks):
+        return [Error(_("its fallbacks must be a list of providers, each {\"provider\": …, \"model\": …, "
+                        "\"base_url\": …, \"credential\": …}."), id="conversations.E013")]
+    return [problem for number, entry in enumerate(fallbacks, start=1)
+            for problem in _entry_problems(number, entry, site, settings)]
+
+
+def _entry_problems(number, entry, site, settings):
+    """``chain_problems`` for one entry, the ``number``-th."""
+    spelled = {key: key.upper() if settings else key for key in CHAIN_KEYS}
+    known = [*spelled.values(), *(["API_KEY"] if settings else [])]
     found = []
-    for number, entry in enumerate(fallbacks, start=1):
-        unknown = sorted(set(entry) - set(CHAIN_KEYS))
-        if unknown:
-            found.append(_("its fallback %(number)d has unknown keys: %(keys)s (an entry takes provider, model, "
-                           "base_url and credential; never an API key).") % {
-                "number": number, "keys": ", ".join(str(key) for key in unknown)})
-        if not all(isinstance(entry.get(key, ""), str) for key in CHAIN_KEYS):
-            found.append(_("its fallback %(number)d must give its provider, model, base_url and credential as "
-                           "text.") % {"number": number})
-            continue
-        if not entry.get("provider"):
-            found.append(_("its fallback %(number)d names no provider.") % {"number": number})
-        elif provider_problem(entry["provider"], site):
-            found.append(_("in its fallback %(number)d, %(reason)s") % {
-                "number": number, "reason": provider_problem(entry["provider"], site)})
+    unknown = sorted(str(key) for key in set(entry) - set(known))
+    if unknown:
+        keys = ", ".join(unknown)
+        found.append(_("its fallback %(number)d has unknown keys: %(keys)s (an entry takes PROVIDER, MODEL, BASE_URL "
+                       "and either API_KEY or CREDENTIAL).") % {"number": number, "keys": keys} if settings else
+                     _("its fallback %(number)d has unknown keys: %(keys)s (an entry takes provider, model, base_url "
+                       "and credential; never an API key).") % {"number": number, "keys": keys})
+    if not all(isinstance(entry.get(key, ""), str) for key in known):
+        found.append(_("its fallback %(number)d must give its PROVIDER, MODEL, BASE_URL, API_KEY and CREDENTIAL as "
+                       "text.") % {"number": number} if settings else
+                     _("its fallback %(number)d must give its provider, model, base_url and credential as text.") % {
+                         "number": number})
+        return [Error(reason, id="conversations.E013") for reason in found]
+    provider, model, base_url, credential = (entry.get(spelled[key], "") for key in CHAIN_KEYS)
+
+    def refused(reason):  # a reason that also stops an assistant's own provider, said of this entry
+        return _("in its fallback %(number)d, %(reason)s") % {"number": number, "reason": reason}
+
+    if settings and credential and entry.get("API_KEY"):
+        found.append(_("its fallback %(number)d has both API_KEY and CREDENTIAL: keep one.") % {"number": number})
+    if not provider:
+        found.append(_("its fallback %(number)d names no provider.") % {"number": number})
+    elif provider_problem(provider, site):
+        found.append(refused(provider_problem(provider, site)))
+    else:
+        try:
+            refusal = get_provider_class(provider).check_model(model)
+        except (ImportError, TypeError, ValueError) as exc:
+            found.append(_("its fallback %(number)d names a provider “%(provider)s” that cannot be used "
+                           "(%(error)s).") % {"number": number, "provider": provider, "error": exc})
         else:
-            try:
-                refusal = get_provider_class(entry["provider"]).check_model(entry.get("model", ""))
-            except (ImportError, TypeError, ValueError) as exc:
-                found.append(_("its fallback %(number)d names a provider “%(provider)s” that cannot be used "
-                               "(%(error)s).") % {"number": number, "provider": entry["provider"], "error": exc})
-            else:
-                if refusal:
-                    found.append(_("in its fallback %(number)d, %(reason)s") % {"number": number, "reason": refusal})
-        if entry.get("base_url"):
-            try:
-                URLValidator()(entry["base_url"])
-            except ValidationError:
-                found.append(_("its fallback %(number)d has an endpoint that is not a URL: “%(url)s”.") % {
-                    "number": number, "url": entry["base_url"]})
-            else:
-                refusal = endpoint_problem(entry["base_url"], site)
-                if refusal:
-                    found.append(_("in its fallback %(number)d, %(reason)s") % {"number": number, "reason": refusal})
-        if entry.get("credential") and entry.get("provider"):
-            reason = credential_problem(entry["credential"], entry["provider"], entry.get("base_url", ""), site)
-            if reason:
-                found.append(_("in its fallback %(number)d, %(reason)s") % {"number": number, "reason": reason})
-    return found
+            if refusal:
+                found.append(refused(refusal))
+    if base_url:
+        try:
+            URLValidator()(base_url)
+        except ValidationError:
+            found.append(_("its fallback %(number)d has an endpoint that is not a URL: “%(url)s”.") % {
+                "number": number, "url": base_url})
+        else:
+            if endpoint_problem(base_url, site):
+                found.append(refused(endpoint_problem(base_url, site)))
+    messages = [Error(reason, id="conversations.E013") for reason in found]
+    reason = credential_problem(credential, provider, base_url, site) if credential and provider else None
+    if reason:
+        level, code = (Warning, "conversations.W040") if _unset_here(credential, site) else (Error, "conversations.E013")
+        messages.append(level(refused(reason), id=code))
+    return messages
+
+
+def _unset_here(name, site):
+    """Whether credential ``name`` is a well-formed ``env:`` one whose variable is unset in this process."""
+    value = site["CREDENTIALS"].get(name)
+    return value is not None and not credential_shape_problem(value) and bool(
+        unset_variable(credential_parts(value)[0]))
 
 
 # -- the job's side ----------------------------------------------------------------------------

@@ -17,10 +17,9 @@ from .core.rules import clock_errors, rate_is_on, reserve_errors
 from .engine.worker import Worker
 from .providers import get_provider_class
 from .endpoints import calls_url, credential_parts, credential_shape_problem, origin, origin_pattern, unset_variable
-from .providers.chain import ENTRY_KEYS
 from .tools import load_tools
 from .core.pricing import price_problem
-from .assistants import problems
+from .assistants import chain_problems, problems
 from .models import Assistant
 
 
@@ -125,39 +124,20 @@ def _host(url):
 
 
 def _check_fallbacks(cfg):
-    """Each FALLBACKS entry names a provider that loads, with keys the chain knows and a credential
-    that ``CREDENTIALS`` has (its ``env:`` variable is ``conversations.W040``'s); the reserve kept
-    for the next provider lets a call start (conversations.E013, E014)."""
-    errors = []
-    for number, entry in enumerate(cfg["FALLBACKS"], start=1):
-        unknown = sorted(set(entry) - set(ENTRY_KEYS))
-        try:
-            get_provider_class(entry.get("PROVIDER", ""))
-        except (ImportError, TypeError, ValueError) as exc:
-            errors.append(Error(f"FALLBACKS entry {number} names no usable PROVIDER ({entry.get('PROVIDER')!r}): "
-                                f"{exc}", hint="Use 'demo', 'openai', 'anthropic' or the dotted path of a "
-                                               "BaseProvider subclass.", id="conversations.E013"))
-        if unknown:
-            errors.append(Error(f"FALLBACKS entry {number} has unknown keys: {', '.join(unknown)}.",
-                                hint="An entry takes PROVIDER, MODEL, BASE_URL and either API_KEY or CREDENTIAL.",
-                                id="conversations.E013"))
-        errors += _fallback_credential_errors(number, entry, cfg["CREDENTIALS"])
-    return errors + reserve_errors(cfg)
+    """The site's FALLBACKS meet the rule an assistant's chain meets in the admin
+    (``assistants.chain_problems``), said in the same sentences (conversations.E013); the reserve
+    kept for the next provider lets a call start (conversations.E014)."""
+    messages = []
+    for problem in chain_problems(cfg["FALLBACKS"], cfg, settings=True):
+        if problem.id == "conversations.W040":
+            continue  # an unset variable: _check_credentials names it once, for its credential
+        messages.append(Error(f"The site's FALLBACKS cannot work: {problem.msg}", hint=FALLBACKS_HINT,
+                              id=problem.id))
+    return messages + reserve_errors(cfg)
 
 
-def _fallback_credential_errors(number, entry, credentials):
-    """A fallback names its key by CREDENTIAL or gives it as API_KEY, not both (conversations.E013)."""
-    if "CREDENTIAL" not in entry:
-        return []
-    if "API_KEY" in entry:
-        return [Error(f"FALLBACKS entry {number} has both API_KEY and CREDENTIAL.", hint="Keep one: CREDENTIAL "
-                      "names a key of CREDENTIALS (read when a turn starts), API_KEY is the key itself.",
-                      id="conversations.E013")]
-    if not isinstance(entry["CREDENTIAL"], str) or entry["CREDENTIAL"] not in credentials:
-        return [Error(f"FALLBACKS entry {number} names the credential {entry['CREDENTIAL']!r}, which is not in "
-                      "CREDENTIALS.", hint='Add it to CREDENTIALS ({"name": "env:VARIABLE"} or the key itself), or '
-                      "name one that is there.", id="conversations.E013")]
-    return []
+FALLBACKS_HINT = ("An entry takes PROVIDER and, as needed, MODEL, BASE_URL and either API_KEY or CREDENTIAL (a name "
+                  "in CREDENTIALS, bound to the entry's endpoint).")
 
 
 def _check_tools(cfg):

@@ -16,6 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from conversations.admin.export import csv_cell
+from conversations.checks import check_config
 from conversations.models import Assistant, AssistantVersion, Conversation, Message, Turn
 from conversations.admin.overview import overview
 
@@ -133,6 +134,34 @@ def test_the_form_refuses_a_chain_naming_an_unknown_provider_or_credential_and_s
         assert support.fallbacks == stored
         box = admin_client.get(change).content.decode().split('name="fallbacks"', 1)[1].split("</textarea>", 1)[0]
         assert box.split(">", 1)[1].strip() == typed
+
+
+def test_the_site_check_and_the_form_refuse_a_bad_fallback_with_the_same_sentences(
+        admin_client, conversations_settings):
+    # A key given as a bare string goes to its provider's own origin only, so it may not be sent to a
+    # gateway; and the demo provider takes no model. The site's check passed both before: the first
+    # chain hop of every turn then failed at the worker ("the key is bound to …: not sent").
+    conversations_settings.update(CREDENTIALS={"backup": "sk-backup-secret"},
+                                  ALLOWED_ENDPOINTS=["https://gw.example.com"])
+    chain = [{"provider": "openai", "base_url": "https://gw.example.com/v1", "credential": "backup"},
+             {"provider": "demo", "model": "gpt-4o"}]
+    reasons = [
+        "in its fallback 1, its credential “backup” may not be sent to https://gw.example.com: CREDENTIALS binds it "
+        "to https://api.openai.com.",
+        "in its fallback 2, the demo provider has no model “gpt-4o”: leave the model empty."]
+
+    conversations_settings.update(FALLBACKS=[{key.upper(): value for key, value in entry.items()} for entry in chain])
+    assert [(m.id, m.msg) for m in check_config() if m.id == "conversations.E013"] == [
+        ("conversations.E013", f"The site's FALLBACKS cannot work: {reason}") for reason in reasons]
+
+    conversations_settings.update(FALLBACKS=[])
+    fields = {"name": "Support", "slug": "support", "active": "on", "system_prompt": "Be kind.", "provider": "demo",
+              "model": "", "base_url": "", "credential": "", "greeting": "", "suggestions": "",
+              "access": "public", "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0",
+              "fallbacks": json.dumps(chain)}
+    refused = admin_client.post("/admin/conversations/assistant/add/", fields)
+    assert refused.status_code == 200 and not Assistant.objects.exists()
+    assert refused.context["adminform"].form.errors["fallbacks"] == reasons
 
 
 # -- turns: assistant, version, rating, cost -----------------------------------------------------

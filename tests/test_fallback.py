@@ -206,9 +206,11 @@ def test_a_chain_that_names_an_unknown_provider_is_refused_at_start_up(conversat
                                   FALLBACK_RESERVE=0.5, MIN_CALL_BUDGET=1)
     errors = [e for e in check_config() if e.id in ("conversations.E013", "conversations.E014")]
     assert [e.id for e in errors] == ["conversations.E013", "conversations.E013", "conversations.E014"]
-    assert errors[1] == Error("FALLBACKS entry 2 has unknown keys: KEY.",
-                              hint="An entry takes PROVIDER, MODEL, BASE_URL and either API_KEY or CREDENTIAL.",
-                              id="conversations.E013")
+    assert errors[1] == Error(
+        "The site's FALLBACKS cannot work: its fallback 2 has unknown keys: KEY (an entry takes PROVIDER, MODEL, "
+        "BASE_URL and either API_KEY or CREDENTIAL).",
+        hint="An entry takes PROVIDER and, as needed, MODEL, BASE_URL and either API_KEY or CREDENTIAL (a name in "
+             "CREDENTIALS, bound to the entry's endpoint).", id="conversations.E013")
 
 
 def test_a_chain_that_names_an_unknown_credential_or_both_a_key_and_a_credential_is_refused_at_start_up(
@@ -219,8 +221,10 @@ def test_a_chain_that_names_an_unknown_credential_or_both_a_key_and_a_credential
         {"PROVIDER": "anthropic", "CREDENTIAL": "backup"}])
     messages = [(m.id, m.msg) for m in check_config() if m.id in ("conversations.E013", "conversations.W040")]
     assert messages == [
-        ("conversations.E013", "FALLBACKS entry 1 names the credential 'backpu', which is not in CREDENTIALS."),
-        ("conversations.E013", "FALLBACKS entry 2 has both API_KEY and CREDENTIAL."),
+        ("conversations.E013", "The site's FALLBACKS cannot work: in its fallback 1, its credential “backpu” is not "
+                               "in the site's CREDENTIALS setting."),
+        ("conversations.E013", "The site's FALLBACKS cannot work: its fallback 2 has both API_KEY and CREDENTIAL: "
+                               "keep one."),
         # The third is fine here: its variable is read by the workers, which start with this warning.
         ("conversations.W040", "CREDENTIALS['backup'] reads the environment variable TEST_NO_SUCH_VARIABLE, which "
                                "is not set in this process.")]
