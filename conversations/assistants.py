@@ -33,6 +33,7 @@ from .endpoints import (
 )
 from .tools import load_tools
 from .core.rules import clock_errors, reserve_errors
+from .core.types import ErrorCode
 from .providers import get_provider_class
 
 logger = logging.getLogger("conversations.assistants")
@@ -342,8 +343,8 @@ def fingerprint(data):
 
 
 # ProviderError codes that mean the assistant's configuration is wrong.
-SETUP_CODES = frozenset({"auth", "unknown_model", "stream_refused", "redirected", "key_not_bound",
-                         "endpoint_refused"})
+SETUP_CODES = frozenset({ErrorCode.AUTH, ErrorCode.UNKNOWN_MODEL, ErrorCode.STREAM_REFUSED, ErrorCode.REDIRECTED,
+                         ErrorCode.KEY_NOT_BOUND, ErrorCode.ENDPOINT_REFUSED})
 
 
 def has_own_endpoint(assistant):

@@ -2,6 +2,6 @@
 ChatMessage, ModelReply, ...``. They live in ``conversations.core.types``; nothing in the app
 imports this module."""
 
-from .core.types import ChatMessage, ModelReply, Outcome, ToolCall, ToolResult, Usage, record_call
+from .core.types import ChatMessage, ErrorCode, ModelReply, Outcome, ToolCall, ToolResult, Usage, record_call
 
-__all__ = ["ChatMessage", "ModelReply", "Outcome", "ToolCall", "ToolResult", "Usage", "record_call"]
+__all__ = ["ChatMessage", "ErrorCode", "ModelReply", "Outcome", "ToolCall", "ToolResult", "Usage", "record_call"]

@@ -13,6 +13,7 @@ from rq.job import Job
 
 from ..infra import queue
 from ..conf import get_config
+from ..core.types import Outcome
 from ..models import CallRecord, Turn
 from ..redaction import hide_keys
 
@@ -28,7 +29,7 @@ def percent(value, scale):
     return f"{share:.2f}%"
 
 
-OUTCOME_CLASS = {"ok": "ok", "skipped": "skipped", "timeout": "timeout"}
+OUTCOME_CLASS = {Outcome.OK: "ok", Outcome.SKIPPED: "skipped", Outcome.TIMEOUT: "timeout"}
 
 
 def build_timeline(turn, calls):

@@ -13,6 +13,8 @@ under the turn's clocks and feeds what it reads.
 
 import json
 
+from .types import ErrorCode
+
 # One event may be large (a long tool argument sent at once), but not without bound.
 MAX_EVENT_BYTES = 1024 * 1024
 
@@ -22,7 +24,7 @@ _BLANK = frozenset({b"\n", b"\r\n", b"\r"})
 class StreamError(Exception):
     """The stream cannot be read on: a malformed or oversized event, or an error event.
 
-    ``code`` is a ``ProviderError`` code (``bad_response``) for a stream that cannot be read;
+    ``code`` is a ``ProviderError`` code (``ErrorCode.BAD_RESPONSE``) for a stream that cannot be read;
     for an error event it is "" and ``body`` is the event's JSON: the provider classifies it as
     it classifies the same error sent as an HTTP error body (a request error must not count as
     an outage). The message is for the operator's log.
@@ -87,7 +89,7 @@ class EventDecoder:
 
     def _check_size(self, pending):
         if self._size + pending > self.max_event_bytes:
-            raise StreamError("bad_response", f"an event of more than {self.max_event_bytes} bytes")
+            raise StreamError(ErrorCode.BAD_RESPONSE, f"an event of more than {self.max_event_bytes} bytes")
 
     def _field(self, line):
         name, _, value = line.partition(":")
@@ -139,9 +141,9 @@ def _json(data, what):
     try:
         value = json.loads(data)
     except ValueError:
-        raise StreamError("bad_response", f"malformed JSON in {what}: {data[:80]!r}") from None
+        raise StreamError(ErrorCode.BAD_RESPONSE, f"malformed JSON in {what}: {data[:80]!r}") from None
     if not isinstance(value, dict):
-        raise StreamError("bad_response", f"{what} is not a JSON object")
+        raise StreamError(ErrorCode.BAD_RESPONSE, f"{what} is not a JSON object")
     return value
 
 

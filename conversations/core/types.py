@@ -105,6 +105,29 @@ class Finish(StrEnum):
     CUT = "cut"  # a streamed reply that broke off: ``text`` is what had arrived, ``cut_reason`` why
 
 
+class ErrorCode(StrEnum):
+    """What kind of failure a ``ProviderError`` is (its ``code``). Each has the sentence a
+    visitor reads (``ProviderError.MESSAGES``); the chain fails over on the outages
+    (``providers.chain.OUTAGE_CODES``), and a turn of an assistant names the assistant for the
+    ones that mean its configuration is wrong (``assistants.SETUP_CODES``). A ``StrEnum``: the
+    value is what logs and the admin's timeline have always shown."""
+
+    AUTH = "auth"  # the service refused the key
+    UNKNOWN_MODEL = "unknown_model"
+    CONTEXT_LENGTH = "context_length"  # the conversation is too long for the model
+    REFUSED = "refused"  # a content filter
+    BAD_RESPONSE = "bad_response"  # a reply that cannot be read
+    RATE_LIMITED = "rate_limited"
+    UNAVAILABLE = "unavailable"  # 5xx, an overloaded service, every circuit of a chain open
+    TIMEOUT = "timeout"
+    CONNECTION = "connection"
+    BAD_REQUEST = "bad_request"  # any other refusal of the request
+    REDIRECTED = "redirected"  # a 3xx, never followed
+    STREAM_REFUSED = "stream_refused"  # a service that will not stream
+    KEY_NOT_BOUND = "key_not_bound"  # the key may not go to the endpoint (endpoints.check_key)
+    ENDPOINT_REFUSED = "endpoint_refused"  # an admin-set endpoint at an address it may not reach
+
+
 @dataclass
 class ModelReply:
     """What one model call produced; ``finish`` says why it ended (``Finish``)."""

@@ -37,7 +37,7 @@ from ..models import CallRecord, Conversation, Message, Turn
 from ..providers import ProviderError, call_complete
 from ..core.history import chat_message, message_size, trim_history, unfinished_step
 from ..tools import ToolContext, interrupted_result, load_tools, run_tool, too_many_calls_message
-from ..core.types import ChatMessage, Finish, Outcome, ToolResult, record_call
+from ..core.types import ChatMessage, ErrorCode, Finish, Outcome, ToolResult, record_call
 from .recovery import can_hand_over, continue_turn
 
 logger = logging.getLogger("conversations.runner")
@@ -311,7 +311,7 @@ class TurnRunner:
             if reply.finish == Finish.LENGTH:
                 return Turn.Status.INCOMPLETE, length_message()
             if reply.finish == Finish.REFUSED:
-                return Turn.Status.INCOMPLETE, str(ProviderError("refused").message)
+                return Turn.Status.INCOMPLETE, str(ProviderError(ErrorCode.REFUSED).message)
             if not reply.tool_calls:
                 return Turn.Status.COMPLETED, None
             ended = self.run_calls(reply.tool_calls, history)

@@ -40,7 +40,7 @@ from ..endpoints import KeyNotBound, address_allowed, check_key, endpoint_rule, 
 from .network import failed_endpoint, os_reason
 from ..redaction import redact
 from ..core.streaming import EventDecoder, StreamError
-from ..core.types import Finish, Outcome, record_call
+from ..core.types import ErrorCode, Finish, Outcome, record_call
 from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND, AddressGuard, Watchdog, environment_settings, new_session, stopped
 
 logger = logging.getLogger("conversations.http")
@@ -279,7 +279,7 @@ class BudgetedHTTP:
                     try:  # the last moment before the key leaves: is it bound to this origin?
                         check_key(url, headers, cfg.get("API_KEY"))
                     except KeyNotBound as refusal:
-                        raise CallFailed(Outcome.ERROR, str(refusal), code="key_not_bound") from None
+                        raise CallFailed(Outcome.ERROR, str(refusal), code=ErrorCode.KEY_NOT_BOUND) from None
                     if url not in self._environment:
                         self._environment[url] = environment_settings(url)
                     # Never follow a redirect: requests strips only Authorization on the way,
@@ -300,7 +300,7 @@ class BudgetedHTTP:
                 except requests.RequestException as exc:
                     if guard is not None and guard.refused:
                         outcome, detail = Outcome.CONNECTION_ERROR, guard.refused
-                        raise CallFailed(outcome, detail, code="endpoint_refused") from None
+                        raise CallFailed(outcome, detail, code=ErrorCode.ENDPOINT_REFUSED) from None
                     outcome, detail = self._failure(exc, watchdog, limit, limits)
                     raise CallFailed(outcome, detail, retryable=True) from None
                 except CallFailed as failure:
@@ -354,7 +354,7 @@ class BudgetedHTTP:
         rule = endpoint_rule(url, get_config())
         if rule is None:
             raise CallFailed(Outcome.ERROR, f"{origin(url) or 'the endpoint'} is not an allowed endpoint: not sent",
-                             code="endpoint_refused")
+                             code=ErrorCode.ENDPOINT_REFUSED)
         if rule == "any":  # an origin the operator wrote out: wherever it resolves to
             return None
         return AddressGuard(lambda address: address_allowed(address, rule))
@@ -390,7 +390,7 @@ class BudgetedHTTP:
                     whole = _json_object(body) if body is not None else None
                     if whole is not None:  # a gateway passing a JSON reply on under a stream's content type
                         return whole
-                    raise StreamError("bad_response", "the stream ended before its last event")
+                    raise StreamError(ErrorCode.BAD_RESPONSE, "the stream ended before its last event")
                 if body is not None:  # kept until the first event (the decoder bounds its size)
                     body += chunk
                 for event, data in decoder.feed(chunk):
@@ -419,13 +419,13 @@ class BudgetedHTTP:
             if isinstance(exc, StreamError) and exc.body is not None:  # an error event: the provider says which
                 failure.body = json.dumps(exc.body)
                 named = classify(failure) if classify is not None else None
-                failure.code = named.code if named is not None else "bad_response"
+                failure.code = named.code if named is not None else ErrorCode.BAD_RESPONSE
                 failure.detail = named.detail if named is not None else detail
             if received:  # the visitor has seen text: it is kept, and the record says what ended it
                 raise PartialReply(stream.reply(), outcome, failure.detail) from None
             # An error event naming an outage may be retried, like the same error as a status; a
             # malformed stream may not (the next would most likely be malformed too).
-            failure.retryable = failure.code in ("unavailable", "rate_limited", "timeout") \
+            failure.retryable = failure.code in (ErrorCode.UNAVAILABLE, ErrorCode.RATE_LIMITED, ErrorCode.TIMEOUT) \
                 or not isinstance(exc, StreamError)
             raise failure from None
         finally:

@@ -8,7 +8,7 @@ user's.
 """
 
 from ..core.streaming import AnthropicStream
-from ..core.types import Finish, ModelReply, ToolCall, Usage
+from ..core.types import ErrorCode, Finish, ModelReply, ToolCall, Usage
 from .base import BaseProvider, ProviderError, names_unknown_model, redact
 
 API_VERSION = "2023-06-01"
@@ -97,10 +97,10 @@ class AnthropicProvider(BaseProvider):
     def parse(self, data):
         """A Messages reply as a ``ModelReply``: text blocks joined, ``tool_use`` blocks as calls."""
         if data.get("type") == "error":
-            raise ProviderError("bad_response", "an error object in a 200 reply")
+            raise ProviderError(ErrorCode.BAD_RESPONSE, "an error object in a 200 reply")
         content = data.get("content")
         if not isinstance(content, list):
-            raise ProviderError("bad_response", "no content list in the reply")
+            raise ProviderError(ErrorCode.BAD_RESPONSE, "no content list in the reply")
         texts, calls = [], []
         for block in content:
             if block.get("type") == "text":
@@ -135,21 +135,21 @@ class AnthropicProvider(BaseProvider):
         lowered = text.lower()
         detail = f"HTTP {status} {kind}: {redact(text, self.api_key)}"
         if kind == "authentication_error" or status == 401:
-            return ProviderError("auth", detail)
+            return ProviderError(ErrorCode.AUTH, detail)
         if kind == "permission_error" or status == 403:
-            return ProviderError("auth", detail)
+            return ProviderError(ErrorCode.AUTH, detail)
         if names_unknown_model(status, kind, text):
             return self.unknown_model(detail)
         if kind == "request_too_large" or status == 413 or "prompt is too long" in lowered \
                 or "context window" in lowered or "context length" in lowered:
-            return ProviderError("context_length", detail)
+            return ProviderError(ErrorCode.CONTEXT_LENGTH, detail)
         if status == 400 and "stream" in lowered:
-            return ProviderError("stream_refused", detail)
+            return ProviderError(ErrorCode.STREAM_REFUSED, detail)
         if kind == "rate_limit_error":
-            return ProviderError("rate_limited", detail)
+            return ProviderError(ErrorCode.RATE_LIMITED, detail)
         if kind in ("overloaded_error", "api_error"):
-            return ProviderError("unavailable", detail)
+            return ProviderError(ErrorCode.UNAVAILABLE, detail)
         if kind == "timeout_error":
-            return ProviderError("timeout", detail)
+            return ProviderError(ErrorCode.TIMEOUT, detail)
         fallback = super().error_from_failure(failure)
         return ProviderError(fallback.code, detail)

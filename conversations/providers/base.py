@@ -19,7 +19,7 @@ from django.utils.translation import gettext_lazy as _
 from ..infra.http import CallCancelled, CallFailed, PartialReply
 from ..redaction import redact
 from ..core.streaming import ReplyLimit
-from ..core.types import Finish, Outcome
+from ..core.types import ErrorCode, Finish, Outcome
 
 logger = logging.getLogger("conversations.providers")
 
@@ -27,35 +27,38 @@ logger = logging.getLogger("conversations.providers")
 class ProviderError(Exception):
     """A model call failed in a way the turn cannot get past.
 
-    ``code`` names the kind (``auth``, ``unknown_model``, ``context_length``, ``refused``,
-    ``bad_response``, ``rate_limited``, ``unavailable``, ``timeout``, ``connection``,
-    ``bad_request``, ``redirected``, ``stream_refused``, ``key_not_bound``, ``endpoint_refused``); ``message`` is a sentence for the visitor (it becomes the turn's error);
+    ``code`` names the kind, an ``ErrorCode`` (a code given as its string value becomes the
+    member; one of a custom provider's own stays as given and reads as ``bad_request``);
+    ``message`` is a sentence for the visitor (it becomes the turn's error);
     ``detail`` is for the operator's log. Neither may contain a secret: build ``detail`` with
     ``redact()`` when it quotes the provider.
     """
 
     MESSAGES = {
-        "auth": _("The assistant is not set up correctly: the AI service rejected its credentials."),
-        "unknown_model": _("The assistant is not set up correctly: the AI service does not know the configured model."),
-        "context_length": _("This conversation has grown too long for the assistant. Please start a new one."),
-        "refused": _("The assistant could not answer this request."),
-        "bad_response": _("The AI service sent a reply the assistant could not read. Please try again."),
-        "rate_limited": _("The AI service is busy right now. Please try again in a minute."),
-        "unavailable": _("The AI service is unavailable right now. Please try again in a minute."),
-        "timeout": _("The AI service took too long to answer. Please try again."),
-        "connection": _("The assistant could not reach the AI service. Please try again later."),
-        "bad_request": _("The AI service rejected the request. Please try again or start a new conversation."),
-        "stream_refused": _("The assistant is not set up correctly: the AI service would not stream its answer."),
-        "redirected": _("The assistant is not set up correctly: the AI service's address answered with a "
+        ErrorCode.AUTH: _("The assistant is not set up correctly: the AI service rejected its credentials."),
+        ErrorCode.UNKNOWN_MODEL: _("The assistant is not set up correctly: the AI service does not know the configured model."),
+        ErrorCode.CONTEXT_LENGTH: _("This conversation has grown too long for the assistant. Please start a new one."),
+        ErrorCode.REFUSED: _("The assistant could not answer this request."),
+        ErrorCode.BAD_RESPONSE: _("The AI service sent a reply the assistant could not read. Please try again."),
+        ErrorCode.RATE_LIMITED: _("The AI service is busy right now. Please try again in a minute."),
+        ErrorCode.UNAVAILABLE: _("The AI service is unavailable right now. Please try again in a minute."),
+        ErrorCode.TIMEOUT: _("The AI service took too long to answer. Please try again."),
+        ErrorCode.CONNECTION: _("The assistant could not reach the AI service. Please try again later."),
+        ErrorCode.BAD_REQUEST: _("The AI service rejected the request. Please try again or start a new conversation."),
+        ErrorCode.STREAM_REFUSED: _("The assistant is not set up correctly: the AI service would not stream its answer."),
+        ErrorCode.REDIRECTED: _("The assistant is not set up correctly: the AI service's address answered with a "
                         "redirect (HTTP %(status)s), which is not followed."),
-        "key_not_bound": _("The assistant is not set up correctly: its key may not be sent to its endpoint."),
-        "endpoint_refused": _("The assistant is not set up correctly: its endpoint is not one the site allows."),
+        ErrorCode.KEY_NOT_BOUND: _("The assistant is not set up correctly: its key may not be sent to its endpoint."),
+        ErrorCode.ENDPOINT_REFUSED: _("The assistant is not set up correctly: its endpoint is not one the site allows."),
     }
 
     def __init__(self, code, detail="", **params):
-        self.code = code
+        try:
+            self.code = ErrorCode(code)
+        except ValueError:
+            self.code = code
         self.detail = detail
-        self.message = str(self.MESSAGES.get(code, self.MESSAGES["bad_request"]))
+        self.message = str(self.MESSAGES.get(code, self.MESSAGES[ErrorCode.BAD_REQUEST]))
         if params:
             self.message %= params
         super().__init__(f"{code}: {detail}" if detail else code)
@@ -217,7 +220,7 @@ class BaseProvider:
             logger.error("%s reply unusable (%s): %s", self.name, error.code, error.detail)
             raise
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-            error = ProviderError("bad_response", f"unexpected reply shape: {type(exc).__name__}: {redact(exc)}")
+            error = ProviderError(ErrorCode.BAD_RESPONSE, f"unexpected reply shape: {type(exc).__name__}: {redact(exc)}")
             logger.error("%s reply unusable (%s): %s", self.name, error.code, error.detail)
             raise error from None
 
@@ -230,31 +233,31 @@ class BaseProvider:
         if failure.code:  # an error event in a stream names its kind
             return ProviderError(failure.code, failure.detail)
         if failure.outcome == Outcome.TIMEOUT:
-            return ProviderError("timeout", failure.detail)
+            return ProviderError(ErrorCode.TIMEOUT, failure.detail)
         if failure.outcome == Outcome.CONNECTION_ERROR:
-            return ProviderError("connection", failure.detail)
+            return ProviderError(ErrorCode.CONNECTION, failure.detail)
         if failure.outcome == Outcome.BAD_RESPONSE:
-            return ProviderError("bad_response", failure.detail)
+            return ProviderError(ErrorCode.BAD_RESPONSE, failure.detail)
         status = failure.status or 0
         if 300 <= status < 400:
-            return ProviderError("redirected", failure.detail, status=status)
+            return ProviderError(ErrorCode.REDIRECTED, failure.detail, status=status)
         quoted = excerpt(failure.body, self.api_key)
         detail = f"HTTP {status}: {quoted}" if quoted else f"HTTP {status}"
         if status in (401, 403):
-            return ProviderError("auth", detail)
+            return ProviderError(ErrorCode.AUTH, detail)
         if status == 404 or names_unknown_model(status, "", failure.body):
             return self.unknown_model(detail)
         if status == 413:
-            return ProviderError("context_length", detail)
+            return ProviderError(ErrorCode.CONTEXT_LENGTH, detail)
         if status == 429:
-            return ProviderError("rate_limited", detail)
+            return ProviderError(ErrorCode.RATE_LIMITED, detail)
         if status == 408:  # a gateway's own time-out waiting for its upstream
-            return ProviderError("timeout", detail)
+            return ProviderError(ErrorCode.TIMEOUT, detail)
         if status >= 500:
-            return ProviderError("unavailable", detail)
-        return ProviderError("bad_request", detail)
+            return ProviderError(ErrorCode.UNAVAILABLE, detail)
+        return ProviderError(ErrorCode.BAD_REQUEST, detail)
 
     def unknown_model(self, detail):
         """The ``unknown_model`` error, its detail naming the configured model for the operator."""
-        return ProviderError("unknown_model", f"{detail} (the configured model {self.model!r} is not one the "
+        return ProviderError(ErrorCode.UNKNOWN_MODEL, f"{detail} (the configured model {self.model!r} is not one the "
                                               "service knows)")

@@ -25,13 +25,13 @@ from ..endpoints import bind_settings_key, calls_url
 from ..infra.http import BudgetedHTTP
 from ..infra.network import endpoint
 from . import BaseProvider, ProviderError, call_complete, get_provider_class
-from ..core.types import Outcome, record_call
+from ..core.types import ErrorCode, Outcome, record_call
 from ..infra.queue import get_queue
 
 logger = logging.getLogger("conversations.fallback")
 
 # ProviderError codes that say the provider, not the request, is the problem.
-OUTAGE_CODES = frozenset({"timeout", "connection", "unavailable", "rate_limited"})
+OUTAGE_CODES = frozenset({ErrorCode.TIMEOUT, ErrorCode.CONNECTION, ErrorCode.UNAVAILABLE, ErrorCode.RATE_LIMITED})
 ENTRY_KEYS = ("PROVIDER", "MODEL", "BASE_URL", "API_KEY", "CREDENTIAL")
 
 
@@ -112,7 +112,7 @@ class ProviderChain(BaseProvider):
     def complete(self, messages, tools, on_text=None):
         """The reply of the first provider up, or the last outage's ``ProviderError``."""
         failure = None
-        failover = OUTAGE_CODES | ({"auth"} if self.config["FAILOVER_ON_AUTH"] else set())
+        failover = OUTAGE_CODES | ({ErrorCode.AUTH} if self.config["FAILOVER_ON_AUTH"] else set())
         for index, link in enumerate(self.links):
             last = index == len(self.links) - 1
             allowed = link.breaker.allow()
@@ -145,7 +145,7 @@ class ProviderChain(BaseProvider):
             return reply
         if failure is not None:
             raise failure
-        raise ProviderError("unavailable", "every provider of the chain is skipped: their circuits are open")
+        raise ProviderError(ErrorCode.UNAVAILABLE, "every provider of the chain is skipped: their circuits are open")
 
     def hop(self, link, why, *, last=False):
         """Log that ``link`` was passed over, and why; an open circuit is also recorded as a skipped call."""

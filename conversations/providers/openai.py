@@ -11,7 +11,7 @@ import json
 from urllib.parse import urlsplit
 
 from ..core.streaming import OpenAIStream
-from ..core.types import Finish, ModelReply, ToolCall, Usage
+from ..core.types import ErrorCode, Finish, ModelReply, ToolCall, Usage
 from .base import BaseProvider, ProviderError, names_unknown_model, redact
 
 FINISH = {"stop": Finish.STOP, "tool_calls": Finish.TOOL_CALLS, "function_call": Finish.TOOL_CALLS,
@@ -80,7 +80,7 @@ class OpenAIProvider(BaseProvider):
         """A Chat Completions reply as a ``ModelReply``; ``bad_response`` if it has no message."""
         choices = data.get("choices")
         if not choices or not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
-            raise ProviderError("bad_response", "no choices[0].message in the reply")
+            raise ProviderError(ErrorCode.BAD_RESPONSE, "no choices[0].message in the reply")
         choice = choices[0]
         message = choice["message"]
         calls = []
@@ -127,20 +127,20 @@ class OpenAIProvider(BaseProvider):
         detail = f"HTTP {status} {code or kind}: {redact(text, self.api_key)}".strip()
         if code == "context_length_exceeded" or "context length" in lowered or "context window" in lowered \
                 or "maximum context" in lowered or status == 413:
-            return ProviderError("context_length", detail)
+            return ProviderError(ErrorCode.CONTEXT_LENGTH, detail)
         if names_unknown_model(status, code or kind, text):
             return self.unknown_model(detail)
         if code in ("content_filter", "content_policy_violation") or kind == "content_filter" \
                 or "content management policy" in lowered:
-            return ProviderError("refused", detail)
+            return ProviderError(ErrorCode.REFUSED, detail)
         if code == "invalid_api_key" or status in (401, 403):
-            return ProviderError("auth", detail)
+            return ProviderError(ErrorCode.AUTH, detail)
         if status == 400 and (error.get("param") in ("stream", "stream_options") or "stream" in lowered):
-            return ProviderError("stream_refused", detail)
+            return ProviderError(ErrorCode.STREAM_REFUSED, detail)
         # What the status says for an HTTP error, the type says for an error event in a stream (200).
         if "rate_limit" in code or "rate_limit" in kind:
-            return ProviderError("rate_limited", detail)
+            return ProviderError(ErrorCode.RATE_LIMITED, detail)
         if kind in ("server_error", "service_unavailable") or code in ("server_error", "service_unavailable"):
-            return ProviderError("unavailable", detail)
+            return ProviderError(ErrorCode.UNAVAILABLE, detail)
         fallback = super().error_from_failure(failure)
         return ProviderError(fallback.code, detail)
