@@ -35,19 +35,28 @@ def session_user_id(session):
     return str(value) if value is not None else None
 
 
+def owned_by(user_id, token, prefix=""):
+    """A Q selecting the rows that belong to a visitor: their user's (``user_id``; None when
+    anonymous) and the anonymous ones of their session's owner ``token`` ("" when none), which a
+    logged-in visitor keeps reading from that browser (``claim_on_login``). Matches nothing when
+    they own nothing yet. ``prefix`` reaches the conversation from another model
+    (``"conversation__"`` for turns). The one rule of ownership: the API's listings and locks
+    (``owned_filter``) and the limits per owner (``engine.limits``) select the same rows."""
+    condition = Q(**{f"{prefix}pk__in": []})
+    if user_id is not None:
+        condition |= Q(**{f"{prefix}user_id": user_id})
+    if token:
+        condition |= Q(**{f"{prefix}user__isnull": True, f"{prefix}owner_token": token})
+    return condition
+
+
 def owned_filter(request, user=None):
-    """A Q selecting the conversations the caller owns (empty when they own nothing yet).
+    """A Q selecting the conversations the caller owns (``owned_by``).
 
     ``user`` is the caller's verified user when the request's own ``user`` is not it (the poll
     view runs without DRF authentication)."""
     user = user if user is not None else getattr(request, "user", None)
-    token = owner_token(request)
-    condition = Q(pk__in=[])
-    if user is not None and user.is_authenticated:
-        condition |= Q(user_id=user.pk)
-    if token:
-        condition |= Q(user__isnull=True, owner_token=token)
-    return condition
+    return owned_by(user.pk if user is not None and user.is_authenticated else None, owner_token(request))
 
 
 def owns_state(session, owner):

@@ -7,6 +7,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from conversations.engine.limits import owner_q
 from conversations.infra import state
 from conversations.models import Conversation, Turn
 from tests.helpers import api_post, make_client, poll_until_done, start_turn
@@ -182,3 +183,34 @@ def test_claiming_can_be_switched_off(conversations_settings):
     assert Conversation.objects.get(pk=started["conversation"]).user is None
     assert client.get(urls(started)["detail"]).status_code == 200
     assert client.get(started["poll_url"]).status_code == 200
+
+
+def test_the_limits_count_the_conversations_the_api_lists_for_every_kind_of_visitor(conversations_settings):
+    conversations_settings.update(CLAIM_ON_LOGIN_WITHIN=0, DAILY_TOKEN_BUDGET=100, TURN_RATE_PER_OWNER="",
+                                  CONVERSATION_RATE_PER_OWNER="", TURN_RATE_PER_IP="", CONVERSATION_RATE_PER_IP="")
+    anonymous = make_client()
+    user, _user = logged_in_client("reader")
+    # A user with a session: they chatted anonymously in this browser, then logged in (nothing claimed).
+    both = make_client()
+    earlier = api_post(both, "/api/conversations/").json()["id"]
+    get_user_model().objects.create_user("both", password="pw-123456789")
+    assert both.login(username="both", password="pw-123456789")
+    both.get("/")
+    both.csrf = both.cookies["csrftoken"].value
+    for client in (anonymous, user, both):
+        for _ in range(2):
+            api_post(client, "/api/conversations/")
+    for client in (anonymous, user, both):
+        listed = {row["id"] for row in client.get("/api/conversations/").json()}
+        newest = Conversation.objects.get(pk=client.get("/api/conversations/").json()[0]["id"])
+        counted = {str(pk) for pk in Conversation.objects.filter(owner_q(newest)).values_list("pk", flat=True)}
+        assert counted == listed and len(listed) == (3 if client is both else 2)
+
+    # What that means for the visitor: the tokens they spent in this browser before logging in are
+    # today's too, however many conversations they start as the user.
+    Turn.objects.create(conversation_id=earlier, status=Turn.Status.COMPLETED, input_tokens=80, output_tokens=20,
+                        enqueued_at=timezone.now(), finished_at=timezone.now())
+    newest = both.get("/api/conversations/").json()[0]["id"]
+    refused = api_post(both, f"/api/conversations/{newest}/turns/", {"content": "Hello"})
+    assert refused.status_code == 429
+    assert refused.json() == {"detail": "You have reached today's limit for the assistant. Please come back tomorrow."}

@@ -17,13 +17,14 @@ API turns a refusal into a response: a limit that time lifts (the daily budget) 
 import datetime
 from dataclasses import dataclass
 
-from django.db.models import Q, Sum
+from django.db.models import Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from redis.exceptions import LockError
 
 from ..conf import get_config
+from ..owners import owned_by
 from ..infra.queue import get_queue
 from ..models import Turn
 
@@ -39,10 +40,9 @@ class Refusal:
 
 
 def owner_q(conversation, prefix=""):
-    """A Q selecting everything owned by the owner of ``conversation`` (its user, else its token)."""
-    if conversation.user_id is not None:
-        return Q(**{f"{prefix}user_id": conversation.user_id})
-    return Q(**{f"{prefix}user__isnull": True, f"{prefix}owner_token": conversation.owner_token})
+    """A Q selecting everything owned by the visitor who owns ``conversation``: its user's and
+    its session's (``owners.owned_by``, the rows the API lists for that visitor)."""
+    return owned_by(conversation.user_id, conversation.owner_token, prefix)
 
 
 def start_of_day(now=None):
