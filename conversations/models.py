@@ -172,11 +172,6 @@ class Conversation(models.Model):
     def __str__(self):
         return str(self.id)
 
-    def ratings(self):
-        """The visitor's rating of each rated turn: ``{turn id: {"value", "comment"}}`` (one query)."""
-        rated = self.turns.exclude(rating="").values_list("id", "rating", "rating_comment")
-        return {str(turn): {"value": value, "comment": comment} for turn, value, comment in rated}
-
     @property
     def owner_label(self):
         """Who owns this conversation, as the admin shows it (``user_label``)."""

@@ -1,7 +1,12 @@
 """A visitor rates an answer: thumbs up or down and a short comment, once per answer and
 changeable, only their own (404 otherwise) and only once it has finished (409)."""
 
+from datetime import timedelta
+
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from conversations.models import Turn
 from tests.helpers import api_post, make_client, poll_until_done, start_turn
@@ -129,3 +134,39 @@ def test_the_turn_summary_and_the_transcript_say_where_to_rate_the_answer(visito
     assert response.status_code == 201 and response.json()["value"] == "up"
     detail = visitor.get(f"/api/conversations/{turn['conversation']}/").json()
     assert detail["rating_urls"] == {turn["id"]: turn["rating_url"]}
+
+
+def test_the_transcript_reads_its_turns_in_one_query_however_many_there_are():
+    client = make_client()
+    conversation = api_post(client, "/api/conversations/").json()["id"]
+    url = f"/api/conversations/{conversation}/"
+
+    def read():
+        with CaptureQueriesContext(connection) as queries:
+            detail = client.get(url).json()
+        turns = [q["sql"] for q in queries if '"conversations_turn"' in q["sql"].split(" WHERE ")[0]]
+        return detail, (len(turns), len(queries))
+
+    statuses = [Turn.Status.COMPLETED, Turn.Status.FAILED, Turn.Status.CANCELLED]
+    now = timezone.now()
+    rows = [Turn.objects.create(conversation_id=conversation, status=status, error="Sorry." if status == "failed"
+                                else "", rating="up" if status == "completed" else "", rating_comment="Clear.",
+                                enqueued_at=now - timedelta(minutes=10 - n), finished_at=now)
+            for n, status in enumerate(statuses)]
+    few, few_queries = read()
+    active = Turn.objects.create(conversation_id=conversation, status=Turn.Status.RUNNING, enqueued_at=now)
+    for n in range(20):
+        Turn.objects.create(conversation_id=conversation, status=Turn.Status.COMPLETED, enqueued_at=now, finished_at=now)
+    many, many_queries = read()
+
+    # One query reads the turns (the active one, the endings, the ratings), and the page's total
+    # does not grow with them.
+    assert few_queries == many_queries and few_queries[0] == 1
+    completed, failed, cancelled = (str(row.pk) for row in rows)
+    assert few["endings"] == {cancelled: {"status": "cancelled", "error": None},
+                              failed: {"status": "failed", "error": "Sorry."},
+                              completed: {"status": "completed", "error": None}}
+    assert few["ratings"] == {completed: {"value": "up", "comment": "Clear."}}
+    assert set(few["rating_urls"]) == {completed, failed, cancelled} and few["active_turn"] is None
+    assert many["active_turn"]["id"] == str(active.pk) and many["active_turn"]["status"] == "running"
+    assert len(many["endings"]) == len(many["rating_urls"]) == 23 and many["ratings"] == few["ratings"]

@@ -104,8 +104,10 @@ class ConversationDetailView(ConversationAPIView):
     def get(self, request, conversation_id):
         conversation = owned_conversation(request, conversation_id)
         messages = list(conversation.messages.order_by("id"))
-        active = conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES).first()
-        ended = conversation.turns.filter(status__in=Turn.DONE_STATUSES).values_list("id", "status", "error")
+        # One query for every turn, newest first: the active one, the endings and the ratings.
+        turns = list(conversation.turns.only("id", "conversation_id", "status", "error", "rating", "rating_comment"))
+        active = next((turn for turn in turns if turn.status in Turn.ACTIVE_STATUSES), None)
+        ended = [turn for turn in turns if turn.done]
         return Response({
             "id": str(conversation.id),
             "created_at": conversation.created_at,
@@ -114,10 +116,11 @@ class ConversationDetailView(ConversationAPIView):
             "active_turn": turn_summary(active) if active else None,
             # How each finished turn ended, so that a reloaded widget shows "You stopped this answer." or
             # the failure's sentence again, as the poll's last state did.
-            "endings": {str(pk): {"status": status, "error": error or None} for pk, status, error in ended},
-            "ratings": conversation.ratings(),
+            "endings": {str(turn.pk): {"status": turn.status, "error": turn.error or None} for turn in ended},
+            "ratings": {str(turn.pk): {"value": turn.rating, "comment": turn.rating_comment}
+                        for turn in turns if turn.rating},
             # Where each finished turn's answer is rated (the same URL as its summary's rating_url).
-            "rating_urls": {str(pk): rating_url(conversation.id, pk) for pk, _status, _error in ended},
+            "rating_urls": {str(turn.pk): rating_url(conversation.id, turn.pk) for turn in ended},
         })
 
 
