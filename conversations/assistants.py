@@ -11,6 +11,9 @@ the site's, ``[]`` has none); each names a credential too.
   provider and model a queued turn shows).
 - ``problems(assistant)``: why it cannot answer, field by field: the admin refuses to save it,
   a system check lists it, a turn of it ends failed.
+- ``chain_problems(fallbacks, site)``: why a chain of fallbacks cannot work, the assistant's own
+  or (``settings=True``) the site's ``FALLBACKS``: one rule, which ``problems`` and the site's
+  check (conversations.E013) both report.
 
 What needs the database (the configuration a turn runs with, the versions, the active
 assistants' chains) is ``engine.configure``.
@@ -308,8 +311,10 @@ def _entry_problems(number, entry, site, settings):
     messages = [Error(reason, id="conversations.E013") for reason in found]
     reason = credential_problem(credential, provider, base_url, site) if credential and provider else None
     if reason:
-        level, code = (Warning, "conversations.W040") if _unset_here(credential, site) else (Error, "conversations.E013")
-        messages.append(level(refused(reason), id=code))
+        if _unset_here(credential, site):
+            messages.append(Warning(refused(reason), id="conversations.W040"))
+        else:
+            messages.append(Error(refused(reason), id="conversations.E013"))
     return messages
 
 

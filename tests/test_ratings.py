@@ -156,7 +156,8 @@ def test_the_transcript_reads_its_turns_in_one_query_however_many_there_are():
     few, few_queries = read()
     active = Turn.objects.create(conversation_id=conversation, status=Turn.Status.RUNNING, enqueued_at=now)
     for n in range(20):
-        Turn.objects.create(conversation_id=conversation, status=Turn.Status.COMPLETED, enqueued_at=now, finished_at=now)
+        Turn.objects.create(conversation_id=conversation, status=Turn.Status.COMPLETED, enqueued_at=now,
+                            finished_at=now)
     many, many_queries = read()
 
     # One query reads the turns (the active one, the endings, the ratings), and the page's total

@@ -36,7 +36,8 @@ class ProviderError(Exception):
 
     MESSAGES = {
         ErrorCode.AUTH: _("The assistant is not set up correctly: the AI service rejected its credentials."),
-        ErrorCode.UNKNOWN_MODEL: _("The assistant is not set up correctly: the AI service does not know the configured model."),
+        ErrorCode.UNKNOWN_MODEL: _("The assistant is not set up correctly: the AI service does not know the "
+                                   "configured model."),
         ErrorCode.CONTEXT_LENGTH: _("This conversation has grown too long for the assistant. Please start a new one."),
         ErrorCode.REFUSED: _("The assistant could not answer this request."),
         ErrorCode.BAD_RESPONSE: _("The AI service sent a reply the assistant could not read. Please try again."),
@@ -45,11 +46,13 @@ class ProviderError(Exception):
         ErrorCode.TIMEOUT: _("The AI service took too long to answer. Please try again."),
         ErrorCode.CONNECTION: _("The assistant could not reach the AI service. Please try again later."),
         ErrorCode.BAD_REQUEST: _("The AI service rejected the request. Please try again or start a new conversation."),
-        ErrorCode.STREAM_REFUSED: _("The assistant is not set up correctly: the AI service would not stream its answer."),
+        ErrorCode.STREAM_REFUSED: _("The assistant is not set up correctly: the AI service would not stream its "
+                                    "answer."),
         ErrorCode.REDIRECTED: _("The assistant is not set up correctly: the AI service's address answered with a "
-                        "redirect (HTTP %(status)s), which is not followed."),
+                                "redirect (HTTP %(status)s), which is not followed."),
         ErrorCode.KEY_NOT_BOUND: _("The assistant is not set up correctly: its key may not be sent to its endpoint."),
-        ErrorCode.ENDPOINT_REFUSED: _("The assistant is not set up correctly: its endpoint is not one the site allows."),
+        ErrorCode.ENDPOINT_REFUSED: _("The assistant is not set up correctly: its endpoint is not one the site "
+                                      "allows."),
     }
 
     def __init__(self, code, detail="", **params):
@@ -220,7 +223,8 @@ class BaseProvider:
             logger.error("%s reply unusable (%s): %s", self.name, error.code, error.detail)
             raise
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-            error = ProviderError(ErrorCode.BAD_RESPONSE, f"unexpected reply shape: {type(exc).__name__}: {redact(exc)}")
+            error = ProviderError(ErrorCode.BAD_RESPONSE,
+                                  f"unexpected reply shape: {type(exc).__name__}: {redact(exc)}")
             logger.error("%s reply unusable (%s): %s", self.name, error.code, error.detail)
             raise error from None
 
