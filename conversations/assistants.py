@@ -24,7 +24,7 @@ from django.utils.translation import gettext as _
 
 from .conf import get_config
 from .endpoints import (
-    CredentialError, bind_settings_key, endpoint_origin, endpoint_problem, origin_allowed,
+    CredentialError, bind_settings_key, endpoint_origin, endpoint_problem, is_embed_origin, origin_allowed,
     provider_problem, resolve_credential,
 )
 from .tools import load_tools
@@ -206,6 +206,11 @@ def problems(assistant, cfg=None):
         found.append(("suggestions", _("at most %(count)d suggested questions, each of 1 to %(length)d "
                                        "characters.") % {"count": assistant.MAX_SUGGESTIONS,
                                                          "length": assistant.SUGGESTION_MAX_LENGTH}))
+    origins = assistant.allowed_origins
+    if not isinstance(origins, list) or not all(isinstance(o, str) and is_embed_origin(o) for o in origins):
+        found.append(("allowed_origins", _("each line must be an origin, scheme://host[:port] "
+                                           "(https://www.example.com), or https://*.example.com for every "
+                                           "subdomain of a domain.")))
     found += [("fallbacks", reason) for reason in chain_problems(assistant.fallbacks, site)]
     clocks = settings_for(assistant, site)
     for error in clock_errors(clocks):

@@ -121,3 +121,10 @@ class RatingOwnerThrottle(OwnerThrottle):
 class RatingIPThrottle(AddressThrottle):
     scope = "conversations_ratings_ip"
     config_key = "RATING_RATE_PER_IP"
+
+
+class TokenIPThrottle(AddressThrottle):
+    """Visitor tokens minted (or renewed) per client address."""
+
+    scope = "conversations_tokens_ip"
+    config_key = "TOKEN_RATE_PER_IP"
