@@ -16,6 +16,7 @@ from django.utils.translation import gettext_lazy
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers as fields
 from rest_framework.exceptions import AuthenticationFailed, NotFound, PermissionDenied, ValidationError
+from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
 from .. import assistants, visitors
@@ -73,12 +74,12 @@ def widget_settings(request, assistant):
 class WidgetTokenView(ConversationAPIView):
     """``POST``: a visitor token for a widget embedded on a page of another site (see the module).
 
-    Refusals: 413, 429 (tokens per client address), 400 (no valid visitor id), 401 (a token to
-    renew, or a signed identity, that cannot be taken), 403 (the page's origin is not allowed
-    for the assistant; the visitor may not chat with it), 404 (no such active assistant)."""
+    Refusals: 413, 429 (tokens per client address), 400 (no valid visitor id), 404 (no such
+    active assistant), 401 (a token to renew, or a signed identity, that cannot be taken), 403
+    (the visitor may not chat with the assistant; the page's origin may not embed it)."""
 
     authentication_classes = []  # a token to renew is read here; no cookie is ever looked at
-    permission_classes = []
+    permission_classes = [AllowAny]  # who may chat is checked in post(), with the token's user
     throttle_classes = [TokenIPThrottle]
     throttle_message = gettext_lazy("This chat was opened too many times from your address. Please wait a moment "
                                     "and reload the page.")
@@ -89,12 +90,13 @@ class WidgetTokenView(ConversationAPIView):
         return f'{SCHEME} realm="conversations"'
 
     @extend_schema(
-        request=TokenRequestSerializer, parameters=[RETRY_AFTER], auth=[],
-        responses={200: TokenSerializer, 400: fields.Serializer,
+        request=TokenRequestSerializer, parameters=[RETRY_AFTER],
+        responses={200: TokenSerializer, 400: OpenApiResponse(ERROR, description="No valid visitor id."),
                    401: OpenApiResponse(ERROR, description="The token to renew or the signed identity cannot be "
                                                            "taken: forged, expired, replayed, another origin's."),
-                   403: OpenApiResponse(ERROR, description="The page's origin may not embed this assistant, or "
-                                                           "the visitor may not chat with it."),
+                   403: OpenApiResponse(ERROR, description="The caller is anonymous while LOGIN_REQUIRED is on, "
+                                                           "the assistant's access policy does not allow them, or "
+                                                           "the page's origin may not embed this assistant."),
                    404: OpenApiResponse(ERROR, description="No such active assistant."),
                    413: TOO_LARGE, 415: NOT_JSON,
                    429: OpenApiResponse(ERROR, description="Too many tokens for this address (TOKEN_RATE_PER_IP)."),
@@ -125,13 +127,13 @@ class WidgetTokenView(ConversationAPIView):
                     raise AuthenticationFailed(refusal_message(refused.reason)) from None
             visitor = visitors.Visitor(origin=page_origin, assistant_id=assistant.pk if assistant else None,
                                        visitor_id=data["visitor"], user_id=user_id)
-        if not page_origin_allowed(page_origin, assistant):
-            raise PermissionDenied(_("This assistant cannot be used on pages of %(origin)s.") % {"origin": page_origin})
         user = visitor_user(visitor)
         if not may_chat(user):
             raise PermissionDenied(sign_in_message())
         if assistant is not None and not assistant.allows(user if user.is_authenticated else None):
             raise PermissionDenied(assistants.access_refused_message(assistant, user))
+        if not page_origin_allowed(page_origin, assistant):
+            raise PermissionDenied(_("This assistant cannot be used on pages of %(origin)s.") % {"origin": page_origin})
         return Response({"token": visitors.issue(visitor), "expires_in": self.lifetime(),
                          "widget": widget_settings(request, assistant)})
 
