@@ -302,3 +302,20 @@ def test_an_origin_that_is_not_one_is_refused_in_the_admin_form():
     assert fields == ["allowed_origins"]
     assistant.allowed_origins = ["https://ok.example.com", "https://*.example.com", "http://127.0.0.1:8000"]
     assert not [f for f, _reason in assistants.problems(assistant) if f == "allowed_origins"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_embedded_widgets_poll_is_answered_from_the_cache_alone(worker, django_assert_num_queries):
+    user = signed_in_user()
+    anonymous, signed_in = Page(), Page()
+    anonymous.mint()
+    signed_in.mint(identity=visitors.sign_identity(user.pk, SECRET))
+    turns = [started(anonymous), started(signed_in)]
+    worker()
+    for page, turn in zip((anonymous, signed_in), turns):
+        assert page.get(turn["poll_url"]).json()["done"]  # the allowed origins are read once here
+
+        with django_assert_num_queries(0):
+            response = page.get(turn["poll_url"])
+
+        assert response.status_code == 200 and response["Access-Control-Allow-Origin"] == PAGE

@@ -162,3 +162,24 @@ def test_a_page_of_an_origin_not_allowed_is_told_so_and_nothing_is_created(
         f"This assistant cannot be used on pages of {host_site.origin}.")
     expect(page.locator("conversations-widget")).to_have_count(0)
     assert not Conversation.objects.exists()
+
+
+def test_the_token_is_renewed_before_it_expires_and_the_conversation_goes_on(
+        blocking_profile, host_site, live_server, worker_process, conversations_settings):
+    conversations_settings.update(ALLOWED_ORIGINS=[host_site.origin], WIDGET_TOKEN_TTL=6)  # renewed after 5 s
+    worker_process(DEMO_DELAY=0.05)
+    host_site.pages["/"] = embedding_page(live_server.url, probe=False)
+    chat = Chat(blocking_profile.new_page(), live_server.url)
+    sent = api_requests(chat.page, live_server.url)
+    chat.page.goto(host_site.origin + "/")
+    chat.send("First question")
+    expect(chat.locator(".cvw-msg-assistant")).to_have_count(1)
+
+    time.sleep(7)  # the first token has expired by now
+    chat.send("Second question")
+
+    expect(chat.locator(".cvw-msg-assistant")).to_have_count(2)
+    expect(chat.locator(".cvw-msg-user")).to_have_text(["First question", "Second question"])
+    renewals = [headers for url, headers in sent if url.endswith("/widget-token/") and "authorization" in headers]
+    assert renewals  # the token was sent to be renewed, not a new visitor made
+    assert Conversation.objects.count() == 1 and Turn.objects.filter(status="completed").count() == 2
