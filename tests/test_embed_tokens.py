@@ -319,3 +319,20 @@ def test_an_embedded_widgets_poll_is_answered_from_the_cache_alone(worker, djang
             response = page.get(turn["poll_url"])
 
         assert response.status_code == 200 and response["Access-Control-Allow-Origin"] == PAGE
+
+
+def test_an_allowed_origin_that_no_page_can_have_stops_the_checks(conversations_settings):
+    from conversations.checks import check_config
+
+    conversations_settings.update(ALLOWED_ORIGINS=["https://shop.example.com", "https://*.example.com", "https://*",
+                                                   "https://shop.example.com/cart", "TOKEN_RATE"],
+                                  TOKEN_RATE_PER_IP="often")
+
+    found = [(m.id, m.msg) for m in check_config() if m.id in ("conversations.E043", "conversations.E012")]
+
+    assert found == [
+        ("conversations.E012", "TOKEN_RATE_PER_IP 'often' is not a rate."),
+        ("conversations.E043", "ALLOWED_ORIGINS entry 'https://*' is not an origin a page can have."),
+        ("conversations.E043", "ALLOWED_ORIGINS entry 'https://shop.example.com/cart' is not an origin a page can have."),
+        ("conversations.E043", "ALLOWED_ORIGINS entry 'TOKEN_RATE' is not an origin a page can have."),
+    ]
