@@ -5,8 +5,11 @@ sentence, and creates nothing."""
 
 import base64
 import json
+import re
 import secrets
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -336,3 +339,24 @@ def test_an_allowed_origin_that_no_page_can_have_stops_the_checks(conversations_
         ("conversations.E043", "ALLOWED_ORIGINS entry 'https://shop.example.com/cart' is not an origin a page can have."),
         ("conversations.E043", "ALLOWED_ORIGINS entry 'TOKEN_RATE' is not an origin a page can have."),
     ]
+
+
+def docs_code_block(opening):
+    """The code block of docs/widget.md that starts with ``opening``."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "widget.md").read_text()
+    blocks = re.findall(r"```(?:python|js)\n(.*?)```", text, re.S)
+    return next(block for block in blocks if block.startswith(opening))
+
+
+@pytest.mark.parametrize("language", ["python", "node"])
+def test_the_signing_code_in_the_docs_makes_identities_the_api_takes(language):
+    user = signed_in_user()
+    if language == "python":
+        namespace = {}
+        exec(docs_code_block("import hashlib"), namespace)  # noqa: S102 - our own docs
+        identity = namespace["conversations_identity"](user.pk, SECRET)
+    else:
+        code = docs_code_block('const crypto') + f"\nprocess.stdout.write(conversationsIdentity({user.pk}, {SECRET!r}));"
+        identity = subprocess.run(["node", "-e", code], capture_output=True, text=True, check=True).stdout
+
+    assert Page().mint(identity=identity).status_code == 200
