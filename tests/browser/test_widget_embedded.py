@@ -62,8 +62,8 @@ class HostSite:
 
 
 def embedding_page(api, probe=True):
-    """A shop's page with the README's one script tag (and an iframe of the API site's own page,
-    whose csrftoken cookie the browser must refuse as third-party)."""
+    """A shop's page with the one script tag of docs/widget.md, and an iframe of the API site's
+    own page, whose csrftoken cookie the browser must refuse as third-party."""
     frame = f'<iframe src="{api}/" title="probe" hidden></iframe>' if probe else ""
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>A shop</title></head><body><main>'
             f'<h1>A shop on another site</h1>{frame}'

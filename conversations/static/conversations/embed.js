@@ -15,7 +15,7 @@
 (function () {
   "use strict";
   var COULD_NOT_LOAD = "The assistant could not load.";
-  var current = document.currentScript; // null later on, and in a module script
+  var current = document.currentScript; // null once this script has run
 
   /* 24 random bytes, URL-safe: the visitor's id on this site (as the API's VISITOR_ID wants it). */
   function randomId() {
