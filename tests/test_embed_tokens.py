@@ -64,8 +64,8 @@ class Page:
 
     def renew(self):
         """What the widget does before its token expires: the token, sent to get a fresh one."""
-        return self.client.post("/api/widget-token/", "{}", content_type="application/json",
-                                **self.headers(self.token))
+        return self.client.post("/api/widget-token/", json.dumps({"visitor": self.visitor}),
+                                content_type="application/json", **self.headers(self.token))
 
 
 @pytest.fixture(autouse=True)

@@ -35,9 +35,10 @@ from .throttling import TokenIPThrottle
 class TokenRequestSerializer(fields.Serializer):
     assistant = fields.CharField(required=False, allow_blank=True, max_length=50,
                                  help_text="The assistant's slug; empty: the site's default.")
-    visitor = fields.RegexField(visitors.VISITOR_ID.pattern, required=False,
+    visitor = fields.RegexField(visitors.VISITOR_ID.pattern,
                                 help_text="The random id the widget keeps in the page's storage (22-64 URL-safe "
-                                          "characters). Not needed to renew a token.")
+                                          "characters). To renew a token, the body is the same and the token "
+                                          "in Authorization decides.")
     identity = fields.CharField(required=False, allow_blank=True, max_length=500,
                                 help_text="A signed identity from the host site's server (user_id:timestamp:"
                                           "nonce:hmac), for a signed-in user.")
@@ -112,7 +113,7 @@ class WidgetTokenView(ConversationAPIView):
             visitor = renewed
         else:
             serializer = TokenRequestSerializer(data=request.data)
-            if not serializer.is_valid() or not serializer.validated_data.get("visitor"):
+            if not serializer.is_valid():
                 raise ValidationError({"detail": _("The chat could not start on this page. Please reload it.")})
             data = serializer.validated_data
             slug = data.get("assistant", "")

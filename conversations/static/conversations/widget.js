@@ -225,7 +225,7 @@
     }
 
     mint(renewal) {
-      var self = this, body = renewal ? {} : { assistant: this.assistant, visitor: this.visitor };
+      var self = this, body = { assistant: this.assistant, visitor: this.visitor }; // a renewal: the token decides
       var headers = { "Accept": "application/json", "Content-Type": "application/json" };
       return fetch(this.tokenUrl, { method: "POST", credentials: "omit", body: JSON.stringify(body),
                                     headers: renewal ? this.authorize(headers) : headers })
