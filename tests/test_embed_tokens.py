@@ -360,3 +360,19 @@ def test_the_signing_code_in_the_docs_makes_identities_the_api_takes(language):
         identity = subprocess.run(["node", "-e", code], capture_output=True, text=True, check=True).stdout
 
     assert Page().mint(identity=identity).status_code == 200
+
+
+def test_an_assistant_for_signed_in_users_gets_a_token_only_with_a_signed_identity():
+    Assistant.objects.create(slug="members", name="Members", system_prompt="Help.", allowed_origins=[PAGE],
+                             access=Assistant.Access.SIGNED_IN)
+    user = signed_in_user()
+    anonymous, member = Page(), Page()
+
+    refused = anonymous.mint(assistant="members")
+    minted = member.mint(assistant="members", identity=visitors.sign_identity(user.pk, SECRET))
+
+    assert refused.status_code == 403
+    assert refused.json() == {"detail": "Please sign in to chat with this assistant."}
+    assert minted.status_code == 200
+    assert member.post("/api/conversations/", {"assistant": "members"}).status_code == 201
+    assert Conversation.objects.get().user == user
