@@ -25,12 +25,14 @@ from ..conf import get_config
 from ..core.rules import WIDGET_GIVE_UP_MARGIN
 from ..models import Assistant, Turn
 from ..templatetags.conversations import widget_strings
-from .authentication import SCHEME, refusal_message, request_origin, verified_visitor, visitor_user
+from .authentication import (VisitorTokenAuthentication, refusal_message, request_origin, verified_visitor,
+                             visitor_user)
 from .base import ConversationAPIView
 from .cors import page_origin_allowed
 from .permissions import may_chat, sign_in_message
 from .schema import ERROR, NOT_JSON, RETRY_AFTER, TOO_LARGE, UNAVAILABLE
 from .throttling import TokenIPThrottle
+
 
 class TokenRequestSerializer(fields.Serializer):
     assistant = fields.CharField(required=False, allow_blank=True, max_length=50,
@@ -88,7 +90,8 @@ class WidgetTokenView(ConversationAPIView):
     cors_any_origin = True
 
     def get_authenticate_header(self, request):
-        return f'{SCHEME} realm="conversations"'
+        """A refused token to renew, or signed identity, is a 401, as on the other views."""
+        return VisitorTokenAuthentication().authenticate_header(request)
 
     @extend_schema(
         request=TokenRequestSerializer, parameters=[RETRY_AFTER],
