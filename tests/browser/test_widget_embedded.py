@@ -79,20 +79,18 @@ def host_site():
 
 
 @pytest.fixture
-def blocking_profile(tmp_path, settings):
-    """A persistent Chromium profile that blocks third-party cookies (see the module)."""
-    from playwright.sync_api import sync_playwright
-
+def blocking_profile(browser, tmp_path, settings):
+    """A persistent Chromium profile that blocks third-party cookies (see the module), started by
+    the session's Playwright (``browser``'s), of which a process can have only one."""
     settings.CSRF_COOKIE_SAMESITE, settings.CSRF_COOKIE_SECURE = "None", True
     os.makedirs(tmp_path / "Default")
     (tmp_path / "Default" / "Preferences").write_text(json.dumps({"profile": {"cookie_controls_mode": 1}}))
     expect.set_options(timeout=TIMEOUT_MS)
-    with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path), executable_path=chromium_path(), args=CHROMIUM_ARGS, locale="en-US")
-        context.set_default_timeout(TIMEOUT_MS)
-        yield context
-        context.close()
+    context = browser.browser_type.launch_persistent_context(
+        str(tmp_path), executable_path=chromium_path(), args=CHROMIUM_ARGS, locale="en-US")
+    context.set_default_timeout(TIMEOUT_MS)
+    yield context
+    context.close()
 
 
 def api_requests(page, api):
