@@ -32,7 +32,7 @@ from django.utils.translation import gettext as _
 from .conf import get_config
 from .endpoints import (
     CredentialError, bind_settings_key, credential_parts, credential_shape_problem, endpoint_origin,
-    endpoint_problem, origin_allowed, provider_problem, resolve_credential, unset_variable,
+    endpoint_problem, is_embed_origin, origin_allowed, provider_problem, resolve_credential, unset_variable,
 )
 from .tools import load_tools
 from .core.rules import clock_errors, reserve_errors
@@ -214,6 +214,11 @@ def problems(assistant, cfg=None):
         found.append(("suggestions", _("at most %(count)d suggested questions, each of 1 to %(length)d "
                                        "characters.") % {"count": assistant.MAX_SUGGESTIONS,
                                                          "length": assistant.SUGGESTION_MAX_LENGTH}))
+    origins = assistant.allowed_origins
+    if not isinstance(origins, list) or not all(isinstance(o, str) and is_embed_origin(o) for o in origins):
+        found.append(("allowed_origins", _("each line must be an origin, scheme://host[:port] "
+                                           "(https://www.example.com), or https://*.example.com for every "
+                                           "subdomain of a domain.")))
     # Its warnings too: the form refuses a credential it cannot read, a fallback's as the assistant's own.
     found += [("fallbacks", problem.msg) for problem in chain_problems(assistant.fallbacks, site)]
     clocks = settings_for(assistant, site)

@@ -16,7 +16,8 @@ from .infra.network import describe_redis_error, redis_endpoint
 from .core.rules import clock_errors, rate_is_on, reserve_errors
 from .engine.worker import Worker
 from .providers import get_provider_class
-from .endpoints import calls_url, credential_parts, credential_shape_problem, origin, origin_pattern, unset_variable
+from .endpoints import (calls_url, credential_parts, credential_shape_problem, is_embed_origin, origin, origin_pattern,
+                        unset_variable)
 from .tools import load_tools
 from .core.pricing import price_problem
 from .assistants import chain_problems, problems
@@ -156,7 +157,7 @@ def _check_rates(cfg):
 
     errors = []
     for key in ("TURN_RATE_PER_OWNER", "TURN_RATE_PER_IP", "CONVERSATION_RATE_PER_OWNER", "CONVERSATION_RATE_PER_IP",
-                "RATING_RATE_PER_OWNER", "RATING_RATE_PER_IP"):
+                "RATING_RATE_PER_OWNER", "RATING_RATE_PER_IP", "TOKEN_RATE_PER_IP"):
         rate = cfg[key]
         if not rate_is_on(rate):
             continue
@@ -316,7 +317,13 @@ def _check_allowed_endpoints(cfg):
     return [Error(f"ALLOWED_ENDPOINTS entry {entry!r} is not an origin.",
                   hint='Write a scheme, a host and an optional port, without a path: "https://gw.example.com", '
                        '"https://*.openai.azure.com", "http://10.0.0.5:11434".', id="conversations.E042")
-            for entry in cfg["ALLOWED_ENDPOINTS"] if not origin_pattern(entry)]
+            for entry in cfg["ALLOWED_ENDPOINTS"] if not origin_pattern(entry)] + [
+        # An ALLOWED_ORIGINS entry that is no origin would leave the pages it meant refused; one as
+        # broad as "https://*" would let every site's pages embed the widget.
+        Error(f"ALLOWED_ORIGINS entry {entry!r} is not an origin a page can have.",
+              hint='Write a scheme, a host and an optional port, without a path: "https://www.example.com", or '
+                   '"https://*.example.com" for every subdomain of a domain.', id="conversations.E043")
+        for entry in cfg["ALLOWED_ORIGINS"] if not is_embed_origin(entry)]
 
 
 @register(Tags.database)

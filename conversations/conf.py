@@ -131,9 +131,22 @@ DEFAULTS = {
     # Ratings of answers per owner and per client address (DRF rates; "" = off).
     "RATING_RATE_PER_OWNER": "30/min",
     "RATING_RATE_PER_IP": "60/min",
+    # Pages on other sites that may embed the widget with the one script tag (docs/widget.md):
+    # origins, "*" matching any characters ("https://*.example.com"), for every assistant and the
+    # default one; an assistant's own list (in the admin) adds to it for that assistant.
+    "ALLOWED_ORIGINS": [],
+    # Seconds a visitor token (what an embedded widget sends instead of cookies) is good for; the
+    # widget renews it before then.
+    "WIDGET_TOKEN_TTL": 900,
+    # Visitor tokens minted per client address (a DRF rate; "" = off).
+    "TOKEN_RATE_PER_IP": "30/min",
+    # The secret a host site signs its signed-in user's id with (HMAC-SHA256; docs/widget.md), and
+    # how long such a signature is good for, in seconds. "" refuses every signed identity.
+    "IDENTITY_SECRET": "",
+    "IDENTITY_MAX_AGE": 300,
 }
 
-_LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS"}
+_LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS"}
 _DICT_KEYS = {"CREDENTIALS", "PRICES"}
 
 

@@ -72,6 +72,25 @@ def origin_allowed(target, patterns):
     return bool(target) and any(pattern.fullmatch(target) for pattern in compiled)
 
 
+# A page origin allowed to embed the widget: written out, or "*." before a domain of two labels at
+# least (https://*.example.com); a port, if any, written out too. Broader ones ("https://*",
+# "http://*.com") would let pages of anyone embed it.
+_EMBED_WILDCARD = re.compile(r"^https?://\*\.[a-z0-9-]+(\.[a-z0-9-]+)+(:[0-9]+)?$")
+
+
+def is_embed_origin(value):
+    """Whether ``value`` may be an allowed page origin (``ALLOWED_ORIGINS``, an assistant's
+    allowed origins): an exact origin, or ``scheme://*.domain``."""
+    pattern = origin_pattern(value)
+    return bool(pattern) and ("*" not in pattern or bool(_EMBED_WILDCARD.match(pattern)))
+
+
+def embed_origin_allowed(target, patterns):
+    """Whether the page origin ``target`` matches one of ``patterns``, the well-formed ones only
+    (``is_embed_origin``): a wildcard stands for one or more labels before its domain."""
+    return origin_allowed(target, [p for p in patterns if is_embed_origin(p)])
+
+
 def calls_url(provider, base_url=""):
     """The URL calls of ``provider`` (a name in ``PROVIDER``) go to: ``base_url``, or when it is
     empty the provider's default; "" when the provider cannot be loaded or calls nothing

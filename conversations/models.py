@@ -50,6 +50,10 @@ class Assistant(models.Model):
     greeting = models.CharField(_("greeting"), max_length=500, blank=True, help_text=_(
         "The widget's first message, before the visitor writes."))
     suggestions = models.JSONField(_("suggested first questions"), default=list, blank=True)
+    # Pages on other sites that may embed this assistant (besides CONVERSATIONS["ALLOWED_ORIGINS"]).
+    allowed_origins = models.JSONField(_("allowed origins"), default=list, blank=True, help_text=_(
+        "Sites whose pages may embed this assistant with the script tag below, one origin per line: "
+        "https://www.example.com, or https://*.example.com for every subdomain."))
 
     class Access(models.TextChoices):
         PUBLIC = "public", _("anyone (as LOGIN_REQUIRED allows)")

@@ -1,8 +1,13 @@
-"""Who owns what: a conversation belongs to a user, or to an anonymous visitor's session.
+"""Who owns what: a conversation belongs to a user, or to an anonymous visitor's session, or to
+the visitor an embedded widget's token names.
 
 An anonymous visitor is identified by a random owner token kept in their session (not the
 session key, which Django rotates at login). When they log in, ``claim_on_login`` hands
-their recent anonymous conversations to the user.
+their recent anonymous conversations to the user. A widget embedded on another site has no
+session (its requests carry no cookie): the visitor token it sends (``visitors``) names a
+random visitor id, and the owner token is derived from that id, the page's origin and the
+assistant (``visitor_owner_token``), so one id read on another site or for another assistant
+owns nothing here. Whichever way, ``owner_token`` is the caller's token.
 
 A logged-in owner's poll is answered from the session data alone (no SQL) only while the
 session's auth hash equals the one the app last verified for that user (``auth_stamp``):
@@ -10,16 +15,37 @@ Django's own check, which loads the user, runs whenever there is no such stamp, 
 is dropped whenever the user is saved (a password change, ``is_active`` turned off).
 """
 
+import hashlib
 import secrets
 
 from django.contrib.auth import HASH_SESSION_KEY
 from django.db.models import Q
 
 SESSION_KEY = "conversations_owner"
+# Where the API puts the ``visitors.Visitor`` a request's token names (on Django's request, which
+# DRF's request reads through).
+VISITOR_ATTRIBUTE = "conversations_visitor"
+
+
+def visitor_owner_token(origin, assistant_id, visitor_id):
+    """The owner token of visitor ``visitor_id`` on pages of ``origin``, talking to the assistant
+    ``assistant_id`` (None: the site's default), as stored on their conversations. A prefix no
+    session's token has (those are URL-safe base64) keeps the two kinds apart."""
+    digest = hashlib.sha256(f"{origin}\n{assistant_id or ''}\n{visitor_id}".encode()).hexdigest()
+    return f"v:{digest[:48]}"
+
+
+def request_visitor(request):
+    """The visitor a request's (already verified) visitor token names, or None."""
+    return getattr(request, VISITOR_ATTRIBUTE, None)
 
 
 def owner_token(request, *, create=False):
-    """The visitor's owner token, created (and the session saved) when ``create`` is true."""
+    """The caller's owner token: their visitor token's, else their session's, created (and the
+    session saved) when ``create`` is true. A visitor token's caller never gets a session."""
+    visitor = request_visitor(request)
+    if visitor is not None:
+        return visitor.owner_token
     token = request.session.get(SESSION_KEY, "")
     if not token and create:
         token = secrets.token_urlsafe(24)

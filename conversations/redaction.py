@@ -21,9 +21,10 @@ _SECRETISH = re.compile(r"(?i)(\b(?:sk|pk|rk|key|api|ant)[-_][\w*.\-]{4,}|\b[A-Z
 
 
 def known_keys(cfg=None):
-    """Every API key the site's settings name or resolve to in this process, longest first."""
+    """Every API key the site's settings name or resolve to in this process, and the secret host
+    sites sign identities with (``IDENTITY_SECRET``), longest first."""
     cfg = get_config() if cfg is None else cfg
-    keys = [cfg["API_KEY"], *(entry.get("API_KEY") for entry in cfg["FALLBACKS"]), *credential_values(cfg)]
+    keys = [cfg["API_KEY"], cfg["IDENTITY_SECRET"], *(entry.get("API_KEY") for entry in cfg["FALLBACKS"]), *credential_values(cfg)]
     return sorted({str(key) for key in keys if key}, key=len, reverse=True)
 
 

@@ -206,7 +206,7 @@ def worker_env(**conversations):
     else:
         env["DATABASE_URL"] = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     for key, value in {**get_config(), **conversations}.items():
-        if key in ("TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS"):
+        if key in ("TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS"):
             value = ",".join(value)
         elif key == "FALLBACKS":
             value = json.dumps([dict(entry) for entry in value])
@@ -230,6 +230,7 @@ OPERATIONS = {
     "poll": ("/api/conversations/{conversation_id}/turns/{turn_id}/", "get"),
     "stop": ("/api/conversations/{conversation_id}/turns/{turn_id}/cancel/", "post"),
     "rate an answer": ("/api/conversations/{conversation_id}/turns/{turn_id}/rating/", "post"),
+    "get a widget token": ("/api/widget-token/", "post"),
 }
 
 
@@ -246,4 +247,5 @@ def call_every_endpoint(client, turn, content="Hello?", **message_headers):
         "poll": client.get(turn["poll_url"]),
         "stop": api_post(client, turn["cancel_url"]),
         "rate an answer": api_post(client, turn["cancel_url"].replace("/cancel/", "/rating/"), {"value": "up"}),
+        "get a widget token": api_post(client, "/api/widget-token/", {"visitor": "a-widgets-visitor-id-0001"}),
     }

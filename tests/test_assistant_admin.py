@@ -298,3 +298,20 @@ def test_the_overview_needs_the_view_turn_permission(client):
     assert client.get(OVERVIEW).status_code == 403
     user.user_permissions.add(Permission.objects.get(codename="view_turn"))
     assert client.get(OVERVIEW).status_code == 200
+
+
+def test_the_form_sets_the_origins_that_may_embed_an_assistant_and_shows_its_script_tag(admin_client):
+    fields = {"name": "Shop", "slug": "shop", "active": "on", "system_prompt": "Help.", "provider": "demo",
+              "model": "", "base_url": "", "credential": "", "greeting": "", "suggestions": "", "access": "public",
+              "access_permission": "", "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
+    add = "/admin/conversations/assistant/add/"
+
+    refused = admin_client.post(add, {**fields, "allowed_origins": "https://shop.example.com\nhttps://*"})
+    saved = admin_client.post(add, {**fields, "allowed_origins": "https://shop.example.com\n\nhttps://*.example.org"})
+    page = admin_client.get(f"/admin/conversations/assistant/{Assistant.objects.get().pk}/change/").content.decode()
+
+    assert refused.status_code == 200 and "each line must be an origin" in refused.content.decode()
+    assert saved.status_code == 302
+    assert Assistant.objects.get().allowed_origins == ["https://shop.example.com", "https://*.example.org"]
+    assert html.escape('<script src="http://testserver/static/conversations/embed.js" '
+                       'data-api="http://testserver/api/" data-assistant="shop" defer></script>') in page

@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "conversations"
 LAYERS = [
     ("core", ["conversations.core"]),
     ("settings and leaves", ["conversations.conf", "conversations.owners", "conversations.cache",
-                             "conversations.log", "conversations.endpoints", "conversations.redaction"]),
+                             "conversations.log", "conversations.endpoints", "conversations.redaction",
+                             "conversations.visitors"]),
     ("infra", ["conversations.infra"]),
     ("providers and tools", ["conversations.providers", "conversations.tools"]),
     ("assistants", ["conversations.assistants"]),

@@ -14,6 +14,7 @@ TURNS = "/api/conversations/{conversation_id}/turns/"
 POLL = "/api/conversations/{conversation_id}/turns/{turn_id}/"
 CANCEL = "/api/conversations/{conversation_id}/turns/{turn_id}/cancel/"
 RATING = "/api/conversations/{conversation_id}/turns/{turn_id}/rating/"
+TOKEN = "/api/widget-token/"
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def test_the_schema_is_public_valid_openapi_3(schema):
 
 
 def test_the_schema_lists_every_endpoint_and_only_the_api(schema):
-    assert set(schema["paths"]) == {"/api/conversations/", CONVERSATION, TURNS, POLL, CANCEL, RATING}
+    assert set(schema["paths"]) == {"/api/conversations/", CONVERSATION, TURNS, POLL, CANCEL, RATING, TOKEN}
     assert set(schema["paths"]["/api/conversations/"]) == {"get", "post"}
     assert set(schema["paths"][TURNS]) == {"post"}
 
@@ -193,9 +194,11 @@ def test_the_answer_every_operation_gives_while_redis_is_down_is_documented(sche
 
 def test_the_session_cookie_is_optional_unless_only_logged_in_users_may_chat(conversations_settings):
     def security(path, method):
-        return json.loads(make_client().get("/api/schema/?format=json").content)["paths"][path][method]["security"]
+        return json.loads(make_client().get("/api/schema/?format=json").content)["paths"][path][method].get("security")
 
-    assert security("/api/conversations/", "post") == [{"sessionCookie": []}, {}]  # a first visit has none yet
+    # A visitor token (an embedded widget's), or the session cookie, which a first visit has not yet.
+    assert security("/api/conversations/", "post") == [{"visitorToken": []}, {"sessionCookie": []}, {}]
+    assert security(TOKEN, "post") == security(POLL, "get")  # asking for a token needs neither, as a poll
     conversations_settings.update(LOGIN_REQUIRED=True)
-    assert security("/api/conversations/", "post") == [{"sessionCookie": []}]
-    assert security(TURNS, "post") == [{"sessionCookie": []}]
+    assert security("/api/conversations/", "post") == [{"visitorToken": []}, {"sessionCookie": []}]
+    assert security(TURNS, "post") == [{"visitorToken": []}, {"sessionCookie": []}]

@@ -19,6 +19,7 @@ from django.utils.translation import gettext_lazy
 from ..assistants import CHAIN_KEYS, registered_tools
 from ..conf import get_config
 from ..models import Assistant, AssistantVersion, Turn
+from ..templatetags.conversations import embed_snippet
 from .overview import overview
 from .timeline import seconds
 
@@ -70,6 +71,7 @@ class AssistantForm(forms.ModelForm):
     credential = forms.ChoiceField(required=False)
     fallbacks = ChainField(required=False, widget=forms.Textarea(attrs={"rows": 4, "class": "vLargeTextField"}))
     suggestions = LinesField(required=False, help_text=gettext_lazy("One per line, at most 4."))
+    allowed_origins = LinesField(required=False)
 
     class Meta:
         model = Assistant
@@ -84,7 +86,7 @@ class AssistantForm(forms.ModelForm):
         if not self.instance.pk and "provider" not in kwargs.get("initial", {}):
             # A new assistant starts from the site's provider, not the model's "demo" (canned answers).
             self.initial.update(provider=get_config()["PROVIDER"], model=get_config()["MODEL"])
-        for name in ("base_url", "tools", "credential", "fallbacks", "suggestions"):  # as the model's fields
+        for name in ("base_url", "tools", "credential", "fallbacks", "suggestions", "allowed_origins"):  # as the model's
             if name not in self.fields:  # read-only for this user (CONFIGURE_FIELDS)
                 continue
             model_field = Assistant._meta.get_field(name)
@@ -150,7 +152,9 @@ class AssistantAdmin(admin.ModelAdmin):
         (gettext_lazy("Limits (empty: the site's)"), {"fields": (("max_steps", "max_tokens"),
                                                                  ("call_timeout", "job_timeout"))}),
         (gettext_lazy("What the widget shows first"), {"fields": ("greeting", "suggestions")}),
+        (gettext_lazy("On other sites"), {"fields": ("allowed_origins", "script_tag")}),
     ]
+    readonly_fields = ("script_tag",)
 
     class Media:
         css = {"all": ["conversations/admin.css"]}
@@ -172,6 +176,22 @@ class AssistantAdmin(admin.ModelAdmin):
             # The provider field was not the user's to choose: the site's, as the form would suggest.
             obj.provider = get_config()["PROVIDER"]
         super().save_model(request, obj, form, change)
+
+    def get_object(self, request, object_id, from_field=None):
+        """The assistant of the change page, knowing this site's address (for ``script_tag``)."""
+        found = super().get_object(request, object_id, from_field)
+        if found is not None:
+            found.snippet = embed_snippet(request, found)
+        return found
+
+    @admin.display(description=gettext_lazy("script tag"))
+    def script_tag(self, obj):
+        """What a site owner pastes into a page of an allowed origin (docs/widget.md)."""
+        snippet = getattr(obj, "snippet", "")
+        if not snippet:
+            return _("Shown once the assistant is saved.")
+        return format_html('<pre class="conversations-snippet"><code>{}</code></pre><div class="help">{}</div>', snippet,
+                           _("Paste it into the pages of the sites above, where the widget should appear."))
 
     @admin.display(description=gettext_lazy("tools"))
     def tool_list(self, obj):

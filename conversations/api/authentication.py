@@ -1,13 +1,18 @@
 import logging
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AnonymousUser
 from django.middleware.csrf import REASON_NO_CSRF_COOKIE
 from django.utils.translation import gettext as _
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from rest_framework.authentication import CSRFCheck, SessionAuthentication
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.authentication import BaseAuthentication, CSRFCheck, SessionAuthentication
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
 
+from .. import visitors
 from ..conf import get_config
+from ..endpoints import origin
+from ..owners import VISITOR_ATTRIBUTE
 
 logger = logging.getLogger("conversations.api")
 
@@ -66,3 +71,104 @@ class CsrfSessionScheme(OpenApiAuthenticationExtension):
         return {"type": "apiKey", "in": "cookie", "name": settings.SESSION_COOKIE_NAME,
                 "description": "Django's session cookie. Every POST also needs the csrftoken cookie and the "
                                "same value in an X-CSRFToken header."}
+
+
+# -- visitor tokens: a widget embedded on a page of another site (api.tokens issues them) --------
+
+SCHEME = "Bearer"
+
+
+def refusal_message(reason):
+    """The sentence a visitor reads for a ``visitors.Refused`` reason."""
+    return {
+        "invalid": _("This chat could not verify its access. Please reload the page."),
+        "expired": _("This chat's access has expired. Please reload the page."),
+        "origin": _("This chat's access was given to another site. Please reload the page."),
+        "assistant": _("This chat's access was given for another assistant. Please reload the page."),
+        "identity_off": _("This site cannot sign you in to the chat: it is not set up for signed-in users."),
+        "identity_forged": _("Your sign-in could not be verified. Please reload the page."),
+        "identity_expired": _("Your sign-in has expired. Please reload the page."),
+        "identity_replayed": _("Your sign-in was already used. Please reload the page."),
+    }[reason]
+
+
+def bearer(request):
+    """The token of the request's ``Authorization: Bearer`` header, or None when it has none."""
+    scheme, _space, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == SCHEME.lower() else None
+
+
+def request_origin(request):
+    """The origin of the page that made the request: its ``Origin`` header (every browser sends
+    one on a request to another origin), else the site's own (a page of the site itself)."""
+    return origin(request.headers.get("Origin", "")) or origin(request.build_absolute_uri("/"))
+
+
+def verified_visitor(request):
+    """The ``visitors.Visitor`` the request's token names, now the request's owner (see
+    ``owners.owner_token``); None without a token. 401 with a sentence for a token that is not
+    this site's, has expired, or comes from a page of another origin than the one it names."""
+    token = bearer(request)
+    if token is None:
+        return None
+    try:
+        visitor = visitors.read(token)
+        if visitor.origin != request_origin(request):
+            raise visitors.Refused("origin")
+    except visitors.Refused as refused:
+        raise AuthenticationFailed(refusal_message(refused.reason)) from None
+    # On Django's request, where owners reads it (DRF's request reads its attributes through).
+    setattr(getattr(request, "_request", request), VISITOR_ATTRIBUTE, visitor)
+    return visitor
+
+
+def visitor_user(visitor):
+    """The user a token names (active), or ``AnonymousUser``; 401 when that user is gone or inactive."""
+    if visitor.user_id is None:
+        return AnonymousUser()
+    model = get_user_model()
+    try:
+        user = model._default_manager.filter(pk=visitor.user_id).first()
+    except (TypeError, ValueError):  # an id that is not one of this user model's
+        user = None
+    if user is None or not getattr(user, "is_active", True):
+        raise AuthenticationFailed(refusal_message("identity_forged"))
+    return user
+
+
+def check_assistant(request, assistant):
+    """401 when the request's token was issued for another assistant than ``assistant`` (None:
+    the site's default); nothing for a request without a token."""
+    visitor = getattr(request, VISITOR_ATTRIBUTE, None)
+    if visitor is not None and visitor.assistant_id != (assistant.pk if assistant is not None else None):
+        raise AuthenticationFailed(refusal_message("assistant"))
+
+
+class VisitorTokenAuthentication(BaseAuthentication):
+    """A visitor token in ``Authorization: Bearer …``: the caller is the visitor it names (the user
+    the host site vouched for, or an anonymous visitor). Without the header, the next class
+    (the session's) decides."""
+
+    def authenticate(self, request):
+        """``(user, visitor)``, or None without a token; 401 for a token that cannot be taken."""
+        visitor = verified_visitor(request)
+        if visitor is None:
+            return None
+        return visitor_user(visitor), visitor
+
+    def authenticate_header(self, request):
+        """What makes DRF answer a refused token 401 (not 403)."""
+        return f'{SCHEME} realm="conversations"'
+
+
+class VisitorTokenScheme(OpenApiAuthenticationExtension):
+    """Describes ``VisitorTokenAuthentication`` in the OpenAPI schema."""
+
+    target_class = VisitorTokenAuthentication
+    name = "visitorToken"
+
+    def get_security_definition(self, auto_schema):
+        """The OpenAPI security scheme: a bearer token from ``POST widget-token/``."""
+        return {"type": "http", "scheme": "bearer",
+                "description": "A visitor token from POST widget-token/, for a widget embedded on another site "
+                               "(sent from a page of the origin it was issued to; no cookie, no CSRF token)."}

@@ -16,7 +16,8 @@ from ..core.sentences import unavailable_message
 from ..infra.network import describe_redis_error
 from ..models import Conversation
 from ..owners import owned_filter
-from .authentication import CsrfSessionAuthentication
+from .authentication import CsrfSessionAuthentication, VisitorTokenAuthentication
+from .cors import CorsMixin
 from .parsers import LimitedJSONParser, check_content_length
 from .permissions import LoginNotRequiredMixin, SignedInIfRequired
 from .sessions import UNAVAILABLE_ERRORS, check_session_store, save_session
@@ -108,12 +109,13 @@ class RedisDownMixin:
         return super().finalize_response(request, response, *args, **kwargs)
 
 
-class ConversationAPIView(LoginNotRequiredMixin, RedisDownMixin, APIView):
-    """Base of the API views: session authentication with CSRF for everyone, JSON bodies only,
-    a body over ``MAX_REQUEST_BYTES`` refused (413) before anything reads it, and anonymous
-    callers refused (403) while ``LOGIN_REQUIRED`` is on."""
+class ConversationAPIView(CorsMixin, LoginNotRequiredMixin, RedisDownMixin, APIView):
+    """Base of the API views: a visitor token (a widget embedded on another site, ``tokens``),
+    else session authentication with CSRF for everyone; CORS for the allowed origins (``cors``);
+    JSON bodies only, a body over ``MAX_REQUEST_BYTES`` refused (413) before anything reads it,
+    and anonymous callers refused (403) while ``LOGIN_REQUIRED`` is on."""
 
-    authentication_classes = [CsrfSessionAuthentication]
+    authentication_classes = [VisitorTokenAuthentication, CsrfSessionAuthentication]
     permission_classes = [SignedInIfRequired]
     parser_classes = [LimitedJSONParser]
 

@@ -9,7 +9,7 @@ from django.http import HttpResponse, HttpResponseNotModified
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.exceptions import AuthenticationFailed, NotFound, PermissionDenied
 from rest_framework.permissions import AllowAny
 from rest_framework.utils import encoders
 from rest_framework.views import APIView
@@ -20,20 +20,23 @@ from ..conf import get_config
 from ..models import Turn
 from ..owners import owner_matches, owner_token, owns_state, stamp_matches
 from . import serializers
+from .authentication import VisitorTokenAuthentication, verified_visitor, visitor_user
+from .cors import CorsMixin
 from .permissions import LoginNotRequiredMixin, may_chat, sign_in_message
 from .sessions import UNAVAILABLE_ERRORS, check_session_store
 from .base import RedisDownMixin, owned_conversation, public_state
 from .schema import CONVERSATION_ID, NOT_FOUND, SIGN_IN, TURN_ID, UNAVAILABLE
 
 
-class TurnDetailView(LoginNotRequiredMixin, RedisDownMixin, APIView):
+class TurnDetailView(CorsMixin, LoginNotRequiredMixin, RedisDownMixin, APIView):
     """The poll view. A state in the cache is served with no SQL query (ownership is in the state);
     a missing or stale one is rebuilt from the database, and a turn whose job died is ended.
 
-    Who the caller is comes from the session in both paths, not from DRF's authentication
-    (none is configured, so that the fast path skips nothing DRF would do): the fast path trusts
-    the session's user only while its auth hash is the one last verified for that user; the slow
-    path asks Django (``verified_user``), which also checks the hash and ``is_active``.
+    Who the caller is comes from the visitor token, else the session, in both paths, not from
+    DRF's authentication (none is configured, so that the fast path skips nothing DRF would do):
+    the fast path trusts a token's visitor (checked with no I/O) and the session's user only while
+    its auth hash is the one last verified for that user; the slow path asks Django
+    (``verified_user``), which also checks the hash and ``is_active``.
     """
 
     authentication_classes = []
@@ -47,37 +50,58 @@ class TurnDetailView(LoginNotRequiredMixin, RedisDownMixin, APIView):
         a malformed id) takes DRF's path through ``get``."""
         self.cached = None  # (state, session data) read here, used again by ``get``
         self.unreachable = None  # or the Redis error the read here raised, answered by DRF's path
-        if request.method == "GET" and conversation_id is not None and turn_id is not None:
+        self.visitor = self.refused = None  # the token's visitor, or why it was refused (answered by DRF's path)
+        try:
+            self.visitor = verified_visitor(request)
+        except AuthenticationFailed as exc:
+            self.refused = exc
+        if request.method == "GET" and conversation_id is not None and turn_id is not None and self.refused is None:
             try:
                 self.cached = data, session = state.read_with_session(turn_id, request)
             except UNAVAILABLE_ERRORS as exc:
                 self.unreachable = exc
             else:
-                if data is not None and not self.is_stale(data) and self.serves(data, session, conversation_id):
+                if data is not None and not self.is_stale(data) and self.serves(data, session, conversation_id,
+                                                                                self.visitor):
                     return self.respond(request, data)
         return super().dispatch(request, conversation_id=conversation_id, turn_id=turn_id, **kwargs)
 
     def initial(self, request, *args, **kwargs):
+        if self.refused is not None:
+            raise self.refused
         if self.unreachable is not None:
             raise self.unreachable
         check_session_store(request)
         super().initial(request, *args, **kwargs)
 
+    def get_authenticate_header(self, request):
+        """A refused visitor token is a 401 here too, as on the views with authentication classes."""
+        return VisitorTokenAuthentication().authenticate_header(request)
+
     @staticmethod
-    def serves(data, session, conversation_id):
-        """Whether ``data`` is a state of ``conversation_id`` owned by the holder of ``session``, as
-        far as the cache can tell (a user's session only while its auth hash is verified)."""
-        if data["conversation"] != str(conversation_id) or not owns_state(session, data["owner"]):
+    def serves(data, session, conversation_id, visitor=None):
+        """Whether ``data`` is a state of ``conversation_id`` owned by the holder of ``session``, or
+        by ``visitor`` (a token's), as far as the cache can tell (a user's session only while its
+        auth hash is verified; a token's user for as long as the token lasts)."""
+        if data["conversation"] != str(conversation_id):
+            return False
+        if visitor is not None:
+            if not owner_matches(data["owner"], visitor.user_id, visitor.owner_token):
+                return False
+            return data["owner"].get("user") is not None or not get_config()["LOGIN_REQUIRED"]
+        if not owns_state(session, data["owner"]):
             return False
         user_id = data["owner"].get("user")
         if user_id is None:  # an anonymous visitor's state: theirs, unless only users may chat
             return not get_config()["LOGIN_REQUIRED"]
         return stamp_matches(state.read_auth_stamp(user_id), session)
 
-    @staticmethod
-    def verified_user(request):
-        """The caller's user as Django's authentication sees it (session auth hash and ``is_active``
-        checked; a session whose hash is stale is flushed), remembered for the fast path."""
+    def verified_user(self, request):
+        """The caller's user: a token's (checked active), or as Django's authentication sees it
+        (session auth hash and ``is_active`` checked; a session whose hash is stale is flushed),
+        remembered for the fast path."""
+        if self.visitor is not None:
+            return visitor_user(self.visitor)
         # Not request.user: with no authentication classes DRF sets it (and the Django request's
         # user, which AuthenticationMiddleware had made) to AnonymousUser.
         user = get_user(request._request)

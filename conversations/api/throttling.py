@@ -1,6 +1,8 @@
-"""Rate limits on what costs the site: turns (each a paid model run) and new conversations.
+"""Rate limits on what costs the site: turns (each a paid model run), new conversations, ratings,
+and visitor tokens for widgets embedded on other sites.
 
-Each throttle counts per owner (the logged-in user, or the anonymous visitor's owner token)
+Each throttle counts per owner (the logged-in user, or the anonymous visitor's owner token: a
+session's, or the one an embedded widget's visitor token names; ``owners.owner_token``)
 or per client IP address (which also catches a visitor who throws their cookies away). Rates
 come from ``CONVERSATIONS`` (``TURN_RATE_PER_OWNER`` "10/min", ``TURN_RATE_PER_IP`` "30/min",
 ``CONVERSATION_RATE_PER_OWNER``, ``CONVERSATION_RATE_PER_IP``; "" or "0" turns one off), or
@@ -121,3 +123,10 @@ class RatingOwnerThrottle(OwnerThrottle):
 class RatingIPThrottle(AddressThrottle):
     scope = "conversations_ratings_ip"
     config_key = "RATING_RATE_PER_IP"
+
+
+class TokenIPThrottle(AddressThrottle):
+    """Visitor tokens minted (or renewed) per client address."""
+
+    scope = "conversations_tokens_ip"
+    config_key = "TOKEN_RATE_PER_IP"

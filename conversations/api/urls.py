@@ -2,7 +2,7 @@ import uuid
 
 from django.urls import path, register_converter
 
-from . import poll, ratings, views
+from . import poll, ratings, tokens, views
 
 
 class AnyUUIDConverter:
@@ -29,6 +29,7 @@ register_converter(AnyUUIDConverter, "anyuuid")
 app_name = "conversations"
 
 urlpatterns = [
+    path("widget-token/", tokens.WidgetTokenView.as_view(), name="widget-token"),
     path("conversations/", views.ConversationListView.as_view(), name="conversation-list"),
     path("conversations/<anyuuid:conversation_id>/", views.ConversationDetailView.as_view(),
          name="conversation-detail"),

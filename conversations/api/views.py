@@ -17,8 +17,9 @@ from .. import assistants
 from ..engine import lifecycle, limits
 from ..infra import state
 from ..models import Conversation, Message, Turn
-from ..owners import owned_filter, owner_token
+from ..owners import owned_filter, owner_token, request_visitor
 from . import serializers
+from .authentication import check_assistant
 from .base import Conflict, ConversationAPIView, ServiceUnavailable, owned_conversation, rating_url, turn_summary
 from .schema import (CONVERSATION_ID, CSRF_OR_SIGN_IN, ERROR, NOT_FOUND, NOT_JSON, RETRY_AFTER, SIGN_IN, TOO_LARGE,
                      TURN_ID, UNAVAILABLE)
@@ -66,7 +67,8 @@ class ConversationListView(ConversationAPIView):
     @extend_schema(responses={200: serializers.ConversationSerializer(many=True), 403: SIGN_IN, 503: UNAVAILABLE},
                    summary="The caller's 50 most recent conversations")
     def get(self, request):
-        get_token(request)  # sets the csrftoken cookie, for a widget on a page Django did not render
+        if request_visitor(request) is None:  # a visitor token's caller gets no cookie
+            get_token(request)  # sets the csrftoken cookie, for a widget on a page Django did not render
         conversations = Conversation.objects.filter(owned_filter(request)).order_by("-created_at")[:50]
         return Response([{"id": str(c.id), "created_at": c.created_at} for c in conversations])
 
@@ -85,6 +87,7 @@ class ConversationListView(ConversationAPIView):
         serializer = serializers.ConversationCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         assistant = serializer.validated_data.get("assistant")
+        check_assistant(request, assistant)
         user = request.user if request.user.is_authenticated else None
         if assistant is not None and not assistant.allows(user):
             raise PermissionDenied(assistants.access_refused_message(assistant, user))

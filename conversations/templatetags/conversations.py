@@ -8,6 +8,7 @@ from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.db import DatabaseError
 from django.middleware.csrf import get_token
+from django.templatetags.static import static
 from django.urls import reverse
 from django.utils.translation import gettext as _
 
@@ -145,3 +146,13 @@ def find_assistant(slug, request=None):
     if found is None:
         logger.warning("chat_widget: no active assistant %r on %s; the widget is not shown", slug, path)
     return found
+
+
+def embed_snippet(request, assistant=None):
+    """The one script tag that puts the widget of ``assistant`` (None: the site's default) on a page
+    of any site allowed to embed it (docs/widget.md), with this site's absolute URLs."""
+    token_path = reverse("conversations:widget-token")
+    api_root = request.build_absolute_uri(token_path[:-len("widget-token/")])
+    slug = f' data-assistant="{assistant.slug}"' if assistant is not None else ""
+    return (f'<script src="{request.build_absolute_uri(static("conversations/embed.js"))}" '
+            f'data-api="{api_root}"{slug} defer></script>')

@@ -172,19 +172,67 @@
   // -- the API client: its token, its requests, its sentences -------------------------------
 
   /* Every request the widget makes but the polling itself goes through here: JSON in and out,
-   * the CSRF token on writes, and an Error whose message is the server's sentence. */
+   * the CSRF token on writes, and an Error whose message is the server's sentence. A widget
+   * embedded on another site (embed.js gives it data-token-url) sends a visitor token instead
+   * of cookies and a CSRF token, and renews it before it expires (see docs/widget.md). */
   class ApiClient {
     constructor(apiUrl, options) {
       this.apiUrl = apiUrl;
-      // An API on another origin (see SECURITY.md) needs its cookies sent cross-origin.
-      this.credentials = new URL(apiUrl).origin === location.origin ? "same-origin" : "include";
+      this.tokenUrl = options.tokenUrl || "";
+      this.bearer = options.token || "";
+      this.visitor = options.visitor || "";
+      this.assistant = options.assistant || "";
+      // A signed-in user's token is renewed only by itself: a new one without the host site's
+      // signature would be an anonymous visitor's, who owns none of the user's conversations.
+      this.anonymous = !options.identified;
+      this.renewing = null;
+      // With a token no cookie is ever sent (a browser would block them as third-party anyway).
+      this.credentials = this.tokenUrl ? "omit" : new URL(apiUrl).origin === location.origin ? "same-origin" : "include";
       this.csrf = options.csrfToken || "";
       this.csrfCookie = options.csrfCookie || "csrftoken";
       this.sendFailed = options.sendFailed; // the sentence when the server cannot be reached
+      if (this.tokenUrl) { this.renewIn(Number(options.expiresIn) || 0); }
     }
 
     /* An URL the API handed out (maybe relative to it) as an absolute one. */
     resolve(path) { return new URL(path, this.apiUrl).href; }
+
+    /* `headers` with the visitor token, when there is one. */
+    authorize(headers) {
+      if (this.bearer) { headers.Authorization = "Bearer " + this.bearer; }
+      return headers;
+    }
+
+    /* Renew the token when two thirds of its `seconds` have passed. */
+    renewIn(seconds) {
+      var self = this;
+      clearTimeout(this.renewTimer);
+      this.renewTimer = setTimeout(function () { self.renew().catch(function () { /* the next request says why */ }); },
+                                   Math.max(5, seconds * 2 / 3) * 1000);
+    }
+
+    /* A fresh token for the same visitor: the current one sent to be renewed, else (it expired while
+     * the tab slept) a new one for the visitor id. Resolves once it is in place. */
+    renew() {
+      var self = this;
+      if (!this.renewing) {
+        this.renewing = this.mint(true).catch(function (error) {
+          if (error.status === 401 && self.anonymous) { return self.mint(false); }
+          throw error;
+        }).finally(function () { self.renewing = null; });
+      }
+      return this.renewing;
+    }
+
+    mint(renewal) {
+      var self = this, body = { assistant: this.assistant, visitor: this.visitor }; // a renewal: the token decides
+      var headers = { "Accept": "application/json", "Content-Type": "application/json" };
+      return fetch(this.tokenUrl, { method: "POST", credentials: "omit", body: JSON.stringify(body),
+                                    headers: renewal ? this.authorize(headers) : headers })
+        .catch(function () { throw new Error(self.sendFailed); })
+        .then(function (response) { return self.parse(response); })
+        .then(function (data) { self.bearer = data.token; self.renewIn(data.expires_in); });
+    }
 
     token() {
       // data-csrf-token (the template tag sets it), else Django's cookie; on a page Django did
@@ -197,26 +245,36 @@
         .then(function () { return readCookie(self.csrfCookie); });
     }
 
-    /* Resolves with the JSON body; rejects with an Error whose message is the server's sentence. */
-    request(method, url, body, extraHeaders) {
+    /* Resolves with the JSON body; rejects with an Error whose message is the server's sentence.
+     * A token refused (401: expired meanwhile) is renewed and the request made once more. */
+    request(method, url, body, extraHeaders, retried) {
       var self = this;
-      var ready = method === "GET" ? Promise.resolve("") : this.token();
+      var ready = method === "GET" || this.tokenUrl ? Promise.resolve("") : this.token();
       return ready.then(function (token) {
-        var options = { method: method, credentials: self.credentials, headers: { "Accept": "application/json" } };
+        var options = { method: method, credentials: self.credentials,
+                        headers: self.authorize({ "Accept": "application/json" }) };
         if (method !== "GET") {
           options.headers["Content-Type"] = "application/json";
-          options.headers["X-CSRFToken"] = token;
+          if (!self.tokenUrl) { options.headers["X-CSRFToken"] = token; }
           options.body = JSON.stringify(body || {});
         }
         Object.assign(options.headers, extraHeaders || {});
         return fetch(url, options).catch(function () { throw new Error(self.sendFailed); });
       }).then(function (response) {
-        return response.json().catch(function () { return {}; }).then(function (data) {
-          if (response.ok) { return data; }
-          var error = new Error(self.problem(data));
-          error.status = response.status;
-          throw error;
-        });
+        if (response.status === 401 && self.tokenUrl && !retried) {
+          return self.renew().then(function () { return self.request(method, url, body, extraHeaders, true); });
+        }
+        return self.parse(response);
+      });
+    }
+
+    parse(response) {
+      var self = this;
+      return response.json().catch(function () { return {}; }).then(function (data) {
+        if (response.ok) { return data; }
+        var error = new Error(self.problem(data));
+        error.status = response.status;
+        throw error;
       });
     }
 
@@ -318,9 +376,14 @@
         turn.request = turn.controller = null;
         return self.turn === turn && self.running;
       };
-      turn.request = fetch(turn.pollUrl, { credentials: this.client.credentials, cache: "no-store", headers: headers,
+      turn.request = fetch(turn.pollUrl, { credentials: this.client.credentials, cache: "no-store",
+                            headers: this.client.authorize(headers),
                             signal: controller && controller.signal }).then(function (response) {
         if (response.status === 304) { return null; }
+        if (response.status === 401) { // the token expired meanwhile: renewed, and looked at again
+          self.client.renew().catch(function () { /* looked at again all the same, backing off */ });
+          throw new Error("HTTP 401");
+        }
         if (response.status === 404 || response.status === 403) {
           // 403: no longer allowed (e.g. signed out on a site for signed-in visitors): its sentence.
           return response.json().catch(function () { return {}; }).then(function (data) {
@@ -469,7 +532,11 @@
       this.mode = data.mode === "launcher" ? "launcher" : "inline";
       this.apiUrl = new URL((data.apiUrl || "/api/conversations/").replace(/\/?$/, "/"), location.href).href;
       this.client = new ApiClient(this.apiUrl, { csrfToken: data.csrfToken, csrfCookie: data.csrfCookie,
-                                                 sendFailed: this.strings.send_failed });
+                                                 sendFailed: this.strings.send_failed,
+                                                 // Set by embed.js, for a page of another site.
+                                                 tokenUrl: data.tokenUrl, token: data.token,
+                                                 expiresIn: data.tokenExpires, visitor: data.visitor,
+                                                 assistant: data.assistant, identified: data.identified === "true" });
       // The tag passes the server's own values; the defaults are for an element written by hand.
       this.maxLength = Number(data.maxLength || 4000);
       this.commentMaxLength = Number(data.commentMaxLength || 500);

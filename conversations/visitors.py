@@ -1,0 +1,118 @@
+"""Visitor tokens, what a widget embedded on another site sends instead of cookies, and the signed
+identities a host site vouches for its signed-in users with.
+
+A visitor token is Django's ``signing.dumps`` of the page's origin, the assistant, the random
+visitor id the widget keeps in the page's storage and, for a vouched-for user, their id; it is
+timestamped and good for ``WIDGET_TOKEN_TTL`` seconds, and stateless: nothing is stored when
+one is issued, so any web process can check it with the site's ``SECRET_KEY``. The API accepts
+it only from a page of the origin it names (``api.tokens``).
+
+A signed identity is ``user_id:timestamp:nonce:signature``, the signature HMAC-SHA256 of the
+first three parts with ``IDENTITY_SECRET``, made by the host site's server (``sign_identity``;
+docs/widget.md has the same in a few lines of any language). It is good for
+``IDENTITY_MAX_AGE`` seconds and once: its nonce is kept in the cache until then.
+"""
+
+import dataclasses
+import hashlib
+import hmac
+import re
+import secrets
+import time
+
+from django.core import signing
+from django.core.cache import caches
+
+from .conf import get_config
+from .owners import visitor_owner_token
+
+SALT = "conversations.visitors.token"
+# What the widget generates (crypto.getRandomValues, URL-safe): long enough not to be guessed.
+VISITOR_ID = re.compile(r"^[A-Za-z0-9_-]{22,64}$")
+NONCE = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+# A signature from a host whose clock runs this much ahead is still taken.
+CLOCK_SKEW = 60
+
+
+class Refused(Exception):
+    """A token or identity that cannot be taken; ``reason`` says why (``REASONS``)."""
+
+    REASONS = ("invalid", "expired", "origin", "assistant", "identity_off", "identity_forged",
+               "identity_expired", "identity_replayed")
+
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Visitor:
+    """Who a valid visitor token names: pages of ``origin``, the assistant ``assistant_id`` (None:
+    the site's default), the widget's ``visitor_id`` and, when the host site vouched for them,
+    its user ``user_id``."""
+
+    origin: str
+    assistant_id: int | None
+    visitor_id: str
+    user_id: str | None = None
+
+    @property
+    def owner_token(self):
+        """The owner token of the conversations this visitor starts (see ``owners``)."""
+        return visitor_owner_token(self.origin, self.assistant_id, self.visitor_id)
+
+
+def issue(visitor):
+    """A visitor token naming ``visitor``, good for ``WIDGET_TOKEN_TTL`` seconds from now."""
+    claims = {"o": visitor.origin, "a": visitor.assistant_id, "v": visitor.visitor_id, "u": visitor.user_id}
+    return signing.dumps(claims, salt=SALT, compress=False)
+
+
+def read(token):
+    """The ``Visitor`` that ``token`` names; ``Refused("expired")`` past its lifetime,
+    ``Refused("invalid")`` for anything this site did not sign (tampered with, truncated)."""
+    try:
+        claims = signing.loads(str(token), salt=SALT, max_age=get_config()["WIDGET_TOKEN_TTL"])
+    except signing.SignatureExpired:
+        raise Refused("expired") from None
+    except signing.BadSignature:
+        raise Refused("invalid") from None
+    try:
+        return Visitor(origin=str(claims["o"]), assistant_id=claims["a"], visitor_id=str(claims["v"]),
+                       user_id=None if claims["u"] is None else str(claims["u"]))
+    except (KeyError, TypeError):  # signed by this site, but not as a visitor token
+        raise Refused("invalid") from None
+
+
+def sign_identity(user_id, secret, now=None):
+    """A signed identity for ``user_id`` with ``secret`` (the site's ``IDENTITY_SECRET``), as a
+    host site's server makes one for each page it serves to a signed-in user."""
+    message = f"{user_id}:{int(time.time() if now is None else now)}:{secrets.token_hex(16)}"
+    signature = hmac.new(str(secret).encode(), message.encode(), hashlib.sha256).hexdigest()
+    return f"{message}:{signature}"
+
+
+def check_identity(value, now=None):
+    """The user id a signed identity vouches for; ``Refused`` when identities are off (no
+    ``IDENTITY_SECRET``), or it is forged, expired or seen before. A genuine one is used up."""
+    cfg = get_config()
+    if not cfg["IDENTITY_SECRET"]:
+        raise Refused("identity_off")
+    parts = str(value).rsplit(":", 3)
+    if len(parts) != 4 or not parts[0] or not NONCE.match(parts[2]) or not parts[1].isdigit():
+        raise Refused("identity_forged")
+    user_id, stamp, nonce, signature = parts
+    expected = hmac.new(cfg["IDENTITY_SECRET"].encode(), f"{user_id}:{stamp}:{nonce}".encode(),
+                        hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected, signature.lower()):
+        raise Refused("identity_forged")
+    now = time.time() if now is None else now
+    age = now - int(stamp)
+    if age > cfg["IDENTITY_MAX_AGE"] or age < -CLOCK_SKEW:
+        raise Refused("identity_expired")
+    # Kept until the signature could no longer be taken anyway; add() is atomic, so of two requests
+    # with one signature only the first gets through.
+    key = "conversations:identity:" + hashlib.sha256(f"{user_id}:{nonce}".encode()).hexdigest()
+    if not caches[cfg["CACHE_ALIAS"]].add(key, 1, timeout=cfg["IDENTITY_MAX_AGE"] + CLOCK_SKEW + 1):
+        raise Refused("identity_replayed")
+    return user_id
