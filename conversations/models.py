@@ -10,6 +10,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .core.types import Outcome
 from .assistants import problems
+from .knowledge.models import Passage, StaleObject  # noqa: F401  (the app's models: the knowledge index)
 
 
 class Assistant(models.Model):
@@ -50,6 +51,8 @@ class Assistant(models.Model):
     greeting = models.CharField(_("greeting"), max_length=500, blank=True, help_text=_(
         "The widget's first message, before the visitor writes."))
     suggestions = models.JSONField(_("suggested first questions"), default=list, blank=True)
+    knowledge_sources = models.JSONField(_("knowledge sources"), default=list, blank=True, help_text=_(
+        "Names of the site's knowledge sources its search_site tool may search; empty: all of them."))
 
     class Access(models.TextChoices):
         PUBLIC = "public", _("anyone (as LOGIN_REQUIRED allows)")
