@@ -285,3 +285,11 @@ def test_the_search_index_is_the_databases_own():
             cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'conv_passage_search'")
             assert "gin" in cursor.fetchone()[0]
     assert [h.title for h in search("violin")] == ["Violin lessons"]
+
+
+def test_the_admin_turn_page_shows_each_query_and_what_it_returned(worker, admin_client):
+    article("lighthouse", "Visiting the lighthouse", "The lighthouse is open on Sundays.")
+    state = ask(make_client(), worker, "When can I visit the lighthouse?")
+    page = admin_client.get(f"/admin/conversations/turn/{state['id']}/change/").content.decode()
+    assert "When can I visit the lighthouse?" in page  # the query the model sent
+    assert "Visiting the lighthouse" in page and "/help/lighthouse/" in page  # what came back
