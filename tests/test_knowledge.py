@@ -17,7 +17,7 @@ from chatproject.models import Article
 from conversations import knowledge
 from conversations.knowledge.index import status
 from conversations.knowledge.models import Passage, StaleObject
-from conversations.knowledge.search import search
+from conversations.knowledge.search import ranked_queryset, search
 from conversations.models import Assistant, CallRecord, Message
 from tests.helpers import api_post, logged_in_client, make_client, poll_until_done, start_turn
 
@@ -286,6 +286,14 @@ def test_the_search_index_is_the_databases_own():
         else:
             cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'conv_passage_search'")
             assert "gin" in cursor.fetchone()[0]
+            # The search's expression is the index's: with sequential scans off, the plan uses it.
+            cursor.execute("SET enable_seqscan = off")
+            try:
+                sql, params = ranked_queryset("violin lessons").query.sql_with_params()
+                cursor.execute(f"EXPLAIN {sql}", params)
+                assert "conv_passage_search" in " ".join(row[0] for row in cursor.fetchall())
+            finally:
+                cursor.execute("SET enable_seqscan = on")
     assert [h.title for h in search("violin")] == ["Violin lessons"]
 
 

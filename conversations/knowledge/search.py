@@ -65,19 +65,25 @@ def ranked(query, names, offset, count):
     words = query_words(query)
     passages = Passage.objects.using(using).filter(source__in=names)
     if connection.vendor == "postgresql":
-        # Optional dependency: django.contrib.postgres imports psycopg, which only PostgreSQL sites have.
-        from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
-
-        config = pg_config(settings.LANGUAGE_CODE)
-        # The same expression as the GIN index of migration 0010, so that the index serves it.
-        document = SearchVector("title", "text", config=config)
-        wanted = reduce(operator.or_, [SearchQuery(word, search_type="plain", config=config) for word in words])
-        found = (passages.annotate(document=document, rank=SearchRank(document, wanted)).filter(document=wanted)
-                 .order_by("-rank", "id").values_list("id", "rank")[offset:offset + count])
-        return list(found)
+        return list(ranked_queryset(query, passages)[offset:offset + count])
     matching = reduce(operator.or_, [Q(title__icontains=word) | Q(text__icontains=word) for word in words])
     return [(pk, 0.0) for pk in passages.filter(matching).order_by("id").values_list("id", flat=True)[
         offset:offset + count]]
+
+
+def ranked_queryset(query, passages=None):
+    """PostgreSQL: ``(id, rank)`` of the passages matching any word of ``query``, best first."""
+    # Optional dependency: django.contrib.postgres imports psycopg, which only PostgreSQL sites have.
+    from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
+
+    passages = Passage.objects.all() if passages is None else passages
+    config = pg_config(settings.LANGUAGE_CODE)
+    # The same expression as the GIN index of migration 0010, so that the index serves it.
+    document = SearchVector("title", "text", config=config)
+    wanted = reduce(operator.or_, [SearchQuery(word, search_type="plain", config=config)
+                                   for word in query_words(query)])
+    return (passages.annotate(document=document, rank=SearchRank(document, wanted)).filter(document=wanted)
+            .order_by("-rank", "id").values_list("id", "rank"))
 
 
 def allowed_pks(source, pks, user):
