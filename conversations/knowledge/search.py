@@ -12,6 +12,7 @@ from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.db import connections, router
 from django.db.models import Q
+from django.db.models.expressions import RawSQL
 
 from .models import Passage
 from .registry import sources
@@ -74,12 +75,13 @@ def ranked(query, names, offset, count):
 def ranked_queryset(query, passages=None):
     """PostgreSQL: ``(id, rank)`` of the passages matching any word of ``query``, best first."""
     # Optional dependency: django.contrib.postgres imports psycopg, which only PostgreSQL sites have.
-    from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
+    from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVectorField
 
     passages = Passage.objects.all() if passages is None else passages
     config = pg_config(settings.LANGUAGE_CODE)
-    # The same expression as the GIN index of migration 0010, so that the index serves it.
-    document = SearchVector("title", "text", config=config)
+    # The generated column of migration 0010 (PostgreSQL only, so not a field of the model),
+    # indexed with GIN; each word is a separate plain query, OR-ed.
+    document = RawSQL(f'"{Passage._meta.db_table}"."search_document"', [], output_field=SearchVectorField())
     wanted = reduce(operator.or_, [SearchQuery(word, search_type="plain", config=config)
                                    for word in query_words(query)])
     return (passages.annotate(document=document, rank=SearchRank(document, wanted)).filter(document=wanted)
