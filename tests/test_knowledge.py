@@ -15,10 +15,11 @@ from django.db import connection, transaction
 
 from chatproject.models import Article
 from conversations import knowledge
+from conversations.assistants import problems
 from conversations.knowledge.index import status
 from conversations.knowledge.models import Passage, StaleObject
 from conversations.knowledge.search import ranked_queryset, search
-from conversations.models import Assistant, CallRecord, Message
+from conversations.models import Assistant, CallRecord
 from tests.helpers import api_post, logged_in_client, make_client, poll_until_done, start_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)  # on_commit indexing, and the tool's own thread
@@ -199,6 +200,9 @@ def test_a_registration_naming_a_missing_model_or_field_is_a_system_check_error(
     extra_source("shop.Product", name="products", url="url")
     with pytest.raises(SystemCheckError, match=r"conversations\.E050.*shop\.Product"):
         call_command("check")
+    Passage.objects.create(source="products", object_pk="7", title="Old product", url="/p/7/", text="old")
+    call_command("rebuild_knowledge", "products")  # the model is gone: so are its passages
+    assert not Passage.objects.filter(source="products").exists()
     knowledge.unregister("products")
     extra_source("chatproject.Article", name="articles", title="headline", url="get_absolute_url")
     with pytest.raises(SystemCheckError, match=r"conversations\.E051.*title='headline'"):
@@ -259,8 +263,7 @@ def test_each_assistant_searches_only_its_own_sources(worker, extra_source):
     assert found_in(state) == ["The harbour office"]
     assert {h.source for h in search("harbourmaster")} == {"help", "people"}
     helper.knowledge_sources = ["nowhere"]
-    assert any(field == "knowledge_sources" for field, _ in __import__("conversations.assistants").assistants
-               .problems(helper))
+    assert ("knowledge_sources", "its knowledge sources “nowhere” are not registered.") in problems(helper)
 
 
 def test_the_admin_lists_the_sources_and_tries_a_query_as_a_kind_of_visitor(admin_client):
@@ -303,3 +306,9 @@ def test_the_admin_turn_page_shows_each_query_and_what_it_returned(worker, admin
     page = admin_client.get(f"/admin/conversations/turn/{state['id']}/change/").content.decode()
     assert "When can I visit the lighthouse?" in page  # the query the model sent
     assert "Visiting the lighthouse" in page and "/help/lighthouse/" in page  # what came back
+
+
+def test_the_sources_page_is_for_staff_who_may_view_passages(client):
+    staff = get_user_model().objects.create_user("editor", password="pw-123456789", is_staff=True)
+    client.force_login(staff)
+    assert client.get("/admin/conversations/passage/", {"query": "lessons"}).status_code == 403

@@ -5,6 +5,7 @@ what the assistant's search_site would find for them. Passages are facts of the 
 from django import forms
 from django.contrib import admin
 from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.utils.translation import gettext_lazy as _
 
@@ -51,9 +52,15 @@ class PassageAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+    def has_delete_permission(self, request, obj=None):
+        return False  # the index follows the site's rows; rebuild_knowledge is the way to mend it
+
     def changelist_view(self, request, extra_context=None):
         if "source" in request.GET or "q" in request.GET or "p" in request.GET:
             return super().changelist_view(request, extra_context)  # one source's passages
+        if not self.has_view_permission(request):
+            # What a search finds as any user is as private as the passages themselves.
+            raise PermissionDenied
         form = TryQueryForm(request.GET if "query" in request.GET else None)
         hits = None
         if form.is_valid():

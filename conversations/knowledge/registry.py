@@ -15,8 +15,8 @@ registration is checked by the system checks (``conversations.E050``…), never 
 models may not all be loaded yet when it runs.
 """
 
-from dataclasses import dataclass, field
 import typing
+from dataclasses import dataclass
 
 from django.apps import apps
 from django.core.exceptions import FieldDoesNotExist
@@ -43,7 +43,6 @@ class Source:
     visible: typing.Callable | None = None
     html: bool = False
     updated: str | None = None
-    fields: tuple = field(default=(), repr=False)
 
     def model_class(self):
         """The model class, or None when no installed app has it (the check says so)."""

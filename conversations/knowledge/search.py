@@ -3,7 +3,6 @@ PostgreSQL's text search, or a plain ``icontains`` elsewhere), then each hit kep
 object, as it is now in the site's own table, is one the visitor may open. The query is always a
 parameter: no SQL is ever built from what a visitor typed."""
 
-import logging
 from dataclasses import asdict, dataclass
 from functools import reduce
 import operator
@@ -17,8 +16,6 @@ from django.db.models.expressions import RawSQL
 from .models import Passage
 from .registry import sources
 from .text import fts5_query, pg_config, query_words
-
-logger = logging.getLogger("conversations.knowledge")
 
 FTS_TABLE = "conversations_passage_fts"
 # Ranked candidates read per round while filtering for the visitor, and at most this many in all:
