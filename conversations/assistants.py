@@ -304,6 +304,8 @@ def snapshot(assistant, cfg):
     data = {"system_prompt": cfg["SYSTEM_PROMPT"], "provider": cfg["PROVIDER"], "model": cfg["MODEL"],
             "base_url": cfg["BASE_URL"], "credential": assistant.credential, "tools": sorted(assistant.tools),
             "limits": {key: cfg[key] for key in LIMITS.values()}}
+    if getattr(assistant, "knowledge_sources", None):  # only when set: earlier fingerprints stay as they were
+        data["knowledge_sources"] = sorted(assistant.knowledge_sources)
     if cfg["FALLBACKS"]:
         data["fallbacks"] = [{key: entry.get(key.upper()) or "" for key in CHAIN_KEYS} for entry in cfg["FALLBACKS"]]
     return data
