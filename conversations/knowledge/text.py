@@ -62,29 +62,30 @@ def split_passages(text, size=PASSAGE_CHARS):
     """``text`` cut into passages of at most about ``size`` characters, on paragraph boundaries
     where they fit, else on sentence ends, else on spaces, else hard (a body of any size is split,
     never refused). Returns a list of non-empty strings."""
-    pieces = []
-    for paragraph in (p.strip() for p in text.split("\n\n")):
+    pieces = []  # (paragraph number, text): sentences of one paragraph are joined by a space
+    for number, paragraph in enumerate(p.strip() for p in text.split("\n\n")):
         if not paragraph:
             continue
         if len(paragraph) <= size:
-            pieces.append(paragraph)
+            pieces.append((number, paragraph))
             continue
         for sentence in _SENTENCE_END.split(paragraph):
             while len(sentence) > size:
                 cut = sentence.rfind(" ", size // 2, size)
                 cut = cut if cut > 0 else size
-                pieces.append(sentence[:cut].strip())
+                pieces.append((number, sentence[:cut].strip()))
                 sentence = sentence[cut:].strip()
             if sentence:
-                pieces.append(sentence)
-    passages, current = [], ""
-    for piece in pieces:
-        joiner = "\n\n" if current and "\n" not in piece else " "
+                pieces.append((number, sentence))
+    passages, current, last = [], "", None
+    for number, piece in pieces:
+        joiner = " " if number == last else "\n\n"
         if current and len(current) + len(joiner) + len(piece) > size:
             passages.append(current)
             current = piece
         else:
             current = f"{current}{joiner}{piece}" if current else piece
+        last = number
     if current:
         passages.append(current)
     return passages
