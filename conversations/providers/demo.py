@@ -1,8 +1,10 @@
 """The offline demo model: no key, no network, deterministic.
 
 It recognises questions its tools can serve (the demo site's ``current_time`` and
-``search_faq``), asks for those tools, several at once when a question asks several things,
-and answers from their results, errors included; otherwise it says what it is and what it can
+``search_faq``, and the built-in ``search_site``: asked when the FAQ has nothing, or when it is
+the only search), asks for those tools, several at once when a question asks several things,
+and answers from their results, errors included, quoting the best page ``search_site`` found
+with its link; otherwise it says what it is and what it can
 do — naming only the questions its tools can answer, and saying so when the site gives it none.
 It takes ``DEMO_DELAY`` seconds per reply (never past the turn's budget) so the widget shows
 each step land, and streams its answers word by word over that time, as a real model would
