@@ -190,6 +190,7 @@ def demo(argv):
         f"{queue!r} (CACHE_KEY_PREFIX and CONVERSATIONS_QUEUE change them)")
     try:
         manage("migrate", "--no-input", "-v", "0", env=env)
+        manage("rebuild_knowledge", env=env)  # the help articles the data migration wrote
         children.append(subprocess.Popen([str(PYTHON), str(ROOT / "manage.py"), "rqworker", queue], env=env))
         children.append(subprocess.Popen(
             [str(PYTHON), str(ROOT / "manage.py"), "runserver", f"127.0.0.1:{port}", "--noreload"], env=env))

@@ -152,7 +152,8 @@ if os.environ.get("SECURE_PROXY_SSL_HEADER") == "1":
 
 
 CONVERSATIONS = {
-    "TOOLS": ["chatproject.tools.current_time", "chatproject.tools.search_faq"],
+    "TOOLS": ["chatproject.tools.current_time", "chatproject.tools.search_faq",
+              "conversations.knowledge.tool.search_site"],
 }
 # CONVERSATIONS_<KEY> from the environment; conversations.conf converts each value to the
 # type of its default (numbers, booleans, comma-separated lists).

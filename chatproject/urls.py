@@ -5,6 +5,8 @@ from django.urls import include, path
 from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from chatproject.views import article
+
 _swagger_ui = SpectacularSwaggerView.as_view(url_name="api-schema")
 
 
@@ -18,6 +20,7 @@ def api_docs(request):
 urlpatterns = [
     path("", TemplateView.as_view(template_name="index.html"), name="home"),
     path("admin/", admin.site.urls),
+    path("help/<slug:slug>/", article, name="help-article"),
     # django-rq's dashboard, for superusers only (see conversations/rq_urls.py).
     path("django-rq/", include("conversations.rq_urls")),
     path("api/", include("conversations.api.urls", namespace="conversations")),

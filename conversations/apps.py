@@ -9,3 +9,6 @@ class ConversationsConfig(AppConfig):
 
     def ready(self):
         from . import checks, signals  # noqa: F401  (registers system checks and signal receivers)
+        from .knowledge import index  # the app registry is ready: the index may follow the site's saves
+
+        index.connect()

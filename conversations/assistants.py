@@ -38,6 +38,7 @@ from .tools import load_tools
 from .core.rules import clock_errors, reserve_errors
 from .core.types import ErrorCode
 from .providers import get_provider_class
+from .knowledge.registry import sources as knowledge_sources
 
 logger = logging.getLogger("conversations.assistants")
 
@@ -198,6 +199,12 @@ def problems(assistant, cfg=None):
         if missing:
             found.append(("tools", _("its tools %(tools)s are not among the site's registered tools.") % {
                 "tools": ", ".join(f"“{name}”" for name in missing)}))
+    chosen = getattr(assistant, "knowledge_sources", None) or []
+    if not isinstance(chosen, list) or not all(isinstance(name, str) for name in chosen):
+        found.append(("knowledge_sources", _("its knowledge sources must be a list of source names.")))
+    elif set(chosen) - set(knowledge_sources()):
+        found.append(("knowledge_sources", _("its knowledge sources %(sources)s are not registered.") % {
+            "sources": ", ".join(f"“{name}”" for name in sorted(set(chosen) - set(knowledge_sources())))}))
     if assistant.credential:
         config = settings_for(assistant, site)
         reason = credential_problem(assistant.credential, config["PROVIDER"], config["BASE_URL"], site)
@@ -341,6 +348,8 @@ def snapshot(assistant, cfg):
     data = {"system_prompt": cfg["SYSTEM_PROMPT"], "provider": cfg["PROVIDER"], "model": cfg["MODEL"],
             "base_url": cfg["BASE_URL"], "credential": assistant.credential, "tools": sorted(assistant.tools),
             "limits": {key: cfg[key] for key in LIMITS.values()}}
+    if getattr(assistant, "knowledge_sources", None):  # only when set: earlier fingerprints stay as they were
+        data["knowledge_sources"] = sorted(assistant.knowledge_sources)
     if cfg["FALLBACKS"]:
         data["fallbacks"] = [{key: entry.get(key.upper()) or "" for key in CHAIN_KEYS} for entry in cfg["FALLBACKS"]]
     return data

@@ -22,6 +22,7 @@ from .tools import load_tools
 from .core.pricing import price_problem
 from .assistants import chain_problems, problems
 from .models import Assistant
+from .knowledge.registry import sources as knowledge_sources
 
 
 @register()
@@ -350,6 +351,14 @@ def check_assistants(app_configs=None, databases=None, **kwargs):
                     hint="Correct it in the admin, or switch it off; meanwhile each of its turns ends failed.",
                     obj=assistant, id="conversations.W041"))
     return messages
+
+
+@register()
+def check_knowledge(app_configs=None, **kwargs):
+    """Knowledge sources (``conversations.knowledge.register``) naming a model or field that does
+    not exist, or giving no URL: errors, since a search of them could only fail."""
+    return [Error(message, hint=hint, id=check_id)
+            for source in knowledge_sources().values() for check_id, message, hint in source.problems()]
 
 
 # -- check --deploy: Redis answers -----------------------------------------------------------

@@ -10,6 +10,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .core.types import Outcome
 from .assistants import problems
+from .knowledge.models import Passage, StaleObject  # noqa: F401  (the app's models: the knowledge index)
 
 
 class Assistant(models.Model):
@@ -54,6 +55,8 @@ class Assistant(models.Model):
     allowed_origins = models.JSONField(_("allowed origins"), default=list, blank=True, help_text=_(
         "Sites whose pages may embed this assistant with the script tag below, one origin per line: "
         "https://www.example.com, or https://*.example.com for every subdomain."))
+    knowledge_sources = models.JSONField(_("knowledge sources"), default=list, blank=True, help_text=_(
+        "Names of the site's knowledge sources its search_site tool may search; empty: all of them."))
 
     class Access(models.TextChoices):
         PUBLIC = "public", _("anyone (as LOGIN_REQUIRED allows)")

@@ -67,7 +67,13 @@ def test_a_place_the_tool_does_not_know_gets_the_tools_error_explained():
 
 
 @pytest.mark.django_db
-def test_a_faq_question_without_an_entry_gets_a_helpful_answer():
+def test_a_faq_question_without_an_entry_gets_a_helpful_answer(conversations_settings):
+    # The FAQ first, then the site's own pages (search_site), which have nothing on it either.
+    turn = run_turn_here("Why is the sky blue?")
+    rows = transcript(turn)
+    assert [r.tool_name for r in rows if r.role == "tool"] == ["search_faq", "search_site"]
+    assert rows[-1].content.startswith("I searched this site's pages but found nothing on that.")
+    conversations_settings.update(TOOLS=["chatproject.tools.current_time", "chatproject.tools.search_faq"])
     turn = run_turn_here("Why is the sky blue?")
     assert transcript(turn)[-1].content.startswith("I searched the FAQ but found nothing on that.")
 

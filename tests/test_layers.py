@@ -15,14 +15,15 @@ PACKAGE = Path(__file__).resolve().parent.parent / "conversations"
 
 # From the bottom up; a module may import its own layer and the ones below, never one above.
 LAYERS = [
-    ("core", ["conversations.core"]),
+    ("core", ["conversations.core", "conversations.knowledge.text"]),
     ("settings and leaves", ["conversations.conf", "conversations.owners", "conversations.cache",
                              "conversations.log", "conversations.endpoints", "conversations.redaction",
-                             "conversations.visitors"]),
+                             "conversations.visitors", "conversations.knowledge", "conversations.knowledge.registry"]),
     ("infra", ["conversations.infra"]),
     ("providers and tools", ["conversations.providers", "conversations.tools"]),
     ("assistants", ["conversations.assistants"]),
-    ("models", ["conversations.models"]),
+    ("models", ["conversations.models", "conversations.knowledge.models"]),
+    ("knowledge", ["conversations.knowledge.index", "conversations.knowledge.search", "conversations.knowledge.tool"]),
     ("engine", ["conversations.engine"]),
     ("surfaces", ["conversations.admin", "conversations.api", "conversations.checks", "conversations.signals",
                   "conversations.templatetags", "conversations.management", "conversations.rq_urls",

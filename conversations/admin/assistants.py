@@ -18,6 +18,7 @@ from django.utils.translation import gettext_lazy
 
 from ..assistants import CHAIN_KEYS, registered_tools
 from ..conf import get_config
+from ..knowledge.registry import sources as knowledge_sources
 from ..models import Assistant, AssistantVersion, Turn
 from ..templatetags.conversations import embed_snippet
 from .overview import overview
@@ -68,6 +69,7 @@ class AssistantForm(forms.ModelForm):
 
     base_url = forms.URLField(required=False, max_length=500, assume_scheme="https")
     tools = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple)
+    knowledge_sources = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple)
     credential = forms.ChoiceField(required=False)
     fallbacks = ChainField(required=False, widget=forms.Textarea(attrs={"rows": 4, "class": "vLargeTextField"}))
     suggestions = LinesField(required=False, help_text=gettext_lazy("One per line, at most 4."))
@@ -86,7 +88,8 @@ class AssistantForm(forms.ModelForm):
         if not self.instance.pk and "provider" not in kwargs.get("initial", {}):
             # A new assistant starts from the site's provider, not the model's "demo" (canned answers).
             self.initial.update(provider=get_config()["PROVIDER"], model=get_config()["MODEL"])
-        for name in ("base_url", "tools", "credential", "fallbacks", "suggestions", "allowed_origins"):  # as the model's
+        for name in ("base_url", "tools", "knowledge_sources", "credential", "fallbacks",
+                     "suggestions", "allowed_origins"):  # as the model's fields
             if name not in self.fields:  # read-only for this user (CONFIGURE_FIELDS)
                 continue
             model_field = Assistant._meta.get_field(name)
@@ -98,6 +101,9 @@ class AssistantForm(forms.ModelForm):
             names = []
         current = list(self.instance.tools or []) if self.instance.pk else []
         self.fields["tools"].choices = [(name, name) for name in dict.fromkeys(names + current)]
+        chosen = list(self.instance.knowledge_sources or []) if self.instance.pk else []
+        self.fields["knowledge_sources"].choices = [(name, name) for name in dict.fromkeys(
+            list(knowledge_sources()) + chosen)]
         if "credential" in self.fields:
             credentials = list(get_config()["CREDENTIALS"])
             if self.instance.credential and self.instance.credential not in credentials:
@@ -148,7 +154,7 @@ class AssistantAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "slug", "active")}),
         (gettext_lazy("Who may chat"), {"fields": ("access", "access_permission")}),
         (gettext_lazy("What answers"), {"fields": ("system_prompt", ("provider", "model"), "base_url", "credential",
-                                                   "tools", "fallbacks")}),
+                                                   "tools", "knowledge_sources", "fallbacks")}),
         (gettext_lazy("Limits (empty: the site's)"), {"fields": (("max_steps", "max_tokens"),
                                                                  ("call_timeout", "job_timeout"))}),
         (gettext_lazy("What the widget shows first"), {"fields": ("greeting", "suggestions")}),

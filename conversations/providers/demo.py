@@ -1,8 +1,10 @@
 """The offline demo model: no key, no network, deterministic.
 
 It recognises questions its tools can serve (the demo site's ``current_time`` and
-``search_faq``), asks for those tools, several at once when a question asks several things,
-and answers from their results, errors included; otherwise it says what it is and what it can
+``search_faq``, and the built-in ``search_site``: asked when the FAQ has nothing, or when it is
+the only search), asks for those tools, several at once when a question asks several things,
+and answers from their results, errors included, quoting the best page ``search_site`` found
+with its link; otherwise it says what it is and what it can
 do — naming only the questions its tools can answer, and saying so when the site gives it none.
 It takes ``DEMO_DELAY`` seconds per reply (never past the turn's budget) so the widget shows
 each step land, and streams its answers word by word over that time, as a real model would
@@ -10,6 +12,7 @@ each step land, and streams its answers word by word over that time, as a real m
 the HTTP providers' attempts are, so the admin's timeline shows where the turn's time went.
 """
 
+import json
 import re
 import time
 
@@ -107,6 +110,10 @@ class DemoProvider(BaseProvider):
             results.insert(0, message)
         usage = Usage(input_tokens=sum(len(m.content) for m in messages) // 4, output_tokens=0)
         if results:
+            step = sum(1 for m in messages if m.role == "assistant") + 1
+            more = self.search_further(question, results, available, messages, step)
+            if more:
+                return ModelReply(text="", tool_calls=more, finish=Finish.TOOL_CALLS, usage=usage)
             reply = self.answer_from(results)
         else:
             step = sum(1 for m in messages if m.role == "assistant") + 1
@@ -133,7 +140,18 @@ class DemoProvider(BaseProvider):
         faq_part = self._faq_part(question)
         if "search_faq" in available and FAQ_WORDS.search(question) and (faq_part or not calls):
             call("search_faq", query=(faq_part or question)[:200])
+        elif "search_site" in available and (FAQ_WORDS.search(question) or "?" in question) and not calls:
+            call("search_site", query=question[:200])
         return calls
+
+    @staticmethod
+    def search_further(question, results, available, messages, step):
+        """The site's own pages are searched when the FAQ had nothing (once per turn): ``[ToolCall]`` or []."""
+        if "search_site" not in available or any(m.role == "tool" and m.name == "search_site" for m in messages):
+            return []
+        if not any(r.name == "search_faq" and r.content.startswith("No FAQ entry") for r in results):
+            return []
+        return [ToolCall(id=f"demo_{step}_1", name="search_site", arguments={"query": question[:200]})]
 
     @staticmethod
     def places(question):
@@ -164,7 +182,11 @@ class DemoProvider(BaseProvider):
                 lines.append(f"I asked the {result.name or 'tool'} tool, but it could not help: {reason}")
             elif result.name == "current_time":
                 lines.append(f"It is {result.content}.")
+            elif result.name == "search_site":
+                lines.append(DemoProvider.quote_best(result.content))
             elif result.name == "search_faq":
+                if result.content.startswith("No FAQ entry") and any(r.name == "search_site" for r in results):
+                    continue
                 if result.content.startswith("No FAQ entry"):
                     lines.append("I searched the FAQ but found nothing on that. Try asking about refunds, shipping, "
                                  "prices, passwords, support or the chat widget.")
@@ -173,6 +195,20 @@ class DemoProvider(BaseProvider):
             else:
                 lines.append(f"{result.name} says: {result.content}")
         return "\n\n".join(lines) if lines else "I have nothing to add."
+
+    @staticmethod
+    def quote_best(content):
+        """The best passage ``search_site`` found, quoted with its title and link."""
+        try:
+            found = json.loads(content).get("results") or []
+        except (ValueError, AttributeError):
+            found = []
+        if not found:
+            return "I searched this site's pages but found nothing on that."
+        best = found[0]
+        text = best.get("text", "")
+        text = text if len(text) <= 400 else text[:400].rsplit(" ", 1)[0] + "…"
+        return f"From “{best.get('title', '')}” ({best.get('url', '')}):\n\n“{text}”"
 
     @staticmethod
     def about_me(question, available):

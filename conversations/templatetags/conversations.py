@@ -62,6 +62,8 @@ def widget_strings():
         "comment_label": _("Anything to add? (optional)"),
         "comment_send": _("Send feedback"),
         "rated": _("Thanks for your feedback."),
+        # Translators: the heading of the links, under an answer, to the site's pages it was found in.
+        "sources": _("Sources"),
     }
 
 

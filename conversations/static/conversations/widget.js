@@ -48,7 +48,8 @@
     rate_down: "Not helpful",
     comment_label: "Anything to add? (optional)",
     comment_send: "Send feedback",
-    rated: "Thanks for your feedback."
+    rated: "Thanks for your feedback.",
+    sources: "Sources"
   };
   var FIRST_DELAY = 300;      // ms before the first poll, and again after every change
   var GROWTH = 1.5;           // back off while nothing changes …
@@ -61,6 +62,7 @@
   // normally takes a turn within a second, so longer means none is free (or none runs).
   var QUEUED_NOTICE = 4000;
   var widgets = 0;
+  var sourceLists = 0;       // ids of the sources lists (their headings label them)
 
   function fmt(text, values) {
     return text.replace(/%\((\w+)\)s/g, function (all, key) { return key in values ? values[key] : all; });
@@ -522,6 +524,55 @@
   var STATUSES = { idle: false, sending: true, waiting: true, running: true, stopping: true, ended: false };
 
   /* One widget per host element: created by start() (or the custom element) for each. */
+  // -- the sources of an answer: the pages the site's search_site tool returned ---------------
+
+  /* A link target for a source: a URL of this very site (a path, or the page's own origin) over
+   * http(s), else null (the title is then shown as text). */
+  function sameSiteUrl(url) {
+    try {
+      var parsed = new URL(url, window.location.href);
+      var web = parsed.protocol === "http:" || parsed.protocol === "https:";
+      return web && parsed.origin === window.location.origin ? parsed.href : null;
+    } catch (e) {
+      return null;
+    }
+  }
+
+  class SourceList {
+    constructor() { this.byTurn = {}; }
+
+    /* Keep the results of a search_site tool message of `turnId` (its content is the tool's JSON). */
+    collect(message, turnId) {
+      if (message.role !== "tool" || message.name !== "search_site" || message.is_error) { return; }
+      var found;
+      try { found = JSON.parse(message.content).results; } catch (e) { return; }
+      var kept = this.byTurn[turnId] = this.byTurn[turnId] || [];
+      (Array.isArray(found) ? found : []).forEach(function (hit) {
+        if (!hit || typeof hit.title !== "string" || typeof hit.url !== "string") { return; }
+        if (!kept.some(function (k) { return k.url === hit.url; })) { kept.push({ title: hit.title, url: hit.url }); }
+      });
+    }
+
+    /* The list item to put under the answer of `turnId`, or null when its searches found nothing. */
+    item(turnId, label) {
+      var kept = this.byTurn[turnId];
+      if (!kept || !kept.length) { return null; }
+      var item = el("li", "cvw-msg cvw-sources"), id = "cvw-sources-" + (++sourceLists);
+      var heading = el("span", "cvw-sources-label", label);
+      heading.id = id;
+      var list = el("ul", "cvw-sources-list");
+      list.setAttribute("aria-labelledby", id);
+      kept.forEach(function (hit) {
+        var entry = el("li"), href = sameSiteUrl(hit.url);
+        entry.appendChild(href ? link(href, hit.title || href) : el("span", "", hit.title));
+        list.appendChild(entry);
+      });
+      item.appendChild(heading);
+      item.appendChild(list);
+      return item;
+    }
+  }
+
   class Widget {
     constructor(host) {
       var self = this, data = host.dataset;
@@ -565,6 +616,7 @@
       this.answers = {};     // turn id -> the element of its last assistant message (rated under it)
       this.ratingUrls = {};  // turn id -> its rating_url, as the API handed it out
       this.nodes = {};
+      this.sources = new SourceList();
       this.build(data.cssUrl || CSS_URL, data.loginUrl);
       if (data.loginUrl) { this.poller.stop(); return; } // signed-in visitors only: the link, nothing to send
       this.bind();
@@ -917,12 +969,17 @@
         // The finished message takes the place of its streamed one, reusing its element.
         if (message.content) { this.grow(message.content); this.answers[turnId] = this.growing; }
         this.settle();
+        if (message.content && !(message.tool_calls || []).length) {
+          var sources = this.sources.item(turnId, this.strings.sources);
+          if (sources) { this.add(sources); }
+        }
         (message.tool_calls || []).forEach(function (call) {
           var args = Object.keys(call.arguments || {}).map(function (k) { return String(call.arguments[k]); });
           var name = call.name + (args.length ? " (" + compact(args.join(", ")) + ")" : "");
           self.nodes["c" + turnId + call.id] = self.add(el("li", "cvw-msg cvw-step", fmt(self.strings.using_tool, { name: name })));
         });
       } else if (message.role === "tool") {
+        this.sources.collect(message, turnId);
         var step = this.nodes["c" + turnId + message.tool_call_id] || this.add(el("li", "cvw-msg cvw-step"));
         var text = fmt(message.is_error ? this.strings.tool_failed : this.strings.tool_result,
                        { name: message.name || "", result: compact(message.content) });

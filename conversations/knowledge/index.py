@@ -1,0 +1,172 @@
+"""Keeping the index in step with the site: an object is split into passages when it is saved
+and its passages removed when it is deleted or unpublished, after the transaction commits. A
+failure to index is logged and marked (``StaleObject``), never raised into the site's save;
+``rebuild`` and ``status`` are the management commands' work."""
+
+import logging
+
+from django.db import DatabaseError, transaction
+from django.db.models import Max
+from django.db.models.signals import post_delete, post_save
+
+from .models import Passage, StaleObject
+from .registry import source_for_model, sources
+from .text import html_to_text, normalize, split_passages
+
+logger = logging.getLogger("conversations.knowledge")
+
+TITLE_CHARS = Passage._meta.get_field("title").max_length
+URL_CHARS = Passage._meta.get_field("url").max_length
+
+
+def passages_of(source, obj):
+    """The unsaved ``Passage`` rows of ``obj`` under ``source`` (none for an unpublished object)."""
+    body = source.read(obj, "body")
+    text = html_to_text(body) if source.html else normalize(body)
+    title = normalize(source.read(obj, "title"))[:TITLE_CHARS]
+    url = source.read(obj, "url")[:URL_CHARS]
+    return [Passage(source=source.name, object_pk=str(obj.pk), title=title, url=url, text=piece, position=number)
+            for number, piece in enumerate(split_passages(text))]
+
+
+def index_object(source, obj):
+    """Replace the passages of ``obj`` with its current ones (none if it is not published); returns
+    how many it has now. One transaction: a search sees the old passages or the new, never none."""
+    model = type(obj)
+    published = model._default_manager.filter(source.published_filter(), pk=obj.pk).exists()
+    rows = passages_of(source, obj) if published else []
+    with transaction.atomic():
+        Passage.objects.filter(source=source.name, object_pk=str(obj.pk)).delete()
+        Passage.objects.bulk_create(rows)
+        StaleObject.objects.filter(source=source.name, object_pk=str(obj.pk)).delete()
+    return len(rows)
+
+
+def remove_object(source_name, pk):
+    """Drop the passages of object ``pk`` of ``source_name``."""
+    with transaction.atomic():
+        Passage.objects.filter(source=source_name, object_pk=str(pk)).delete()
+        StaleObject.objects.filter(source=source_name, object_pk=str(pk)).delete()
+
+
+def mark_stale(source_name, pk, reason):
+    """Note that object ``pk`` could not be indexed (``reason``), for the next rebuild; logs when
+    even that cannot be written."""
+    try:
+        StaleObject.objects.update_or_create(source=source_name, object_pk=str(pk),
+                                             defaults={"reason": str(reason)[:500]})
+    except DatabaseError:
+        logger.exception("Could not mark %s:%s as stale", source_name, pk)
+
+
+def refresh(source, model, pk):
+    """Index object ``pk`` of ``model`` as it is now (removed if it is gone); never raises."""
+    try:
+        obj = model._default_manager.filter(pk=pk).first()
+        if obj is None:
+            remove_object(source.name, pk)
+        else:
+            index_object(source, obj)
+    except Exception as exc:  # noqa: BLE001 - any failure of the site's callables or the database
+        logger.exception("Could not index %s:%s; marked stale for rebuild_knowledge", source.name, pk)
+        mark_stale(source.name, pk, f"{type(exc).__name__}: {exc}")
+
+
+def on_save(sender, instance, raw=False, using=None, **kwargs):
+    """post_save: index the object once its transaction commits (a rolled-back save indexes nothing)."""
+    if raw:  # loaddata: the fixture's rows may refer to others not loaded yet; rebuild_knowledge indexes them
+        return
+    for source in source_for_model(sender):
+        transaction.on_commit(lambda source=source, pk=instance.pk: refresh(source, sender, pk), using=using)
+
+
+def on_delete(sender, instance, using=None, **kwargs):
+    """post_delete: drop the object's passages once its transaction commits."""
+    for source in source_for_model(sender):
+        pk = instance.pk
+
+        def drop(source=source, pk=pk):
+            try:
+                remove_object(source.name, pk)
+            except DatabaseError as exc:
+                logger.exception("Could not remove %s:%s from the index", source.name, pk)
+                mark_stale(source.name, pk, f"{type(exc).__name__}: {exc}")
+        transaction.on_commit(drop, using=using)
+
+
+def connect():
+    """Connect the receivers (``apps.ready``): for every model, so that a source registered by an
+    app whose ``ready()`` runs later is followed too; a save of any other model costs one lookup."""
+    post_save.connect(on_save, dispatch_uid="conversations_knowledge_save")
+    post_delete.connect(on_delete, dispatch_uid="conversations_knowledge_delete")
+
+
+def rebuild(name=None):
+    """Index every object of source ``name`` (all sources for None) again, and drop passages of
+    objects gone or unpublished and, for None, of sources no longer registered. Returns
+    ``{source: passages}``; a name that is not registered is only dropped."""
+    registered = sources()
+    chosen = [registered[name]] if name in registered else ([] if name else list(registered.values()))
+    counts = {}
+    for source in chosen:
+        model = source.model_class()
+        if model is None:  # the check reports it; its passages are stale by definition
+            Passage.objects.filter(source=source.name).delete()
+            counts[source.name] = 0
+            continue
+        total, seen = 0, set()
+        for obj in model._default_manager.filter(source.published_filter()).order_by("pk").iterator(chunk_size=500):
+            total += index_object(source, obj)
+            seen.add(str(obj.pk))
+        indexed = set(Passage.objects.filter(source=source.name).values_list("object_pk", flat=True).distinct())
+        for pk in indexed - seen:
+            remove_object(source.name, pk)
+        StaleObject.objects.filter(source=source.name).exclude(object_pk__in=seen).delete()
+        counts[source.name] = total
+    if name is None or name not in registered:
+        gone = Passage.objects.exclude(source__in=list(registered)) if name is None else Passage.objects.filter(
+            source=name)
+        dropped = set(gone.values_list("source", flat=True).distinct())
+        gone.delete()
+        StaleObject.objects.filter(source__in=dropped | ({name} if name else set())).delete()
+        counts.update({each: 0 for each in dropped})
+    return counts
+
+
+def status():
+    """What is out of date, per source: ``[{"name", "model", "registered", "objects", "indexed",
+    "passages", "last_update", "missing", "changed", "orphans", "stale"}]``, sources with
+    passages but no registration included (``registered`` False: a rebuild drops them)."""
+    rows = []
+    registered = sources()
+    for source in registered.values():
+        model = source.model_class()
+        passages = Passage.objects.filter(source=source.name)
+        indexed_at = dict(passages.values_list("object_pk").annotate(at=Max("updated")))
+        row = {"name": source.name, "model": source.model, "registered": True, "passages": passages.count(),
+               "indexed": len(indexed_at), "last_update": max(indexed_at.values(), default=None),
+               "stale": sorted(StaleObject.objects.filter(source=source.name).values_list("object_pk", flat=True))}
+        if model is None:
+            row.update(objects=None, missing=[], changed=[], orphans=sorted(indexed_at))
+        else:
+            published = model._default_manager.filter(source.published_filter())
+            pks = {str(pk) for pk in published.values_list("pk", flat=True)}
+            changed = []
+            if source.updated:
+                changed = sorted(str(pk) for pk, at in published.values_list("pk", source.updated)
+                                 if str(pk) in indexed_at and at and at > indexed_at[str(pk)])
+            row.update(objects=len(pks), missing=sorted(pks - set(indexed_at)), changed=changed,
+                       orphans=sorted(set(indexed_at) - pks))
+        rows.append(row)
+    for name in Passage.objects.exclude(source__in=list(registered)).values_list("source", flat=True).distinct():
+        passages = Passage.objects.filter(source=name)
+        rows.append({"name": name, "model": "", "registered": False, "objects": None, "passages": passages.count(),
+                     "indexed": passages.values("object_pk").distinct().count(),
+                     "last_update": passages.aggregate(at=Max("updated"))["at"], "missing": [], "changed": [],
+                     "orphans": [], "stale": []})
+    return rows
+
+
+def out_of_date(row):
+    """Whether a ``status()`` row needs a rebuild."""
+    return not row["registered"] or bool(row["missing"] or row["changed"] or row["orphans"] or row["stale"])

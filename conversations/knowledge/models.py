@@ -1,0 +1,49 @@
+"""The index of the site's knowledge: passages of the registered sources' objects, and the
+objects whose indexing failed and waits for another try. Defined under the app's label, so
+they live in its migrations (``0010_site_knowledge``)."""
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class Passage(models.Model):
+    """A piece of about a thousand characters of one object of a source, as it was when indexed.
+    A search returns passages; who may read them is decided at search time from the object's
+    current row, never from what was indexed."""
+
+    source = models.CharField(_("source"), max_length=100)
+    object_pk = models.CharField(_("object"), max_length=64)
+    title = models.CharField(_("title"), max_length=300)
+    url = models.CharField(_("URL"), max_length=500)
+    text = models.TextField(_("text"))
+    position = models.PositiveIntegerField(_("position"), default=0)
+    updated = models.DateTimeField(_("indexed at"), auto_now=True)
+
+    class Meta:
+        app_label = "conversations"
+        ordering = ["source", "object_pk", "position"]
+        verbose_name = _("passage")
+        verbose_name_plural = _("passages")
+        indexes = [models.Index(fields=["source", "object_pk"], name="conv_passage_object")]
+
+    def __str__(self):
+        return f"{self.title} #{self.position}"
+
+
+class StaleObject(models.Model):
+    """An object whose indexing failed after its save (logged then): ``knowledge_status`` lists
+    it and ``rebuild_knowledge`` indexes it again."""
+
+    source = models.CharField(max_length=100)
+    object_pk = models.CharField(max_length=64)
+    reason = models.CharField(max_length=500, blank=True)
+    marked_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        app_label = "conversations"
+        verbose_name = _("stale object")
+        verbose_name_plural = _("stale objects")
+        constraints = [models.UniqueConstraint(fields=["source", "object_pk"], name="conv_stale_object_unique")]
+
+    def __str__(self):
+        return f"{self.source}:{self.object_pk}"

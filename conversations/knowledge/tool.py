@@ -1,0 +1,52 @@
+"""The built-in ``search_site`` tool: list ``"conversations.knowledge.tool.search_site"`` in
+``CONVERSATIONS["TOOLS"]`` and give it to an assistant like any tool. It runs under the turn's
+clocks like every tool (``TOOL_TIMEOUT``), searching for the turn's owner at that moment."""
+
+import json
+
+from ..conf import get_config
+from ..tools import tool
+from .search import search
+from .text import excerpt
+
+# The shortest text kept of a passage when a result is shrunk to fit TOOL_RESULT_MAX_CHARS.
+MIN_EXCERPT = 120
+
+
+def allowed_sources(turn):
+    """The sources a turn's assistant may search (None: every registered source)."""
+    assistant = getattr(turn, "assistant", None) if turn is not None else None
+    chosen = getattr(assistant, "knowledge_sources", None) if assistant is not None else None
+    return list(chosen) if chosen else None
+
+
+def result_text(query, hits, max_chars):
+    """The tool's result: JSON ``{"query", "results": [{"title", "url", "text"}]}``, whole, at most
+    ``max_chars`` long (passages shortened, then the last ones left out) so that the widget can
+    read its sources from it. The results hold only what the visitor may open."""
+    results = [{"title": hit.title, "url": hit.url, "text": hit.text} for hit in hits]
+    if not results:
+        return json.dumps({"query": query[:200], "results": [],
+                           "note": "Nothing on this site matches; say so rather than guess."}, ensure_ascii=False)
+    size = max(len(r["text"]) for r in results)
+    while True:
+        shown = [{**r, "text": excerpt(r["text"], size)} for r in results]
+        text = json.dumps({"query": query[:200], "results": shown}, ensure_ascii=False)
+        if len(text) <= max_chars:
+            return text
+        if size > MIN_EXCERPT:
+            size = max(MIN_EXCERPT, size * 3 // 4)
+        elif len(results) > 1:
+            results = results[:-1]
+        else:
+            return json.dumps({"query": query[:200], "results": [{**results[0], "text": ""}]},
+                              ensure_ascii=False)[:max_chars]
+
+
+@tool(idempotent=True)  # read-only
+def search_site(context, query: str, limit: int = 5) -> str:
+    """Search this site's own pages (help articles and the like) for a question; returns the best
+    passages with their titles and URLs. Quote them and give the URL of what you used."""
+    hits = search(query, user=context.user if context is not None else None,
+                  names=allowed_sources(context.turn if context is not None else None), limit=limit)
+    return result_text(query, hits, get_config()["TOOL_RESULT_MAX_CHARS"])

@@ -1,0 +1,38 @@
+"""The knowledge index's text rules, with nothing running: HTML to text, passages, safe FTS5 queries."""
+
+from conversations.knowledge.text import (MAX_QUERY_WORDS, excerpt, fts5_query, html_to_text, pg_config,
+                                          query_words, split_passages)
+
+
+def test_html_becomes_text_with_paragraphs_and_without_scripts():
+    markup = ("<h1>Title</h1><p>One &amp; two<br>three</p><script>alert('x')</script><style>p{}</style>"
+              "<ul><li>first</li><li>second</li></ul>")
+    assert html_to_text(markup) == "Title\n\nOne & two\n\nthree\n\nfirst\n\nsecond"
+
+
+def test_passages_keep_to_their_size_on_paragraphs_then_sentences_then_spaces():
+    paragraphs = ["Short paragraph."] * 3 + ["A sentence that goes on. " * 80] + ["x" * 2500]
+    passages = split_passages("\n\n".join(paragraphs), size=300)
+    assert passages[0].startswith("Short paragraph.\n\nShort paragraph.\n\nShort paragraph.\n\nA sentence that "
+                                  "goes on. A sentence that goes on.")
+    assert all(0 < len(p) <= 300 for p in passages)
+    assert "".join(passages).replace(" ", "").replace("\n", "").count("x") == 2500  # nothing lost
+    assert split_passages("") == []
+
+
+def test_every_query_word_is_a_quoted_fts5_phrase_so_no_character_is_syntax():
+    assert fts5_query('refund* NEAR("x" y) title:^secret') == (
+        '"refund" OR "near" OR "x" OR "y" OR "title" OR "secret"')
+    assert fts5_query('"""***:::') == ""
+    assert fts5_query("Доставка в Москву") == '"доставка" OR "в" OR "москву"'
+    assert len(query_words(" ".join(f"w{n}" for n in range(500)))) == MAX_QUERY_WORDS
+
+
+def test_the_site_language_chooses_the_postgresql_configuration():
+    assert (pg_config("en-us"), pg_config("es"), pg_config("ja"), pg_config("")) == (
+        "english", "spanish", "simple", "simple")
+
+
+def test_an_excerpt_is_cut_on_a_space_and_says_so():
+    assert excerpt("short", 10) == "short"
+    assert excerpt("one two three four", 12) == "one two…"
