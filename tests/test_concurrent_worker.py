@@ -125,6 +125,7 @@ def test_a_turn_stuck_past_its_job_timeout_is_ended_and_its_thread_given_up_whil
                                   DEMO_DELAY=0.05, WORKER_THREADS=4, STREAM=False)
     stuck_client, others = make_client(), [make_client() for _ in range(3)]
     stuck = start_turn(stuck_client, "stuck")
+    already = stuck_threads()  # tool threads other tests gave up on may still be alive
     started = time.monotonic()
     worker = make_worker(CONCURRENT)
     others_ended = []
@@ -148,14 +149,14 @@ def test_a_turn_stuck_past_its_job_timeout_is_ended_and_its_thread_given_up_whil
     assert others_ended == ["completed"] * 3
     assert (final["status"], final["error"]) == ("failed", timeout_message())
     assert JOB_TIMEOUT < ended_after < JOB_TIMEOUT + 5 + 3  # STUCK_GRACE after the job timeout, plus slack
-    assert worker.abandoned_jobs == 1 and stuck_threads() == 1
+    assert worker.abandoned_jobs == 1 and stuck_threads() == already + 1
     job = Job.fetch(Turn.objects.get(pk=stuck["id"]).job_id, connection=worker.connection)
     assert job.get_status() == JobStatus.FAILED and "given up" in job.latest_result().exc_string
     assert job.id in FailedJobRegistry("default", connection=worker.connection)
     assert len(StartedJobRegistry("default", connection=worker.connection)) == 0
 
     # The thread comes back from C code later: the turn stays as it was ended, RQ's record too.
-    wait_for(lambda: stuck_threads() == 0, timeout=STUCK_FOR + 5)
+    wait_for(lambda: stuck_threads() <= already, timeout=STUCK_FOR + 5)
     time.sleep(0.3)
     again = stuck_client.get(stuck["poll_url"]).json()
     assert (again["status"], again["error"]) == ("failed", timeout_message())

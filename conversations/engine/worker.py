@@ -134,7 +134,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         self._slots = {}  # job id -> _Slot, for every job not yet finished nor given up
         self._changed = threading.Condition()
         self._interruptible = False  # the main thread waits (for a job, or a free thread): a stop may break in
-        self._watching = threading.Event()
+        self._done = threading.Event()  # set when the work loop ends: the watcher stops
         self.abandoned_jobs = 0
 
     # RQ keeps the job being run in ``self.execution``; here each thread has its own.
@@ -155,12 +155,12 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         """RQ's loop, after ``warm_up()``, with the watcher thread running beside it."""
         warm_up()
         watcher = threading.Thread(target=self._watch, name="conversations-watcher", daemon=True)
-        self._watching.set()
+        self._done.clear()
         watcher.start()
         try:
             return super().work(*args, **kwargs)
         finally:
-            self._watching.clear()
+            self._done.set()
             watcher.join(WATCH_INTERVAL * 2)
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
@@ -263,8 +263,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
 
     def _watch(self):
         beat = time.monotonic()
-        while self._watching.is_set():
-            time.sleep(WATCH_INTERVAL)
+        while not self._done.wait(WATCH_INTERVAL):
             try:
                 if time.monotonic() - beat >= self.job_monitoring_interval:
                     beat = time.monotonic()
