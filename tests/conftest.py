@@ -8,7 +8,7 @@ import sys
 import pytest
 from django.core.cache import cache
 
-from tests.helpers import FAST, NOWHERE, ROOT, WORKER_CLASSES, logged_in_client, make_client, run_worker, worker_env
+from tests.helpers import FAST, FORKING, NOWHERE, ROOT, WORKER_CLASSES, logged_in_client, make_client, run_worker, worker_env
 
 
 @pytest.fixture(scope="session")
@@ -86,6 +86,14 @@ def unreachable_queue(settings):
         settings.RQ_QUEUES = {"default": {**settings.RQ_QUEUES["default"], "URL": NOWHERE if is_down else url}}
 
     return down
+
+
+@pytest.fixture(autouse=True)
+def _forking_worker_by_default(settings):
+    """The suite's workers fork a work horse per turn unless a test asks for another class
+    (``worker_class``, ``any_worker``): many tests kill that horse. Worker processes follow
+    (``worker_env``)."""
+    settings.RQ = {"WORKER_CLASS": FORKING}
 
 
 @pytest.fixture

@@ -209,9 +209,12 @@ def poll_until_done(client, url, timeout=30):
 
 def worker_env(**conversations):
     """Environment for a separate `manage.py rqworker` process that sees this test's database and settings."""
+    from django.conf import settings
+
     from conversations.conf import get_config
 
     env = dict(os.environ)
+    env["RQ_WORKER_CLASS"] = settings.RQ["WORKER_CLASS"]  # the test's, unless a command line names another
     db = connection.settings_dict
     if db["ENGINE"].endswith("sqlite3"):
         env["DATABASE_URL"] = f"sqlite:///{db['NAME']}"

@@ -226,3 +226,34 @@ def test_sigkill_of_a_process_holding_several_turns_continues_all_of_them_elsewh
         final = poll_until_done(client, body["poll_url"], timeout=10)
         assert (final["status"], final["messages"][-1]["content"]) == ("completed", "Finished elsewhere.")
         assert Turn.objects.get(pk=body["id"]).resumes == 1
+
+
+def test_rqworker_pool_runs_the_concurrent_worker_with_many_turns_in_each_process(
+        transactional_db, provider, conversations_settings):
+    """`manage.py rqworker-pool` takes RQ["WORKER_CLASS"]: two pool workers, six turns answered
+    only once all six calls are in flight, so each process held several at once."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, worker_env
+
+    provider.add(*[together(6, "From the pool.")] * 6)
+    conversations_settings.update(WORKER_THREADS=4)
+    posted = [(client, start_turn(client, "Hello?")) for client in (make_client() for _ in range(6))]
+    pool = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "rqworker-pool", "--num-workers", "2"],
+                            env={**worker_env(), "RQ_WORKER_CLASS": CONCURRENT}, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for client, body in posted:
+            final = poll_until_done(client, body["poll_url"], timeout=40)
+            assert (final["status"], final["messages"][-1]["content"]) == ("completed", "From the pool.")
+        connection = django_rq.get_connection()
+        ran_on = {Job.fetch(Turn.objects.get(pk=body["id"]).job_id, connection=connection).worker_name
+                  for _, body in posted}
+        assert len(ran_on) == 2  # four threads each: neither could have held all six
+    finally:
+        pool.terminate()
+        try:
+            pool.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pool.kill()
