@@ -4,7 +4,6 @@ for all of them at once — a turn stuck past its job timeout, SIGTERM, SIGKILL 
 Real Redis, real RQ workers (in burst mode and as ``manage.py rqworker`` processes), a fake
 provider that proves the calls overlapped."""
 
-import datetime
 import os
 import signal
 import threading
@@ -18,7 +17,7 @@ from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
 from conversations.core.sentences import timeout_message
-from conversations.engine.worker import stuck_threads
+from conversations.engine.worker import WORKER_KEY_TTL, stuck_threads
 from conversations.models import CallRecord, Turn
 from conversations.providers.demo import DemoProvider
 from tests.fakes import FakeProvider, hang, openai_text
@@ -198,9 +197,9 @@ def test_sigterm_with_several_turns_in_flight_exits_in_seconds_and_hands_every_o
 
 def test_sigkill_of_a_process_holding_several_turns_continues_all_of_them_elsewhere(
         resuming, worker_process, conversations_settings):
-    """The process is SIGKILLed (the OOM killer): nobody writes anything for its turns. Their jobs
-    stay "started" and stop heartbeating; after 90 s without a heartbeat each counts as dead (that
-    wait is simulated by moving the last heartbeats back), and the poll view continues each turn."""
+    """The process is SIGKILLed (the OOM killer): nobody writes anything for its turns. Its worker
+    key, refreshed every few seconds, expires WORKER_KEY_TTL after its death (simulated by
+    deleting it), and with it the poll view takes each of its turns for dead and continues it."""
     fake = resuming
     fake.add(hang, hang, hang, *[openai_text("Finished elsewhere.")] * 3)
     posted = [(client, start_turn(client, "Long one")) for client in (make_client() for _ in range(3))]
@@ -210,14 +209,14 @@ def test_sigkill_of_a_process_holding_several_turns_continues_all_of_them_elsewh
     job_ids = [Turn.objects.get(pk=body["id"]).job_id for _, body in posted]
     assert sorted(StartedJobRegistry("default", connection=connection).get_job_ids()) == sorted(job_ids)
     (registered,) = RQWorker.all(connection=connection)  # one worker, holding all three, as `rq info` shows
-    assert registered.state == "busy"
+    assert registered.state == "busy" and 0 < connection.ttl(registered.key) <= WORKER_KEY_TTL
     os.kill(process.pid, signal.SIGKILL)
     process.wait(5)
 
     conversations_settings.update(STALE_AFTER=0)  # every state is stale now
-    long_ago = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=120)
-    for job_id in job_ids:
-        Job.fetch(job_id, connection=connection).heartbeat(long_ago, ttl=600)
+    for client, body in posted:  # within the key's life the turns are still believed to run
+        assert client.get(body["poll_url"]).json()["resuming"] is False
+    connection.delete(registered.key)
     for client, body in posted:
         assert client.get(body["poll_url"]).json()["resuming"] is True
     run_worker(CONCURRENT)

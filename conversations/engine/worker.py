@@ -90,8 +90,12 @@ class Worker(rq.Worker):
 # JobTimeoutException in the thread at the timeout, and a thread running Python code writes its
 # final state within milliseconds of it; one that has not after this long is stuck in C code.
 STUCK_GRACE = 5
-# How often the watcher thread looks for overdue turns (the heartbeats keep RQ's own interval).
+# How often the watcher thread looks for overdue turns (the jobs' heartbeats keep RQ's own interval).
 WATCH_INTERVAL = 1.0
+# The watcher refreshes the worker's own key every WORKER_BEAT seconds, and the key lives
+# WORKER_KEY_TTL: a SIGKILLed process's key is gone within that, and with it every turn it held
+# counts as dead (``infra.queue.job_problem``) instead of after RQ's 90 s of missed job heartbeats.
+WORKER_BEAT, WORKER_KEY_TTL = 5, 20
 # Threads given up on are renamed with this prefix (a tool thread abandoned at TOOL_TIMEOUT too,
 # in conversations.tools), so that the ones still alive can be counted.
 ABANDONED = ABANDONED_THREAD_PREFIX
@@ -261,10 +265,17 @@ class ConcurrentWorker(rq.worker.BaseWorker):
                 self._changed.wait(WATCH_INTERVAL)
         super().teardown()
 
+    def heartbeat(self, timeout=None, pipeline=None):
+        """RQ's worker heartbeat, with a key that outlives the process by WORKER_KEY_TTL at most."""
+        super().heartbeat(WORKER_KEY_TTL, pipeline=pipeline)
+
     def _watch(self):
-        beat = time.monotonic()
+        beat = alive = time.monotonic()
         while not self._done.wait(WATCH_INTERVAL):
             try:
+                if time.monotonic() - alive >= WORKER_BEAT:
+                    alive = time.monotonic()
+                    self.heartbeat()
                 if time.monotonic() - beat >= self.job_monitoring_interval:
                     beat = time.monotonic()
                     self._beat()
@@ -279,7 +290,6 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         with self._changed:
             slots = [slot for slot in self._slots.values() if slot.execution is not None]
         with self.connection.pipeline() as pipeline:
-            self.heartbeat(self.job_monitoring_interval + 60, pipeline=pipeline)
             for slot in slots:
                 job = slot.job
                 ttl = self.job_monitoring_interval + 60
