@@ -72,6 +72,7 @@ def test_n_turns_at_once_in_one_process_all_complete(provider, conversations_set
     assert {job.get_status() for job in jobs} == {JobStatus.FINISHED}  # RQ recorded each as it does
     assert {job.worker_name for job in jobs} == {worker.name}  # all six in this one process
     assert StartedJobRegistry("default", connection=connection).get_job_ids() == []
+    assert worker.get_state() == "idle"  # as `rq info` shows it once no turn runs
 
 
 def test_a_job_is_taken_only_when_a_thread_is_free(provider, conversations_settings):

@@ -209,10 +209,20 @@ class ConcurrentWorker(rq.worker.BaseWorker):
             logger.exception("Job %s could not be run", slot.job.id)
         finally:
             connections.close_all()  # this thread's own: the next job runs in another
-            with self._changed:
-                if self._slots.get(slot.job.id) is slot:
-                    del self._slots[slot.job.id]
-                self._changed.notify_all()
+            self._release(slot)
+
+    def _release(self, slot):
+        """Free ``slot``'s thread; the worker is idle again (in ``rq info``) once none runs."""
+        with self._changed:
+            if self._slots.get(slot.job.id) is slot:
+                del self._slots[slot.job.id]
+            idle = not self._slots
+            self._changed.notify_all()
+        if idle:
+            try:
+                self.set_state(rq.worker.WorkerStatus.IDLE)
+            except Exception:  # noqa: BLE001 - only what rq info shows; the next dequeue sets it again
+                logger.warning("Worker %s: could not record that it is idle", self.name, exc_info=True)
 
     def _settle(self):
         """Called in a job's thread before RQ records how its job ended: False if the job was
@@ -326,9 +336,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
                                                                 f"the job timeout ({job.timeout}s); its thread lives on")
         finally:
             self.execution = None
-            with self._changed:
-                self._slots.pop(job.id, None)
-                self._changed.notify_all()
+            self._release(slot)
         stuck = stuck_threads()
         if stuck >= self.max_stuck and not self._stop_requested:
             logger.error("Worker %s: %d given-up threads still alive (WORKER_MAX_STUCK %d): shutting down to be "
