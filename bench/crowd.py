@@ -324,8 +324,7 @@ def main():
     print(machine())
     provider = StreamingProvider(args.words)
     conversations = {"PROVIDER": "openai", "BASE_URL": provider.url, "API_KEY": "bench", "MODEL": "bench",
-                     "STREAM": "true", "MAX_ACTIVE_TURNS_PER_ADDRESS": 0, "CONVERSATION_RATE_PER_IP": "",
-                     "CONVERSATION_RATE_PER_OWNER": "", "STALE_AFTER": 5, "ALLOWED_ENDPOINTS": "http://127.0.0.1:*"}
+                     "STREAM": "true", "STALE_AFTER": 5, "ALLOWED_ENDPOINTS": "http://127.0.0.1:*"}
     try:
         with Stack(database=args.database, conversations=conversations) as stack:
             stack.provider = provider

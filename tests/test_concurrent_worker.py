@@ -257,3 +257,17 @@ def test_rqworker_pool_runs_the_concurrent_worker_with_many_turns_in_each_proces
             pool.wait(timeout=20)
         except subprocess.TimeoutExpired:
             pool.kill()
+
+
+def test_a_process_with_too_many_given_up_threads_shuts_down_to_be_restarted(worker_process, conversations_settings):
+    conversations_settings.update(PROVIDER=f"{__name__}.StuckProvider", JOB_TIMEOUT=JOB_TIMEOUT, DEADLINE_MARGIN=2,
+                                  DEMO_DELAY=0.05, STREAM=False)
+    client = make_client()
+    stuck = start_turn(client, "stuck")
+    (process,) = worker_process(1, worker_class=CONCURRENT, WORKER_MAX_STUCK=1)
+
+    final = poll_until_done(client, stuck["poll_url"], timeout=30)
+    assert (final["status"], final["error"]) == ("failed", timeout_message())
+    # Its supervisor (systemd, the pool) starts a fresh process: this one leaves by itself, warmly.
+    assert process.wait(timeout=10) == 0
+    assert RQWorker.all(connection=django_rq.get_connection()) == []  # unregistered, as a warm shutdown does
