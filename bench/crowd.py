@@ -17,7 +17,7 @@ the turns. Three parts:
   the worker's PSS at rest and at its peak, per turn in flight; the peak of PostgreSQL
   connections from that worker process (``pg_stat_activity``).
 - ``kill``: ``--kill`` (50) turns in flight in one ``ConcurrentWorker`` process, SIGKILLed
-  half-way through their answers; a second process is running. Widget-like pollers (one poll
+  while streaming their answers (``--kill-words``, 10 s), once a second process has started. Widget-like pollers (one poll
   a second per turn, through gunicorn) find each turn's job dead once the killed worker's key
   has expired, and continue it on the second process. All must complete.
 """
@@ -84,6 +84,9 @@ class StreamingProvider:
             daemon_threads = True
             request_queue_size = 1024
 
+            def handle_error(self, request, client_address):
+                pass  # a killed worker's connections reset: expected in the kill part
+
         self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -98,6 +101,18 @@ def start_workers(stack, count, worker_class, **conversations):
     for key, value in conversations.items():
         stack.env[f"CONVERSATIONS_{key}"] = str(value)
     return stack.workers(count)
+
+
+def queue_connection():
+    from conversations.infra.queue import get_queue
+
+    return get_queue().connection
+
+
+def manage_rqworker():
+    from bench.common import PYTHON, ROOT
+
+    return PYTHON, str(ROOT / "manage.py"), "rqworker"
 
 
 def stop(processes, sig=signal.SIGTERM):
@@ -262,19 +277,24 @@ def kill(stack, base, args):
     stack.env["CONVERSATIONS_MAX_RESUMES"] = "2"
     victim = start_workers(stack, 1, CONCURRENT, WORKER_THREADS=args.kill)
     prepared = visitors(base, args.kill)
+    stack.provider.words = args.kill_words  # answers long enough to outlast the rescuer's start
     _, posted = post_all(base, prepared, "kill")
     turn_ids = [turn_id for _, turn_id in posted]
     sessions = {turn_id: session for (session, _), (_, turn_id) in zip(prepared, posted)}
-    # Once every turn is streaming: half-way through the answers.
+    # Once every turn is streaming.
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         streaming = Turn.objects.filter(pk__in=turn_ids, status=Turn.Status.RUNNING).count()
         if streaming == len(turn_ids) and stack.provider.requests >= len(turn_ids):
             break
         time.sleep(0.05)
-    time.sleep(args.words * WORD_INTERVAL / 2)
+    # Another worker process, once the victim holds every turn; the kill once it has registered.
+    from rq import Worker
+
+    rescuer = [stack.spawn(*manage_rqworker())]
+    while len(Worker.all(connection=queue_connection())) < 2:
+        time.sleep(0.05)
     held = Turn.objects.filter(pk__in=turn_ids, status=Turn.Status.RUNNING).count()
-    rescuer = start_workers(stack, 1, CONCURRENT, WORKER_THREADS=args.kill)
     os.killpg(victim[0].pid, signal.SIGKILL)
     killed = time.time()
     victim[0].wait(10)
@@ -302,8 +322,8 @@ def kill(stack, base, args):
     states = list(finished.values())
     resumed = Turn.objects.filter(pk__in=turn_ids, resumes=1).count()
     last = max(s["updated_at"] for s in states) - killed if states else float("nan")
-    print(f"\n{args.kill} streamed turns ({args.words * WORD_INTERVAL:.1f}s answers) in one ConcurrentWorker, "
-          f"SIGKILLed half-way; another process running; STALE_AFTER {stack.env['CONVERSATIONS_STALE_AFTER']}s\n")
+    print(f"\n{args.kill} streamed turns ({args.kill_words * WORD_INTERVAL:.1f}s answers) in one ConcurrentWorker, "
+          f"SIGKILLed while streaming them; another process running; STALE_AFTER {stack.env['CONVERSATIONS_STALE_AFTER']}s\n")
     table(["turns", "running when killed", "completed", "continued once (resumes = 1)", "not done",
            "last done after the kill s"],
           [[len(turn_ids), held, sum(s["status"] == "completed" for s in states), resumed,
@@ -317,6 +337,7 @@ def main():
     parser.add_argument("--many", type=int, default=200)
     parser.add_argument("--kill", type=int, default=50)
     parser.add_argument("--words", type=int, default=30, help="words per answer, one every 0.1 s")
+    parser.add_argument("--kill-words", type=int, default=100, help="words per answer in the kill part")
     parser.add_argument("--skip", default="", help="parts to leave out: crowd,many,kill")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))

@@ -271,3 +271,40 @@ def test_a_process_with_too_many_given_up_threads_shuts_down_to_be_restarted(wor
     # Its supervisor (systemd, the pool) starts a fresh process: this one leaves by itself, warmly.
     assert process.wait(timeout=10) == 0
     assert RQWorker.all(connection=django_rq.get_connection()) == []  # unregistered, as a warm shutdown does
+
+
+def test_a_turn_in_the_concurrent_worker_holds_no_database_connection_while_it_waits(provider, conversations_settings):
+    """Each wait (the model call, a tool) starts with the thread's connection closed: a turn of two
+    model calls opens one per step instead of keeping one for its whole length."""
+    from django.db.backends.signals import connection_created
+
+    from tests.fakes import openai_tool_calls
+
+    conversations_settings.update(TOOLS=["tests.test_concurrent_worker.note"])
+    provider.add(openai_tool_calls(("call_1", "note", {})), openai_text("Noted."))
+    opened = []
+
+    def count(sender, connection, **kwargs):
+        if threading.current_thread().name.startswith("job-"):
+            opened.append(connection.alias)
+
+    client = make_client()
+    body = start_turn(client, "Note it")
+    connection_created.connect(count)
+    try:
+        run_worker(CONCURRENT)
+    finally:
+        connection_created.disconnect(count)
+    assert poll_until_done(client, body["poll_url"], timeout=5)["messages"][-1]["content"] == "Noted."
+    # Up to the first call; its step saved, up to the tool; the tool's, up to the second call; the
+    # final write: three waits, four connections, none held across a wait.
+    assert len(opened) == 4
+
+
+from conversations.tools import tool  # noqa: E402 - the tool the test above gives the model
+
+
+@tool
+def note() -> str:
+    """Takes a note."""
+    return "noted"

@@ -28,7 +28,7 @@ from rq.timeouts import TimerDeathPenalty
 
 from ..conf import get_config
 from ..core.sentences import timeout_message
-from ..infra import state
+from ..infra import dbconn, state
 from ..infra.queue import turn_id_from_job_id
 from ..models import Turn
 from ..tools import ABANDONED_THREAD_PREFIX
@@ -202,6 +202,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
 
     def _run(self, slot):
         self._local.slot = slot
+        dbconn.release_between_steps()  # so that WORKER_THREADS idle connections are never held
         try:
             slot.execution = self.prepare_execution(slot.job)
             self.perform_job(slot.job, slot.queue)
