@@ -210,7 +210,7 @@ def test_sigkill_of_a_process_holding_several_turns_continues_all_of_them_elsewh
     job_ids = [Turn.objects.get(pk=body["id"]).job_id for _, body in posted]
     assert sorted(StartedJobRegistry("default", connection=connection).get_job_ids()) == sorted(job_ids)
     (registered,) = RQWorker.all(connection=connection)  # one worker, holding all three, as `rq info` shows
-    assert registered.state == "busy" and 0 < connection.ttl(registered.key) <= WORKER_KEY_TTL
+    assert registered.get_state() == "busy" and 0 < connection.ttl(registered.key) <= WORKER_KEY_TTL
     os.kill(process.pid, signal.SIGKILL)
     process.wait(5)
 
