@@ -167,8 +167,10 @@ RQ_QUEUES = {
         "DEFAULT_TIMEOUT": int(CONVERSATIONS.get("JOB_TIMEOUT", DEFAULTS["JOB_TIMEOUT"])),
     },
 }
-# The worker class writes the final state when a work horse is killed (SIGKILL, OOM).
-RQ = {"WORKER_CLASS": "conversations.worker.Worker"}
+# Many turns per worker process, in threads; RQ_WORKER_CLASS=conversations.worker.Worker runs each turn
+# in a forked work horse instead (docs/deployment.md, "Choosing the worker class"). Either one
+# writes the final state of a turn whose worker died.
+RQ = {"WORKER_CLASS": os.environ.get("RQ_WORKER_CLASS", "conversations.worker.ConcurrentWorker")}
 
 LOGGING = {
     "version": 1,

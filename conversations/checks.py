@@ -14,7 +14,7 @@ from django.utils.module_loading import import_string
 from .conf import get_config, unknown_keys
 from .infra.network import describe_redis_error, redis_endpoint
 from .core.rules import clock_errors, rate_is_on, reserve_errors
-from .engine.worker import Worker
+from .engine.worker import ConcurrentWorker, Worker
 from .providers import get_provider_class
 from .endpoints import (calls_url, credential_parts, credential_shape_problem, is_embed_origin, origin, origin_pattern,
                         unset_variable)
@@ -45,6 +45,10 @@ def check_config(app_configs=None, **kwargs):
             id="conversations.E007"))
     errors += _check_provider(cfg) + _check_environment(cfg) + _check_fallbacks(cfg) + _check_tools(cfg)
     errors += _check_rates(cfg)
+    for key in ("WORKER_THREADS", "WORKER_MAX_STUCK"):
+        if cfg[key] < 1:
+            errors.append(Error(f"{key} ({cfg[key]}) must be at least 1.", hint="See docs/deployment.md.",
+                                id="conversations.E015"))
     errors += _check_credentials(cfg) + _check_prices(cfg) + _check_allowed_endpoints(cfg)
     if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
         errors.append(Warning(
@@ -56,20 +60,21 @@ def check_config(app_configs=None, **kwargs):
             id="conversations.W007"))
     if not _final_writing_worker(getattr(settings, "RQ", {}).get("WORKER_CLASS", "")):
         errors.append(Warning(
-            "The RQ worker class is not conversations.worker.Worker: a killed work horse leaves its turn without "
-            "a final state until a poll notices.",
-            hint='Set RQ = {"WORKER_CLASS": "conversations.worker.Worker"} (or subclass it).',
+            "The RQ worker class is neither conversations.worker.ConcurrentWorker nor conversations.worker.Worker: "
+            "a killed work horse leaves its turn without a final state until a poll notices.",
+            hint='Set RQ = {"WORKER_CLASS": "conversations.worker.ConcurrentWorker"} or '
+                 '"conversations.worker.Worker" (or subclass one).',
             id="conversations.W001"))
     return errors
 
 
 def _final_writing_worker(worker_class):
-    """Whether the configured RQ worker class is (a subclass of) ours."""
+    """Whether the configured RQ worker class is (a subclass of) one of ours."""
     try:
         cls = import_string(worker_class) if isinstance(worker_class, str) else worker_class
     except ImportError:
         return False
-    return isinstance(cls, type) and issubclass(cls, Worker)
+    return isinstance(cls, type) and issubclass(cls, (Worker, ConcurrentWorker))
 
 
 def _check_provider(cfg):

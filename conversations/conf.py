@@ -66,6 +66,12 @@ DEFAULTS = {
     # Times a turn is continued by a new job after its work horse died or its worker shut down
     # (each within the turn's own deadline); then it ends failed as before.
     "MAX_RESUMES": 2,
+    # Turns one ConcurrentWorker process runs at once, each in a thread (each holds a database
+    # connection while it runs: keep PostgreSQL's max_connections above processes x this).
+    "WORKER_THREADS": 32,
+    # Threads a ConcurrentWorker gave up on (a turn stuck past its job timeout, a tool past its limit)
+    # that may live on before the process shuts down warmly to be restarted by its supervisor.
+    "WORKER_MAX_STUCK": 4,
     # Live state in the Django cache.
     "CACHE_ALIAS": "default",
     "STATE_TTL": 600,

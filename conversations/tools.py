@@ -89,6 +89,11 @@ class InvalidArguments(ValueError):
     """The model's arguments do not match the tool's schema; the message says how, for the model."""
 
 
+# The name prefix of a thread given up on while it still runs (a tool past its limit here; a turn
+# past its job timeout in conversations.engine.worker).
+ABANDONED_THREAD_PREFIX = "abandoned-"
+
+
 def _schema_for(annotation):
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
@@ -293,6 +298,8 @@ def run_tool(t, call, context, limit, max_chars):
     thread.join(max(0.0, limit))
     if thread.is_alive():
         logger.warning("Tool %s abandoned after %.1fs", t.name, limit)
+        # In a forking worker it dies with the work horse; a ConcurrentWorker counts the ones alive.
+        thread.name = f"{ABANDONED_THREAD_PREFIX}{thread.name}"
         return ToolResult(call.id, t.name, f"Error: the tool {t.name} timed out after {limit:.0f} seconds.",
                           outcome=Outcome.TIMEOUT)
     if "error" in outcome:

@@ -1,6 +1,7 @@
-"""The worker's public path: sites set ``RQ = {"WORKER_CLASS": "conversations.worker.Worker"}``.
+"""The workers' public paths: sites set ``RQ = {"WORKER_CLASS": "conversations.worker.ConcurrentWorker"}``
+(many turns per process, in threads) or ``"conversations.worker.Worker"`` (one forked work horse per turn).
 The class lives in ``conversations.engine.worker``; nothing in the app imports this module."""
 
-from .engine.worker import Worker
+from .engine.worker import ConcurrentWorker, Worker
 
-__all__ = ["Worker"]
+__all__ = ["ConcurrentWorker", "Worker"]

@@ -8,7 +8,7 @@ import sys
 import pytest
 from django.core.cache import cache
 
-from tests.helpers import FAST, NOWHERE, ROOT, logged_in_client, make_client, run_worker, worker_env
+from tests.helpers import FAST, FORKING, NOWHERE, ROOT, WORKER_CLASSES, logged_in_client, make_client, run_worker, worker_env
 
 
 @pytest.fixture(scope="session")
@@ -88,9 +88,29 @@ def unreachable_queue(settings):
     return down
 
 
+@pytest.fixture(autouse=True)
+def _forking_worker_by_default(settings):
+    """The suite's workers fork a work horse per turn unless a test asks for another class
+    (``worker_class``, ``any_worker``): many tests kill that horse. Worker processes follow
+    (``worker_env``)."""
+    settings.RQ = {"WORKER_CLASS": FORKING}
+
+
 @pytest.fixture
 def worker():
     return run_worker
+
+
+@pytest.fixture(params=WORKER_CLASSES, ids=["forking", "concurrent"])
+def worker_class(request):
+    """Each worker class in turn (a dotted path), for the tests of what every worker must keep."""
+    return request.param
+
+
+@pytest.fixture
+def any_worker(worker_class):
+    """``run_worker`` of each worker class in turn."""
+    return lambda: run_worker(worker_class)
 
 
 @pytest.fixture
@@ -111,10 +131,13 @@ def worker_process(transactional_db):
     """Start ``manage.py rqworker`` processes (``start(n=1, **overrides)``); all are stopped after the test."""
     processes = []
 
-    def start(n=1, **overrides):
+    def start(n=1, worker_class=None, **overrides):
         env = worker_env(**overrides)
+        command = [sys.executable, str(ROOT / "manage.py"), "rqworker"]
+        if worker_class is not None:
+            command += ["--worker-class", worker_class]
         for _ in range(n):
-            processes.append(subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "rqworker"], env=env,
+            processes.append(subprocess.Popen(command, env=env,
                                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         return processes
 

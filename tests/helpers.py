@@ -106,13 +106,25 @@ def redis_values():
                 pass
 
 
-def run_worker():
-    """Run every queued job in a real forking worker (burst mode), as production does."""
+# Both worker classes sites may run; worker-level tests that matter run against each.
+FORKING, CONCURRENT = "conversations.worker.Worker", "conversations.worker.ConcurrentWorker"
+WORKER_CLASSES = [FORKING, CONCURRENT]
+
+
+def make_worker(worker_class=None):
+    """A worker on the turns' queue, of ``worker_class`` (a dotted path; default RQ["WORKER_CLASS"])."""
     from django_rq import get_worker
 
     connections.close_all()  # a forked work horse must not share the test's database socket
-    worker = get_worker("default")
+    return get_worker("default", worker_class=worker_class)
+
+
+def run_worker(worker_class=None):
+    """Run every queued job in a real worker (burst mode), as production does: by default the
+    forking one of RQ["WORKER_CLASS"], or ``worker_class``."""
+    worker = make_worker(worker_class)
     worker.work(burst=True)
+    connections.close_all()  # a concurrent worker's threads had their own; this one is the test's
     return worker
 
 
@@ -197,9 +209,12 @@ def poll_until_done(client, url, timeout=30):
 
 def worker_env(**conversations):
     """Environment for a separate `manage.py rqworker` process that sees this test's database and settings."""
+    from django.conf import settings
+
     from conversations.conf import get_config
 
     env = dict(os.environ)
+    env["RQ_WORKER_CLASS"] = settings.RQ["WORKER_CLASS"]  # the test's, unless a command line names another
     db = connection.settings_dict
     if db["ENGINE"].endswith("sqlite3"):
         env["DATABASE_URL"] = f"sqlite:///{db['NAME']}"

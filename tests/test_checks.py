@@ -134,9 +134,10 @@ def test_tool_reserve_too_small_for_the_call_after_the_tool(conversations_settin
 def test_worker_class_that_cannot_write_the_final_state_of_a_killed_horse(settings):
     settings.RQ = {"WORKER_CLASS": "rq.Worker"}
     assert check_config() == [Warning(
-        "The RQ worker class is not conversations.worker.Worker: a killed work horse leaves its turn without a "
-        "final state until a poll notices.",
-        hint='Set RQ = {"WORKER_CLASS": "conversations.worker.Worker"} (or subclass it).',
+        "The RQ worker class is neither conversations.worker.ConcurrentWorker nor conversations.worker.Worker: "
+        "a killed work horse leaves its turn without a final state until a poll notices.",
+        hint='Set RQ = {"WORKER_CLASS": "conversations.worker.ConcurrentWorker"} or "conversations.worker.Worker" '
+             '(or subclass one).',
         id="conversations.W001")]
 
 
@@ -147,6 +148,14 @@ class ChatWorker(conversations.worker.Worker):
 def test_a_subclass_of_our_worker_class_is_fine(settings):
     settings.RQ = {"WORKER_CLASS": f"{__name__}.ChatWorker"}
     assert check_config() == []
+
+
+def test_the_concurrent_worker_is_fine_with_at_least_one_thread(settings, conversations_settings):
+    settings.RQ = {"WORKER_CLASS": "conversations.worker.ConcurrentWorker"}
+    assert check_config() == []
+    conversations_settings.update(WORKER_THREADS=0)
+    assert check_config() == [Error("WORKER_THREADS (0) must be at least 1.", hint="See docs/deployment.md.",
+                                    id="conversations.E015")]
 
 
 def test_a_throttle_rate_drf_cannot_parse_is_refused_at_start_up(conversations_settings):

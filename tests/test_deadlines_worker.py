@@ -230,11 +230,11 @@ def test_a_tool_error_meant_for_the_visitor_is_shown_as_written(worker, openai):
     assert (run.outcome, run.detail) == ("error", "ToolError: No booking was found for 1 May.")
 
 
-def test_a_tool_that_hangs_is_abandoned_and_reported_as_timed_out(worker, openai):
+def test_a_tool_that_hangs_is_abandoned_and_reported_as_timed_out(any_worker, openai):
     with FakeProvider() as fake:
         fake.add(openai_tool_calls(("stall", {})), openai_text("The tool took too long."))
         openai(fake.url, TOOLS=TEST_TOOLS)  # TOOL_TIMEOUT 2
-        final, elapsed, turn = run_turn(worker)
+        final, elapsed, turn = run_turn(any_worker)
 
     assert (final["status"], final["error"]) == ("completed", None)
     assert elapsed < JOB_TIMEOUT
@@ -256,10 +256,10 @@ def test_a_model_that_asks_for_tools_forever_stops_at_max_steps(worker, openai):
     assert [m["role"] for m in final["messages"]] == ["user"] + ["assistant", "tool"] * 3
 
 
-def test_a_model_that_asks_for_tools_forever_stops_at_the_deadline(worker, openai, log_file):
+def test_a_model_that_asks_for_tools_forever_stops_at_the_deadline(any_worker, openai, log_file):
     with serving(default=openai_tool_calls(("nap", {}))) as url:
         openai(url, MAX_STEPS=100, TOOLS=TEST_TOOLS)
-        final, elapsed, turn = run_turn(worker)
+        final, elapsed, turn = run_turn(any_worker)
 
     assert final["done"] is True and final["status"] == "incomplete"
     assert final["error"] == deadline_message()

@@ -74,6 +74,7 @@ def test_running_turn_whose_job_is_alive_is_left_alone():
     connection = queue.get_queue().connection
     with connection.pipeline() as pipeline:
         job.prepare_for_execution("worker-on-another-host", pipeline)
+        pipeline.hset("rq:worker:worker-on-another-host", "state", "busy")  # a living worker's key
         pipeline.execute()
     mark_running(turn, deadline_ago=2)
     before = state.read(turn.id)

@@ -234,7 +234,7 @@ def test_a_continuation_that_finds_its_turn_finished_does_nothing(resuming):
     assert fake.requests == [] and Turn.objects.get(pk=turn.pk).status == "completed"
 
 
-def test_a_warm_shutdown_hands_the_turn_to_another_worker_within_seconds(resuming, worker_process):
+def test_a_warm_shutdown_hands_the_turn_to_another_worker_within_seconds(resuming, worker_process, worker_class):
     from tests.fake_stream import openai_stream, streaming
 
     fake = resuming
@@ -244,7 +244,7 @@ def test_a_warm_shutdown_hands_the_turn_to_another_worker_within_seconds(resumin
              openai_text("Finished elsewhere."))
     client = make_client()
     started = start_turn(client, "Long one")
-    first = worker_process(1, STREAM=True, JOB_TIMEOUT=60, CALL_TIMEOUT=50)[0]
+    first = worker_process(1, worker_class=worker_class, STREAM=True, JOB_TIMEOUT=60, CALL_TIMEOUT=50)[0]
     deadline = time.monotonic() + 20
     while len(fake.requests) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -252,7 +252,7 @@ def test_a_warm_shutdown_hands_the_turn_to_another_worker_within_seconds(resumin
     first.send_signal(signal.SIGTERM)  # a deploy's warm shutdown
     first.wait(timeout=30)
     stopped_in = time.monotonic() - asked
-    worker_process(1)
+    worker_process(1, worker_class=worker_class)
     final = poll_until_done(client, started["poll_url"], timeout=30)
 
     assert stopped_in < 3

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from .. import assistants
 from ..core import pricing
-from ..infra import state
+from ..infra import dbconn, state
 from ..infra.state import Stop
 from ..infra.breaker import owner_key
 from ..core.budget import BudgetExhausted
@@ -132,6 +132,7 @@ class TurnRunner:
         returned for the loop to end the turn with."""
         self.streamed, self.streamed_at = [], time.monotonic()
         self.prompt_chars = sum(message_size(m) for m in messages)
+        dbconn.release()  # the call takes seconds; the turn needs no database until it returns
         reply = call_complete(self.provider, messages, tools, self.on_text)
         if reply.empty:
             self.note_empty(reply)
@@ -439,6 +440,7 @@ class TurnRunner:
             owner_token=conversation.owner_token, deadline=self.budget.clock() + limit, clock=self.budget.clock,
         )
         started_offset = self.budget.elapsed()
+        dbconn.release()  # the tool runs in a thread with a connection of its own
         result = run_tool(t, call, context, limit, cfg["TOOL_RESULT_MAX_CHARS"])
         duration = self.budget.elapsed() - started_offset
         self.turn.tool_calls += 1

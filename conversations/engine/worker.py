@@ -6,16 +6,34 @@ and ``except`` blocks never run. ``handle_work_horse_killed`` runs in the parent
 that path: the turn is continued by a new job when its deadline allows (``recovery``), else
 ended ``failed``. On a warm shutdown the running turn hands over at its next step. Set it with
 ``RQ = {"WORKER_CLASS": "conversations.worker.Worker"}``.
+
+``ConcurrentWorker`` runs many turns at once in threads of one process instead
+(``"conversations.worker.ConcurrentWorker"``): a turn waits on a socket nearly all its time.
+A SIGKILLed process writes nothing; its turns are noticed by their heartbeats stopping
+(``infra.queue.job_problem``, from the poll view and ``repair_turns``) and continued elsewhere.
 """
 
 import logging
+import os
+import signal
+import threading
+import time
 
 import rq
+import rq.utils
+import rq.worker
 from django.db import close_old_connections, connections
-from .job import warm_up
-from ..infra import state
+from rq.exceptions import StopRequested
+from rq.timeouts import TimerDeathPenalty
+
+from ..conf import get_config
+from ..core.sentences import timeout_message
+from ..infra import dbconn, state
 from ..infra.queue import turn_id_from_job_id
 from ..models import Turn
+from ..tools import ABANDONED_THREAD_PREFIX
+from .job import warm_up
+from .lifecycle import finalize
 from .recovery import resume_or_fail
 
 logger = logging.getLogger("conversations.worker")
@@ -43,12 +61,8 @@ class Worker(rq.Worker):
         super().handle_warm_shutdown_request()
 
         job_id = self.get_current_job_id()  # the id is all it needs: no fetch of the whole job
-        turn_id = turn_id_from_job_id(job_id) if job_id is not None else None
-        if turn_id is not None:
-            try:
-                state.request_handoff(turn_id)
-            except Exception:  # noqa: BLE001 - then the turn simply finishes here, as before
-                logger.warning("Could not ask turn %s to hand over", turn_id, exc_info=True)
+        if job_id is not None:
+            _ask_to_hand_over(job_id)
 
     def handle_work_horse_killed(self, job, retpid, ret_val, rusage):
         """Called by RQ in the parent when the horse ended by a signal or a non-zero ``os._exit``.
@@ -70,3 +84,293 @@ class Worker(rq.Worker):
             logger.exception("Could not finalise turn %s after its work horse died", turn_id)
         finally:
             connections.close_all()
+
+
+# Seconds a turn may run past its job timeout before its thread is given up: RQ's timer raises
+# JobTimeoutException in the thread at the timeout, and a thread running Python code writes its
+# final state within milliseconds of it; one that has not after this long is stuck in C code.
+STUCK_GRACE = 5
+# How often the watcher thread looks for overdue turns (the jobs' heartbeats keep RQ's own interval).
+WATCH_INTERVAL = 1.0
+# The watcher refreshes the worker's own key every WORKER_BEAT seconds, and the key lives
+# WORKER_KEY_TTL: a SIGKILLed process's key is gone within that, and with it every turn it held
+# counts as dead (``infra.queue.job_problem``) instead of after RQ's 90 s of missed job heartbeats.
+WORKER_BEAT, WORKER_KEY_TTL = 5, 20
+# Threads given up on are renamed with this prefix (a tool thread abandoned at TOOL_TIMEOUT too,
+# in conversations.tools), so that the ones still alive can be counted.
+ABANDONED = ABANDONED_THREAD_PREFIX
+
+
+class _Slot:
+    """One job running in a thread of a ``ConcurrentWorker``."""
+
+    def __init__(self, job, queue):
+        self.job, self.queue = job, queue
+        self.thread = None
+        self.execution = None
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+        self.settled = False  # RQ's success/failure bookkeeping has begun: it is no longer overdue
+        self.abandoned = False  # given up past its job timeout: the thread's own bookkeeping is skipped
+
+
+class ConcurrentWorker(rq.worker.BaseWorker):
+    """An RQ worker that runs up to ``CONVERSATIONS["WORKER_THREADS"]`` turns at once, each in a thread
+    of this one process, for turns that spend nearly all their time waiting on a provider's socket.
+
+    Everything RQ does per job is RQ's own code run in the job's thread (``perform_job``): the
+    started-job registry, results, failures. What a forking worker's parent does per horse is done
+    here for every running job: a watcher thread refreshes each job's heartbeat, and gives up a
+    turn still running ``STUCK_GRACE`` seconds past its job timeout (RQ's ``TimerDeathPenalty`` has
+    then failed to stop it: it is stuck in C code) after writing its final state; when
+    ``WORKER_MAX_STUCK`` given-up threads are still alive, the worker shuts down warmly so that its
+    supervisor starts a fresh process. A warm shutdown (SIGTERM) asks every running turn to hand
+    over at its next step. A job is dequeued only when a thread is free.
+    """
+
+    death_penalty_class = TimerDeathPenalty  # SIGALRM reaches only the main thread
+
+    def __init__(self, *args, **kwargs):
+        self._local = threading.local()
+        super().__init__(*args, **kwargs)
+        cfg = get_config()
+        self.threads, self.max_stuck = cfg["WORKER_THREADS"], cfg["WORKER_MAX_STUCK"]
+        self._slots = {}  # job id -> _Slot, for every job not yet finished nor given up
+        self._changed = threading.Condition()
+        self._interruptible = False  # the main thread waits (for a job, or a free thread): a stop may break in
+        self._done = threading.Event()  # set when the work loop ends: the watcher stops
+        self.abandoned_jobs = 0
+
+    # RQ keeps the job being run in ``self.execution``; here each thread has its own.
+    @property
+    def execution(self):
+        return getattr(self._local, "execution", None)
+
+    @execution.setter
+    def execution(self, value):
+        self._local.execution = value
+
+    def running(self):
+        """The jobs this process is running now (not those given up)."""
+        with self._changed:
+            return [slot.job for slot in self._slots.values()]
+
+    def work(self, *args, **kwargs):
+        """RQ's loop, after ``warm_up()``, with the watcher thread running beside it."""
+        warm_up()
+        watcher = threading.Thread(target=self._watch, name="conversations-watcher", daemon=True)
+        self._done.clear()
+        watcher.start()
+        try:
+            return super().work(*args, **kwargs)
+        finally:
+            self._done.set()
+            watcher.join(WATCH_INTERVAL * 2)
+
+    def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
+        """RQ's dequeue, once a thread is free. In burst mode an empty queue ends the loop only once
+        no turn runs any more: a running turn may still enqueue its continuation."""
+        while True:
+            with self._changed:
+                self._interruptible = True
+                try:
+                    while len(self._slots) >= self.threads and not self._stop_requested:
+                        self._changed.wait(WATCH_INTERVAL)
+                finally:
+                    self._interruptible = False
+            if self._stop_requested:
+                return None
+            self._interruptible = True
+            try:
+                result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            finally:
+                self._interruptible = False
+            if result is not None or timeout is not None:
+                return result
+            with self._changed:
+                if not self._slots:
+                    return None
+                self._changed.wait(WATCH_INTERVAL)
+
+    def execute_job(self, job, queue):
+        """Start ``job`` in a thread of its own and return at once."""
+        slot = _Slot(job, queue)
+        slot.thread = threading.Thread(target=self._run, args=(slot,), name=f"job-{job.id}", daemon=True)
+        with self._changed:
+            self._slots[job.id] = slot
+        slot.thread.start()
+
+    def _run(self, slot):
+        self._local.slot = slot
+        dbconn.release_between_steps()  # so that WORKER_THREADS idle connections are never held
+        try:
+            slot.execution = self.prepare_execution(slot.job)
+            self.perform_job(slot.job, slot.queue)
+        except Exception:  # noqa: BLE001 - RQ's own bookkeeping failed (Redis down): the thread ends, the worker runs on
+            logger.exception("Job %s could not be run", slot.job.id)
+        finally:
+            connections.close_all()  # this thread's own: the next job runs in another
+            self._release(slot)
+
+    def _release(self, slot):
+        """Free ``slot``'s thread; the worker is idle again (in ``rq info``) once none runs."""
+        with self._changed:
+            if self._slots.get(slot.job.id) is slot:
+                del self._slots[slot.job.id]
+            idle = not self._slots
+            self._changed.notify_all()
+        if idle:
+            try:
+                self.set_state(rq.worker.WorkerStatus.IDLE)
+            except Exception:  # noqa: BLE001 - only what rq info shows; the next dequeue sets it again
+                logger.warning("Worker %s: could not record that it is idle", self.name, exc_info=True)
+
+    def _settle(self):
+        """Called in a job's thread before RQ records how its job ended: False if the job was
+        given up meanwhile (its failure is already recorded)."""
+        slot = getattr(self._local, "slot", None)
+        if slot is None:
+            return True
+        with slot.lock:
+            slot.settled = not slot.abandoned
+            return slot.settled
+
+    def handle_job_success(self, job, queue, started_job_registry):
+        if self._settle():
+            super().handle_job_success(job, queue, started_job_registry)
+
+    def handle_job_failure(self, job, queue, started_job_registry=None, exc_string=""):
+        if self._settle():
+            super().handle_job_failure(job, queue, started_job_registry, exc_string)
+
+    def handle_job_retry(self, job, queue, retry, started_job_registry, execution):
+        if self._settle():
+            super().handle_job_retry(job, queue, retry, started_job_registry, execution)
+
+    def set_state(self, state, pipeline=None):
+        """RQ marks the worker idle whenever it listens for a job; it is busy while any turn runs."""
+        if state == rq.worker.WorkerStatus.IDLE and self._slots:
+            state = rq.worker.WorkerStatus.BUSY
+        super().set_state(state, pipeline=pipeline)
+
+    def handle_warm_shutdown_request(self):
+        """Called by RQ on a warm shutdown (SIGTERM): ask every running turn to hand over at its next step."""
+        super().handle_warm_shutdown_request()
+        for job in self.running():
+            _ask_to_hand_over(job.id)
+
+    def _shutdown(self):
+        """RQ's warm shutdown: stop taking jobs. The main thread may be blocked waiting for a job
+        or a free thread; then it is broken out of that wait (nothing is lost there)."""
+        self._stop_requested = True
+        self.set_shutdown_requested_date()
+        with self._changed:
+            self._changed.notify_all()
+        if self._interruptible:
+            raise StopRequested()
+
+    def teardown(self):
+        """Wait for the turns still running (each hands over at its next step), then leave RQ's registry."""
+        with self._changed:
+            while self._slots:
+                self._changed.wait(WATCH_INTERVAL)
+        super().teardown()
+
+    def heartbeat(self, timeout=None, pipeline=None):
+        """RQ's worker heartbeat, with a key that outlives the process by WORKER_KEY_TTL at most."""
+        super().heartbeat(WORKER_KEY_TTL, pipeline=pipeline)
+
+    def _watch(self):
+        beat = alive = time.monotonic()
+        while not self._done.wait(WATCH_INTERVAL):
+            try:
+                if time.monotonic() - alive >= WORKER_BEAT:
+                    alive = time.monotonic()
+                    self.heartbeat()
+                if time.monotonic() - beat >= self.job_monitoring_interval:
+                    beat = time.monotonic()
+                    self._beat()
+                for slot in self._overdue():
+                    self._give_up(slot)
+            except Exception:  # noqa: BLE001 - the watcher must outlive a Redis or database hiccup
+                logger.exception("Worker %s: could not look after its running jobs", self.name)
+
+    def _beat(self):
+        """What a forking worker's parent does for its horse, for every running job: refresh the
+        worker's, the execution's and the job's heartbeats."""
+        with self._changed:
+            slots = [slot for slot in self._slots.values() if slot.execution is not None]
+        with self.connection.pipeline() as pipeline:
+            for slot in slots:
+                job = slot.job
+                ttl = self.job_monitoring_interval + 60
+                if job.timeout and job.timeout > 0:
+                    ttl = int(min(job.timeout - (time.monotonic() - slot.started), self.job_monitoring_interval)) + 60
+                slot.execution.heartbeat(job.started_job_registry, ttl, pipeline=pipeline)
+                job.heartbeat(rq.utils.now(), ttl, pipeline=pipeline, xx=True)
+            pipeline.execute()
+
+    def _overdue(self):
+        with self._changed:
+            slots = list(self._slots.values())
+        now = time.monotonic()
+        return [slot for slot in slots
+                if now - slot.started > (slot.job.timeout or self.queue_class.DEFAULT_TIMEOUT) + STUCK_GRACE]
+
+    def _give_up(self, slot):
+        """End overdue ``slot``'s turn (failed, the timeout sentence), record its job failed as RQ
+        would, free its thread, and ask for a restart when too many given-up threads live on."""
+        with slot.lock:
+            if slot.settled:
+                return
+            slot.abandoned = True
+        job = slot.job
+        slot.thread.name = f"{ABANDONED}{slot.thread.name}"
+        self.abandoned_jobs += 1
+        logger.error("Job %s still runs %ss past its job timeout (stuck outside Python code): given up",
+                     job.id, STUCK_GRACE)
+        _end_overdue_turn(job.id)
+        self.execution = slot.execution
+        try:
+            job.ended_at = rq.utils.now()
+            self.handle_job_failure(job, slot.queue, exc_string=f"JobTimeoutException: given up {STUCK_GRACE}s after "
+                                                                f"the job timeout ({job.timeout}s); its thread lives on")
+        finally:
+            self.execution = None
+            self._release(slot)
+        stuck = stuck_threads()
+        if stuck >= self.max_stuck and not self._stop_requested:
+            logger.error("Worker %s: %d given-up threads still alive (WORKER_MAX_STUCK %d): shutting down to be "
+                         "restarted", self.name, stuck, self.max_stuck)
+            os.kill(os.getpid(), signal.SIGTERM)  # RQ's warm shutdown, run by the main thread
+
+
+def stuck_threads():
+    """How many threads of this process were given up (a turn past its job timeout, a tool past its
+    limit) and are still alive."""
+    return sum(1 for thread in threading.enumerate() if thread.name.startswith(ABANDONED) and thread.is_alive())
+
+
+def _ask_to_hand_over(job_id):
+    turn_id = turn_id_from_job_id(job_id)
+    if turn_id is not None:
+        try:
+            state.request_handoff(turn_id)
+        except Exception:  # noqa: BLE001 - then the turn simply finishes here, as before
+            logger.warning("Could not ask turn %s to hand over", turn_id, exc_info=True)
+
+
+def _end_overdue_turn(job_id):
+    """The final write for a turn whose job ran past its timeout without writing one. Never raises."""
+    turn_id = turn_id_from_job_id(job_id)
+    if turn_id is None:
+        return
+    close_old_connections()
+    try:
+        turn = Turn.objects.select_related("conversation").get(pk=turn_id)
+        if turn.job_id == job_id:
+            finalize(turn, Turn.Status.FAILED, timeout_message())
+    except Exception:  # noqa: BLE001 - the worker itself must keep running
+        logger.exception("Could not finalise turn %s after its job was given up", turn_id)
+    finally:
+        connections.close_all()

@@ -120,6 +120,9 @@ def job_problem(turn, connection=None):
             return "job overran its timeout"
         if heartbeat and (timezone.now() - _aware(heartbeat)).total_seconds() > HEARTBEAT_GRACE:
             return "job stopped heartbeating"
+        # A living worker keeps its key; a ConcurrentWorker's expires within seconds of its death.
+        if job.worker_name and not connection.exists(f"{Worker.redis_worker_namespace_prefix}{job.worker_name}"):
+            return "its worker is gone"
     return None
 
 

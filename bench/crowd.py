@@ -1,0 +1,364 @@
+"""A crowd at once: many streamed turns served by few worker processes, with each worker class.
+
+    .venv/bin/python -m bench.crowd [--database postgres|sqlite|URL] [--skip crowd,many,kill]
+
+A fake OpenAI-compatible server streams every answer word by word (``--words`` words, one every
+0.1 s: 3 s by default), recording when it sent each word. Everything runs as in production:
+gunicorn (2 sync workers) takes the POSTs and the polls, ``manage.py rqworker`` processes run
+the turns. Three parts:
+
+- ``crowd``: ``--visitors`` (60) visitors post one message each at the same moment, served by
+  4 worker processes: first with ``conversations.worker.Worker`` (one forked work horse per
+  turn), then with ``ConcurrentWorker``. How many completed, how many were turned away after
+  ``QUEUE_WAIT``, and when the last answer was done, against one answer's time.
+- ``many``: ``--many`` (200) streamed turns in flight in one ``ConcurrentWorker`` process
+  (``WORKER_THREADS`` = that many). Lag: from the provider sending a word to the turn's state
+  (what the poll view serves) first holding it, read for every turn in a loop from the cache;
+  the worker's PSS at rest and at its peak, per turn in flight; the peak of PostgreSQL
+  connections from that worker process (``pg_stat_activity``).
+- ``kill``: ``--kill`` (50) turns in flight in one ``ConcurrentWorker`` process, SIGKILLed
+  while streaming their answers (``--kill-words``, 10 s), once a second process has started. Widget-like pollers (one poll
+  a second per turn, through gunicorn) find each turn's job dead once the killed worker's key
+  has expired, and continue it on the second process. All must complete.
+"""
+
+import argparse
+import json
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from bench.common import Stack, machine, memory_kib, percentile, table, visitor
+
+WORD_INTERVAL = 0.1
+FORKING, CONCURRENT = "conversations.worker.Worker", "conversations.worker.ConcurrentWorker"
+
+
+class StreamingProvider:
+    """Streams each answer, ``words`` words one every WORD_INTERVAL; ``sent[(question, n)]`` is
+    when word ``n`` of the answer to ``question`` (the last user message) left."""
+
+    def __init__(self, words):
+        from tests.fake_stream import encode, openai_stream
+
+        provider = self
+        self.sent, self.requests = {}, 0
+        self.words = words
+        self.lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                question = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+                with provider.lock:
+                    provider.requests += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                events = openai_stream(pieces=[f"w{n:04d} " for n in range(provider.words)])
+                try:
+                    for number, event in enumerate(events):
+                        if number:
+                            time.sleep(WORD_INTERVAL)
+                        data = encode(event)
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                        self.wfile.flush()
+                        if number < provider.words:  # the first events are the words, in order
+                            provider.sent[(question, number)] = time.time()
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except OSError:  # the worker went away (killed): its connection with it
+                    self.close_connection = True
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 1024
+
+            def handle_error(self, request, client_address):
+                pass  # a killed worker's connections reset: expected in the kill part
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def start_workers(stack, count, worker_class, **conversations):
+    stack.env["RQ_WORKER_CLASS"] = worker_class
+    for key, value in conversations.items():
+        stack.env[f"CONVERSATIONS_{key}"] = str(value)
+    return stack.workers(count)
+
+
+def queue_connection():
+    from conversations.infra.queue import get_queue
+
+    return get_queue().connection
+
+
+def manage_rqworker():
+    from bench.common import PYTHON, ROOT
+
+    return PYTHON, str(ROOT / "manage.py"), "rqworker"
+
+
+def stop(processes, sig=signal.SIGTERM):
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, sig)
+    for process in processes:
+        process.wait(60)
+    from rq import Worker
+
+    from conversations.infra.queue import get_queue
+
+    connection = get_queue().connection
+    for worker in Worker.all(connection=connection):  # a SIGKILLed one leaves its key until it expires
+        worker.register_death()
+
+
+def visitors(base, count):
+    def prepare(_):
+        session = visitor(base)
+        return session, session.post(base + "/api/conversations/", json={}).json()["id"]
+
+    with ThreadPoolExecutor(20) as pool:
+        return list(pool.map(prepare, range(count)))
+
+
+def post_all(base, prepared, label):
+    """Every visitor posts at the same moment; returns (first POST's wall time, [(question, turn id)])."""
+    barrier = threading.Barrier(len(prepared))
+
+    def post(item):
+        index, (session, conversation) = item
+        question = f"{label} question {index}"
+        barrier.wait()
+        response = session.post(f"{base}/api/conversations/{conversation}/turns/", json={"content": question})
+        response.raise_for_status()
+        return question, response.json()["id"]
+
+    started = time.time()
+    with ThreadPoolExecutor(len(prepared)) as pool:
+        posted = list(pool.map(post, enumerate(prepared)))
+    return started, posted
+
+
+def wait_done(turn_ids, timeout, on_read=None):
+    """Read every turn's state until all are done; returns {turn id: final state}."""
+    from django.core.cache import caches
+
+    from conversations.conf import get_config
+    from conversations.infra.state import state_key
+
+    cache = caches[get_config()["CACHE_ALIAS"]]
+    finished, deadline = {}, time.monotonic() + timeout
+    keys = {state_key(turn_id): turn_id for turn_id in turn_ids}
+    while len(finished) < len(turn_ids) and time.monotonic() < deadline:
+        found = cache.get_many([key for key, turn_id in keys.items() if turn_id not in finished])
+        now = time.time()
+        for key, data in found.items():
+            if on_read is not None:
+                on_read(keys[key], data, now)
+            if data["done"]:
+                finished[keys[key]] = data
+        time.sleep(0.01)
+    return finished
+
+
+def crowd(stack, base, args):
+    from conversations.core.sentences import not_picked_up_message
+
+    rows = []
+    for worker_class in (FORKING, CONCURRENT):
+        workers = start_workers(stack, 4, worker_class)
+        prepared = visitors(base, args.visitors)
+        started, posted = post_all(base, prepared, worker_class.rsplit(".", 1)[1])
+        finished = wait_done([turn_id for _, turn_id in posted], timeout=120)
+        stop(workers)
+        states = list(finished.values())
+        answer = args.words * WORD_INTERVAL
+        last = max(s["updated_at"] for s in states) - started
+        rows.append([worker_class.rsplit(".", 1)[1], len(posted), sum(s["status"] == "completed" for s in states),
+                     sum(s["error"] == not_picked_up_message() for s in states), len(posted) - len(states),
+                     f"{answer:.1f}", f"{last:.1f}", f"{last / answer:.2f}"])
+    print(f"\n{args.visitors} visitors at once, answers of {args.words} words streamed over "
+          f"{args.words * WORD_INTERVAL:.1f}s, 4 rqworker processes, {stack.database_label}\n")
+    table(["worker class", "posted", "completed", "turned away (QUEUE_WAIT)", "not done", "one answer s",
+           "last answer done s", "last / one answer"], rows)
+
+
+def pg_connections(stack):
+    """Connections to the benchmark's PostgreSQL database now (every process's, this one's too),
+    or None on SQLite. Counted from a connection of its own, closed again."""
+    if not stack.pg_name:
+        return None
+    from django.db import connections
+
+    try:
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", [stack.pg_name])
+            return cursor.fetchone()[0]
+    finally:
+        connections.close_all()
+
+
+def many(stack, base, args):
+    from bench.common import process_tree
+
+    workers = start_workers(stack, 1, CONCURRENT, WORKER_THREADS=args.many)
+    pid = workers[0].pid
+    time.sleep(1)
+    rest_pss = sum(memory_kib(p)[1] for p in process_tree(pid))
+    prepared = visitors(base, args.many)
+    # Connections before the turns: this process's own, gunicorn's (kept, CONN_MAX_AGE).
+    baseline_connections = pg_connections(stack)
+    peak = {"pss": rest_pss, "connections": baseline_connections or 0}
+    sampling = threading.Event()
+
+    def sample():
+        while not sampling.wait(0.2):
+            peak["pss"] = max(peak["pss"], sum(memory_kib(p)[1] for p in process_tree(pid)))
+            count = pg_connections(stack)
+            if count is not None:
+                peak["connections"] = max(peak["connections"], count)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started, posted = post_all(base, prepared, "many")
+    question_of = {turn_id: question for question, turn_id in posted}
+    first_seen = {}
+
+    def on_read(turn_id, data, now):
+        last = data["messages"][-1] if data["messages"] else {}
+        if last.get("role") != "assistant":
+            return
+        count = len(last["content"]) // 6  # "w0000 " per word
+        for number in range(count):
+            first_seen.setdefault((question_of[turn_id], number), now)
+
+    finished = wait_done(list(question_of), timeout=180, on_read=on_read)
+    sampling.set()
+    sampler.join()
+    stop(workers)
+    lags = [first_seen[key] - sent for key, sent in stack.provider.sent.items() if key in first_seen]
+    states = list(finished.values())
+    from conversations.conf import get_config
+
+    publish = get_config()["PUBLISH_INTERVAL"]
+    print(f"\n{args.many} streamed turns ({args.words} words over {args.words * WORD_INTERVAL:.1f}s) in flight in one "
+          f"ConcurrentWorker process (WORKER_THREADS {args.many}), {stack.database_label}; PUBLISH_INTERVAL "
+          f"{publish}s\n")
+    table(["turns", "completed", "words timed", "lag p50 s", "lag p95 s", "lag max s", "PSS at rest MiB",
+           "peak PSS MiB", "PSS per turn in flight KiB", "DB connections before", "DB connections peak"],
+          [[len(posted), sum(s["status"] == "completed" for s in states), len(lags),
+            f"{percentile(lags, 0.5):.3f}", f"{percentile(lags, 0.95):.3f}", f"{max(lags):.3f}",
+            f"{rest_pss / 1024:.0f}", f"{peak['pss'] / 1024:.0f}", f"{(peak['pss'] - rest_pss) / args.many:.0f}",
+            baseline_connections if baseline_connections is not None else "–",
+            peak["connections"] if baseline_connections is not None else "–"]])
+
+
+def kill(stack, base, args):
+    from conversations.models import Turn
+
+    stack.env["CONVERSATIONS_MAX_RESUMES"] = "2"
+    victim = start_workers(stack, 1, CONCURRENT, WORKER_THREADS=args.kill)
+    prepared = visitors(base, args.kill)
+    stack.provider.words = args.kill_words  # answers long enough to outlast the rescuer's start
+    _, posted = post_all(base, prepared, "kill")
+    turn_ids = [turn_id for _, turn_id in posted]
+    sessions = {turn_id: session for (session, _), (_, turn_id) in zip(prepared, posted)}
+    # Once every turn is streaming.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        streaming = Turn.objects.filter(pk__in=turn_ids, status=Turn.Status.RUNNING).count()
+        if streaming == len(turn_ids) and stack.provider.requests >= len(turn_ids):
+            break
+        time.sleep(0.05)
+    # Another worker process, once the victim holds every turn; the kill once it has registered.
+    from rq import Worker
+
+    rescuer = [stack.spawn(*manage_rqworker())]
+    while len(Worker.all(connection=queue_connection())) < 2:
+        time.sleep(0.05)
+    held = Turn.objects.filter(pk__in=turn_ids, status=Turn.Status.RUNNING).count()
+    os.killpg(victim[0].pid, signal.SIGKILL)
+    killed = time.time()
+    victim[0].wait(10)
+
+    polling = threading.Event()
+
+    def poll(turn_id):  # a widget: one poll a second until done
+        conversation = Turn.objects.filter(pk=turn_id).values_list("conversation_id", flat=True).get()
+        url = f"{base}/api/conversations/{conversation}/turns/{turn_id}/"
+        while not polling.is_set():
+            try:
+                if sessions[turn_id].get(url, timeout=10).json()["done"]:
+                    return
+            except Exception:  # noqa: BLE001 - a busy gunicorn: the widget polls again
+                pass
+            time.sleep(1)
+
+    with ThreadPoolExecutor(len(turn_ids)) as pool:
+        futures = [pool.submit(poll, turn_id) for turn_id in turn_ids]
+        finished = wait_done(turn_ids, timeout=120)
+        polling.set()
+        for future in futures:
+            future.result()
+    stop(rescuer)
+    states = list(finished.values())
+    resumed = Turn.objects.filter(pk__in=turn_ids, resumes=1).count()
+    last = max(s["updated_at"] for s in states) - killed if states else float("nan")
+    print(f"\n{args.kill} streamed turns ({args.kill_words * WORD_INTERVAL:.1f}s answers) in one ConcurrentWorker, "
+          f"SIGKILLed while streaming them; another process running; STALE_AFTER {stack.env['CONVERSATIONS_STALE_AFTER']}s\n")
+    table(["turns", "running when killed", "completed", "continued once (resumes = 1)", "not done",
+           "last done after the kill s"],
+          [[len(turn_ids), held, sum(s["status"] == "completed" for s in states), resumed,
+            len(turn_ids) - len(states), f"{last:.1f}"]])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database", default="postgres", help='"postgres", "sqlite" or a DATABASE_URL')
+    parser.add_argument("--visitors", type=int, default=60)
+    parser.add_argument("--many", type=int, default=200)
+    parser.add_argument("--kill", type=int, default=50)
+    parser.add_argument("--words", type=int, default=30, help="words per answer, one every 0.1 s")
+    parser.add_argument("--kill-words", type=int, default=100, help="words per answer in the kill part")
+    parser.add_argument("--skip", default="", help="parts to leave out: crowd,many,kill")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+
+    print(machine())
+    provider = StreamingProvider(args.words)
+    conversations = {"PROVIDER": "openai", "BASE_URL": provider.url, "API_KEY": "bench", "MODEL": "bench",
+                     "STREAM": "true", "STALE_AFTER": 5, "ALLOWED_ENDPOINTS": "http://127.0.0.1:*"}
+    try:
+        with Stack(database=args.database, conversations=conversations) as stack:
+            stack.provider = provider
+            base = stack.gunicorn(2)
+            if "crowd" not in skip:
+                crowd(stack, base, args)
+            if "many" not in skip:
+                many(stack, base, args)
+            if "kill" not in skip:
+                kill(stack, base, args)
+    finally:
+        provider.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""A running turn's database connection, handed back while the turn waits.
+
+A turn touches the database at its step boundaries only (claim, each saved round-trip, the
+final write) and spends the rest waiting on a provider or a tool. One turn per work horse may
+keep its connection meanwhile; a ``ConcurrentWorker`` running many turns in threads of one
+process must not (each thread would hold one, idle, and hundreds exceed PostgreSQL's
+``max_connections``), so its threads ask for the connection to be closed before each wait. The
+next query opens one again, or takes one from Django's pool (PostgreSQL's ``"pool"`` option).
+"""
+
+import contextvars
+
+from django.db import connections
+
+_release = contextvars.ContextVar("conversations_release_connections_between_steps", default=False)
+
+
+def release_between_steps():
+    """From now on in this thread (a new thread starts without it), ``release()`` closes the
+    database connections."""
+    _release.set(True)
+
+
+def release():
+    """Before a turn waits on a provider or a tool: close this thread's database connections,
+    if ``release_between_steps()`` was asked for in it; one inside a transaction is kept."""
+    if not _release.get():
+        return
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close()
