@@ -131,9 +131,16 @@ DEFAULTS = {
     # Ratings of answers per owner and per client address (DRF rates; "" = off).
     "RATING_RATE_PER_OWNER": "30/min",
     "RATING_RATE_PER_IP": "60/min",
+    # A conversation handed to a person (Assistant.handoff, engine/handoff.py): seconds a visitor
+    # waits for staff to take it before the widget says no one is free and offers the assistant
+    # again; addresses mailed at each request, through Django's mail settings (empty: none); how a
+    # staff member is named to the visitor ({first_name}, {last_name}, {username}).
+    "HANDOFF_WAIT": 300,
+    "HANDOFF_EMAILS": [],
+    "HANDOFF_STAFF_NAME": "{first_name} from support",
 }
 
-_LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS"}
+_LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "HANDOFF_EMAILS"}
 _DICT_KEYS = {"CREDENTIALS", "PRICES"}
 
 

@@ -3,6 +3,7 @@
 import logging
 import re
 
+from django.db import transaction
 from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404
 from django.utils.translation import gettext as _
@@ -14,8 +15,7 @@ from rest_framework.exceptions import APIException, PermissionDenied, Validation
 from rest_framework.response import Response
 
 from .. import assistants
-from ..engine import lifecycle, limits
-from ..infra import state
+from ..engine import handoff, lifecycle, limits
 from ..models import Conversation, Message, Turn
 from ..owners import owned_filter, owner_token
 from . import serializers
@@ -103,14 +103,16 @@ class ConversationDetailView(ConversationAPIView):
                    summary="A conversation's transcript and its active turn")
     def get(self, request, conversation_id):
         conversation = owned_conversation(request, conversation_id)
-        messages = list(conversation.messages.order_by("id"))
+        messages = list(conversation.messages.select_related("author").order_by("id"))
         active = conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES).first()
         ended = conversation.turns.filter(status__in=Turn.DONE_STATUSES).values_list("id", "status", "error")
         return Response({
             "id": str(conversation.id),
             "created_at": conversation.created_at,
             "assistant": conversation.assistant.slug if conversation.assistant_id else None,
-            "messages": [{**state.message_dict(m), "turn": str(m.turn_id)} for m in messages],
+            "messages": [handoff.message_json(m) for m in messages],
+            # Whether staff hold it (the widget then polls the handoff, see api/handoff.py).
+            "handoff": conversation.handoff,
             "active_turn": turn_summary(active) if active else None,
             # How each finished turn ended, so that a reloaded widget shows "You stopped this answer." or
             # the failure's sentence again, as the poll's last state did.
@@ -178,6 +180,8 @@ class TurnListView(ConversationAPIView):
         def admit(conversation):
             replayed = self.earlier_turn(conversation, key)
             if replayed is None:
+                # Staff hold it: the message is kept for them below, and no turn starts.
+                handoff.ensure_with_assistant(conversation)
                 lifecycle.ensure_idle(conversation)
                 self.refuse(limits.check_new_turn(conversation) or address.check())
             return replayed
@@ -189,6 +193,10 @@ class TurnListView(ConversationAPIView):
                                             content, admit=admit, idempotency_key=key)
                 if created:
                     address.add(turn)
+        except handoff.Held:
+            return self.keep_for_staff(request, conversation_id, content)
+        except handoff.Refused as exc:
+            raise Conflict(exc.message) from None
         except lifecycle.TurnActive:
             raise Conflict(_("The assistant is still answering your previous message. "
                              "Wait for it to finish or stop it first.")) from None
@@ -199,6 +207,19 @@ class TurnListView(ConversationAPIView):
         if not created:
             return self.replay(turn, content)
         return Response(turn_summary(turn), status=status.HTTP_202_ACCEPTED)
+
+    @staticmethod
+    def keep_for_staff(request, conversation_id, content):
+        """202 ``{"handoff": …, "message": …}``: staff hold the conversation, so the message is saved
+        for them (no turn, no job); 409 when it went back to the assistant or closed meanwhile."""
+        try:
+            with transaction.atomic():
+                conversation = owned_conversation(request, conversation_id, for_update=True)
+                message = handoff.keep(conversation, content)
+        except handoff.Refused as exc:
+            raise Conflict(exc.message) from None
+        return Response({"handoff": conversation.handoff, "message": handoff.message_json(message)},
+                        status=status.HTTP_202_ACCEPTED)
 
     @staticmethod
     def idempotency_key(request):
