@@ -230,6 +230,9 @@ OPERATIONS = {
     "poll": ("/api/conversations/{conversation_id}/turns/{turn_id}/", "get"),
     "stop": ("/api/conversations/{conversation_id}/turns/{turn_id}/cancel/", "post"),
     "rate an answer": ("/api/conversations/{conversation_id}/turns/{turn_id}/rating/", "post"),
+    "poll a handoff": ("/api/conversations/{conversation_id}/handoff/", "get"),
+    "go back to the assistant": ("/api/conversations/{conversation_id}/handoff/back/", "post"),
+    "ask for a person": ("/api/conversations/{conversation_id}/handoff/", "post"),
 }
 
 
@@ -246,4 +249,7 @@ def call_every_endpoint(client, turn, content="Hello?", **message_headers):
         "poll": client.get(turn["poll_url"]),
         "stop": api_post(client, turn["cancel_url"]),
         "rate an answer": api_post(client, turn["cancel_url"].replace("/cancel/", "/rating/"), {"value": "up"}),
+        "poll a handoff": client.get(f"/api/conversations/{conversation}/handoff/"),
+        "go back to the assistant": api_post(client, f"/api/conversations/{conversation}/handoff/back/"),
+        "ask for a person": api_post(client, f"/api/conversations/{conversation}/handoff/"),
     }

@@ -15,7 +15,8 @@ from ..engine import handoff
 from ..infra import state
 from ..owners import owner_matches, owner_token
 from .base import Conflict, ConversationAPIView, owned_conversation
-from .schema import CONVERSATION_ID, CSRF_OR_SIGN_IN, ERROR, NOT_FOUND, SIGN_IN, UNAVAILABLE
+from .schema import (CONVERSATION_ID, CSRF_OR_SIGN_IN, ERROR, NOT_FOUND, NOT_JSON, RETRY_AFTER, SIGN_IN, TOO_LARGE,
+                     UNAVAILABLE)
 from .throttling import TurnIPThrottle, TurnOwnerThrottle
 
 HANDOFF_STATE = OpenApiResponse(OpenApiTypes.OBJECT, description=(
@@ -68,11 +69,16 @@ class HandoffView(ConversationAPIView):
             raise NotFound()
         return answer(request, data)
 
-    @extend_schema(parameters=[CONVERSATION_ID], request=None,
+    @extend_schema(parameters=[CONVERSATION_ID, RETRY_AFTER], request=None,
                    responses={202: HANDOFF_STATE, 403: OpenApiResponse(ERROR, description=(
-                       "CSRF or sign-in, or the assistant does not offer a person.")),
+                       "CSRF check failed, the caller is anonymous while LOGIN_REQUIRED is on, or the "
+                       "conversation's assistant does not offer a person (Assistant.handoff).")),
                               404: NOT_FOUND, 409: OpenApiResponse(ERROR, description=(
                                   "A person was already asked for, or the conversation is closed.")),
+                              413: TOO_LARGE, 415: NOT_JSON,
+                              429: OpenApiResponse(ERROR, description=(
+                                  "Too many requests: the rates of messages (TURN_RATE_PER_OWNER, "
+                                  "TURN_RATE_PER_IP); see Retry-After.")),
                               503: UNAVAILABLE},
                    summary="Ask for a person: the assistant stops answering, staff reply")
     def post(self, request, conversation_id):
@@ -94,7 +100,7 @@ class HandoffBackView(ConversationAPIView):
     @extend_schema(parameters=[CONVERSATION_ID], request=None,
                    responses={200: HANDOFF_STATE, 403: CSRF_OR_SIGN_IN, 404: NOT_FOUND,
                               409: OpenApiResponse(ERROR, description="A person took it, or it is not waiting."),
-                              503: UNAVAILABLE},
+                              413: TOO_LARGE, 415: NOT_JSON, 503: UNAVAILABLE},
                    summary="Go back to the assistant instead of waiting for a person")
     def post(self, request, conversation_id):
         conversation = owned_conversation(request, conversation_id)

@@ -148,7 +148,10 @@ class TurnListView(ConversationAPIView):
             RETRY_AFTER,
         ],
         responses={
-            202: serializers.TurnSummarySerializer,
+            202: OpenApiResponse(serializers.TurnSummarySerializer, description=(
+                'The turn started. While staff hold the conversation (a handoff, see …/handoff/) no turn '
+                'starts: the message is saved for them and the body is {"handoff": "waiting"|"taken", '
+                '"message": the saved message} instead.')),
             200: OpenApiResponse(serializers.TurnSummarySerializer, description="A retry: the turn this Idempotency-Key "
                                                                       "already started."),
             400: serializers.ValidationErrorSerializer,
@@ -156,7 +159,8 @@ class TurnListView(ConversationAPIView):
                                                     "MAX_TURNS_PER_CONVERSATION, or the caller is anonymous "
                                                     "while LOGIN_REQUIRED is on."),
             404: NOT_FOUND,
-            409: OpenApiResponse(ERROR, description="A turn of this conversation is still queued or running."),
+            409: OpenApiResponse(ERROR, description="A turn of this conversation is still queued or running, or "
+                                                    "staff closed the conversation."),
             413: TOO_LARGE,
             415: NOT_JSON,
             422: OpenApiResponse(ERROR, description="The Idempotency-Key was used for a different message."),
