@@ -1,0 +1,97 @@
+"""A conversation handed to a person, through the real widget: the visitor presses "Talk to a
+person", writes while waiting (no turn starts), a staff member's reply from the admin appears
+within seconds and again after a reload, and once handed back the assistant (a real worker,
+the demo model) answers the next message."""
+
+import time
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.template import Context, Template
+from django.test import Client, RequestFactory
+from django.urls import reverse
+from playwright.sync_api import expect
+
+from conversations.models import Assistant, Conversation, Turn
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def page_with(csrf_cookie, slug):
+    """The HTML of a page with the widget of assistant ``slug``, rendered by the real tag for the
+    browser whose csrftoken cookie is ``csrf_cookie``."""
+    request = RequestFactory().get("/help/")
+    request.META["CSRF_COOKIE"] = csrf_cookie
+    body = Template('{% load conversations %}{% chat_widget assistant="' + slug + '" %}').render(
+        Context({"request": request}))
+    return f"<!doctype html><html lang='en'><head><title>Help</title></head><body><main>{body}</main></body></html>"
+
+
+def open_help_page(chat, slug="support"):
+    chat.page.goto(chat.base_url + "/")  # a real page of the site first: it sets the csrftoken cookie
+    cookie = next(c["value"] for c in chat.page.context.cookies() if c["name"] == "csrftoken")
+    html = page_with(cookie, slug)
+    chat.page.route("**/help/", lambda route: route.fulfill(body=html, content_type="text/html"))
+    chat.page.goto(chat.base_url + "/help/")
+    chat.page.locator(".cvw-input").wait_for()
+    return chat
+
+
+def staff_member():
+    user = User.objects.create_user("ana", first_name="Ana", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="answer_handoff"))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def until(condition, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_the_visitor_asks_for_a_person_and_reads_the_staff_reply_live_and_after_a_reload(chat_page, worker_process):
+    Assistant.objects.create(slug="support", name="Support", provider="demo", system_prompt="You are Support.",
+                             tools=["current_time"], handoff=Assistant.HandoffWays.BUTTON)
+    worker_process(DEMO_DELAY=0.05)
+    chat = open_help_page(chat_page())
+    page = chat.page
+
+    page.get_by_role("button", name="Talk to a person").click()
+    expect(chat.locator(".cvw-handoff")).to_contain_text("A person will reply here.")
+    expect(page.get_by_role("button", name="Talk to a person")).to_be_hidden()
+    chat.send("My parcel never came.")
+    expect(chat.locator(".cvw-msg-user.cvw-pending")).to_have_count(0)  # saved
+    chat.send("Order 1234.")
+    expect(chat.locator(".cvw-msg-user")).to_have_count(2)
+    expect(chat.locator(".cvw-msg-user.cvw-pending")).to_have_count(0)
+    conversation = Conversation.objects.get()
+    until(lambda: conversation.messages.count() == 2)
+    assert not Turn.objects.exists()  # kept for staff: the assistant did not answer
+
+    ana = staff_member()
+    answer = reverse("admin:conversations_waitingconversation_change", args=[conversation.pk])
+    sent = ana.post(answer, {"action": "reply", "content": "Hi, I am looking at order 1234 <now>."})
+    assert sent.status_code == 302
+    saved = time.monotonic()
+    staff = chat.locator(".cvw-msg-staff")
+    expect(staff).to_contain_text("Hi, I am looking at order 1234 <now>.", timeout=10_000)
+    shown_after = time.monotonic() - saved
+    expect(staff.locator(".cvw-author")).to_have_text("Ana from support")
+    expect(chat.locator(".cvw-handoff")).to_contain_text("Ana from support joined the conversation.")
+    assert staff.locator("now").count() == 0  # text, never HTML
+    assert shown_after < 8, shown_after  # the poll backs off to 2 s; generous under load
+
+    page.reload()
+    expect(chat.locator(".cvw-msg-staff")).to_contain_text("Hi, I am looking at order 1234 <now>.")
+    expect(chat.locator(".cvw-msg-user")).to_have_count(2)
+    expect(chat.locator(".cvw-handoff")).to_contain_text("Ana from support joined the conversation.")
+
+    assert ana.post(answer, {"action": "hand_back"}).status_code == 302
+    expect(chat.locator(".cvw-notice")).to_have_text("You are talking to the assistant again.", timeout=10_000)
+    expect(chat.locator(".cvw-handoff")).to_be_hidden()
+    chat.send("What time is it in Tokyo?")
+    expect(chat.locator(".cvw-msg-assistant").last).to_contain_text("in Tokyo")
+    assert Turn.objects.get().status == "completed"
