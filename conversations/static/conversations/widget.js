@@ -702,9 +702,9 @@
       if (data.loginUrl) { this.poller.stop(); return; } // signed-in visitors only: the link, nothing to send
       this.handoff = new HandoffControl(this, !!data.handoff);
       this.panel.insertBefore(this.handoff.line, this.form);
-      // In the header, beside the title: offered before the visitor writes, not only after.
-      var header = this.panel.querySelector(".cvw-header");
-      header.insertBefore(this.handoff.button, this.closeButton || null);
+      // In the header, beside the title: offered before the visitor writes, not only after. Only
+      // where the assistant offers it (the tool alone hands over without any button).
+      if (data.handoff) { this.panel.querySelector(".cvw-header").insertBefore(this.handoff.button, this.closeButton || null); }
       this.bind();
       this.restore();
     }
