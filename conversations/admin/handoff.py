@@ -7,6 +7,7 @@ import uuid
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import OuterRef, Subquery
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
@@ -16,7 +17,7 @@ from django.utils.translation import gettext_lazy
 
 from ..conf import get_config
 from ..engine import handoff
-from ..models import Conversation, WaitingConversation
+from ..models import Conversation, Message, WaitingConversation
 from ..redaction import hide_keys
 from .timeline import build_transcript
 
@@ -54,7 +55,8 @@ class WaitingConversationAdmin(admin.ModelAdmin):
         return False
 
     def get_queryset(self, request):
-        return handoff.waiting()
+        last = Message.objects.filter(conversation=OuterRef("pk")).order_by("-id").values("content")[:1]
+        return handoff.waiting().annotate(last_content=Subquery(last))  # one query for the whole page
 
     def get_ordering(self, request):
         return ("handoff_requested_at",)
@@ -73,8 +75,7 @@ class WaitingConversationAdmin(admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("last message"))
     def last_words(self, obj):
-        last = obj.messages.order_by("-id").values_list("content", flat=True).first()
-        return hide_keys(last or "")[:80]
+        return hide_keys(obj.last_content or "")[:80]
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         """The answer page; a POST takes, replies, hands back or closes, then comes back here."""
