@@ -1,9 +1,12 @@
 """A conversation handed to a person, through the real widget: the visitor presses "Talk to a
 person", writes while waiting (no turn starts), a staff member's reply from the admin appears
 within seconds and again after a reload, and once handed back the assistant (a real worker,
-the demo model) answers the next message."""
+the demo model) answers the next message. With ``SCREENSHOTS=docs/images`` the widget with the
+staff reply is saved there (docs/widget.md)."""
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -13,6 +16,7 @@ from django.urls import reverse
 from playwright.sync_api import expect
 
 from conversations.models import Assistant, Conversation, Turn
+from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -83,6 +87,9 @@ def test_the_visitor_asks_for_a_person_and_reads_the_staff_reply_live_and_after_
     expect(chat.locator(".cvw-handoff")).to_contain_text("Ana from support joined the conversation.")
     assert staff.locator("now").count() == 0  # text, never HTML
     assert shown_after < 8, shown_after  # the poll backs off to 2 s; generous under load
+    if os.environ.get("SCREENSHOTS"):
+        chat.locator(".cvw-input").blur()
+        chat.locator(".cvw-panel").screenshot(path=str(Path(ROOT, os.environ["SCREENSHOTS"], "widget-handoff.png")))
 
     page.reload()
     expect(chat.locator(".cvw-msg-staff")).to_contain_text("Hi, I am looking at order 1234 <now>.")
