@@ -206,7 +206,7 @@ def worker_env(**conversations):
     else:
         env["DATABASE_URL"] = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     for key, value in {**get_config(), **conversations}.items():
-        if key in ("TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS"):
+        if key in ("TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "HANDOFF_EMAILS"):
             value = ",".join(value)
         elif key == "FALLBACKS":
             value = json.dumps([dict(entry) for entry in value])

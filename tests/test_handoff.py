@@ -297,3 +297,25 @@ def test_a_visitor_no_one_answered_in_time_is_told_and_goes_back_to_the_assistan
         api_post(visitor, handoff_url(each))
     assert [c.pk for c in handoff.waiting()] == [Conversation.objects.get(pk=older).pk,
                                                   Conversation.objects.get(pk=newer).pk]
+
+
+def test_handoff_settings_that_cannot_work_stop_the_check_with_a_sentence(conversations_settings):
+    from conversations.checks import check_config
+
+    conversations_settings.update(HANDOFF_STAFF_NAME="{first_name} ({email})", HANDOFF_WAIT=0,
+                                  HANDOFF_EMAILS=["support@example.com", "support"])
+
+    found = [m.msg for m in check_config() if m.id == "conversations.E043"]
+
+    assert found == [
+        "HANDOFF_STAFF_NAME '{first_name} ({email})' names 'email', which is not {first_name}, {last_name} or "
+        "{username}.",
+        "HANDOFF_WAIT is 0: a visitor would be told no one is free at once.",
+        "HANDOFF_EMAILS has 'support', which is not an e-mail address."]
+    # A name the check refuses never breaks a page: staff are named by their login meanwhile.
+    assert handoff.staff_name(User(username="ana", first_name="Ana")) == "ana"
+    conversations_settings.update(HANDOFF_STAFF_NAME="{first_name")
+    assert [m.msg for m in check_config() if m.id == "conversations.E043"] == [
+        "HANDOFF_STAFF_NAME '{first_name' expected '}' before end of string.",
+        "HANDOFF_WAIT is 0: a visitor would be told no one is free at once.",
+        "HANDOFF_EMAILS has 'support', which is not an e-mail address."]

@@ -13,8 +13,8 @@ widget polls; the signals go out once, after the commit that made the change.
 The API and the admin go through these functions only: each rule is written here once.
 """
 
-import collections
 import logging
+import string
 
 from django.db import transaction
 from django.dispatch import Signal
@@ -75,14 +75,30 @@ def ensure_with_assistant(conversation):
         raise Refused(closed_message())
 
 
+NAME_FIELDS = ("first_name", "last_name", "username")
+
+
+def staff_name_problem(template):
+    """Why ``template`` (``HANDOFF_STAFF_NAME``) cannot name staff, or None (the system check's rule)."""
+    try:
+        fields = {field for _text, field, _spec, _conversion in string.Formatter().parse(template) if field is not None}
+    except ValueError as exc:
+        return str(exc)
+    unknown = sorted(fields - set(NAME_FIELDS))
+    return f"names {', '.join(repr(f) for f in unknown)}, which is not {{first_name}}, {{last_name}} or {{username}}" \
+        if unknown else None
+
+
 def staff_name(user):
     """``user`` as the visitor reads it (``HANDOFF_STAFF_NAME``; a missing first name is the login name)."""
     if user is None:
         return _("Our staff")
-    names = collections.defaultdict(str, username=user.get_username(),
-                                    first_name=getattr(user, "first_name", "") or user.get_username(),
-                                    last_name=getattr(user, "last_name", "") or "")
-    return get_config()["HANDOFF_STAFF_NAME"].format_map(names).strip() or user.get_username()
+    names = {"username": user.get_username(), "first_name": getattr(user, "first_name", "") or user.get_username(),
+             "last_name": getattr(user, "last_name", "") or ""}
+    template = get_config()["HANDOFF_STAFF_NAME"]
+    if staff_name_problem(template):  # conversations.E043 says so at start-up
+        return user.get_username()
+    return template.format_map(names).strip() or user.get_username()
 
 
 def message_json(message):

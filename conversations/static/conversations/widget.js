@@ -609,6 +609,16 @@
       this.poller.start();
     }
 
+    /* A message kept for staff that a poll brought before its POST answered: it takes over the
+     * bubble shown while it was posted (the same text, still pending) rather than a second one. */
+    adopt(message) {
+      var shown = this.widget.list.querySelectorAll(".cvw-msg-user.cvw-pending");
+      for (var i = 0; i < shown.length; i++) {
+        if (shown[i].textContent === message.content) { shown[i].classList.remove("cvw-pending"); return true; }
+      }
+      return false;
+    }
+
     /* The visitor's message was kept for staff (the API's 202 {"handoff", "message"}). */
     kept(data, pending) {
       this.widget.nodes["m" + data.message.id] = true; // drawn already: the pending bubble
@@ -1056,6 +1066,7 @@
       if (message.role === "user") {
         var turn = this.turn;
         if (turn && turn.pending && turnId === turn.id) { turn.pending = null; return false; } // already shown
+        if (!turnId && this.handoff.adopt(message)) { return false; } // kept for staff, shown while it was posted
         this.bubble("user", message.content);
       } else if (message.role === "assistant") {
         // The finished message takes the place of its streamed one, reusing its element.
