@@ -319,3 +319,21 @@ def test_handoff_settings_that_cannot_work_stop_the_check_with_a_sentence(conver
         "HANDOFF_STAFF_NAME '{first_name' expected '}' before end of string.",
         "HANDOFF_WAIT is 0: a visitor would be told no one is free at once.",
         "HANDOFF_EMAILS has 'support', which is not an e-mail address."]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admins_rerun_starts_no_turn_while_staff_hold_the_conversation():
+    from conversations.admin.turns import rerun_turn
+
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    first = send(visitor, conversation, "Hello").json()
+    Turn.objects.filter(pk=first["id"]).update(status="completed")
+    api_post(visitor, handoff_url(conversation))
+
+    new, reason = rerun_turn(Turn.objects.get(pk=first["id"]))
+
+    assert new is None
+    assert reason == "its conversation is with a person (or closed by them); hand it back to the assistant first"
+    assert Turn.objects.count() == 1
