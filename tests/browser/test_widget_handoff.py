@@ -16,7 +16,8 @@ from django.urls import reverse
 from playwright.sync_api import expect
 
 from conversations.models import Assistant, Conversation, Turn
-from tests.helpers import ROOT
+from tests.fakes import FakeProvider, openai_text, openai_tool_calls
+from tests.helpers import ROOT, local_key
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -102,3 +103,27 @@ def test_the_visitor_asks_for_a_person_and_reads_the_staff_reply_live_and_after_
     chat.send("What time is it in Tokyo?")
     expect(chat.locator(".cvw-msg-assistant").last).to_contain_text("in Tokyo")
     assert Turn.objects.get().status == "completed"
+
+
+def test_the_assistants_tool_hands_over_and_a_visitor_no_one_answered_goes_back(
+        chat_page, worker_process, conversations_settings):
+    conversations_settings.update(CREDENTIALS={"key": local_key("sk-test")}, HANDOFF_WAIT=1)
+    with FakeProvider() as api:
+        api.add(openai_tool_calls(("hand_to_person", {"reason": "Wants a human."})),
+                openai_text("I have asked a person from our team to join."))
+        Assistant.objects.create(slug="support", name="Support", provider="openai", base_url=api.url, credential="key",
+                                 system_prompt="You are Support.", handoff=Assistant.HandoffWays.TOOL)
+        worker_process(CREDENTIALS={"key": local_key("sk-test")}, HANDOFF_WAIT=1)
+        chat = open_help_page(chat_page())
+        assert chat.page.get_by_role("button", name="Talk to a person").count() == 0  # the tool only
+
+        chat.send("Can I talk to a human, please?")
+        expect(chat.locator(".cvw-msg-assistant").last).to_have_text("I have asked a person from our team to join.")
+        line = chat.locator(".cvw-handoff")
+        expect(line).to_contain_text("A person will reply here.")
+        # HANDOFF_WAIT (1 s) passes with no one taking it: the visitor is told, and may go back.
+        expect(line).to_contain_text("No one is free to answer right now.", timeout=10_000)
+        chat.page.get_by_role("button", name="Back to the assistant").click()
+        expect(chat.locator(".cvw-notice")).to_have_text("You are talking to the assistant again.")
+        expect(line).to_be_hidden()
+    assert Conversation.objects.get().handoff == "returned"
