@@ -337,3 +337,22 @@ def test_the_admins_rerun_starts_no_turn_while_staff_hold_the_conversation():
     assert new is None
     assert reason == "its conversation is with a person (or closed by them); hand it back to the assistant first"
     assert Turn.objects.count() == 1
+
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_sent_again_with_its_idempotency_key_is_kept_once():
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+    url = f"/api/conversations/{conversation}/turns/"
+
+    first = api_post(visitor, url, {"content": "Are you there?"}, HTTP_IDEMPOTENCY_KEY="msg-1")
+    again = api_post(visitor, url, {"content": "Are you there?"}, HTTP_IDEMPOTENCY_KEY="msg-1")
+    other = api_post(visitor, url, {"content": "Something else"}, HTTP_IDEMPOTENCY_KEY="msg-1")
+
+    assert first.status_code == 202 and again.status_code == 200 and again["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()
+    assert other.status_code == 422
+    assert list(Message.objects.values_list("content", flat=True)) == ["Are you there?"]

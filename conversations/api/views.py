@@ -151,7 +151,7 @@ class TurnListView(ConversationAPIView):
             202: OpenApiResponse(serializers.TurnSummarySerializer, description=(
                 'The turn started. While staff hold the conversation (a handoff, see …/handoff/) no turn '
                 'starts: the message is saved for them and the body is {"handoff": "waiting"|"taken", '
-                '"message": the saved message} instead.')),
+                '"message": the saved message} instead (200 with that body for a retried Idempotency-Key).')),
             200: OpenApiResponse(serializers.TurnSummarySerializer, description="A retry: the turn this Idempotency-Key "
                                                                       "already started."),
             400: serializers.ValidationErrorSerializer,
@@ -198,7 +198,7 @@ class TurnListView(ConversationAPIView):
                 if created:
                     address.add(turn)
         except handoff.Held:
-            return self.keep_for_staff(request, conversation_id, content)
+            return self.keep_for_staff(request, conversation_id, content, key)
         except handoff.Refused as exc:
             raise Conflict(exc.message) from None
         except lifecycle.TurnActive:
@@ -213,17 +213,22 @@ class TurnListView(ConversationAPIView):
         return Response(turn_summary(turn), status=status.HTTP_202_ACCEPTED)
 
     @staticmethod
-    def keep_for_staff(request, conversation_id, content):
+    def keep_for_staff(request, conversation_id, content, key):
         """202 ``{"handoff": …, "message": …}``: staff hold the conversation, so the message is saved
-        for them (no turn, no job); 409 when it went back to the assistant or closed meanwhile."""
+        for them (no turn, no job); 200 with the same body for a retried ``Idempotency-Key`` (422
+        for another message); 409 when it went back to the assistant or closed meanwhile."""
         try:
             with transaction.atomic():
                 conversation = owned_conversation(request, conversation_id, for_update=True)
-                message = handoff.keep(conversation, content)
+                message, created = handoff.keep(conversation, content, key)
         except handoff.Refused as exc:
             raise Conflict(exc.message) from None
-        return Response({"handoff": conversation.handoff, "message": handoff.message_json(message)},
-                        status=status.HTTP_202_ACCEPTED)
+        if not created and message.content != content:
+            raise IdempotencyMismatch(_("This Idempotency-Key was already used for a different message."))
+        body = {"handoff": conversation.handoff, "message": handoff.message_json(message)}
+        if not created:
+            return Response(body, status=status.HTTP_200_OK, headers={"Idempotent-Replayed": "true"})
+        return Response(body, status=status.HTTP_202_ACCEPTED)
 
     @staticmethod
     def idempotency_key(request):

@@ -197,14 +197,23 @@ def request(conversation_id, how, reason=""):
     return conversation
 
 
-def keep(conversation, content):
+def keep(conversation, content, idempotency_key=""):
     """Save a visitor's ``content`` for staff (no turn, no job) while they hold ``conversation``,
-    whose row the caller has locked; returns the ``Message``. Raises ``Refused`` when it is not held."""
+    whose row the caller has locked; returns ``(message, created)``: ``created`` is False for the
+    message an earlier request with the same ``idempotency_key`` kept. Raises ``Refused`` when
+    staff do not hold it."""
+    if idempotency_key:
+        earlier = state.kept_message(conversation.pk, idempotency_key)
+        found = earlier and conversation.messages.filter(pk=earlier, turn__isnull=True).first()
+        if found:
+            return found, False
     if conversation.handoff not in Conversation.HELD:
         raise _refusal(conversation)
     message = Message.objects.create(conversation=conversation, turn=None, role=Message.Role.USER, content=content)
+    if idempotency_key:
+        state.remember_kept(conversation.pk, idempotency_key, message.pk)
     _after_commit(conversation.pk)
-    return message
+    return message, True
 
 
 def _locked(conversation_id):

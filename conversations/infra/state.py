@@ -196,3 +196,20 @@ def publish_person(data):
     data = {**data, "version": version, "updated_at": time.time()}
     cache.set(person_key(data["conversation"]), data, timeout=ttl)
     return data
+
+
+def _kept_key(conversation_id, idempotency_key):
+    return f"conversations:conversation:{conversation_id}:kept:{idempotency_key}"
+
+
+def kept_message(conversation_id, idempotency_key):
+    """The id of the message an ``Idempotency-Key`` already kept for staff in this conversation, or None."""
+    return _cache().get(_kept_key(conversation_id, idempotency_key))
+
+
+def remember_kept(conversation_id, idempotency_key, message_id):
+    """Remember (for ``STATE_TTL``) which message ``idempotency_key`` kept for staff: a retry of
+    the same POST gets it back instead of saving it twice (a kept message has no turn, whose
+    unique constraint does this for a turn)."""
+    _cache().set(_kept_key(conversation_id, idempotency_key), message_id, timeout=get_config()["STATE_TTL"])
+
