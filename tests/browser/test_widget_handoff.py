@@ -13,6 +13,7 @@ from django.contrib.auth.models import Permission, User
 from django.template import Context, Template
 from django.test import Client, RequestFactory
 from django.urls import reverse
+from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect
 
 from conversations.models import Assistant, Conversation, Turn
@@ -50,6 +51,14 @@ def staff_member():
     return client
 
 
+def audit(page):
+    """axe-core's violations in the widget (WCAG 2.x A and AA, best practices), as test_widget_a11y.py runs it."""
+    tags = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"]
+    results = Axe().run(page, context={"include": [["[data-conversations-widget]"]]},
+                        options={"runOnly": {"type": "tag", "values": tags}, "resultTypes": ["violations"]})
+    return [(v["id"], v["impact"], len(v["nodes"])) for v in results.response["violations"]]
+
+
 def until(condition, timeout=20):
     deadline = time.monotonic() + timeout
     while not condition():
@@ -63,6 +72,7 @@ def test_the_visitor_asks_for_a_person_and_reads_the_staff_reply_live_and_after_
     worker_process(DEMO_DELAY=0.05)
     chat = open_help_page(chat_page())
     page = chat.page
+    assert audit(page) == []  # with the header's button
 
     page.get_by_role("button", name="Talk to a person").click()
     expect(chat.locator(".cvw-handoff")).to_contain_text("A person will reply here.")
@@ -88,6 +98,7 @@ def test_the_visitor_asks_for_a_person_and_reads_the_staff_reply_live_and_after_
     expect(chat.locator(".cvw-handoff")).to_contain_text("Ana from support joined the conversation.")
     assert staff.locator("now").count() == 0  # text, never HTML
     assert shown_after < 8, shown_after  # the poll backs off to 2 s; generous under load
+    assert audit(page) == []  # the person's line and their bubble, as every other state
     if os.environ.get("SCREENSHOTS"):
         chat.locator(".cvw-input").blur()
         chat.locator(".cvw-panel").screenshot(path=str(Path(ROOT, os.environ["SCREENSHOTS"], "widget-handoff.png")))
@@ -123,6 +134,7 @@ def test_the_assistants_tool_hands_over_and_a_visitor_no_one_answered_goes_back(
         expect(line).to_contain_text("A person will reply here.")
         # HANDOFF_WAIT (1 s) passes with no one taking it: the visitor is told, and may go back.
         expect(line).to_contain_text("No one is free to answer right now.", timeout=10_000)
+        assert audit(chat.page) == []
         chat.page.get_by_role("button", name="Back to the assistant").click()
         expect(chat.locator(".cvw-notice")).to_have_text("You are talking to the assistant again.")
         expect(line).to_be_hidden()

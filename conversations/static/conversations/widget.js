@@ -643,8 +643,9 @@
       if (news && ended) { widget.notice(ended); }
       if (news && (ended || sentence)) { widget.announce(ended || sentence); }
       this.expired = state.expired;
-      // Closed: neither staff nor the assistant answer any more.
-      widget.input.disabled = widget.sendButton.disabled = this.state === "closed";
+      // Closed: neither staff nor the assistant answer any more (otherwise Send follows the widget's status).
+      if (this.state === "closed") { widget.input.disabled = widget.sendButton.disabled = true; }
+      else if (widget.input.disabled) { widget.input.disabled = false; widget.sendButton.disabled = STATUSES[widget.status]; }
     }
 
     /* A staff message: its author's name (the site's choice) above the text, both as text. */
