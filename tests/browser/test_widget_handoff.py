@@ -139,3 +139,37 @@ def test_the_assistants_tool_hands_over_and_a_visitor_no_one_answered_goes_back(
         expect(chat.locator(".cvw-notice")).to_have_text("You are talking to the assistant again.")
         expect(line).to_be_hidden()
     assert Conversation.objects.get().handoff == "returned"
+
+
+def visibility(page, hidden):
+    page.evaluate("""hidden => {
+        Object.defineProperty(document, "hidden", {configurable: true, get: () => hidden});
+        document.dispatchEvent(new Event("visibilitychange"));
+    }""", hidden)
+
+
+def test_the_handoff_poll_backs_off_with_etags_and_pauses_while_the_tab_is_hidden(chat_page):
+    Assistant.objects.create(slug="support", name="Support", provider="demo", system_prompt="You are Support.",
+                             handoff=Assistant.HandoffWays.BUTTON)
+    chat = open_help_page(chat_page())
+    looks = []  # (seconds, status) of every handoff poll answer
+    chat.page.on("response", lambda r: looks.append((time.monotonic(), r.status))
+                 if r.request.method == "GET" and r.url.endswith("/handoff/") else None)
+    chat.page.get_by_role("button", name="Talk to a person").click()
+    expect(chat.locator(".cvw-handoff")).to_contain_text("A person will reply here.")
+    chat.page.wait_for_timeout(5000)
+    gaps = [b[0] - a[0] for a, b in zip(looks, looks[1:])]
+    assert {status for _, status in looks[1:]} == {304}  # nothing changed: no body
+    assert gaps[0] < gaps[-1] <= 2.0 + 0.8, gaps  # backing off, to at most 2 s (slack for load)
+
+    visibility(chat.page, True)
+    chat.page.wait_for_timeout(500)  # a look already in flight may still land
+    while_hidden = len(looks)
+    ana = staff_member()
+    conversation = Conversation.objects.get()
+    answer = reverse("admin:conversations_waitingconversation_change", args=[conversation.pk])
+    assert ana.post(answer, {"action": "reply", "content": "Hello, Ana here."}).status_code == 302
+    chat.page.wait_for_timeout(3000)  # longer than the longest delay
+    assert len(looks) == while_hidden and chat.locator(".cvw-msg-staff").count() == 0
+    visibility(chat.page, False)  # shown again: it looks at once
+    expect(chat.locator(".cvw-msg-staff")).to_contain_text("Hello, Ana here.", timeout=3000)
