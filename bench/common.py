@@ -76,7 +76,8 @@ class Stack:
             "LOG_LEVEL": "WARNING",
             # As docs/deployment.md recommends: gunicorn workers keep their database connection.
             "CONN_MAX_AGE": "60",
-            "PYTHONPATH": str(ROOT),
+            # The caller's own path after the project's (gunicorn installed apart, say).
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
         })
         self.env["DATABASE_URL"] = self.database_url()
         for key, value in self.conversations.items():

@@ -14,6 +14,7 @@ from django.utils.module_loading import import_string
 from .conf import get_config, unknown_keys
 from .infra.network import describe_redis_error, redis_endpoint
 from .core.rules import clock_errors, rate_is_on, reserve_errors
+from .engine.handoff import staff_name_problem
 from .engine.worker import ConcurrentWorker, Worker
 from .providers import get_provider_class
 from .endpoints import (calls_url, credential_parts, credential_shape_problem, is_embed_origin, origin, origin_pattern,
@@ -49,7 +50,7 @@ def check_config(app_configs=None, **kwargs):
         if cfg[key] < 1:
             errors.append(Error(f"{key} ({cfg[key]}) must be at least 1.", hint="See docs/deployment.md.",
                                 id="conversations.E015"))
-    errors += _check_credentials(cfg) + _check_prices(cfg) + _check_allowed_endpoints(cfg)
+    errors += _check_credentials(cfg) + _check_prices(cfg) + _check_allowed_endpoints(cfg) + _check_handoff(cfg)
     if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
         errors.append(Warning(
             "LoginRequiredMiddleware is on but CONVERSATIONS['LOGIN_REQUIRED'] is not: the chat API is exempt from "
@@ -306,6 +307,21 @@ def _check_credentials(cfg):
                 hint="Set it wherever workers run: every turn of an assistant that uses this credential fails "
                      "without it.", id="conversations.W040"))
     return messages
+
+
+def _check_handoff(cfg):
+    """How staff are named to visitors, and how long a visitor waits for them, must be usable."""
+    problems_found = []
+    problem = staff_name_problem(cfg["HANDOFF_STAFF_NAME"])
+    if problem:
+        problems_found.append(f"HANDOFF_STAFF_NAME {cfg['HANDOFF_STAFF_NAME']!r} {problem}")
+    if cfg["HANDOFF_WAIT"] < 1:
+        problems_found.append(f"HANDOFF_WAIT is {cfg['HANDOFF_WAIT']}: a visitor would be told no one is free at once")
+    problems_found += [f"HANDOFF_EMAILS has {address!r}, which is not an e-mail address"
+                       for address in cfg["HANDOFF_EMAILS"] if "@" not in str(address)]
+    return [Error(f"{problem}.", hint='For example "HANDOFF_STAFF_NAME": "{first_name} from support", '
+                  '"HANDOFF_WAIT": 300, "HANDOFF_EMAILS": ["support@example.com"].', id="conversations.E044")
+            for problem in problems_found]
 
 
 def _check_prices(cfg):

@@ -150,9 +150,16 @@ DEFAULTS = {
     # how long such a signature is good for, in seconds. "" refuses every signed identity.
     "IDENTITY_SECRET": "",
     "IDENTITY_MAX_AGE": 300,
+    # A conversation handed to a person (Assistant.handoff, engine/handoff.py): seconds a visitor
+    # waits for staff to take it before the widget says no one is free and offers the assistant
+    # again; addresses mailed at each request, through Django's mail settings (empty: none); how a
+    # staff member is named to the visitor ({first_name}, {last_name}, {username}).
+    "HANDOFF_WAIT": 300,
+    "HANDOFF_EMAILS": [],
+    "HANDOFF_STAFF_NAME": "{first_name} from support",
 }
 
-_LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS"}
+_LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS", "HANDOFF_EMAILS"}
 _DICT_KEYS = {"CREDENTIALS", "PRICES"}
 
 

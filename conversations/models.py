@@ -69,6 +69,18 @@ class Assistant(models.Model):
     access_permission = models.CharField(_("permission"), max_length=255, blank=True, help_text=_(
         'For "users with the permission below": "app_label.codename", e.g. "conversations.view_turn". '
         "Superusers hold every permission."))
+
+    class HandoffWays(models.TextChoices):
+        OFF = "", _("never")
+        BUTTON = "button", _("the visitor's “Talk to a person” button")
+        TOOL = "tool", _("the assistant's hand_to_person tool")
+        BOTH = "both", _("the button and the tool")
+
+    # Which ways a conversation may be handed to a person (engine/handoff.py); off for every
+    # assistant that existed before, so that no site starts getting handoffs nobody answers.
+    handoff = models.CharField(_("hand to a person through"), max_length=10, choices=HandoffWays.choices,
+                               blank=True, default=HandoffWays.OFF, help_text=_(
+                                   "Staff with the “answer handoff” permission then answer in the admin's inbox."))
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -100,6 +112,13 @@ class Assistant(models.Model):
             return bool(getattr(user, "is_staff", False))
         has_perm = getattr(user, "has_perm", None)
         return bool(self.access_permission) and has_perm is not None and has_perm(self.access_permission)
+
+    def offers_handoff(self, how):
+        """Whether a conversation with this assistant may be handed to a person ``how`` ("button":
+        the visitor asks in the widget; "tool": the model calls ``hand_to_person``)."""
+        ways = {self.HandoffWays.BUTTON, self.HandoffWays.BOTH} if how == "button" else {
+            self.HandoffWays.TOOL, self.HandoffWays.BOTH}
+        return self.active and self.handoff in ways
 
     def _access_errors(self):
         from django.contrib.auth.models import Permission
@@ -171,10 +190,29 @@ class Conversation(models.Model):
     assistant = models.ForeignKey(Assistant, null=True, blank=True, on_delete=models.PROTECT,
                                   related_name="conversations")
 
+    class Handoff(models.TextChoices):
+        NONE = "", _("with the assistant")
+        WAITING = "waiting", _("waiting for a person")
+        TAKEN = "taken", _("answered by a person")
+        RETURNED = "returned", _("handed back to the assistant")
+        CLOSED = "closed", _("closed by staff")
+
+    # Held by staff (waiting or taken): the assistant does not answer; the fields are on the
+    # conversation, not in a model of their own, because the row start() locks is then the one
+    # that says whether a turn may start, and taking it is one conditional UPDATE of it.
+    HELD = frozenset({Handoff.WAITING, Handoff.TAKEN})
+    handoff = models.CharField(_("handoff"), max_length=10, choices=Handoff.choices, blank=True,
+                               default=Handoff.NONE, db_index=True)
+    handoff_requested_at = models.DateTimeField(_("person asked for at"), null=True, blank=True)
+    handoff_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+", verbose_name=_("taken by"))
+    handoff_taken_at = models.DateTimeField(_("taken at"), null=True, blank=True)
+
     class Meta:
         ordering = ["-created_at"]
         verbose_name = _("conversation")
         verbose_name_plural = _("conversations")
+        permissions = [("answer_handoff", _("Can answer conversations handed to a person"))]
 
     def __str__(self):
         return str(self.id)
@@ -275,9 +313,15 @@ class Message(models.Model):
         USER = "user", _("user")
         ASSISTANT = "assistant", _("assistant")
         TOOL = "tool", _("tool")
+        STAFF = "staff", _("staff")
 
     conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
-    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="messages")
+    # None for the messages of a handoff (the visitor's while staff hold it, and staff's own):
+    # no turn answers them.
+    turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.CASCADE, related_name="messages")
+    # The staff member who wrote a staff message.
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="+")
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.TextField(blank=True)
     # Assistant messages that ask for tools: [{"id", "name", "arguments"}].
@@ -296,6 +340,16 @@ class Message(models.Model):
 
     def __str__(self):
         return f"{self.role}: {self.content[:60]}"
+
+
+class WaitingConversation(Conversation):
+    """The admin's inbox: conversations handed to a person (a proxy, so that the inbox has a
+    changelist of its own beside every conversation's)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("conversation for a person")
+        verbose_name_plural = _("conversations for a person")
 
 
 class CallRecord(models.Model):

@@ -1,20 +1,29 @@
 """Receivers: a visitor's recent anonymous conversations follow them into their account, a
-saved user's verified session hash is forgotten (see ``owners``), and a page that fails because
-Redis is unreachable is logged where an operator looks."""
+saved user's verified session hash is forgotten (see ``owners``), a page that fails because
+Redis is unreachable is logged where an operator looks, and staff are mailed when a visitor asks
+for a person.
+
+The app's own signals, for a site to connect its chat tool or pager to:
+``handoff_requested(sender=Conversation, conversation, how, reason)`` and
+``handoff_taken(sender=Conversation, conversation, user)``, each sent once, after the commit.
+"""
 
 import datetime
 import logging
 
 from django.conf import settings
 from django.contrib.auth.signals import user_logged_in
+from django.core.mail import send_mail
 from django.core.signals import got_request_exception
 from django.db.models import Max, Q
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from redis.exceptions import RedisError
 
 from .infra import state
+from .engine.handoff import handoff_requested, handoff_taken
 from .conf import get_config
 from .models import Conversation, Turn
 from .infra.network import describe_redis_error
@@ -22,6 +31,32 @@ from .owners import SESSION_KEY
 from .api.sessions import UNAVAILABLE_ERRORS
 
 logger = logging.getLogger("conversations.redis")
+
+__all__ = ["handoff_requested", "handoff_taken"]
+
+
+@receiver(handoff_requested, dispatch_uid="conversations_mail_handoff")
+def mail_handoff(sender, conversation, how, reason="", **kwargs):
+    """Mail ``HANDOFF_EMAILS`` (Django's mail settings) that a visitor waits for a person, with
+    the inbox's address. The text names the assistant and the conversation only: what the
+    visitor wrote stays in the admin, behind its permission."""
+    recipients = list(get_config()["HANDOFF_EMAILS"])
+    if not recipients:
+        return
+    try:
+        where = reverse("admin:conversations_waitingconversation_change", args=[conversation.pk])
+    except NoReverseMatch:  # a site without the admin
+        where = str(conversation.pk)
+    assistant = conversation.assistant.name if conversation.assistant_id else "-"
+    lines = [f"A visitor is waiting for a person ({'the assistant asked' if how == 'tool' else 'they asked'}).",
+             f"Assistant: {assistant}", f"Answer it: {where}"]
+    if reason:
+        lines.insert(1, f"The assistant's reason: {reason}")
+    try:
+        send_mail(f"A visitor is waiting for a person ({assistant})", "\n".join(lines), None, recipients)
+    except Exception:  # noqa: BLE001 - a mail server down must not undo the handoff, which is saved
+        logging.getLogger("conversations.handoff").exception("Could not mail %s about conversation %s",
+                                                             recipients, conversation.pk)
 
 
 @receiver(user_logged_in, dispatch_uid="conversations_claim_on_login")

@@ -221,7 +221,7 @@ def worker_env(**conversations):
     else:
         env["DATABASE_URL"] = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     for key, value in {**get_config(), **conversations}.items():
-        if key in ("TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS"):
+        if key in ("TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS", "HANDOFF_EMAILS"):
             value = ",".join(value)
         elif key == "FALLBACKS":
             value = json.dumps([dict(entry) for entry in value])
@@ -246,6 +246,9 @@ OPERATIONS = {
     "stop": ("/api/conversations/{conversation_id}/turns/{turn_id}/cancel/", "post"),
     "rate an answer": ("/api/conversations/{conversation_id}/turns/{turn_id}/rating/", "post"),
     "get a widget token": ("/api/widget-token/", "post"),
+    "poll a handoff": ("/api/conversations/{conversation_id}/handoff/", "get"),
+    "go back to the assistant": ("/api/conversations/{conversation_id}/handoff/back/", "post"),
+    "ask for a person": ("/api/conversations/{conversation_id}/handoff/", "post"),
 }
 
 
@@ -263,4 +266,7 @@ def call_every_endpoint(client, turn, content="Hello?", **message_headers):
         "stop": api_post(client, turn["cancel_url"]),
         "rate an answer": api_post(client, turn["cancel_url"].replace("/cancel/", "/rating/"), {"value": "up"}),
         "get a widget token": api_post(client, "/api/widget-token/", {"visitor": "a-widgets-visitor-id-0001"}),
+        "poll a handoff": client.get(f"/api/conversations/{conversation}/handoff/"),
+        "go back to the assistant": api_post(client, f"/api/conversations/{conversation}/handoff/back/"),
+        "ask for a person": api_post(client, f"/api/conversations/{conversation}/handoff/"),
     }

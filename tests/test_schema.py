@@ -15,6 +15,8 @@ POLL = "/api/conversations/{conversation_id}/turns/{turn_id}/"
 CANCEL = "/api/conversations/{conversation_id}/turns/{turn_id}/cancel/"
 RATING = "/api/conversations/{conversation_id}/turns/{turn_id}/rating/"
 TOKEN = "/api/widget-token/"
+HANDOFF = "/api/conversations/{conversation_id}/handoff/"
+BACK = "/api/conversations/{conversation_id}/handoff/back/"
 
 
 @pytest.fixture
@@ -35,7 +37,8 @@ def test_the_schema_is_public_valid_openapi_3(schema):
 
 
 def test_the_schema_lists_every_endpoint_and_only_the_api(schema):
-    assert set(schema["paths"]) == {"/api/conversations/", CONVERSATION, TURNS, POLL, CANCEL, RATING, TOKEN}
+    assert set(schema["paths"]) == {"/api/conversations/", CONVERSATION, TURNS, POLL, CANCEL, RATING, TOKEN, HANDOFF,
+                                      BACK}
     assert set(schema["paths"]["/api/conversations/"]) == {"get", "post"}
     assert set(schema["paths"][TURNS]) == {"post"}
 
@@ -49,6 +52,9 @@ def test_the_schema_documents_every_answer(schema):
     assert statuses(schema, "/api/conversations/", "post") == {"201", "400", "403", "413", "415", "429", "503"}
     assert statuses(schema, "/api/conversations/", "get") == {"200", "403", "503"}
     assert statuses(schema, RATING, "post") == {"200", "201", "400", "403", "404", "409", "413", "415", "429", "503"}
+    assert statuses(schema, HANDOFF, "get") == {"200", "304", "403", "404", "503"}
+    assert statuses(schema, HANDOFF, "post") == {"202", "403", "404", "409", "413", "415", "429", "503"}
+    assert statuses(schema, BACK, "post") == {"200", "403", "404", "409", "413", "415", "503"}
     throttled = schema["paths"][TURNS]["post"]["responses"]["429"]
     assert "Retry-After" in throttled["headers"]
 

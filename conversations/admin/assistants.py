@@ -154,7 +154,7 @@ class AssistantAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "slug", "active")}),
         (gettext_lazy("Who may chat"), {"fields": ("access", "access_permission")}),
         (gettext_lazy("What answers"), {"fields": ("system_prompt", ("provider", "model"), "base_url", "credential",
-                                                   "tools", "knowledge_sources", "fallbacks")}),
+                                                   "tools", "knowledge_sources", "fallbacks", "handoff")}),
         (gettext_lazy("Limits (empty: the site's)"), {"fields": (("max_steps", "max_tokens"),
                                                                  ("call_timeout", "job_timeout"))}),
         (gettext_lazy("What the widget shows first"), {"fields": ("greeting", "suggestions")}),

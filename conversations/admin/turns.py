@@ -28,7 +28,7 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 from redis.exceptions import RedisError
 
-from ..engine import lifecycle
+from ..engine import handoff, lifecycle
 from ..models import Turn
 from .filters import NearDeadlineFilter, QueueFilter, RatingFilter
 from ..redaction import hide_keys
@@ -42,6 +42,12 @@ from .conversations import ReadOnlyMixin, user_fields
 from .export import CSV_COLUMNS, csv_cell, rated_rows
 
 
+def with_assistant(conversation):
+    """A re-run's ``admit``: not while staff hold the conversation, and one turn at a time."""
+    handoff.ensure_with_assistant(conversation)
+    lifecycle.ensure_idle(conversation)
+
+
 def rerun_turn(turn):
     """Enqueue a new turn in ``turn``'s conversation with the same visitor message.
 
@@ -49,9 +55,11 @@ def rerun_turn(turn):
     message, another turn of the conversation still active, or the queue unreachable.
     """
     try:
-        new = lifecycle.rerun(turn)
+        new = lifecycle.rerun(turn, admit=with_assistant)
     except lifecycle.TurnActive:
         return None, _("its conversation is still answering a message; wait for it or cancel it first")
+    except (handoff.Held, handoff.Refused):
+        return None, _("its conversation is with a person (or closed by them); hand it back to the assistant first")
     except lifecycle.QueueUnavailable:
         return None, _("the job queue is unreachable")
     return (new, None) if new is not None else (None, _("it has no visitor message to send again"))

@@ -2,7 +2,7 @@ import uuid
 
 from django.urls import path, register_converter
 
-from . import poll, ratings, tokens, views
+from . import handoff, poll, ratings, tokens, views
 
 
 class AnyUUIDConverter:
@@ -33,6 +33,9 @@ urlpatterns = [
     path("conversations/", views.ConversationListView.as_view(), name="conversation-list"),
     path("conversations/<anyuuid:conversation_id>/", views.ConversationDetailView.as_view(),
          name="conversation-detail"),
+    path("conversations/<anyuuid:conversation_id>/handoff/", handoff.HandoffView.as_view(), name="handoff"),
+    path("conversations/<anyuuid:conversation_id>/handoff/back/", handoff.HandoffBackView.as_view(),
+         name="handoff-back"),
     path("conversations/<anyuuid:conversation_id>/turns/", views.TurnListView.as_view(), name="turn-list"),
     path("conversations/<anyuuid:conversation_id>/turns/<anyuuid:turn_id>/", poll.TurnDetailView.as_view(),
          name="turn-detail"),

@@ -3,6 +3,7 @@
 import logging
 import re
 
+from django.db import transaction
 from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404
 from django.utils.translation import gettext as _
@@ -14,8 +15,7 @@ from rest_framework.exceptions import APIException, PermissionDenied, Validation
 from rest_framework.response import Response
 
 from .. import assistants
-from ..engine import lifecycle, limits
-from ..infra import state
+from ..engine import handoff, lifecycle, limits
 from ..models import Conversation, Message, Turn
 from ..owners import owned_filter, owner_token, request_visitor
 from . import serializers
@@ -106,7 +106,7 @@ class ConversationDetailView(ConversationAPIView):
                    summary="A conversation's transcript and its active turn")
     def get(self, request, conversation_id):
         conversation = owned_conversation(request, conversation_id)
-        messages = list(conversation.messages.order_by("id"))
+        messages = list(conversation.messages.select_related("author").order_by("id"))
         # One query for every turn, newest first: the active one, the endings and the ratings.
         turns = list(conversation.turns.only("id", "conversation_id", "status", "error", "rating", "rating_comment"))
         active = next((turn for turn in turns if turn.status in Turn.ACTIVE_STATUSES), None)
@@ -115,7 +115,9 @@ class ConversationDetailView(ConversationAPIView):
             "id": str(conversation.id),
             "created_at": conversation.created_at,
             "assistant": conversation.assistant.slug if conversation.assistant_id else None,
-            "messages": [{**state.message_dict(m), "turn": str(m.turn_id)} for m in messages],
+            "messages": [handoff.message_json(m) for m in messages],
+            # Whether staff hold it (the widget then polls the handoff, see api/handoff.py).
+            "handoff": conversation.handoff,
             "active_turn": turn_summary(active) if active else None,
             # How each finished turn ended, so that a reloaded widget shows "You stopped this answer." or
             # the failure's sentence again, as the poll's last state did.
@@ -152,7 +154,10 @@ class TurnListView(ConversationAPIView):
             RETRY_AFTER,
         ],
         responses={
-            202: serializers.TurnSummarySerializer,
+            202: OpenApiResponse(serializers.TurnSummarySerializer, description=(
+                'The turn started. While staff hold the conversation (a handoff, see …/handoff/) no turn '
+                'starts: the message is saved for them and the body is {"handoff": "waiting"|"taken", '
+                '"message": the saved message} instead (200 with that body for a retried Idempotency-Key).')),
             200: OpenApiResponse(serializers.TurnSummarySerializer, description="A retry: the turn this Idempotency-Key "
                                                                       "already started."),
             400: serializers.ValidationErrorSerializer,
@@ -160,7 +165,8 @@ class TurnListView(ConversationAPIView):
                                                     "MAX_TURNS_PER_CONVERSATION, or the caller is anonymous "
                                                     "while LOGIN_REQUIRED is on."),
             404: NOT_FOUND,
-            409: OpenApiResponse(ERROR, description="A turn of this conversation is still queued or running."),
+            409: OpenApiResponse(ERROR, description="A turn of this conversation is still queued or running, or "
+                                                    "staff closed the conversation."),
             413: TOO_LARGE,
             415: NOT_JSON,
             422: OpenApiResponse(ERROR, description="The Idempotency-Key was used for a different message."),
@@ -184,6 +190,8 @@ class TurnListView(ConversationAPIView):
         def admit(conversation):
             replayed = self.earlier_turn(conversation, key)
             if replayed is None:
+                # Staff hold it: the message is kept for them below, and no turn starts.
+                handoff.ensure_with_assistant(conversation)
                 lifecycle.ensure_idle(conversation)
                 self.refuse(limits.check_new_turn(conversation) or address.check())
             return replayed
@@ -195,6 +203,10 @@ class TurnListView(ConversationAPIView):
                                             content, admit=admit, idempotency_key=key)
                 if created:
                     address.add(turn)
+        except handoff.Held:
+            return self.keep_for_staff(request, conversation_id, content, key)
+        except handoff.Refused as exc:
+            raise Conflict(exc.message) from None
         except lifecycle.TurnActive:
             raise Conflict(_("The assistant is still answering your previous message. "
                              "Wait for it to finish or stop it first.")) from None
@@ -205,6 +217,24 @@ class TurnListView(ConversationAPIView):
         if not created:
             return self.replay(turn, content)
         return Response(turn_summary(turn), status=status.HTTP_202_ACCEPTED)
+
+    @staticmethod
+    def keep_for_staff(request, conversation_id, content, key):
+        """202 ``{"handoff": …, "message": …}``: staff hold the conversation, so the message is saved
+        for them (no turn, no job); 200 with the same body for a retried ``Idempotency-Key`` (422
+        for another message); 409 when it went back to the assistant or closed meanwhile."""
+        try:
+            with transaction.atomic():
+                conversation = owned_conversation(request, conversation_id, for_update=True)
+                message, created = handoff.keep(conversation, content, key)
+        except handoff.Refused as exc:
+            raise Conflict(exc.message) from None
+        if not created and message.content != content:
+            raise IdempotencyMismatch(_("This Idempotency-Key was already used for a different message."))
+        body = {"handoff": conversation.handoff, "message": handoff.message_json(message)}
+        if not created:
+            return Response(body, status=status.HTTP_200_OK, headers={"Idempotent-Replayed": "true"})
+        return Response(body, status=status.HTTP_202_ACCEPTED)
 
     @staticmethod
     def idempotency_key(request):

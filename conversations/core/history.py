@@ -6,8 +6,22 @@ Called by the runner before each model call; no database or network access here.
 from .types import ChatMessage, ToolCall
 
 
+def staff_reply(content):
+    """A staff member's reply as the model reads it (see ``chat_message``)."""
+    return f"[A person from the site's staff wrote to the visitor:] {content}"
+
+
 def chat_message(row):
-    """A ``Message`` row as a ``ChatMessage`` for a provider."""
+    """A ``Message`` row as a ``ChatMessage`` for a provider.
+
+    A staff message (a person answered while the conversation was handed to them) goes as
+    assistant-role text, marked: the visitor read it as the site's side of the conversation, so as
+    a user message it would put the staff's words in the visitor's mouth, and neither API takes a
+    system message in the middle of a history. The mark keeps the model from taking them for
+    its own promises.
+    """
+    if row.role == "staff":
+        return ChatMessage(role="assistant", content=staff_reply(row.content))
     return ChatMessage(
         role=row.role,
         content=row.content,

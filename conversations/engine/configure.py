@@ -23,6 +23,10 @@ def record_version(assistant, cfg):
     return version
 
 
+# The built-in tool an assistant whose ``handoff`` allows it is given (engine/handoff.py).
+HANDOFF_TOOL = "conversations.engine.handoff.hand_to_person"
+
+
 def config_for_turn(turn, cfg=None):
     """The configuration ``turn`` runs with: the site's for a turn with no assistant; else its
     assistant's, with its credential resolved and the site's tools narrowed to its own. Sets
@@ -46,6 +50,8 @@ def config_for_turn(turn, cfg=None):
     config = settings_for(assistant, site)
     tools = registered_tools(site)
     config["TOOLS"] = tuple(tools[name] for name in assistant.tools)
+    if assistant.offers_handoff("tool"):  # built in: no site lists it in TOOLS
+        config["TOOLS"] += (HANDOFF_TOOL,)
     config["API_KEY"] = assistant_key(assistant, config, site)
     config["ADMIN_ENDPOINT"] = bool(assistant.base_url)  # its connections are checked (endpoints)
     config["FALLBACKS"] = resolve_chain(config["FALLBACKS"], site)

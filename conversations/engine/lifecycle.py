@@ -106,15 +106,16 @@ def start(lock, content, *, admit=ensure_idle, idempotency_key=""):
     return turn, True
 
 
-def rerun(turn):
+def rerun(turn, *, admit=ensure_idle):
     """Start a new turn in ``turn``'s conversation with its visitor message, as if the visitor
     sent it again (the admin's re-run). Returns the new turn, or None when ``turn`` has no
-    visitor message; raises what ``start()`` raises."""
+    visitor message; raises what ``start()`` and ``admit`` raise."""
     message = turn.messages.filter(role=Message.Role.USER).order_by("id").first()
     if message is None:
         return None
     conversation_id = turn.conversation_id
-    return start(lambda: Conversation.objects.select_for_update().get(pk=conversation_id), message.content)[0]
+    return start(lambda: Conversation.objects.select_for_update().get(pk=conversation_id), message.content,
+                 admit=admit)[0]
 
 
 def stop(turn, *, end_orphaned=False):

@@ -166,3 +166,50 @@ def state_from_db(turn, messages=None):
         "job_id": turn.job_id,
         "started_at": turn.started_at.timestamp() if turn.started_at else None,
     }
+
+
+# -- a conversation handed to a person (engine/handoff.py) ---------------------------------
+# One state per conversation, beside its turns' own: what the widget polls while staff hold it.
+# (Not the worker's hand-over of a running turn above: that is another job going on with it.)
+
+
+def person_key(conversation_id):
+    return f"conversations:conversation:{conversation_id}:handoff"
+
+
+def read_person(conversation_id):
+    """The cached handoff state of a conversation, or None."""
+    return _cache().get(person_key(conversation_id))
+
+
+def publish_person(data):
+    """Write ``data`` (with ``conversation``) as the conversation's handoff state, with the next
+    version of its own atomic counter; return the written dict."""
+    cache, ttl = _cache(), get_config()["STATE_TTL"]
+    vkey = person_key(data["conversation"]) + ":version"
+    try:
+        version = cache.incr(vkey)
+    except ValueError:  # the first publish (or its counter expired)
+        cache.add(vkey, 0, timeout=ttl)
+        version = cache.incr(vkey)
+    cache.touch(vkey, ttl)
+    data = {**data, "version": version, "updated_at": time.time()}
+    cache.set(person_key(data["conversation"]), data, timeout=ttl)
+    return data
+
+
+def _kept_key(conversation_id, idempotency_key):
+    return f"conversations:conversation:{conversation_id}:kept:{idempotency_key}"
+
+
+def kept_message(conversation_id, idempotency_key):
+    """The id of the message an ``Idempotency-Key`` already kept for staff in this conversation, or None."""
+    return _cache().get(_kept_key(conversation_id, idempotency_key))
+
+
+def remember_kept(conversation_id, idempotency_key, message_id):
+    """Remember (for ``STATE_TTL``) which message ``idempotency_key`` kept for staff: a retry of
+    the same POST gets it back instead of saving it twice (a kept message has no turn, whose
+    unique constraint does this for a turn)."""
+    _cache().set(_kept_key(conversation_id, idempotency_key), message_id, timeout=get_config()["STATE_TTL"])
+

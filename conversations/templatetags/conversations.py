@@ -64,6 +64,15 @@ def widget_strings():
         "rated": _("Thanks for your feedback."),
         # Translators: the heading of the links, under an answer, to the site's pages it was found in.
         "sources": _("Sources"),
+        # Translators: a conversation handed to a person from the site's staff (the handoff).
+        "talk_to_person": _("Talk to a person"),
+        "handoff_waiting": _("A person will reply here. You can keep writing: they will read it."),
+        # Translators: name is how the site signs its staff, e.g. "Ana from support".
+        "handoff_taken": _("%(name)s joined the conversation."),
+        "handoff_returned": _("You are talking to the assistant again."),
+        "handoff_closed": _("This conversation was closed by our staff."),
+        "handoff_expired": _("No one is free to answer right now. You can wait, or go back to the assistant."),
+        "back_to_assistant": _("Back to the assistant"),
     }
 
 
@@ -134,6 +143,8 @@ def chat_widget(context, title="", mode="inline", key="", assistant=""):
         "assistant": chosen,
         "greeting": chosen.greeting if chosen_words else "",
         "suggestions": json.dumps(list(chosen.suggestions), ensure_ascii=False) if chosen_words else "[]",
+        # The "Talk to a person" button, where the assistant offers it (engine/handoff.py).
+        "handoff": chosen_words and chosen.offers_handoff("button"),
     }
 
 

@@ -49,7 +49,14 @@
     comment_label: "Anything to add? (optional)",
     comment_send: "Send feedback",
     rated: "Thanks for your feedback.",
-    sources: "Sources"
+    sources: "Sources",
+    talk_to_person: "Talk to a person",
+    handoff_waiting: "A person will reply here. You can keep writing: they will read it.",
+    handoff_taken: "%(name)s joined the conversation.",
+    handoff_returned: "You are talking to the assistant again.",
+    handoff_closed: "This conversation was closed by our staff.",
+    handoff_expired: "No one is free to answer right now. You can wait, or go back to the assistant.",
+    back_to_assistant: "Back to the assistant"
   };
   var FIRST_DELAY = 300;      // ms before the first poll, and again after every change
   var GROWTH = 1.5;           // back off while nothing changes …
@@ -61,6 +68,10 @@
   // ms a turn may stay queued before the status line says it waits for the assistant: a worker
   // normally takes a turn within a second, so longer means none is free (or none runs).
   var QUEUED_NOTICE = 4000;
+  // A conversation handed to a person is polled from HANDOFF_FIRST_DELAY after each change,
+  // backing off to HANDOFF_MAX_DELAY: a staff reply shows within about that (docs/benchmarks.md).
+  var HANDOFF_FIRST_DELAY = 500;
+  var HANDOFF_MAX_DELAY = 2000;
   var widgets = 0;
   var sourceLists = 0;       // ids of the sources lists (their headings label them)
 
@@ -515,6 +526,206 @@
     }
   }
 
+
+  // -- a conversation handed to a person ----------------------------------------------------
+
+  /* Follows a conversation's handoff state (`url`, the API's …/handoff/) while staff hold it:
+   * its ETag, backing off while nothing changes, no look while the tab is hidden (one at once
+   * when it is shown again). `changed(state)` gets each new version; it returns whether to go on. */
+  class ConversationPoller {
+    constructor(client, url, changed) {
+      var self = this;
+      this.client = client;
+      this.url = url;
+      this.changed = changed;
+      this.etag = null;
+      this.delay = HANDOFF_FIRST_DELAY;
+      this.timer = null;
+      this.request = null;
+      this.running = false;
+      this.onVisibility = function () {
+        if (document.hidden && self.timer) { clearTimeout(self.timer); self.timer = null; }
+        else if (!document.hidden && !self.timer && !self.request) { self.poll(); }
+      };
+    }
+
+    start() {
+      if (this.running) { return; }
+      this.running = true;
+      document.addEventListener("visibilitychange", this.onVisibility);
+      this.poll();
+    }
+
+    stop() {
+      this.running = false;
+      document.removeEventListener("visibilitychange", this.onVisibility);
+      if (this.timer) { clearTimeout(this.timer); this.timer = null; }
+    }
+
+    /* Look now (the visitor just wrote, or asked): the next change is likely soon. */
+    hurry() {
+      this.delay = HANDOFF_FIRST_DELAY;
+      if (this.timer) { clearTimeout(this.timer); this.timer = null; this.poll(); }
+    }
+
+    schedule() {
+      var self = this;
+      if (!this.running || document.hidden || this.timer) { return; }
+      this.timer = setTimeout(function () { self.timer = null; self.poll(); }, this.delay);
+    }
+
+    poll() {
+      var self = this;
+      if (!this.running || this.request || document.hidden) { return; }
+      var headers = { "Accept": "application/json" };
+      if (this.etag) { headers["If-None-Match"] = this.etag; }
+      this.request = fetch(this.url, { credentials: this.client.credentials, cache: "no-store", headers: headers })
+        .then(function (response) {
+          if (response.status === 304) { return null; }
+          if (!response.ok) { throw new Error("HTTP " + response.status); }
+          self.etag = response.headers.get("ETag");
+          return response.json();
+        }).then(function (state) {
+          self.request = null;
+          if (!self.running) { return; }
+          if (!state) { self.delay = Math.min(self.delay * GROWTH, HANDOFF_MAX_DELAY); }
+          else {
+            self.delay = HANDOFF_FIRST_DELAY;
+            if (!self.changed(state)) { self.stop(); return; }
+          }
+          self.schedule();
+        }).catch(function () {
+          self.request = null;
+          self.delay = Math.min(self.delay * 2, MAX_RETRY_DELAY);
+          self.schedule();
+        });
+    }
+  }
+
+  /* The "Talk to a person" button (where the assistant offers it), the line that says what staff
+   * are doing (waiting, a person joined, handed back, closed), a way back to the assistant when
+   * no one took it in time, and staff messages in the log, drawn as text. `widget` is the
+   * Widget; `offered`: the button is shown. */
+  class HandoffControl {
+    constructor(widget, offered) {
+      var self = this, s = widget.strings;
+      this.widget = widget;
+      this.strings = s;
+      this.state = "";
+      this.poller = null;
+      this.button = el("button", "cvw-handoff-ask", s.talk_to_person);
+      this.button.type = "button";
+      this.offered = offered;
+      this.button.hidden = !offered;
+      this.button.addEventListener("click", function () { self.ask(); });
+      this.line = el("div", "cvw-handoff");
+      this.line.setAttribute("role", "status");
+      this.line.hidden = true;
+      this.text = el("span", "cvw-handoff-text");
+      this.back = el("button", "cvw-handoff-back", s.back_to_assistant);
+      this.back.type = "button";
+      this.back.hidden = true;
+      this.back.addEventListener("click", function () { self.goBack(); });
+      this.line.appendChild(this.text);
+      this.line.appendChild(this.back);
+    }
+
+    /* Whether staff hold the conversation: messages go to them, and no turn starts. */
+    get held() { return this.state === "waiting" || this.state === "taken"; }
+
+    url(path) { return this.widget.apiUrl + this.widget.conversationId + "/handoff/" + (path || ""); }
+
+    ask() {
+      var self = this, widget = this.widget;
+      this.button.disabled = true;
+      widget.ensureConversation().then(function () {
+        return widget.client.request("POST", self.url(), {});
+      }).then(function (state) {
+        self.show(state);
+        self.follow();
+      }, function (error) {
+        widget.setStatusLine(error.message, true);
+        widget.announce(error.message);
+      }).then(function () { self.button.disabled = false; });
+    }
+
+    goBack() {
+      var self = this;
+      this.widget.client.request("POST", this.url("back/"), {}).then(function (state) {
+        self.show(state);
+      }, function (error) { self.widget.setStatusLine(error.message, true); });
+    }
+
+    /* After a reload, or once a turn ended with the assistant's hand_to_person tool. */
+    resume(state, quiet) {
+      if (!state) { return; }
+      this.show({ state: state, by: null, messages: [], expired: false }, quiet);
+      if (this.held) { this.follow(); }
+    }
+
+    follow() {
+      var self = this;
+      if (!this.poller) {
+        this.poller = new ConversationPoller(this.widget.client, this.url(), function (state) {
+          self.show(state);
+          return self.held;
+        });
+      }
+      this.poller.start();
+    }
+
+    /* A message kept for staff that a poll brought before its POST answered: it takes over the
+     * bubble shown while it was posted (the same text, still pending) rather than a second one. */
+    adopt(message) {
+      var shown = this.widget.list.querySelectorAll(".cvw-msg-user.cvw-pending");
+      for (var i = 0; i < shown.length; i++) {
+        if (shown[i].textContent === message.content) { shown[i].classList.remove("cvw-pending"); return true; }
+      }
+      return false;
+    }
+
+    /* The visitor's message was kept for staff (the API's 202 {"handoff", "message"}). */
+    kept(data, pending) {
+      this.widget.nodes["m" + data.message.id] = true; // drawn already: the pending bubble
+      pending.classList.remove("cvw-pending");
+      if (this.poller) { this.poller.hurry(); } else { this.follow(); }
+    }
+
+    /* Draw a new handoff state: its messages (each once), and the line. `quiet`: a state read
+     * back after a reload, announced as nothing new. */
+    show(state, quiet) {
+      var s = this.strings, widget = this.widget, before = this.state;
+      (state.messages || []).forEach(function (m) { widget.draw(m, m.turn); });
+      this.state = state.state;
+      var sentence = { waiting: state.expired ? s.handoff_expired : s.handoff_waiting,
+                       taken: fmt(s.handoff_taken, { name: state.by || "" }) }[this.state] || "";
+      this.line.hidden = !sentence;
+      this.text.textContent = sentence;
+      this.back.hidden = !(this.state === "waiting" && state.expired);
+      this.button.hidden = !this.offered || this.held || this.state === "closed";
+      var news = !quiet && (before !== this.state || state.expired !== this.expired);
+      var ended = { returned: s.handoff_returned, closed: s.handoff_closed }[this.state];
+      if (news && ended) { widget.notice(ended); }
+      if (news && (ended || sentence)) { widget.announce(ended || sentence); }
+      this.expired = state.expired;
+      // Closed: neither staff nor the assistant answer any more (otherwise Send follows the widget's status).
+      if (this.state === "closed") { widget.input.disabled = widget.sendButton.disabled = true; }
+      else if (widget.input.disabled) { widget.input.disabled = false; widget.sendButton.disabled = STATUSES[widget.status]; }
+    }
+
+    /* A staff message: its author's name (the site's choice) above the text, both as text. */
+    bubble(message) {
+      var item = el("li", "cvw-msg cvw-msg-staff");
+      item.appendChild(el("span", "cvw-author", message.author || ""));
+      item.appendChild(el("span", "cvw-staff-text", message.content));
+      return item;
+    }
+
+    stop() { if (this.poller) { this.poller.stop(); } }
+
+    start() { if (this.poller && this.held) { this.poller.start(); } }
+  }
+
   // -- the widget ---------------------------------------------------------------------------
 
   /* idle: nothing sent yet; sending: a message is being posted; waiting: its turn is queued or
@@ -619,6 +830,11 @@
       this.sources = new SourceList();
       this.build(data.cssUrl || CSS_URL, data.loginUrl);
       if (data.loginUrl) { this.poller.stop(); return; } // signed-in visitors only: the link, nothing to send
+      this.handoff = new HandoffControl(this, !!data.handoff);
+      this.panel.insertBefore(this.handoff.line, this.form);
+      // In the header, beside the title: offered before the visitor writes, not only after. Only
+      // where the assistant offers it (the tool alone hands over without any button).
+      if (data.handoff) { this.panel.querySelector(".cvw-header").insertBefore(this.handoff.button, this.closeButton || null); }
       this.bind();
       this.restore();
     }
@@ -627,10 +843,10 @@
     get turn() { return this.poller.turn; }
 
     /* The element left the page: nothing of it keeps running. */
-    disconnect() { this.poller.stop(); }
+    disconnect() { this.poller.stop(); if (this.handoff) { this.handoff.stop(); } }
 
     /* The element came back (moved in the page): a turn it followed is looked at again. */
-    reconnect() { if (this.form) { this.poller.start(); } }
+    reconnect() { if (this.form) { this.poller.start(); this.handoff.start(); } }
 
     build(cssUrl, loginUrl) {
       var s = this.strings, n = this.n, launcher = this.mode === "launcher";
@@ -783,6 +999,7 @@
         });
         if (active) { self.follow(active, active.id === saved.turn && saved.since ? saved.since : Date.now()); }
         else { self.save(null); }
+        self.handoff.resume(data.handoff, true);
       }).catch(function (error) {
         if (error.status === 404 || error.status === 403) { self.forget(); }
       });
@@ -848,6 +1065,7 @@
       };
       post(true).then(function (turn) {
         self.unsent = null;
+        if (turn.handoff) { self.setState("idle"); self.handoff.kept(turn, pending); return; } // kept for staff: no turn
         pending.classList.remove("cvw-pending");
         self.follow(turn, Date.now(), pending);
       }).catch(function (error) {
@@ -914,8 +1132,12 @@
       if (ending) { this.notice(ending); }
       this.settle(); // a streamed message the turn ended in the middle of keeps the text shown
       if (state.status !== "gone") { this.rateable(turn.id, null, turn.ratingUrl); } // any ended turn with an answer, as after a reload
-      var answer = null;
-      (state.messages || []).forEach(function (m) { if (m.role === "assistant" && m.content) { answer = m.content; } });
+      var answer = null, handedOver = false;
+      (state.messages || []).forEach(function (m) {
+        if (m.role === "assistant" && m.content) { answer = m.content; }
+        if (m.role === "tool" && m.name === "hand_to_person" && !m.is_error) { handedOver = true; }
+      });
+      if (handedOver) { this.handoff.resume("waiting"); } // the assistant handed the conversation to a person
       this.announce([answer && state.status === "completed" ? answer : "", ending || ""].join(" ").trim());
       var hadFocus = !!this.focused() && this.focused() !== this.launcher;
       this.setState("ended");
@@ -964,6 +1186,7 @@
       if (message.role === "user") {
         var turn = this.turn;
         if (turn && turn.pending && turnId === turn.id) { turn.pending = null; return false; } // already shown
+        if (!turnId && this.handoff.adopt(message)) { return false; } // kept for staff, shown while it was posted
         this.bubble("user", message.content);
       } else if (message.role === "assistant") {
         // The finished message takes the place of its streamed one, reusing its element.
@@ -986,6 +1209,8 @@
         step.appendChild(el("span", "cvw-result" + (message.is_error ? " cvw-result-error" : ""), text));
         step.classList.add("cvw-step-done");
         this.log.scrollTop = this.log.scrollHeight;
+      } else if (message.role === "staff") {
+        this.add(this.handoff.bubble(message));
       }
       return false;
     }

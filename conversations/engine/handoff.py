@@ -1,0 +1,311 @@
+"""A conversation handed to a person: asked for (the widget's button or the assistant's
+``hand_to_person`` tool), taken by one staff member, answered, handed back to the assistant or
+closed.
+
+The state lives on the conversation's row (``Conversation.handoff``); every change is one
+conditional UPDATE of it, so two staff members cannot both take a conversation, and a request
+cannot be made twice. While staff hold it (waiting or taken) ``lifecycle.start`` is never
+called for it: the API's ``admit`` raises ``Held`` in the same row lock, and the visitor's
+message is saved by ``keep`` with no turn and no job. Every change is published after its commit
+as the conversation's handoff state in the cache (``infra.state.publish_person``), which the
+widget polls; the signals go out once, after the commit that made the change.
+
+The API and the admin go through these functions only: each rule is written here once.
+"""
+
+import logging
+import string
+
+from django.db import transaction
+from django.dispatch import Signal
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from redis.exceptions import RedisError
+
+from ..conf import get_config
+from ..infra import state
+from ..models import Conversation, Message, Turn
+from ..tools import ToolError, tool
+from . import lifecycle
+
+logger = logging.getLogger("conversations.handoff")
+
+# ``sender`` is ``Conversation``; ``conversation`` the one asked for; ``how`` "button" or "tool";
+# ``reason`` what the assistant told staff ("" for the button).
+handoff_requested = Signal()
+# ``sender`` is ``Conversation``; ``conversation`` the one taken; ``user`` the staff member.
+handoff_taken = Signal()
+
+# The newest handoff messages a state carries (the visitor's rate limit keeps them few).
+STATE_MESSAGES = 200
+
+Handoff = Conversation.Handoff
+
+
+class Refused(Exception):
+    """What was asked cannot be done now; ``message`` says why, for the visitor or the staff member."""
+
+    status = 409
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.message = message
+
+
+class NotOffered(Refused):
+    """This conversation's assistant does not let it be handed to a person this way."""
+
+    status = 403
+
+
+class Held(Exception):
+    """``ensure_with_assistant`` refused: staff hold the conversation, so no turn may start."""
+
+
+def closed_message():
+    return _("This conversation was closed by our staff. Please start a new one to write again.")
+
+
+def ensure_with_assistant(conversation):
+    """For ``lifecycle.start``'s ``admit``, with the row locked: raise ``Held`` while staff hold
+    ``conversation``, ``Refused`` once it is closed; else nothing (the assistant answers)."""
+    if conversation.handoff in Conversation.HELD:
+        raise Held()
+    if conversation.handoff == Handoff.CLOSED:
+        raise Refused(closed_message())
+
+
+NAME_FIELDS = ("first_name", "last_name", "username")
+
+
+def staff_name_problem(template):
+    """Why ``template`` (``HANDOFF_STAFF_NAME``) cannot name staff, or None (the system check's rule)."""
+    try:
+        fields = {field for _text, field, _spec, _conversion in string.Formatter().parse(template) if field is not None}
+    except ValueError as exc:
+        return str(exc)
+    unknown = sorted(fields - set(NAME_FIELDS))
+    return f"names {', '.join(repr(f) for f in unknown)}, which is not {{first_name}}, {{last_name}} or {{username}}" \
+        if unknown else None
+
+
+def staff_name(user):
+    """``user`` as the visitor reads it (``HANDOFF_STAFF_NAME``; a missing first name is the login name)."""
+    if user is None:
+        return _("Our staff")
+    names = {"username": user.get_username(), "first_name": getattr(user, "first_name", "") or user.get_username(),
+             "last_name": getattr(user, "last_name", "") or ""}
+    template = get_config()["HANDOFF_STAFF_NAME"]
+    if staff_name_problem(template):  # conversations.E044 says so at start-up
+        return user.get_username()
+    return template.format_map(names).strip() or user.get_username()
+
+
+def message_json(message):
+    """A handoff-era ``Message`` as the widget reads it; a staff message names its author (``staff_name``)."""
+    data = {**state.message_dict(message), "turn": str(message.turn_id) if message.turn_id else None}
+    if message.role == Message.Role.STAFF:
+        data["author"] = staff_name(message.author)
+    return data
+
+
+def state_from_db(conversation):
+    """The conversation's handoff state, as the widget polls it (see ``public``)."""
+    rows = (conversation.messages.filter(turn__isnull=True).select_related("author").order_by("-id")
+            [:STATE_MESSAGES])
+    requested = conversation.handoff_requested_at
+    return {
+        "conversation": str(conversation.id),
+        "owner": state.owner_dict(conversation),
+        "state": conversation.handoff,
+        "by": staff_name(conversation.handoff_by) if conversation.handoff == Handoff.TAKEN else None,
+        "requested_at": requested.timestamp() if requested else None,
+        "messages": [message_json(m) for m in reversed(rows)],
+    }
+
+
+def expired(data, now):
+    """Whether the visitor has waited longer than ``HANDOFF_WAIT`` without anyone taking it."""
+    return (data["state"] == Handoff.WAITING and data["requested_at"] is not None
+            and now - data["requested_at"] > get_config()["HANDOFF_WAIT"])
+
+
+def public(data, now):
+    """What the visitor may read of a handoff state (not its owner), with ``expired`` as of ``now``."""
+    return {"conversation": data["conversation"], "state": data["state"], "by": data["by"],
+            "messages": data["messages"], "version": data["version"], "expired": expired(data, now),
+            "wait": get_config()["HANDOFF_WAIT"]}
+
+
+def publish(conversation_id):
+    """Publish the conversation's handoff state from the database; returns it (None on a RedisError,
+    logged: the poll rebuilds a missing state from the row)."""
+    conversation = Conversation.objects.select_related("handoff_by").get(pk=conversation_id)
+    try:
+        return state.publish_person(state_from_db(conversation))
+    except RedisError:
+        logger.exception("Could not publish the handoff state of conversation %s", conversation_id)
+        return None
+
+
+def _after_commit(conversation_id, signal=None, **kwargs):
+    def send():
+        publish(conversation_id)
+        if signal is not None:
+            conversation = Conversation.objects.select_related("assistant").get(pk=conversation_id)
+            signal.send(sender=Conversation, conversation=conversation, **kwargs)
+    transaction.on_commit(send)
+
+
+def _refusal(conversation, user=None):
+    """The ``Refused`` for a change ``conversation``'s handoff state does not allow (for staff: ``user``)."""
+    if conversation.handoff == Handoff.CLOSED:
+        return Refused(closed_message() if user is None else _("This conversation is closed; nothing was sent."))
+    if conversation.handoff == Handoff.TAKEN and user is not None and conversation.handoff_by_id != user.pk:
+        other = conversation.handoff_by.get_username() if conversation.handoff_by else _("someone else")
+        return Refused(_("%(name)s is already answering this conversation; nothing was sent.") % {"name": other})
+    if conversation.handoff in (Handoff.NONE, Handoff.RETURNED):
+        return Refused(_("This conversation is back with the assistant; nothing was sent."))
+    return Refused(_("A person has already been asked for: they will reply here."))
+
+
+def request(conversation_id, how, reason=""):
+    """Hand the conversation to a person (``how``: "button" or "tool"; ``reason``: the tool's
+    sentence for staff, sent with ``handoff_requested``); returns the conversation.
+
+    Raises ``NotOffered`` when its assistant does not allow ``how``, ``Refused`` when staff
+    already hold it or it is closed. Asked for with the button, a turn still running is stopped:
+    the assistant does not answer a conversation staff hold.
+    """
+    conversation = Conversation.objects.select_related("assistant", "handoff_by").get(pk=conversation_id)
+    if conversation.assistant is None or not conversation.assistant.offers_handoff(how):
+        raise NotOffered(_("This assistant cannot hand the conversation to a person."))
+    with transaction.atomic():
+        changed = Conversation.objects.filter(pk=conversation_id, handoff__in=[Handoff.NONE, Handoff.RETURNED]).update(
+            handoff=Handoff.WAITING, handoff_requested_at=timezone.now(), handoff_by=None, handoff_taken_at=None)
+        if not changed:
+            conversation.refresh_from_db()
+            raise _refusal(conversation)
+        _after_commit(conversation_id, handoff_requested, how=how, reason=reason)
+    if how == "button":
+        for turn in Turn.objects.filter(conversation_id=conversation_id, status__in=Turn.ACTIVE_STATUSES):
+            try:
+                lifecycle.stop(turn)
+            except RedisError:  # the turn still runs; its answer lands, and the next message is kept for staff
+                logger.exception("Could not stop turn %s of a conversation handed to a person", turn.id)
+    conversation.refresh_from_db()
+    return conversation
+
+
+def keep(conversation, content, idempotency_key=""):
+    """Save a visitor's ``content`` for staff (no turn, no job) while they hold ``conversation``,
+    whose row the caller has locked; returns ``(message, created)``: ``created`` is False for the
+    message an earlier request with the same ``idempotency_key`` kept. Raises ``Refused`` when
+    staff do not hold it."""
+    if idempotency_key:
+        earlier = state.kept_message(conversation.pk, idempotency_key)
+        found = earlier and conversation.messages.filter(pk=earlier, turn__isnull=True).first()
+        if found:
+            return found, False
+    if conversation.handoff not in Conversation.HELD:
+        raise _refusal(conversation)
+    message = Message.objects.create(conversation=conversation, turn=None, role=Message.Role.USER, content=content)
+    if idempotency_key:
+        state.remember_kept(conversation.pk, idempotency_key, message.pk)
+    _after_commit(conversation.pk)
+    return message, True
+
+
+def _locked(conversation_id):
+    # Only this row: the staff member joined in is not locked (PostgreSQL refuses FOR UPDATE on an outer join).
+    return Conversation.objects.select_for_update(of=("self",)).select_related("handoff_by").get(pk=conversation_id)
+
+
+def take(conversation_id, user):
+    """``user`` takes the conversation (one staff member at a time); returns it. Taking one's own
+    again does nothing; one another took, handed back or closed raises ``Refused``."""
+    with transaction.atomic():
+        changed = Conversation.objects.filter(pk=conversation_id, handoff=Handoff.WAITING).update(
+            handoff=Handoff.TAKEN, handoff_by=user, handoff_taken_at=timezone.now())
+        conversation = _locked(conversation_id)
+        if changed:
+            _after_commit(conversation_id, handoff_taken, user=user)
+        elif not (conversation.handoff == Handoff.TAKEN and conversation.handoff_by_id == user.pk):
+            raise _refusal(conversation, user)
+    return conversation
+
+
+def reply(conversation_id, user, content):
+    """Save ``user``'s reply to the visitor (taking the conversation if it still waits); returns
+    the ``Message``. Refused for a conversation another took, handed back or closed."""
+    content = (content or "").strip()
+    if not content:
+        raise Refused(_("Write a reply first; nothing was sent."))
+    limit = get_config()["MAX_MESSAGE_LENGTH"]
+    if len(content) > limit:
+        raise Refused(_("A reply may have at most %(limit)d characters; nothing was sent.") % {"limit": limit})
+    with transaction.atomic():
+        conversation = take(conversation_id, user)
+        _after_commit(conversation_id)
+        return Message.objects.create(conversation=conversation, turn=None, role=Message.Role.STAFF,
+                                      author=user, content=content)
+
+
+def _end(conversation_id, user, to):
+    with transaction.atomic():
+        conversation = _locked(conversation_id)
+        mine = conversation.handoff == Handoff.TAKEN and conversation.handoff_by_id == user.pk
+        if not (conversation.handoff == Handoff.WAITING or mine):
+            raise _refusal(conversation, user)
+        Conversation.objects.filter(pk=conversation_id).update(handoff=to)
+        _after_commit(conversation_id)
+    conversation.handoff = to
+    return conversation
+
+
+def hand_back(conversation_id, user):
+    """Give the conversation back to the assistant, which then reads the staff messages in its history."""
+    return _end(conversation_id, user, Handoff.RETURNED)
+
+
+def close(conversation_id, user):
+    """End the conversation: neither staff nor the assistant answer it any more."""
+    return _end(conversation_id, user, Handoff.CLOSED)
+
+
+def back_to_assistant(conversation_id):
+    """The visitor stops waiting for a person (none took it) and writes to the assistant again."""
+    with transaction.atomic():
+        changed = Conversation.objects.filter(pk=conversation_id, handoff=Handoff.WAITING).update(
+            handoff=Handoff.RETURNED)
+        if not changed:
+            conversation = _locked(conversation_id)
+            if conversation.handoff == Handoff.TAKEN:
+                raise Refused(_("A person has joined: they will reply here."))
+            raise Refused(_("This conversation is not waiting for a person."))
+        _after_commit(conversation_id)
+    return Conversation.objects.get(pk=conversation_id)
+
+
+def waiting():
+    """The inbox: conversations staff hold, the longest wait first."""
+    return (Conversation.objects.filter(handoff__in=Conversation.HELD).select_related("assistant", "handoff_by")
+            .order_by("handoff_requested_at"))
+
+
+@tool(idempotent=True)
+def hand_to_person(context, reason: str = "") -> str:
+    """Hand this conversation to a person from the site's staff: when the visitor asks for a human,
+    or when you cannot help them. A person then replies in this conversation and you stop
+    answering it. ``reason``: one short sentence for the staff member."""
+    try:
+        request(context.conversation.pk, "tool", reason=reason[:500])
+    except Refused as exc:
+        raise ToolError(exc.message) from None
+    return ("A person from the site's staff has been asked to join and will reply in this conversation. "
+            "Tell the visitor so in one sentence; do not answer their question yourself.")
+
+
+__all__ = ["handoff_requested", "handoff_taken", "Refused", "NotOffered", "Held", "request", "keep", "take", "reply",
+           "hand_back", "close", "back_to_assistant", "waiting", "hand_to_person", "ensure_with_assistant",
+           "state_from_db", "public", "publish", "staff_name", "message_json"]
