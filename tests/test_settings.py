@@ -45,9 +45,11 @@ def test_the_readme_configuration_table_lists_every_setting_once():
 
 
 def test_every_check_id_is_documented_where_the_readme_and_deadlines_md_list_them():
-    # The checks, and the configuration rules they report (also an assistant's form errors).
-    sources = [ROOT / "conversations" / "checks.py", ROOT / "conversations" / "core" / "rules.py"]
-    written = {found for path in sources for found in re.findall(r'id="(conversations\.[EW]\d{3})"', path.read_text())}
+    # Every id the app writes: the checks, and the rules they report wherever those live (a fallback
+    # chain's in assistants.py, a knowledge source's in its registry), as ``id="…"`` or as a value.
+    sources = [path for path in (ROOT / "conversations").rglob("*.py") if "migrations" not in path.parts]
+    written = {found for path in sources
+               for found in re.findall(r'(?:id=|\(|, )"(conversations\.[EW]\d{3})"', path.read_text())}
     table = set(re.findall(r"^\| `(conversations\.[EW]\d{3})` \|", (ROOT / "docs" / "deadlines.md").read_text(), re.M))
     assert sorted(written ^ table) == []
     # The README's list: single ids and ranges such as `E000`…`E008`.
