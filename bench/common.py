@@ -262,7 +262,7 @@ class ScriptedProvider:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        from tests.fakes import openai_text, openai_tool_calls
+        from tests.support.fakes import openai_text, openai_tool_calls
 
         provider = self
         self.served = []

@@ -42,7 +42,7 @@ class StreamingProvider:
     when word ``n`` of the answer to ``question`` (the last user message) left."""
 
     def __init__(self, words):
-        from tests.fake_stream import encode, openai_stream
+        from tests.support.fake_stream import encode, openai_stream
 
         provider = self
         self.sent, self.requests = {}, 0

@@ -36,7 +36,7 @@ def nap() -> str:
 
 @contextlib.contextmanager
 def serving(behaviour):
-    from tests.fakes import FakeProvider
+    from tests.support.fakes import FakeProvider
 
     with FakeProvider(default=behaviour) as fake:
         yield fake.url
@@ -44,7 +44,7 @@ def serving(behaviour):
 
 @contextlib.contextmanager
 def silent():
-    from tests.fakes import SilentListener
+    from tests.support.fakes import SilentListener
 
     with SilentListener() as listener:
         yield listener.url
@@ -52,7 +52,7 @@ def silent():
 
 def faults():
     """{name: (a context manager factory yielding a base URL, request payload)} for every stall."""
-    from tests.fakes import cut_short_then_stall, full_accept_queue, hang, never_read, trickle_body, trickle_headers
+    from tests.support.fakes import cut_short_then_stall, full_accept_queue, hang, never_read, trickle_body, trickle_headers
 
     small = {"model": "bench", "messages": [{"role": "user", "content": "hi"}]}
     big = {"model": "bench", "messages": [{"role": "user", "content": "x" * (16 << 20)}]}
@@ -94,7 +94,7 @@ def http_overruns(limit, runs):
 
 
 def turn_faults():
-    from tests.fakes import cut_short_then_stall, full_accept_queue, hang, openai_tool_calls, trickle_body, \
+    from tests.support.fakes import cut_short_then_stall, full_accept_queue, hang, openai_tool_calls, trickle_body, \
         trickle_headers
 
     return {

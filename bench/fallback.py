@@ -37,7 +37,7 @@ def main():
 
     import json
 
-    from tests.fakes import FakeProvider, hang, openai_text, unavailable
+    from tests.support.fakes import FakeProvider, hang, openai_text, unavailable
 
     rows = []
     with FakeProvider() as primary, FakeProvider(default=openai_text("From the fallback.")) as fallback:

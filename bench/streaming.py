@@ -30,7 +30,7 @@ def words(count):
 
 def queue_stream(fake, count):
     """Have ``fake`` stream the next request's answer, ``count`` words, one every WORD_INTERVAL."""
-    from tests.fake_stream import openai_stream, streaming
+    from tests.support.fake_stream import openai_stream, streaming
 
     fake.add(streaming(openai_stream(pieces=words(count)), interval=WORD_INTERVAL))
 
@@ -193,7 +193,7 @@ def main():
     args = parser.parse_args()
     count = int(args.seconds / WORD_INTERVAL)
 
-    from tests.fakes import FakeProvider
+    from tests.support.fakes import FakeProvider
 
     lags, polls, stops, widget = [], [], [], []
     with FakeProvider() as fake:

@@ -20,8 +20,8 @@ from bench.common import Stack, machine, table, visitor
 
 
 def stop_time(max_resumes, seconds):
-    from tests.fake_stream import openai_stream, streaming
-    from tests.fakes import FakeProvider, openai_text
+    from tests.support.fake_stream import openai_stream, streaming
+    from tests.support.fakes import FakeProvider, openai_text
 
     with FakeProvider(default=openai_text("Finished by the next worker.")) as fake:
         fake.add(streaming(openai_stream(pieces=["word "] * int(seconds * 10)), interval=0.1))

@@ -8,13 +8,13 @@ import sys
 import pytest
 from django.core.cache import cache
 
-from tests.helpers import FAST, FORKING, NOWHERE, ROOT, WORKER_CLASSES, logged_in_client, make_client, run_worker, worker_env
+from tests.support.helpers import FAST, FORKING, NOWHERE, ROOT, WORKER_CLASSES, logged_in_client, make_client, run_worker, worker_env
 
 
 @pytest.fixture(scope="session")
 def _redis_guard():
     """Once per run, before the first test that uses Redis: refuse a Redis that holds data."""
-    from tests.redis_guard import ensure_empty_redis
+    from tests.support.redis_guard import ensure_empty_redis
 
     ensure_empty_redis()
 

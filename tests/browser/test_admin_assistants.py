@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from conversations.models import Assistant, Conversation, Turn
 from tests.browser.pages import admin_page
-from tests.helpers import ROOT, api_post, make_client, poll_until_done
+from tests.support.helpers import ROOT, api_post, make_client, poll_until_done
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

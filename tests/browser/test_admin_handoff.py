@@ -13,7 +13,7 @@ from django.utils import timezone
 from conversations.engine import handoff
 from conversations.models import Assistant, Conversation, Message, Turn
 from tests.browser.pages import admin_page
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

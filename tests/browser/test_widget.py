@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from conversations.models import Turn
-from tests.fakes import FakeProvider, openai_text, openai_tool_calls
+from tests.support.fakes import FakeProvider, openai_text, openai_tool_calls
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

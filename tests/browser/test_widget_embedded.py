@@ -24,8 +24,8 @@ from playwright.sync_api import expect
 
 from conversations.models import Conversation, Turn
 from tests.browser.conftest import CHROMIUM_ARGS, TIMEOUT_MS, Chat, chromium_path
-from tests.fake_stream import openai_stream, streaming
-from tests.fakes import FakeProvider
+from tests.support.fake_stream import openai_stream, streaming
+from tests.support.fakes import FakeProvider
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

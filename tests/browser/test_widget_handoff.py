@@ -17,8 +17,8 @@ from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect
 
 from conversations.models import Assistant, Conversation, Turn
-from tests.fakes import FakeProvider, openai_text, openai_tool_calls
-from tests.helpers import ROOT, local_key
+from tests.support.fakes import FakeProvider, openai_text, openai_tool_calls
+from tests.support.helpers import ROOT, local_key
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from conversations.templatetags.conversations import widget_strings
-from tests.helpers import make_client
+from tests.support.helpers import make_client
 
 
 def rendered_strings(response):

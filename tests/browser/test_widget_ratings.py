@@ -8,8 +8,8 @@ import pytest
 from playwright.sync_api import expect
 
 from conversations.models import Turn
-from tests.fake_stream import openai_stream, streaming
-from tests.fakes import FakeProvider
+from tests.support.fake_stream import openai_stream, streaming
+from tests.support.fakes import FakeProvider
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

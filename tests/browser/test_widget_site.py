@@ -73,7 +73,7 @@ def test_the_fallback_text_never_shows_where_the_script_runs(chat_page):
 
 def test_the_admins_turn_list_fits_a_1280_pixel_window(browser, live_server, worker):
     from tests.browser.pages import admin_page
-    from tests.helpers import make_client, poll_until_done, start_turn
+    from tests.support.helpers import make_client, poll_until_done, start_turn
 
     visitor = make_client()
     started = start_turn(visitor, "A question long enough to fill its cell, as visitors' questions do.")

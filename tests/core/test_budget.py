@@ -1,7 +1,7 @@
 """The turn's clocks on a fake clock: what each call may take, and what is left of the margin."""
 
 from conversations.core.budget import TurnClock
-from tests.helpers import FakeClock
+from tests.support.helpers import FakeClock
 
 
 def test_early_call_gets_the_cap_and_a_late_one_what_is_left():

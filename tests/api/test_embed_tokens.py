@@ -1,0 +1,378 @@
+"""A widget embedded on a page of another site: it gets a visitor token for its page's origin and
+sends it instead of cookies; the app answers CORS for the allowed origins only; a host site
+vouches for its signed-in user with a signed identity. Every refusal is a 401 (or 403) with a
+sentence, and creates nothing."""
+
+import base64
+import json
+import re
+import secrets
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from conversations import assistants, visitors
+from conversations.models import Assistant, Conversation, Turn
+from tests.support.helpers import poll_until_done
+
+pytestmark = pytest.mark.django_db
+
+PAGE = "https://shop.example.com"
+OTHER = "https://elsewhere.example.net"
+SECRET = "host-site-secret-" + "x" * 20
+
+
+class Page:
+    """A page of ``origin`` in a browser that sends no cookie to the API (a cookie-less client,
+    every request with the ``Origin`` header a browser sends)."""
+
+    def __init__(self, origin=PAGE, visitor=None):
+        self.origin = origin
+        self.visitor = visitor or secrets.token_urlsafe(24)
+        self.client = Client(enforce_csrf_checks=True)
+        self.token = None
+
+    def headers(self, token, **extra):
+        """A browser's headers from this page; ``token`` in ``Authorization`` unless None."""
+        headers = {"HTTP_ORIGIN": self.origin, **extra}
+        if token:
+            headers["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+        return headers
+
+    def mint(self, assistant="", identity=None, **body):
+        data = {"assistant": assistant, "visitor": self.visitor, **body}
+        if identity is not None:
+            data["identity"] = identity
+        response = self.client.post("/api/widget-token/", json.dumps(data), content_type="application/json",
+                                    **self.headers(None))
+        if response.status_code == 200:
+            self.token = response.json()["token"]
+        return response
+
+    def post(self, url, data=None, token=None, **extra):
+        self.client.cookies.clear()  # a browser blocking third-party cookies keeps none of the API's
+        return self.client.post(url, json.dumps(data or {}), content_type="application/json",
+                                **self.headers(token or self.token, **extra))
+
+    def get(self, url, token=None, **extra):
+        self.client.cookies.clear()
+        return self.client.get(url, **self.headers(token or self.token, **extra))
+
+    def renew(self):
+        """What the widget does before its token expires: the token, sent to get a fresh one."""
+        return self.client.post("/api/widget-token/", json.dumps({"visitor": self.visitor}),
+                                content_type="application/json", **self.headers(self.token))
+
+
+@pytest.fixture(autouse=True)
+def _page_allowed(conversations_settings):
+    conversations_settings.update(ALLOWED_ORIGINS=[PAGE], IDENTITY_SECRET=SECRET)
+
+
+def started(page, assistant=None):
+    """A conversation the page's visitor started, and a turn in it (queued)."""
+    created = page.post("/api/conversations/", {"assistant": assistant} if assistant else {})
+    assert created.status_code == 201, created.content
+    turn = page.post(f"/api/conversations/{created.json()['id']}/turns/", {"content": "Where is my order?"})
+    assert turn.status_code == 202, turn.content
+    return turn.json()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_page_of_an_allowed_origin_chats_with_a_token_and_no_cookie(worker):
+    page = Page()
+    minted = page.mint()
+    assert minted.status_code == 200, minted.content
+    body = minted.json()
+    assert body["expires_in"] == 900 and body["widget"]["api_url"] == "http://testserver/api/conversations/"
+    assert minted["Access-Control-Allow-Origin"] == PAGE
+
+    turn = started(page)
+    worker()
+    poll_url = turn["poll_url"]
+    first = page.get(poll_url)
+    while not first.json()["done"]:
+        time.sleep(0.05)
+        first = page.get(poll_url)
+    again = page.get(poll_url, HTTP_IF_NONE_MATCH=first["ETag"])
+    rated = page.post(turn["rating_url"], {"value": "up"})
+    detail = page.get(f"/api/conversations/{turn['conversation']}/")
+
+    assert first.status_code == 200 and again.status_code == 304
+    assert rated.status_code == 201 and detail.status_code == 200
+    assert [m["role"] for m in detail.json()["messages"]][0] == "user"
+    for response in (first, again, rated, detail):
+        assert response["Access-Control-Allow-Origin"] == PAGE
+        assert "Origin" in response["Vary"]
+        assert response["Access-Control-Expose-Headers"] == "ETag, Retry-After"
+        assert "Access-Control-Allow-Credentials" not in response
+        assert not response.cookies  # no session, no csrftoken: nothing for a browser to block
+    conversation = Conversation.objects.get()
+    assert conversation.user is None and conversation.owner_token.startswith("v:")
+    assert Turn.objects.get().rating == "up"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_another_visitors_token_owns_nothing_and_a_renewed_token_keeps_the_conversation(conversations_settings):
+    page, stranger = Page(), Page()
+    page.mint()
+    stranger.mint()
+    turn = started(page)
+    detail = f"/api/conversations/{turn['conversation']}/"
+
+    renewed = page.renew()
+
+    assert stranger.get(detail).status_code == 404
+    assert stranger.get(turn["poll_url"]).status_code == 404
+    assert renewed.status_code == 200
+    assert page.get(detail, token=renewed.json()["token"]).status_code == 200
+    # The same visitor id from a page of another allowed origin is someone else.
+    elsewhere = Page(origin="https://other.example.com", visitor=page.visitor)
+    conversations_settings.update(ALLOWED_ORIGINS=[PAGE, elsewhere.origin])
+    assert elsewhere.mint().status_code == 200
+    assert elsewhere.get(detail).status_code == 404
+
+
+def test_a_token_used_from_a_page_of_another_origin_is_refused():
+    page = Page()
+    page.mint()
+    thief = Page(origin=OTHER)
+
+    response = thief.post("/api/conversations/", token=page.token)
+
+    assert response.status_code == 401
+    assert response.json() == {"detail": "This chat's access was given to another site. Please reload the page."}
+    assert response["WWW-Authenticate"].startswith("Bearer")
+    assert not Conversation.objects.exists()
+
+
+def test_a_token_for_another_assistant_is_refused():
+    Assistant.objects.create(slug="sales", name="Sales", system_prompt="Sell.", allowed_origins=[PAGE])
+    Assistant.objects.create(slug="support", name="Support", system_prompt="Help.", allowed_origins=[PAGE])
+    page = Page()
+    assert page.mint(assistant="sales").status_code == 200
+
+    response = page.post("/api/conversations/", {"assistant": "support"})
+
+    assert response.status_code == 401
+    assert response.json() == {"detail": "This chat's access was given for another assistant. Please reload the "
+                                         "page."}
+    assert not Conversation.objects.exists()
+
+
+def test_an_expired_token_is_refused_and_a_new_one_is_minted_for_the_same_visitor(conversations_settings):
+    page = Page()
+    page.mint()
+    turn = started(page)
+    conversations_settings.update(WIDGET_TOKEN_TTL=-1)  # every token issued is now past its lifetime
+
+    refused = page.get(turn["poll_url"])
+    renewal = page.renew()
+
+    assert refused.status_code == 401
+    assert refused.json() == {"detail": "This chat's access has expired. Please reload the page."}
+    assert renewal.status_code == 401  # an expired token renews nothing …
+    conversations_settings.update(WIDGET_TOKEN_TTL=900)
+    page.token = None
+    assert page.mint().status_code == 200  # … but the same visitor id gets a new one, and its conversation
+    assert page.get(f"/api/conversations/{turn['conversation']}/").status_code == 200
+
+
+def test_a_tampered_token_is_refused():
+    page = Page()
+    page.mint()
+    payload, _sep, signature = page.token.partition(":")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    claims["v"] = "someone-else-entirely-0123456789"
+    forged = base64.urlsafe_b64encode(json.dumps(claims, separators=(",", ":")).encode()).decode()
+
+    responses = [page.post("/api/conversations/", token=forged.rstrip("=") + ":" + signature),
+                 page.post("/api/conversations/", token=page.token[:-2] + "xx")]
+
+    for response in responses:
+        assert response.status_code == 401
+        assert response.json() == {"detail": "This chat could not verify its access. Please reload the page."}
+    assert not Conversation.objects.exists()
+
+
+def test_a_page_of_an_origin_not_allowed_gets_no_token_and_can_read_why():
+    page = Page(origin=OTHER)
+
+    response = page.mint()
+
+    assert response.status_code == 403
+    assert response.json() == {"detail": f"This assistant cannot be used on pages of {OTHER}."}
+    assert response["Access-Control-Allow-Origin"] == OTHER  # the widget can show the sentence
+    assert not Conversation.objects.exists()
+
+
+def test_cors_preflight_answers_allowed_origins_only():
+    Assistant.objects.create(slug="docs", name="Docs", system_prompt="Explain.",
+                             allowed_origins=["https://*.example.org"])
+    client = Client()
+
+    def preflight(origin, path="/api/conversations/"):
+        return client.options(path, HTTP_ORIGIN=origin, HTTP_ACCESS_CONTROL_REQUEST_METHOD="POST",
+                              HTTP_ACCESS_CONTROL_REQUEST_HEADERS="authorization,content-type")
+
+    allowed, wildcard, refused = preflight(PAGE), preflight("https://help.example.org"), preflight(OTHER)
+    bare_domain = preflight("https://example.org")  # "*." stands for a subdomain, not the domain itself
+
+    assert allowed.status_code == 204 and allowed["Access-Control-Allow-Origin"] == PAGE
+    assert {"Authorization", "Content-Type", "If-None-Match"} <= {
+        h.strip() for h in allowed["Access-Control-Allow-Headers"].split(",")}
+    assert "Origin" in allowed["Vary"] and "Access-Control-Allow-Credentials" not in allowed
+    assert wildcard["Access-Control-Allow-Origin"] == "https://help.example.org"
+    for response in (refused, bare_domain):
+        assert "Access-Control-Allow-Origin" not in response and "Origin" in response["Vary"]
+    # An assistant's origins are its own: the default assistant is not embedded there.
+    assert Page(origin="https://help.example.org").mint().status_code == 403
+    assert Page(origin="https://help.example.org").mint(assistant="docs").status_code == 200
+
+
+def test_token_minting_is_limited_per_address(conversations_settings):
+    conversations_settings.update(TOKEN_RATE_PER_IP="2/min")
+    answers = [Page().mint().status_code for _ in range(3)]
+    last = Page().mint()
+
+    assert answers == [200, 200, 429]
+    assert last.json()["detail"].startswith("This chat was opened too many times from your address.")
+    assert int(last["Retry-After"]) >= 1
+
+
+def signed_in_user():
+    return get_user_model().objects.create_user("shopper", password="pw-123456789")
+
+
+def test_a_signed_identity_makes_the_visitor_that_user(conversations_settings):
+    conversations_settings.update(LOGIN_REQUIRED=True)
+    user = signed_in_user()
+    page, anonymous = Page(), Page()
+
+    minted = page.mint(identity=visitors.sign_identity(user.pk, SECRET))
+    refused = anonymous.mint()
+    turn = started(page)
+
+    assert minted.status_code == 200 and refused.status_code == 403
+    assert refused.json() == {"detail": "Please sign in to chat with the assistant."}
+    conversation = Conversation.objects.get()
+    assert conversation.user == user and str(conversation.id) == turn["conversation"]
+    assert page.get(turn["poll_url"]).status_code == 200
+    # Their conversations, from any page the host site vouches for them on.
+    again = Page()
+    again.mint(identity=visitors.sign_identity(user.pk, SECRET))
+    assert again.get(f"/api/conversations/{turn['conversation']}/").status_code == 200
+
+
+@pytest.mark.parametrize("identity, sentence", [
+    (lambda user: visitors.sign_identity(user.pk, "not-the-site-secret"),
+     "Your sign-in could not be verified. Please reload the page."),
+    (lambda user: visitors.sign_identity(user.pk, SECRET)[:-1] + "0",
+     "Your sign-in could not be verified. Please reload the page."),
+    (lambda user: f"{user.pk}:{int(time.time())}:nonce",
+     "Your sign-in could not be verified. Please reload the page."),
+    (lambda user: visitors.sign_identity(user.pk, SECRET, now=time.time() - 301),
+     "Your sign-in has expired. Please reload the page."),
+], ids=["forged", "tampered", "unsigned", "expired"])
+def test_a_signed_identity_that_cannot_be_taken_is_refused(identity, sentence):
+    user = signed_in_user()
+
+    response = Page().mint(identity=identity(user))
+
+    assert response.status_code == 401
+    assert response.json() == {"detail": sentence}
+
+
+def test_a_replayed_signed_identity_is_refused():
+    identity = visitors.sign_identity(signed_in_user().pk, SECRET)
+
+    first, replayed = Page().mint(identity=identity), Page().mint(identity=identity)
+
+    assert first.status_code == 200 and replayed.status_code == 401
+    assert replayed.json() == {"detail": "Your sign-in was already used. Please reload the page."}
+
+
+def test_an_origin_that_is_not_one_is_refused_in_the_admin_form():
+    assistant = Assistant(slug="x", name="X", system_prompt="Hi.",
+                          allowed_origins=["https://ok.example.com", "https://*", "https://*.example.com/path"])
+
+    fields = [field for field, _reason in assistants.problems(assistant)]
+
+    assert fields == ["allowed_origins"]
+    assistant.allowed_origins = ["https://ok.example.com", "https://*.example.com", "http://127.0.0.1:8000"]
+    assert not [f for f, _reason in assistants.problems(assistant) if f == "allowed_origins"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_embedded_widgets_poll_is_answered_from_the_cache_alone(worker, django_assert_num_queries):
+    user = signed_in_user()
+    anonymous, signed_in = Page(), Page()
+    anonymous.mint()
+    signed_in.mint(identity=visitors.sign_identity(user.pk, SECRET))
+    turns = [started(anonymous), started(signed_in)]
+    worker()
+    for page, turn in zip((anonymous, signed_in), turns):
+        assert page.get(turn["poll_url"]).json()["done"]  # the allowed origins are read once here
+
+        with django_assert_num_queries(0):
+            response = page.get(turn["poll_url"])
+
+        assert response.status_code == 200 and response["Access-Control-Allow-Origin"] == PAGE
+
+
+def test_an_allowed_origin_that_no_page_can_have_stops_the_checks(conversations_settings):
+    from conversations.checks import check_config
+
+    conversations_settings.update(ALLOWED_ORIGINS=["https://shop.example.com", "https://*.example.com", "https://*",
+                                                   "https://shop.example.com/cart", "TOKEN_RATE"],
+                                  TOKEN_RATE_PER_IP="often")
+
+    found = [(m.id, m.msg) for m in check_config() if m.id in ("conversations.E043", "conversations.E012")]
+
+    assert found == [
+        ("conversations.E012", "TOKEN_RATE_PER_IP 'often' is not a rate."),
+        ("conversations.E043", "ALLOWED_ORIGINS entry 'https://*' is not an origin a page can have."),
+        ("conversations.E043", "ALLOWED_ORIGINS entry 'https://shop.example.com/cart' is not an origin a page can have."),
+        ("conversations.E043", "ALLOWED_ORIGINS entry 'TOKEN_RATE' is not an origin a page can have."),
+    ]
+
+
+def docs_code_block(opening):
+    """The code block of docs/widget.md that starts with ``opening``."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "widget.md").read_text()
+    blocks = re.findall(r"```(?:python|js)\n(.*?)```", text, re.S)
+    return next(block for block in blocks if block.startswith(opening))
+
+
+@pytest.mark.parametrize("language", ["python", "node"])
+def test_the_signing_code_in_the_docs_makes_identities_the_api_takes(language):
+    user = signed_in_user()
+    if language == "python":
+        namespace = {}
+        exec(docs_code_block("import hashlib"), namespace)  # noqa: S102 - our own docs
+        identity = namespace["conversations_identity"](user.pk, SECRET)
+    else:
+        code = docs_code_block('const crypto') + f"\nprocess.stdout.write(conversationsIdentity({user.pk}, {SECRET!r}));"
+        identity = subprocess.run(["node", "-e", code], capture_output=True, text=True, check=True).stdout
+
+    assert Page().mint(identity=identity).status_code == 200
+
+
+def test_an_assistant_for_signed_in_users_gets_a_token_only_with_a_signed_identity():
+    Assistant.objects.create(slug="members", name="Members", system_prompt="Help.", allowed_origins=[PAGE],
+                             access=Assistant.Access.SIGNED_IN)
+    user = signed_in_user()
+    anonymous, member = Page(), Page()
+
+    refused = anonymous.mint(assistant="members")
+    minted = member.mint(assistant="members", identity=visitors.sign_identity(user.pk, SECRET))
+
+    assert refused.status_code == 403
+    assert refused.json() == {"detail": "Please sign in to chat with this assistant."}
+    assert minted.status_code == 200
+    assert member.post("/api/conversations/", {"assistant": "members"}).status_code == 201
+    assert Conversation.objects.get().user == user

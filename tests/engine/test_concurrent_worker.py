@@ -1,0 +1,310 @@
+"""Many turns in one worker process (``conversations.worker.ConcurrentWorker``): they run side by
+side in its threads, each under its own clocks, and every safety net of the forking worker holds
+for all of them at once — a turn stuck past its job timeout, SIGTERM, SIGKILL of the process.
+Real Redis, real RQ workers (in burst mode and as ``manage.py rqworker`` processes), a fake
+provider that proves the calls overlapped."""
+
+import os
+import signal
+import threading
+import time
+
+import django_rq
+import pytest
+from django.db import connections
+from rq import Worker as RQWorker
+from rq.job import Job, JobStatus
+from rq.registry import FailedJobRegistry, StartedJobRegistry
+
+from conversations.core.sentences import timeout_message
+from conversations.engine.worker import WORKER_KEY_TTL, stuck_threads
+from conversations.models import CallRecord, Turn
+from conversations.providers.demo import DemoProvider
+from tests.support.fakes import FakeProvider, hang, openai_text
+from tests.support.helpers import CONCURRENT, make_client, make_worker, poll_until_done, run_worker, start_turn
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def together(size, text):
+    """A provider behaviour that answers only once ``size`` requests are in flight at the same time."""
+    barrier = threading.Barrier(size)
+
+    def behaviour(handler):
+        try:
+            barrier.wait(timeout=20)
+        except threading.BrokenBarrierError:
+            handler.send_json(500, {"error": {"message": "fake provider: requests did not overlap"}})
+            return
+        handler.send_json(200, openai_text(text))
+    return behaviour
+
+
+@pytest.fixture
+def provider(conversations_settings):
+    with FakeProvider() as fake:
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="k", MODEL="m", STREAM=False,
+                                      MAX_ATTEMPTS=1, JOB_TIMEOUT=20, DEADLINE_MARGIN=4, CALL_TIMEOUT=10)
+        yield fake
+
+
+def wait_for(condition, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def test_n_turns_at_once_in_one_process_all_complete(provider, conversations_settings):
+    conversations_settings.update(WORKER_THREADS=8)
+    provider.add(*[together(6, "Side by side.")] * 6)  # a reply only when all six calls are in flight
+    posted = [(client, start_turn(client, f"Question {n}")) for n, client in enumerate(make_client() for _ in range(6))]
+
+    worker = run_worker(CONCURRENT)
+
+    for client, body in posted:
+        final = poll_until_done(client, body["poll_url"], timeout=5)
+        assert (final["status"], final["messages"][-1]["content"]) == ("completed", "Side by side.")
+    connection = django_rq.get_connection()
+    jobs = [Job.fetch(Turn.objects.get(pk=body["id"]).job_id, connection=connection) for _, body in posted]
+    assert {job.get_status() for job in jobs} == {JobStatus.FINISHED}  # RQ recorded each as it does
+    assert {job.worker_name for job in jobs} == {worker.name}  # all six in this one process
+    assert StartedJobRegistry("default", connection=connection).get_job_ids() == []
+    assert worker.get_state() == "idle"  # as `rq info` shows it once no turn runs
+
+
+def test_a_job_is_taken_only_when_a_thread_is_free(provider, conversations_settings):
+    conversations_settings.update(WORKER_THREADS=2)
+    in_flight, most = [0], [0]
+    lock = threading.Lock()
+
+    def counted(handler):
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.5)
+        with lock:
+            in_flight[0] -= 1
+        handler.send_json(200, openai_text("One at a time-ish."))
+
+    provider.add(*[counted] * 5)
+    queue = django_rq.get_queue("default")
+    posted = [(client, start_turn(client)) for client in (make_client() for _ in range(5))]
+    worker = make_worker(CONCURRENT)
+    seen_queued = []
+    watcher = threading.Thread(target=lambda: wait_for(lambda: seen_queued.append(queue.count) or in_flight[0] == 2))
+    watcher.start()
+    worker.work(burst=True)
+    watcher.join()
+    connections.close_all()
+
+    assert most[0] == 2  # never more than its threads
+    assert 3 in seen_queued  # while two ran, the other three waited in the queue for any worker
+    for client, body in posted:
+        assert poll_until_done(client, body["poll_url"], timeout=5)["status"] == "completed"
+
+
+class StuckProvider(DemoProvider):
+    """Answers at once, except "stuck": then it sleeps inside C code (time.sleep), where RQ's
+    timer cannot raise the job timeout into its thread, for longer than the job timeout."""
+
+    def complete(self, messages, tools, on_text=None):
+        if messages[-1].content == "stuck":
+            time.sleep(STUCK_FOR)
+        return super().complete(messages, tools, on_text)
+
+
+JOB_TIMEOUT, STUCK_FOR = 4, 12
+
+
+def test_a_turn_stuck_past_its_job_timeout_is_ended_and_its_thread_given_up_while_the_others_run(
+        conversations_settings):
+    conversations_settings.update(PROVIDER=f"{__name__}.StuckProvider", JOB_TIMEOUT=JOB_TIMEOUT, DEADLINE_MARGIN=2,
+                                  DEMO_DELAY=0.05, WORKER_THREADS=4, STREAM=False)
+    stuck_client, others = make_client(), [make_client() for _ in range(3)]
+    stuck = start_turn(stuck_client, "stuck")
+    already = stuck_threads()  # tool threads other tests gave up on may still be alive
+    started = time.monotonic()
+    worker = make_worker(CONCURRENT)
+    others_ended = []
+
+    def visit_meanwhile():  # the stuck turn holds one thread; the others run beside it
+        try:
+            wait_for(lambda: len(StartedJobRegistry("default", connection=worker.connection)) == 1)
+            posted = [(client, start_turn(client, "Hello")) for client in others]
+            others_ended.extend(poll_until_done(client, body["poll_url"], timeout=10)["status"]
+                                for client, body in posted)
+        finally:
+            connections.close_all()
+
+    visitors = threading.Thread(target=visit_meanwhile)
+    visitors.start()
+    worker.work(burst=True)  # returns without waiting for the given-up thread
+    visitors.join(10)
+    final = poll_until_done(stuck_client, stuck["poll_url"], timeout=5)
+    ended_after = time.monotonic() - started
+
+    assert others_ended == ["completed"] * 3
+    assert (final["status"], final["error"]) == ("failed", timeout_message())
+    assert JOB_TIMEOUT < ended_after < JOB_TIMEOUT + 5 + 3  # STUCK_GRACE after the job timeout, plus slack
+    assert worker.abandoned_jobs == 1 and stuck_threads() == already + 1
+    job = Job.fetch(Turn.objects.get(pk=stuck["id"]).job_id, connection=worker.connection)
+    assert job.get_status() == JobStatus.FAILED and "given up" in job.latest_result().exc_string
+    assert job.id in FailedJobRegistry("default", connection=worker.connection)
+    assert len(StartedJobRegistry("default", connection=worker.connection)) == 0
+
+    # The thread comes back from C code later: the turn stays as it was ended, RQ's record too.
+    wait_for(lambda: stuck_threads() <= already, timeout=STUCK_FOR + 5)
+    time.sleep(0.3)
+    again = stuck_client.get(stuck["poll_url"]).json()
+    assert (again["status"], again["error"]) == ("failed", timeout_message())
+    assert len(job.results()) == 1
+    connections.close_all()
+
+
+def running_in(fake, count):
+    wait_for(lambda: len(fake.requests) >= count)
+
+
+@pytest.fixture
+def resuming(provider, conversations_settings):
+    conversations_settings.update(MAX_RESUMES=2, JOB_TIMEOUT=30, CALL_TIMEOUT=20)
+    return provider
+
+
+def test_sigterm_with_several_turns_in_flight_exits_in_seconds_and_hands_every_one_over(resuming, worker_process):
+    fake = resuming
+    fake.add(hang, hang, hang, openai_text("Finished elsewhere."), openai_text("Finished elsewhere."),
+             openai_text("Finished elsewhere."))
+    posted = [(client, start_turn(client, "Long one")) for client in (make_client() for _ in range(3))]
+    (process,) = worker_process(1, worker_class=CONCURRENT)
+    running_in(fake, 3)
+    asked = time.monotonic()
+    process.send_signal(signal.SIGTERM)  # a deploy's warm shutdown
+    process.wait(timeout=30)
+    stopped_in = time.monotonic() - asked
+    run_worker(CONCURRENT)
+
+    assert stopped_in < 5
+    for client, body in posted:
+        final = poll_until_done(client, body["poll_url"], timeout=10)
+        assert (final["status"], final["messages"][-1]["content"]) == ("completed", "Finished elsewhere.")
+        turn = Turn.objects.get(pk=body["id"])
+        assert turn.resumes == 1
+        assert CallRecord.objects.get(turn=turn, kind="resume").name == "its worker shut down"
+
+
+def test_sigkill_of_a_process_holding_several_turns_continues_all_of_them_elsewhere(
+        resuming, worker_process, conversations_settings):
+    """The process is SIGKILLed (the OOM killer): nobody writes anything for its turns. Its worker
+    key, refreshed every few seconds, expires WORKER_KEY_TTL after its death (simulated by
+    deleting it), and with it the poll view takes each of its turns for dead and continues it."""
+    fake = resuming
+    fake.add(hang, hang, hang, *[openai_text("Finished elsewhere.")] * 3)
+    posted = [(client, start_turn(client, "Long one")) for client in (make_client() for _ in range(3))]
+    (process,) = worker_process(1, worker_class=CONCURRENT)
+    running_in(fake, 3)
+    connection = django_rq.get_connection()
+    job_ids = [Turn.objects.get(pk=body["id"]).job_id for _, body in posted]
+    assert sorted(StartedJobRegistry("default", connection=connection).get_job_ids()) == sorted(job_ids)
+    (registered,) = RQWorker.all(connection=connection)  # one worker, holding all three, as `rq info` shows
+    assert registered.get_state() == "busy" and 0 < connection.ttl(registered.key) <= WORKER_KEY_TTL
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(5)
+
+    conversations_settings.update(STALE_AFTER=0)  # every state is stale now
+    for client, body in posted:  # within the key's life the turns are still believed to run
+        assert client.get(body["poll_url"]).json()["resuming"] is False
+    connection.delete(registered.key)
+    for client, body in posted:
+        assert client.get(body["poll_url"]).json()["resuming"] is True
+    run_worker(CONCURRENT)
+
+    for client, body in posted:
+        final = poll_until_done(client, body["poll_url"], timeout=10)
+        assert (final["status"], final["messages"][-1]["content"]) == ("completed", "Finished elsewhere.")
+        assert Turn.objects.get(pk=body["id"]).resumes == 1
+
+
+def test_rqworker_pool_runs_the_concurrent_worker_with_many_turns_in_each_process(
+        transactional_db, provider, conversations_settings):
+    """`manage.py rqworker-pool` takes RQ["WORKER_CLASS"]: two pool workers, six turns answered
+    only once all six calls are in flight, so each process held several at once."""
+    import subprocess
+    import sys
+
+    from tests.support.helpers import ROOT, worker_env
+
+    provider.add(*[together(6, "From the pool.")] * 6)
+    conversations_settings.update(WORKER_THREADS=4)
+    posted = [(client, start_turn(client, "Hello?")) for client in (make_client() for _ in range(6))]
+    pool = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "rqworker-pool", "--num-workers", "2"],
+                            env={**worker_env(), "RQ_WORKER_CLASS": CONCURRENT}, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for client, body in posted:
+            final = poll_until_done(client, body["poll_url"], timeout=40)
+            assert (final["status"], final["messages"][-1]["content"]) == ("completed", "From the pool.")
+        connection = django_rq.get_connection()
+        ran_on = {Job.fetch(Turn.objects.get(pk=body["id"]).job_id, connection=connection).worker_name
+                  for _, body in posted}
+        assert len(ran_on) == 2  # four threads each: neither could have held all six
+    finally:
+        pool.terminate()
+        try:
+            pool.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pool.kill()
+
+
+def test_a_process_with_too_many_given_up_threads_shuts_down_to_be_restarted(worker_process, conversations_settings):
+    conversations_settings.update(PROVIDER=f"{__name__}.StuckProvider", JOB_TIMEOUT=JOB_TIMEOUT, DEADLINE_MARGIN=2,
+                                  DEMO_DELAY=0.05, STREAM=False)
+    client = make_client()
+    stuck = start_turn(client, "stuck")
+    (process,) = worker_process(1, worker_class=CONCURRENT, WORKER_MAX_STUCK=1)
+
+    final = poll_until_done(client, stuck["poll_url"], timeout=30)
+    assert (final["status"], final["error"]) == ("failed", timeout_message())
+    # Its supervisor (systemd, the pool) starts a fresh process: this one leaves by itself, warmly.
+    assert process.wait(timeout=10) == 0
+    assert RQWorker.all(connection=django_rq.get_connection()) == []  # unregistered, as a warm shutdown does
+
+
+def test_a_turn_in_the_concurrent_worker_holds_no_database_connection_while_it_waits(provider, conversations_settings):
+    """Each wait (the model call, a tool) starts with the thread's connection closed: a turn of two
+    model calls opens one per step instead of keeping one for its whole length."""
+    from django.db.backends.signals import connection_created
+
+    from tests.support.fakes import openai_tool_calls
+
+    conversations_settings.update(TOOLS=["tests.engine.test_concurrent_worker.note"])
+    provider.add(openai_tool_calls(("call_1", "note", {})), openai_text("Noted."))
+    opened = []
+
+    def count(sender, connection, **kwargs):
+        if threading.current_thread().name.startswith("job-"):
+            opened.append(connection.alias)
+
+    client = make_client()
+    body = start_turn(client, "Note it")
+    connection_created.connect(count)
+    try:
+        run_worker(CONCURRENT)
+    finally:
+        connection_created.disconnect(count)
+    assert poll_until_done(client, body["poll_url"], timeout=5)["messages"][-1]["content"] == "Noted."
+    # Up to the first call; its step saved, up to the tool; the tool's, up to the second call; the
+    # final write: three waits, four connections, none held across a wait.
+    assert len(opened) == 4
+
+
+from conversations.tools import tool  # noqa: E402 - the tool the test above gives the model
+
+
+@tool
+def note() -> str:
+    """Takes a note."""
+    return "noted"

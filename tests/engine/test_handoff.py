@@ -1,0 +1,358 @@
+"""A conversation handed to a person: the visitor's button or the assistant's tool asks for one,
+staff answer from the admin's inbox (one at a time), the visitor's poll shows every reply, and
+handing back lets the assistant answer again, with the staff's words in its history."""
+
+import django_rq
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core import mail
+from django.core.cache import cache
+from django.test import Client
+from django.urls import reverse
+
+from conversations.engine import handoff
+from conversations.models import Assistant, Conversation, Message, Turn
+from conversations.signals import handoff_requested, handoff_taken
+from tests.support.fakes import FakeProvider, openai_text, openai_tool_calls
+from tests.support.helpers import api_post, at_once, local_key, make_client, poll_until_done
+
+INBOX = "/admin/conversations/waitingconversation/"
+
+
+def make_assistant(slug="support", **fields):
+    values = {"name": "Help desk", "system_prompt": "You are the help desk.", "provider": "demo",
+              "handoff": Assistant.HandoffWays.BOTH}
+    return Assistant.objects.create(slug=slug, **{**values, **fields})
+
+
+def staff_member(username="ana", first_name="Ana", *, allowed=True):
+    """A logged-in staff client (not a superuser), with ``answer_handoff`` when ``allowed``."""
+    user = User.objects.create_user(username, first_name=first_name, is_staff=True)
+    if allowed:
+        user.user_permissions.add(Permission.objects.get(codename="answer_handoff"))
+    client = Client()
+    client.force_login(user)
+    client.user = user
+    return client
+
+
+def new_conversation(client, assistant="support"):
+    response = api_post(client, "/api/conversations/", {"assistant": assistant})
+    assert response.status_code == 201, response.content
+    return response.json()["id"]
+
+
+def handoff_url(conversation_id):
+    return f"/api/conversations/{conversation_id}/handoff/"
+
+
+def send(client, conversation_id, content):
+    return api_post(client, f"/api/conversations/{conversation_id}/turns/", {"content": content})
+
+
+def answer_page(conversation_id):
+    return reverse("admin:conversations_waitingconversation_change", args=[conversation_id])
+
+
+def act(staff, conversation_id, action, content=""):
+    return staff.post(answer_page(conversation_id), {"action": action, "content": content}, follow=True)
+
+
+class Received:
+    """Every ``signal`` sent while the test runs, in this process or a forked work horse (which
+    inherits the receiver): each is kept in the cache, as ``{"conversation": id, …}``."""
+
+    def __init__(self, signal):
+        self.signal, self.key = signal, f"test-received-{id(self)}"
+        signal.connect(self.receive, dispatch_uid=self.key)
+
+    def receive(self, sender, conversation, **kwargs):
+        values = {key: getattr(value, "username", value) for key, value in kwargs.items() if key != "signal"}
+        cache.set(self.key, cache.get(self.key, []) + [{"conversation": str(conversation.pk), **values}])
+
+    @property
+    def calls(self):
+        return cache.get(self.key, [])
+
+    def close(self):
+        self.signal.disconnect(dispatch_uid=f"test-{id(self)}")
+
+
+@pytest.fixture
+def received():
+    made = []
+
+    def listen(signal):
+        made.append(Received(signal))
+        return made[-1]
+    yield listen
+    for each in made:
+        each.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_button_hands_over_and_what_the_visitor_writes_meanwhile_is_kept_with_no_turn(
+        conversations_settings, received):
+    conversations_settings.update(HANDOFF_EMAILS=["support@example.com"])
+    make_assistant()
+    requested = received(handoff_requested)
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+
+    asked = api_post(visitor, handoff_url(conversation))
+    kept = [send(visitor, conversation, text) for text in ("Hello?", "I was charged twice.", "Order 1234.")]
+
+    assert asked.status_code == 202 and asked.json()["state"] == "waiting" and asked.json()["expired"] is False
+    assert [r.status_code for r in kept] == [202, 202, 202]
+    assert kept[0].json()["handoff"] == "waiting" and kept[0].json()["message"]["content"] == "Hello?"
+    # No turn, no job: the assistant does not answer a conversation staff hold.
+    assert not Turn.objects.filter(conversation_id=conversation).exists()
+    assert django_rq.get_queue("default").count == 0
+    polled = visitor.get(handoff_url(conversation))
+    assert [m["content"] for m in polled.json()["messages"]] == ["Hello?", "I was charged twice.", "Order 1234."]
+    unchanged = visitor.get(handoff_url(conversation), HTTP_IF_NONE_MATCH=polled["ETag"])
+    assert unchanged.status_code == 304
+    # The signal and the mail went out once, with where to answer it.
+    assert [(c["conversation"], c["how"]) for c in requested.calls] == [(conversation, "button")]
+    assert len(mail.outbox) == 1 and mail.outbox[0].to == ["support@example.com"]
+    assert answer_page(conversation) in mail.outbox[0].body and "Help desk" in mail.outbox[0].subject
+    # Someone else's conversation is not found.
+    assert make_client().get(handoff_url(conversation)).status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_assistant_hands_over_with_its_tool_and_stops_answering(worker, conversations_settings, received):
+    conversations_settings.update(CREDENTIALS={"key": local_key("sk-test")})
+    requested = received(handoff_requested)
+    with FakeProvider() as api:
+        api.add(openai_tool_calls(("hand_to_person", {"reason": "A refund dispute."})),
+                openai_text("A person from our team will reply here."))
+        make_assistant(provider="openai", base_url=api.url, credential="key", handoff=Assistant.HandoffWays.TOOL)
+        visitor = make_client()
+        conversation = new_conversation(visitor)
+        turn = send(visitor, conversation, "I want to talk to a human about my refund.").json()
+        worker()
+        final = poll_until_done(visitor, turn["poll_url"])
+        later = send(visitor, conversation, "Are you there?")
+
+    assert final["status"] == "completed" and final["messages"][-1]["content"] == "A person from our team will reply here."
+    assert [t["function"]["name"] for t in api.requests[0]["json"]["tools"]] == ["hand_to_person"]
+    assert Conversation.objects.get(pk=conversation).handoff == "waiting"
+    assert [(c["how"], c["reason"]) for c in requested.calls] == [("tool", "A refund dispute.")]
+    assert later.status_code == 202 and later.json()["handoff"] == "waiting"
+    assert Turn.objects.filter(conversation_id=conversation).count() == 1 and len(api.requests) == 2
+    # The button is not offered by this assistant: refused with a sentence.
+    refused = api_post(visitor, handoff_url(new_conversation(visitor)))
+    assert refused.status_code == 403
+    assert refused.json() == {"detail": "This assistant cannot hand the conversation to a person."}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_staff_members_cannot_both_take_it(received):
+    make_assistant()
+    taken = received(handoff_taken)
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+    ana, ben = staff_member("ana", "Ana"), staff_member("ben", "Ben")
+
+    results = at_once(lambda: act(ana, conversation, "take"), lambda: act(ben, conversation, "take"))
+
+    pages = [r.content.decode() for r in results]
+    winners = [page for page in pages if "You are answering this conversation." in page]
+    losers = [page for page in pages if "is already answering this conversation; nothing was sent." in page]
+    assert len(winners) == 1 and len(losers) == 1
+    row = Conversation.objects.get(pk=conversation)
+    assert row.handoff == "taken" and row.handoff_by.username in losers[0]
+    assert [c["user"] for c in taken.calls] == [row.handoff_by.username]  # once
+    # The one who did not take it cannot reply; what they wrote stays on their page.
+    loser = ben if row.handoff_by.username == "ana" else ana
+    page = act(loser, conversation, "reply", "I can help!").content.decode()
+    assert "nothing was sent" in page and "I can help!" in page
+    assert not Message.objects.filter(role="staff").exists()
+    # The visitor's poll says who joined.
+    assert visitor.get(handoff_url(conversation)).json()["by"] == f"{row.handoff_by.first_name} from support"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_staff_reply_reaches_the_visitors_poll_and_the_transcript_as_text(conversations_settings):
+    conversations_settings.update(HANDOFF_STAFF_NAME="{first_name} of the shop")
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+    send(visitor, conversation, "Is anyone there?")
+    ana = staff_member()
+    before = visitor.get(handoff_url(conversation))
+
+    inbox = ana.get(INBOX).content.decode()
+    page = act(ana, conversation, "reply", "Hi, Ana here. <b>Let me check.</b>").content.decode()
+
+    assert "Is anyone there?" in inbox and "Help desk" in inbox
+    assert "Your reply was sent." in page and "&lt;b&gt;Let me check.&lt;/b&gt;" in page
+    polled = visitor.get(handoff_url(conversation), HTTP_IF_NONE_MATCH=before["ETag"])
+    assert polled.status_code == 200
+    assert polled.json()["state"] == "taken" and polled.json()["by"] == "Ana of the shop"
+    assert polled.json()["messages"][-1] == {"id": polled.json()["messages"][-1]["id"], "role": "staff",
+                                             "content": "Hi, Ana here. <b>Let me check.</b>", "turn": None,
+                                             "author": "Ana of the shop"}
+    staff_row = Message.objects.get(role="staff")
+    assert staff_row.author == ana.user
+    # After a reload the widget reads the same from the conversation.
+    detail = visitor.get(f"/api/conversations/{conversation}/").json()
+    assert detail["handoff"] == "taken"
+    assert [(m["role"], m["content"]) for m in detail["messages"]] == [
+        ("user", "Is anyone there?"), ("staff", "Hi, Ana here. <b>Let me check.</b>")]
+    # Without the permission, neither the inbox nor the page.
+    stranger = staff_member("carl", "Carl", allowed=False)
+    assert stranger.get(INBOX).status_code == 403
+    assert stranger.get(answer_page(conversation)).status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_handing_back_lets_the_assistant_answer_with_the_staff_messages_in_its_history(
+        worker, conversations_settings):
+    conversations_settings.update(CREDENTIALS={"key": local_key("sk-test")})
+    with FakeProvider() as api:
+        api.add(openai_text("Your refund is on its way, as Ana said."))
+        make_assistant(provider="openai", base_url=api.url, credential="key")
+        visitor = make_client()
+        conversation = new_conversation(visitor)
+        api_post(visitor, handoff_url(conversation))
+        send(visitor, conversation, "Where is my refund?")
+        ana = staff_member()
+        act(ana, conversation, "reply", "I have sent it today.")
+        handed = act(ana, conversation, "hand_back").content.decode()
+        turn = send(visitor, conversation, "Thanks! When will it arrive?")
+        assert turn.status_code == 202 and "poll_url" in turn.json(), turn.content
+        worker()
+        final = poll_until_done(visitor, turn.json()["poll_url"])
+
+    assert "Handed back to the assistant." in handed
+    assert final["status"] == "completed"
+    sent = api.requests[0]["json"]["messages"]
+    assert sent[1:] == [
+        {"role": "user", "content": "Where is my refund?"},
+        {"role": "assistant", "content": "[A person from the site's staff wrote to the visitor:] I have sent it today."},
+        {"role": "user", "content": "Thanks! When will it arrive?"}]
+    assert visitor.get(handoff_url(conversation)).json()["state"] == "returned"
+    # Handed back, staff cannot reply any more: refused, nothing saved.
+    page = act(ana, conversation, "reply", "One more thing").content.decode()
+    assert "This conversation is back with the assistant; nothing was sent." in page
+    assert Message.objects.filter(role="staff").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bad_requests_are_refused_with_a_sentence_and_nothing_is_lost():
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+
+    twice = api_post(visitor, handoff_url(conversation))
+    ana = staff_member()
+    empty = act(ana, conversation, "reply", "   ").content.decode()
+    too_long = act(ana, conversation, "reply", "x" * 4001).content.decode()
+    closed = act(ana, conversation, "close").content.decode()
+    after_close = act(ana, conversation, "reply", "Hello again").content.decode()
+    written = send(visitor, conversation, "Wait, one more question")
+    asked_again = api_post(visitor, handoff_url(conversation))
+
+    assert twice.status_code == 409
+    assert twice.json() == {"detail": "A person has already been asked for: they will reply here."}
+    assert "Write a reply first; nothing was sent." in empty
+    assert "A reply may have at most 4000 characters; nothing was sent." in too_long
+    assert "The conversation is closed." in closed
+    assert "This conversation is closed; nothing was sent." in after_close and "Hello again" in after_close
+    assert written.status_code == 409 and asked_again.status_code == 409
+    assert written.json() == {"detail": "This conversation was closed by our staff. Please start a new one to write "
+                                        "again."}
+    assert not Message.objects.exists() and not Turn.objects.exists()
+    assert ana.get(answer_page("not-a-uuid")).status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_visitor_no_one_answered_in_time_is_told_and_goes_back_to_the_assistant(conversations_settings):
+    conversations_settings.update(HANDOFF_WAIT=0)
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    asked = api_post(visitor, handoff_url(conversation))
+    Conversation.objects.filter(pk=conversation).update(
+        handoff_requested_at=Conversation.objects.get(pk=conversation).handoff_requested_at.replace(year=2020))
+    handoff.publish(conversation)
+
+    polled = visitor.get(handoff_url(conversation), HTTP_IF_NONE_MATCH=asked["ETag"])
+    back = api_post(visitor, f"/api/conversations/{conversation}/handoff/back/")
+    again = api_post(visitor, f"/api/conversations/{conversation}/handoff/back/")
+    turn = send(visitor, conversation, "OK, you then.")
+
+    assert polled.status_code == 200 and polled.json()["expired"] is True
+    assert back.status_code == 200 and back.json()["state"] == "returned" and back.json()["expired"] is False
+    assert again.status_code == 409 and again.json() == {"detail": "This conversation is not waiting for a person."}
+    assert turn.status_code == 202 and "poll_url" in turn.json()
+    # The inbox lists only what staff hold, the longest wait first.
+    older, newer = new_conversation(visitor), new_conversation(visitor)
+    for each in (older, newer):
+        api_post(visitor, handoff_url(each))
+    assert [c.pk for c in handoff.waiting()] == [Conversation.objects.get(pk=older).pk,
+                                                  Conversation.objects.get(pk=newer).pk]
+
+
+def test_handoff_settings_that_cannot_work_stop_the_check_with_a_sentence(conversations_settings):
+    from conversations.checks import check_config
+
+    conversations_settings.update(HANDOFF_STAFF_NAME="{first_name} ({email})", HANDOFF_WAIT=0,
+                                  HANDOFF_EMAILS=["support@example.com", "support"])
+
+    found = [m.msg for m in check_config() if m.id == "conversations.E044"]
+
+    assert found == [
+        "HANDOFF_STAFF_NAME '{first_name} ({email})' names 'email', which is not {first_name}, {last_name} or "
+        "{username}.",
+        "HANDOFF_WAIT is 0: a visitor would be told no one is free at once.",
+        "HANDOFF_EMAILS has 'support', which is not an e-mail address."]
+    # A name the check refuses never breaks a page: staff are named by their login meanwhile.
+    assert handoff.staff_name(User(username="ana", first_name="Ana")) == "ana"
+    conversations_settings.update(HANDOFF_STAFF_NAME="{first_name")
+    assert [m.msg for m in check_config() if m.id == "conversations.E044"] == [
+        "HANDOFF_STAFF_NAME '{first_name' expected '}' before end of string.",
+        "HANDOFF_WAIT is 0: a visitor would be told no one is free at once.",
+        "HANDOFF_EMAILS has 'support', which is not an e-mail address."]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admins_rerun_starts_no_turn_while_staff_hold_the_conversation():
+    from conversations.admin.turns import rerun_turn
+
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    first = send(visitor, conversation, "Hello").json()
+    Turn.objects.filter(pk=first["id"]).update(status="completed")
+    api_post(visitor, handoff_url(conversation))
+
+    new, reason = rerun_turn(Turn.objects.get(pk=first["id"]))
+
+    assert new is None
+    assert reason == "its conversation is with a person (or closed by them); hand it back to the assistant first"
+    assert Turn.objects.count() == 1
+
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_sent_again_with_its_idempotency_key_is_kept_once():
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+    url = f"/api/conversations/{conversation}/turns/"
+
+    first = api_post(visitor, url, {"content": "Are you there?"}, HTTP_IDEMPOTENCY_KEY="msg-1")
+    again = api_post(visitor, url, {"content": "Are you there?"}, HTTP_IDEMPOTENCY_KEY="msg-1")
+    other = api_post(visitor, url, {"content": "Something else"}, HTTP_IDEMPOTENCY_KEY="msg-1")
+
+    assert first.status_code == 202 and again.status_code == 200 and again["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()
+    assert other.status_code == 422
+    assert list(Message.objects.values_list("content", flat=True)) == ["Are you there?"]
