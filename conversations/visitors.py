@@ -104,7 +104,7 @@ def check_identity(value, now=None):
     user_id, stamp, nonce, signature = parts
     expected = hmac.new(cfg["IDENTITY_SECRET"].encode(), f"{user_id}:{stamp}:{nonce}".encode(),
                         hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, signature.lower()):
+    if not hmac.compare_digest(expected.encode(), signature.lower().encode()):  # str compares ASCII only
         raise Refused("identity_forged")
     now = time.time() if now is None else now
     age = now - int(stamp)

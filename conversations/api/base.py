@@ -90,13 +90,14 @@ class RedisDownMixin:
 
     def handle_exception(self, exc):
         """DRF's, with Redis errors answered 503 instead of re-raised, and every 404 with the app's
-        own sentence (not "No Conversation matches the given query."); returns the response."""
+        own sentence (not "No Conversation matches the given query.") unless it says one of its own
+        ("This assistant is not available."); returns the response."""
         if isinstance(exc, UNAVAILABLE_ERRORS):
             logger.error("Redis is unreachable; %s %s answered 503: %s", self.request.method, self.request.path,
                          describe_redis_error(exc))
             exc = ServiceUnavailable(unavailable_message())
-        elif isinstance(exc, (Http404, NotFound)):
-            exc = NotFound(not_found_message())
+        elif isinstance(exc, Http404) or (isinstance(exc, NotFound) and exc.detail == NotFound.default_detail):
+            exc = NotFound(not_found_message())  # a 404 that says its own sentence keeps it
         return super().handle_exception(exc)
 
     def finalize_response(self, request, response, *args, **kwargs):

@@ -107,7 +107,12 @@ class ConversationCreateSerializer(serializers.Serializer):
 
 
 class CommentField(VisitorTextField):
-    """A visitor's comment on an answer (its length is the field's ``max_length``)."""
+    """A visitor's comment on an answer: at most the field's ``max_length`` characters as sent (as
+    the schema says), control characters (but tab and newline) then removed."""
+
+    def check_sent_length(self, data):
+        if self.max_length is not None and len(data) > self.max_length:
+            self.fail("max_length", max_length=self.max_length)
 
 
 RATING_CHOICES = [choice for choice, _label in Turn.Rating.choices]

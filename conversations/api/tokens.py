@@ -9,6 +9,7 @@ apart) and the token is taken only from a page of its own origin. What a token g
 for how long, is in SECURITY.md.
 """
 
+from django.core.validators import ProhibitNullCharactersValidator, slug_re
 from django.templatetags.static import static
 from django.urls import reverse
 from django.utils.translation import gettext as _
@@ -34,14 +35,24 @@ from .schema import ERROR, NOT_JSON, RETRY_AFTER, TOO_LARGE, UNAVAILABLE
 from .throttling import TokenIPThrottle
 
 
+class AnyText(fields.CharField):
+    """Text taken as sent, NUL and all: what it must be is checked by what reads it (a slug that names
+    no assistant is a 404, a signed identity that does not verify a 401), so that the schema's plain
+    string is the whole rule and no string it allows is a 400."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.validators = [v for v in self.validators if not isinstance(v, ProhibitNullCharactersValidator)]
+
+
 class TokenRequestSerializer(fields.Serializer):
-    assistant = fields.CharField(required=False, allow_blank=True, max_length=50,
+    assistant = AnyText(required=False, allow_blank=True, max_length=50,
                                  help_text="The assistant's slug; empty: the site's default.")
     visitor = fields.RegexField(visitors.VISITOR_ID.pattern,
                                 help_text="The random id the widget keeps in the page's storage (22-64 URL-safe "
                                           "characters). To renew a token, the body is the same and the token "
                                           "in Authorization decides.")
-    identity = fields.CharField(required=False, allow_blank=True, max_length=500,
+    identity = AnyText(required=False, allow_blank=True, max_length=500,
                                 help_text="A signed identity from the host site's server (user_id:timestamp:"
                                           "nonce:hmac), for a signed-in user.")
 
@@ -120,7 +131,9 @@ class WidgetTokenView(ConversationAPIView):
                 raise ValidationError({"detail": _("The chat could not start on this page. Please reload it.")})
             data = serializer.validated_data
             slug = data.get("assistant", "")
-            assistant = Assistant.objects.filter(slug=slug, active=True).first() if slug else None
+            # Not every string is a slug, and PostgreSQL refuses a NUL in a query: such a slug names nothing.
+            assistant = (Assistant.objects.filter(slug=slug, active=True).first()
+                         if slug and slug_re.match(slug) else None)
             if slug and assistant is None:
                 raise NotFound(_("This assistant is not available."))
             user_id = None

@@ -164,6 +164,18 @@ def test_a_token_for_another_assistant_is_refused():
     assert not Conversation.objects.exists()
 
 
+@pytest.mark.parametrize("slug", ["no-such-assistant", "Support Bot", "sup\x00port"])
+def test_a_page_naming_an_assistant_there_is_not_is_told_so(slug):
+    """Whatever the page's data-assistant says, even what no slug can be (PostgreSQL refuses a NUL in
+    a query): a 404 with a sentence, as the schema's plain string promises, never a 400 or a 500."""
+    Assistant.objects.create(slug="support", name="Support", system_prompt="Help.", allowed_origins=[PAGE])
+
+    response = Page().mint(assistant=slug)
+
+    assert response.status_code == 404
+    assert response.json() == {"detail": "This assistant is not available."}
+
+
 def test_an_expired_token_is_refused_and_a_new_one_is_minted_for_the_same_visitor(conversations_settings):
     page = Page()
     page.mint()
@@ -277,7 +289,11 @@ def test_a_signed_identity_makes_the_visitor_that_user(conversations_settings):
      "Your sign-in could not be verified. Please reload the page."),
     (lambda user: visitors.sign_identity(user.pk, SECRET, now=time.time() - 301),
      "Your sign-in has expired. Please reload the page."),
-], ids=["forged", "tampered", "unsigned", "expired"])
+    (lambda user: visitors.sign_identity(user.pk, SECRET)[:-1] + "é",
+     "Your sign-in could not be verified. Please reload the page."),
+    (lambda user: visitors.sign_identity(user.pk, SECRET).replace(":", ":\x00", 1),
+     "Your sign-in could not be verified. Please reload the page."),
+], ids=["forged", "tampered", "unsigned", "expired", "not-ascii", "nul"])
 def test_a_signed_identity_that_cannot_be_taken_is_refused(identity, sentence):
     user = signed_in_user()
 

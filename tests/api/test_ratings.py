@@ -79,6 +79,9 @@ def test_bad_ratings_are_refused_with_a_sentence():
     assert refused({"value": "meh"}) == {"value": ["Rate the answer “up” or “down”."]}
     assert refused({"value": "up", "comment": "x" * 501}) == {
         "comment": ["The comment is too long: at most 500 characters are allowed."]}
+    # The limit is on the comment as sent (as the schema's maxLength says), before control characters go.
+    assert refused({"value": "up", "comment": "x" * 500 + "\u0092"}) == {
+        "comment": ["The comment is too long: at most 500 characters are allowed."]}
     assert refused({"value": "up", "comment": 5}) == {"comment": ["The comment must be text."]}
     assert api_post(client, rating_url(turn), {"value": "up", "comment": "x" * 500}).status_code == 201
     no_csrf = client.post(rating_url(turn), '{"value": "up"}', content_type="application/json")
