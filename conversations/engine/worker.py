@@ -156,8 +156,10 @@ class ConcurrentWorker(rq.worker.BaseWorker):
             return [slot.job for slot in self._slots.values()]
 
     def work(self, *args, **kwargs):
-        """RQ's loop, after ``warm_up()``, with the watcher thread running beside it."""
+        """RQ's loop, after ``warm_up()``, with the watcher thread running beside it, and the stop
+        flags of all its turns read together (``state.stop_board``)."""
         warm_up()
+        state.stop_board.start()
         watcher = threading.Thread(target=self._watch, name="conversations-watcher", daemon=True)
         self._done.clear()
         watcher.start()
