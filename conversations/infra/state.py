@@ -11,6 +11,7 @@ parent, the poll view's repair) produces a strictly newer state.
 """
 
 import logging
+import os
 import threading
 import time
 from enum import StrEnum
@@ -177,6 +178,12 @@ class StopBoard:
     IDLE = 2.0
 
     def __init__(self):
+        self._forget()
+        # A process forked from one whose board runs (a work horse of a test's or a pool's parent)
+        # has no thread refreshing it: it starts without a board, reading each flag itself.
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self):
         self._lock = threading.Lock()
         self._flags = {}  # turn id -> [its Stop or None, when last asked (time.monotonic)]
         self._thread = None
