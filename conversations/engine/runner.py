@@ -102,8 +102,11 @@ class TurnRunner:
         self.rows.append(row)
         return row
 
-    def publish(self, *, done=False):
-        self.refresh_owner()
+    def publish(self, *, done=False, owner_known=False):
+        """Publish the turn's state from its rows; ``owner_known``: the conversation's owner was
+        read by this job a moment ago (the turn was just loaded with it), so it is not read again."""
+        if not owner_known:
+            self.refresh_owner()
         data = state.state_from_db(self.turn, self.rows)
         data["done"] = done
         return self.publisher(data)
@@ -249,13 +252,13 @@ class TurnRunner:
         turn.model = getattr(first, "model", "") or ""
         turn.save(update_fields=["status", "started_at", "job_timeout", "deadline_margin", "deadline_at",
                                  "provider", "model", "assistant_version"])
-        self.publish()
+        self.publish(owner_known=True)  # the job loaded the turn with its conversation just before
 
     def run(self, *, resuming=False):
         """Run the loop to its end and write the final state. Returns the turn. ``resuming``: this
         job continues a turn another job began (``recovery``), from its saved transcript."""
         if resuming:
-            self.publish()  # running again; the widget keeps what it showed
+            self.publish(owner_known=True)  # running again; the widget keeps what it showed
         else:
             self.start()
         try:
