@@ -2,8 +2,8 @@
 
     .venv/bin/python -m bench.crowd [--database postgres|sqlite|URL] [--skip crowd,many,kill]
 
-A fake OpenAI-compatible server streams every answer word by word (``--words`` words, one every
-0.1 s: 3 s by default), recording when it sent each word. Everything runs as in production:
+A fake OpenAI-compatible server, in a process of its own, streams every answer word by word
+(``--words`` words, one every 0.1 s: 3 s by default), recording when it sent each word. Everything runs as in production:
 gunicorn (2 sync workers) takes the POSTs and the polls, ``manage.py rqworker`` processes run
 the turns. Three parts:
 
@@ -13,7 +13,8 @@ the turns. Three parts:
   ``QUEUE_WAIT``, and when the last answer was done, against one answer's time.
 - ``many``: ``--many`` (200) streamed turns in flight in one ``ConcurrentWorker`` process
   (``WORKER_THREADS`` = that many). Lag: from the provider sending a word to the turn's state
-  (what the poll view serves) first holding it, read for every turn in a loop from the cache;
+  (what the poll view serves) first holding it, read for every turn in a loop from the cache by
+  a reader process; shown also by part of the answer, by second, and once every turn streams;
   the worker's PSS at rest and at its peak, per turn in flight; the peak of PostgreSQL
   connections from that worker process (``pg_stat_activity``).
 - ``kill``: ``--kill`` (50) turns in flight in one ``ConcurrentWorker`` process, SIGKILLed
@@ -332,7 +333,8 @@ def many(stack, base, args):
     sampling.set()
     sampler.join()
     stop(workers)
-    sent = stack.provider.sent
+    questions = set(question_of.values())  # the provider also served the parts before this one
+    sent = {key: at for key, at in stack.provider.sent.items() if key[0] in questions}
     lags = [first_seen[key] - at for key, at in sent.items() if key in first_seen]
     # Where in the answers the lag is: its first words (every turn starting at once), its last
     # (the reply's row saved, the final state), the rest.
@@ -404,9 +406,13 @@ def kill(stack, base, args):
 
     polling = threading.Event()
 
+    # Read here, not in each poller's thread: a thread keeps its database connection, and the
+    # pollers would hold more than the pool has.
+    conversation_of = {str(turn): conversation for turn, conversation in
+                       Turn.objects.filter(pk__in=turn_ids).values_list("id", "conversation_id")}
+
     def poll(turn_id):  # a widget: one poll a second until done
-        conversation = Turn.objects.filter(pk=turn_id).values_list("conversation_id", flat=True).get()
-        url = f"{base}/api/conversations/{conversation}/turns/{turn_id}/"
+        url = f"{base}/api/conversations/{conversation_of[turn_id]}/turns/{turn_id}/"
         while not polling.is_set():
             try:
                 if sessions[turn_id].get(url, timeout=10).json()["done"]:
