@@ -2,8 +2,8 @@
 
     .venv/bin/python -m bench.crowd [--database postgres|sqlite|URL] [--skip crowd,many,kill]
 
-A fake OpenAI-compatible server streams every answer word by word (``--words`` words, one every
-0.1 s: 3 s by default), recording when it sent each word. Everything runs as in production:
+A fake OpenAI-compatible server, in a process of its own, streams every answer word by word
+(``--words`` words, one every 0.1 s: 3 s by default), recording when it sent each word. Everything runs as in production:
 gunicorn (2 sync workers) takes the POSTs and the polls, ``manage.py rqworker`` processes run
 the turns. Three parts:
 
@@ -13,7 +13,8 @@ the turns. Three parts:
   ``QUEUE_WAIT``, and when the last answer was done, against one answer's time.
 - ``many``: ``--many`` (200) streamed turns in flight in one ``ConcurrentWorker`` process
   (``WORKER_THREADS`` = that many). Lag: from the provider sending a word to the turn's state
-  (what the poll view serves) first holding it, read for every turn in a loop from the cache;
+  (what the poll view serves) first holding it, read for every turn in a loop from the cache by
+  a reader process; shown also by part of the answer, by second, and once every turn streams;
   the worker's PSS at rest and at its peak, per turn in flight; the peak of PostgreSQL
   connections from that worker process (``pg_stat_activity``).
 - ``kill``: ``--kill`` (50) turns in flight in one ``ConcurrentWorker`` process, SIGKILLed
@@ -24,6 +25,7 @@ the turns. Three parts:
 
 import argparse
 import json
+import multiprocessing
 import os
 import signal
 import threading
@@ -39,9 +41,11 @@ FORKING, CONCURRENT = "conversations.worker.Worker", "conversations.worker.Concu
 
 class StreamingProvider:
     """Streams each answer, ``words`` words one every WORD_INTERVAL; ``sent[(question, n)]`` is
-    when word ``n`` of the answer to ``question`` (the last user message) left."""
+    when word ``n`` of the answer to ``question`` (the last user message) left. Runs in the
+    process that makes it (see ``ProviderProcess``); ``GET /control`` answers ``requests`` and
+    ``sent``, ``POST /control`` sets ``words``."""
 
-    def __init__(self, words):
+    def __init__(self, words, port=0):
         from tests.support.fake_stream import encode, openai_stream
 
         provider = self
@@ -56,8 +60,24 @@ class StreamingProvider:
             def log_message(self, *args):
                 pass
 
+            def control(self, data):
+                body = json.dumps(data).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                with provider.lock:
+                    sent = [[question, number, at] for (question, number), at in provider.sent.items()]
+                    self.control({"requests": provider.requests, "sent": sent})
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                if self.path == "/control":
+                    provider.words = body["words"]
+                    return self.control({})
                 question = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
                 with provider.lock:
                     provider.requests += 1
@@ -65,16 +85,20 @@ class StreamingProvider:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-                events = openai_stream(pieces=[f"w{n:04d} " for n in range(provider.words)])
+                words = provider.words
+                events = openai_stream(pieces=[f"w{n:04d} " for n in range(words)])
                 try:
+                    # Event 0 opens the message, events 1..words are the words, one every
+                    # WORD_INTERVAL; the finish reason, the usage and [DONE] follow the last word at
+                    # once, as a real provider sends them.
                     for number, event in enumerate(events):
-                        if number:
+                        if 1 < number <= words:
                             time.sleep(WORD_INTERVAL)
                         data = encode(event)
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                         self.wfile.flush()
-                        if number < provider.words:  # the first events are the words, in order
-                            provider.sent[(question, number)] = time.time()
+                        if 1 <= number <= words:
+                            provider.sent[(question, number - 1)] = time.time()
                     self.wfile.write(b"0\r\n\r\n")
                     self.wfile.flush()
                 except OSError:  # the worker went away (killed): its connection with it
@@ -87,13 +111,52 @@ class StreamingProvider:
             def handle_error(self, request, client_address):
                 pass  # a killed worker's connections reset: expected in the kill part
 
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = Server(("127.0.0.1", port), Handler)
+
+    def serve(self):
+        self.server.serve_forever()
+
+
+def _serve_provider(words, port):
+    StreamingProvider(words, port).serve()
+
+
+class ProviderProcess:
+    """The fake provider in a process of its own, so that its 200 streaming threads do not share
+    a GIL with the bench's state reader (the lag measured is the worker's, not the bench's)."""
+
+    def __init__(self, words):
+        from bench.common import free_port, wait_for_port
+
+        port = free_port()
+        self.process = multiprocessing.get_context("fork").Process(target=_serve_provider, args=(words, port),
+                                                                   daemon=True)
+        self.process.start()
+        wait_for_port(port)
+        self.control = f"http://127.0.0.1:{port}/control"
+        self.url = f"http://127.0.0.1:{port}/v1"
+
+    def _status(self):
+        import requests
+
+        return requests.get(self.control, timeout=30).json()
+
+    @property
+    def requests(self):
+        return self._status()["requests"]
+
+    @property
+    def sent(self):
+        return {(question, number): at for question, number, at in self._status()["sent"]}
+
+    def set_words(self, words):
+        import requests
+
+        requests.post(self.control, json={"words": words}, timeout=10).raise_for_status()
 
     def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.process.terminate()
+        self.process.join(10)
 
 
 def start_workers(stack, count, worker_class, **conversations):
@@ -216,6 +279,26 @@ def pg_connections(stack):
         connections.close_all()
 
 
+def _read_words(results, timeout):
+    """In the reader process: every turn's state read in a loop until all are done; sends back
+    ``(first_seen, finished)``: when each word ``(question, n)`` was first in a state, and the
+    final states."""
+    question_of = results.recv()
+    first_seen, words_seen = {}, {}
+
+    def on_read(turn_id, data, now):
+        last = data["messages"][-1] if data["messages"] else {}
+        if last.get("role") != "assistant":
+            return
+        count = len(last["content"]) // 6  # "w0000 " per word; a turn's text only grows
+        for number in range(words_seen.get(turn_id, 0), count):
+            first_seen[(question_of[turn_id], number)] = now
+        words_seen[turn_id] = max(count, words_seen.get(turn_id, 0))
+
+    finished = wait_done(list(question_of), timeout=timeout, on_read=on_read)
+    results.send((first_seen, finished))
+
+
 def many(stack, base, args):
     from bench.common import process_tree
 
@@ -236,25 +319,40 @@ def many(stack, base, args):
             if count is not None:
                 peak["connections"] = max(peak["connections"], count)
 
+    # The state reader in a process of its own, forked before any thread of this one starts.
+    reading, results = multiprocessing.get_context("fork").Pipe()
+    reader = multiprocessing.get_context("fork").Process(target=_read_words, args=(results, 180), daemon=True)
+    reader.start()
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     started, posted = post_all(base, prepared, "many")
     question_of = {turn_id: question for question, turn_id in posted}
-    first_seen = {}
-
-    def on_read(turn_id, data, now):
-        last = data["messages"][-1] if data["messages"] else {}
-        if last.get("role") != "assistant":
-            return
-        count = len(last["content"]) // 6  # "w0000 " per word
-        for number in range(count):
-            first_seen.setdefault((question_of[turn_id], number), now)
-
-    finished = wait_done(list(question_of), timeout=180, on_read=on_read)
+    reading.send(question_of)
+    first_seen, finished = reading.recv()
+    reader.join(10)
     sampling.set()
     sampler.join()
     stop(workers)
-    lags = [first_seen[key] - sent for key, sent in stack.provider.sent.items() if key in first_seen]
+    questions = set(question_of.values())  # the provider also served the parts before this one
+    sent = {key: at for key, at in stack.provider.sent.items() if key[0] in questions}
+    lags = [first_seen[key] - at for key, at in sent.items() if key in first_seen]
+    # Where in the answers the lag is: its first words (every turn starting at once), its last
+    # (the reply's row saved, the final state), the rest.
+    by_part = {"first 3 words": [], "middle words": [], "last 3 words": []}
+    for (question, number), at in sent.items():
+        if (question, number) in first_seen:
+            part = "first 3 words" if number < 3 else "last 3 words" if number >= args.words - 3 else "middle words"
+            by_part[part].append(first_seen[(question, number)] - at)
+    first_sent = min(sent.values())
+    # Once every turn streams (each has been sent its first word): the lag of turns in flight,
+    # without the burst of 200 POSTs and turn starts that the same 2 cores absorb before.
+    all_streaming = max(at for (question, number), at in sent.items() if number == 0)
+    by_part["sent once all turns stream"] = [first_seen[key] - at for key, at in sent.items()
+                                            if key in first_seen and at > all_streaming]
+    by_second = {}
+    for key, at in sent.items():
+        if key in first_seen:
+            by_second.setdefault(int(at - first_sent), []).append(first_seen[key] - at)
     states = list(finished.values())
     from conversations.conf import get_config
 
@@ -269,6 +367,13 @@ def many(stack, base, args):
             f"{rest_pss / 1024:.0f}", f"{peak['pss'] / 1024:.0f}", f"{(peak['pss'] - rest_pss) / args.many:.0f}",
             baseline_connections if baseline_connections is not None else "–",
             peak["connections"] if baseline_connections is not None else "–"]])
+    print(f"\nEvery turn streaming {all_streaming - first_sent:.1f}s after the first word was sent\n")
+    table(["words", "timed", "lag p50 s", "lag p95 s", "lag max s"],
+          [[part, len(values), f"{percentile(values, 0.5):.3f}", f"{percentile(values, 0.95):.3f}",
+            f"{max(values):.3f}"]
+           for part, values in list(by_part.items()) + [(f"sent in second {second}", values)
+                                                         for second, values in sorted(by_second.items())]
+           if values])
 
 
 def kill(stack, base, args):
@@ -277,7 +382,7 @@ def kill(stack, base, args):
     stack.env["CONVERSATIONS_MAX_RESUMES"] = "2"
     victim = start_workers(stack, 1, CONCURRENT, WORKER_THREADS=args.kill)
     prepared = visitors(base, args.kill)
-    stack.provider.words = args.kill_words  # answers long enough to outlast the rescuer's start
+    stack.provider.set_words(args.kill_words)  # answers long enough to outlast the rescuer's start
     _, posted = post_all(base, prepared, "kill")
     turn_ids = [turn_id for _, turn_id in posted]
     sessions = {turn_id: session for (session, _), (_, turn_id) in zip(prepared, posted)}
@@ -301,9 +406,13 @@ def kill(stack, base, args):
 
     polling = threading.Event()
 
+    # Read here, not in each poller's thread: a thread keeps its database connection, and the
+    # pollers would hold more than the pool has.
+    conversation_of = {str(turn): conversation for turn, conversation in
+                       Turn.objects.filter(pk__in=turn_ids).values_list("id", "conversation_id")}
+
     def poll(turn_id):  # a widget: one poll a second until done
-        conversation = Turn.objects.filter(pk=turn_id).values_list("conversation_id", flat=True).get()
-        url = f"{base}/api/conversations/{conversation}/turns/{turn_id}/"
+        url = f"{base}/api/conversations/{conversation_of[turn_id]}/turns/{turn_id}/"
         while not polling.is_set():
             try:
                 if sessions[turn_id].get(url, timeout=10).json()["done"]:
@@ -343,7 +452,7 @@ def main():
     skip = set(filter(None, args.skip.split(",")))
 
     print(machine())
-    provider = StreamingProvider(args.words)
+    provider = ProviderProcess(args.words)  # before Django is set up: a plain fork
     conversations = {"PROVIDER": "openai", "BASE_URL": provider.url, "API_KEY": "bench", "MODEL": "bench",
                      "STREAM": "true", "STALE_AFTER": 5, "ALLOWED_ENDPOINTS": "http://127.0.0.1:*"}
     try:

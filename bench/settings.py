@@ -4,8 +4,10 @@ The throttles and the daily token budget exist to stop abuse of a public page; a
 posting 200 turns from one address would trip them, which is not what it measures.
 """
 
+import os
+
 from chatproject.settings import *  # noqa: F401,F403
-from chatproject.settings import CONVERSATIONS
+from chatproject.settings import CONVERSATIONS, DATABASES
 
 ROOT_URLCONF = "bench.urls"
 
@@ -19,3 +21,14 @@ CONVERSATIONS = {
     "DAILY_TOKEN_BUDGET": 0,
     "MAX_TURNS_PER_CONVERSATION": 0,
 }
+
+# On PostgreSQL, Django's connection pool (psycopg_pool, the "postgres" extra), as
+# docs/deployment.md recommends with the concurrent worker: its turns hand their connection
+# back before every wait, and without a pool each takes a new one, a new server process with
+# cold caches. BENCH_DB_POOL=0 measures without it. Not for the forking worker: its work horses
+# would inherit the parent's pool, its sockets and none of its threads.
+_FORKING = os.environ.get("RQ_WORKER_CLASS") == "conversations.worker.Worker"
+if (DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BENCH_DB_POOL", "1") == "1"
+        and not _FORKING):
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them; Django refuses both
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 10}

@@ -10,10 +10,13 @@ drift in the machine's load hits all:
 - ``turn``: ``POST …/turns/`` through gunicorn (session, CSRF, rows, enqueue at commit) →
   job → model asks for ``current_time`` → tool runs → model asks for ``search_faq`` → tool
   runs → model answers → final write. Ends at the ``updated_at`` of the ``done: true`` state.
-- ``bare job, POSTed to a bare view`` (the baseline): a POST through the same gunicorn to a
-  view that only enqueues ``bench.bare.bare_job`` → job → the same three POSTs with the same
-  growing message lists through one ``requests`` session → writes ``time.time()`` to Redis.
-- ``bare job, enqueued in-process``: the same job, enqueued by this process (no web request).
+- ``bare job, POSTed to a bare view`` (the baseline): a naive app's turn (``bench.bare``): a POST
+  through the same gunicorn to a view that saves the visitor's message and enqueues
+  ``bench.bare.bare_job`` → job reads the conversation's messages → the same three POSTs with
+  the same growing message lists through one ``requests`` session → saves the answer as a row →
+  writes a state to the cache, then ``time.time()`` to Redis.
+- ``bare job, enqueued in-process``: the same job, its message saved and the job enqueued by
+  this process (no web request).
 
 Overhead = end - start - the time the provider spent answering (measured in the server).
 """
@@ -84,13 +87,24 @@ def run_turn(base, provider, queue):
 
 
 def run_bare(queue, provider, number, base=None):
-    """One bare job, enqueued in-process, or (with ``base``) by a POST to the bare view."""
+    """One naive job (``bench.bare``), enqueued in-process, or (with ``base``) by a POST to the
+    naive view. Its conversation and turn rows are made first, untimed, as the turn's
+    conversation is."""
+    from conversations.models import Conversation, Message, Turn
+
+    conversation = Conversation.objects.create()
+    turn = Turn.objects.create(conversation=conversation, status=Turn.Status.COMPLETED)
     key = RESULT_KEY.format(number)
+    content = "What time is it in Tokyo, and how do refunds work?"
     started = time.time()
     if base is None:
-        job_id = queue.enqueue("bench.bare.bare_job", provider.url, key, number, job_timeout=120).id
+        Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER, content=content)
+        job_id = queue.enqueue("bench.bare.bare_job", provider.url, key, str(conversation.pk), str(turn.pk),
+                               job_timeout=120).id
     else:
-        response = requests.post(base + "/bench/bare-job/", json={"url": provider.url, "key": key, "number": number})
+        response = requests.post(base + "/bench/bare-job/", json={
+            "url": provider.url, "key": key, "conversation": str(conversation.pk), "turn": str(turn.pk),
+            "content": content})
         assert response.status_code == 202, response.text
         job_id = response.json()["job"]
     answered = time.time()
@@ -100,6 +114,7 @@ def run_bare(queue, provider, number, base=None):
             raise RuntimeError("bare job not done after 60s")
         time.sleep(0.002)
     ended = float(value)
+    assert Message.objects.filter(turn=turn, role=Message.Role.ASSISTANT).exists()
     return {"total": ended - started, "provider": provider.time_between(started, ended),
             "answered": answered - started, "job start": job_started(queue, job_id) - started}
 
@@ -132,8 +147,10 @@ def main():
                         results[name].append(run)
 
     ms = lambda runs, key: f"{median([r[key] for r in runs]) * 1000:.1f}"  # noqa: E731
-    print(f"\n{args.turns} runs of each kind, in turn; 1 rqworker, gunicorn 2 sync workers, "
-          f"{stack.database_label}; medians in ms\n")
+    from django.conf import settings
+
+    print(f"\n{args.turns} runs of each kind, in turn; 1 rqworker ({settings.RQ['WORKER_CLASS']}), "
+          f"gunicorn 2 sync workers, {stack.database_label}; medians in ms\n")
     overhead = {name: [r["total"] - r["provider"] for r in runs] for name, runs in results.items()}
     baseline = median(overhead["bare job, POSTed to a bare view"])
     rows = []

@@ -74,6 +74,7 @@ class TurnRunner:
         self.finished = False
         self.streamed = None  # the pieces of the reply streaming now, or None between calls
         self.streamed_at = 0.0  # when its growing text was last published (time.monotonic)
+        self.streamed_shown = 0  # how many of its pieces that publish held
         self.prompt_chars = 0  # the size of the last call's messages, for a usage estimate
 
     # -- records -------------------------------------------------------------------------
@@ -101,8 +102,11 @@ class TurnRunner:
         self.rows.append(row)
         return row
 
-    def publish(self, *, done=False):
-        self.refresh_owner()
+    def publish(self, *, done=False, owner_known=False):
+        """Publish the turn's state from its rows; ``owner_known``: the conversation's owner was
+        read by this job a moment ago (the turn was just loaded with it), so it is not read again."""
+        if not owner_known:
+            self.refresh_owner()
         data = state.state_from_db(self.turn, self.rows)
         data["done"] = done
         return self.publisher(data)
@@ -115,6 +119,11 @@ class TurnRunner:
         if now - self.streamed_at < self.config["PUBLISH_INTERVAL"]:
             return
         self.streamed_at = now
+        self.publish_streamed()
+
+    def publish_streamed(self):
+        """Publish the streamed text so far as the growing answer (cache only; never raises)."""
+        self.streamed_shown = len(self.streamed)
         data = state.state_from_db(self.turn, self.rows)
         data["messages"].append({"id": None, "role": Message.Role.ASSISTANT, "content": "".join(self.streamed),
                                  "streaming": True})
@@ -130,10 +139,14 @@ class TurnRunner:
         An empty reply (``ModelReply.empty``) is never an answer: it is counted and recorded as
         what it was, and asked for once more while the budget allows a call; a second one is
         returned for the loop to end the turn with."""
-        self.streamed, self.streamed_at = [], time.monotonic()
+        self.streamed, self.streamed_at, self.streamed_shown = [], time.monotonic(), 0
         self.prompt_chars = sum(message_size(m) for m in messages)
         dbconn.release()  # the call takes seconds; the turn needs no database until it returns
         reply = call_complete(self.provider, messages, tools, self.on_text)
+        if len(self.streamed) > self.streamed_shown and not reply.empty:
+            # The words after the last publish are shown now, not after the reply's row is saved: that
+            # write may wait for a database connection behind other turns' (a ConcurrentWorker's pool).
+            self.publish_streamed()
         if reply.empty:
             self.note_empty(reply)
             if self.budget.can_start(self.config["MIN_CALL_BUDGET"]):
@@ -197,8 +210,9 @@ class TurnRunner:
 
     def cancelled(self):
         """Whether a call in flight must be shut (checked by its watchdog): on a Stop, or when the
-        worker shuts down and the turn can be handed over (else the call is let finish here)."""
-        asked = state.stop_requested(self.turn.id)
+        worker shuts down and the turn can be handed over (else the call is let finish here).
+        From ``state.stop_board``: in a ``ConcurrentWorker`` one read serves every turn in flight."""
+        asked = state.stop_board.stop_requested(self.turn.id)
         return asked == Stop.CANCEL or (asked == Stop.HANDOFF and can_hand_over(self.turn, self.config))
 
     # -- the loop ------------------------------------------------------------------------
@@ -238,13 +252,13 @@ class TurnRunner:
         turn.model = getattr(first, "model", "") or ""
         turn.save(update_fields=["status", "started_at", "job_timeout", "deadline_margin", "deadline_at",
                                  "provider", "model", "assistant_version"])
-        self.publish()
+        self.publish(owner_known=True)  # the job loaded the turn with its conversation just before
 
     def run(self, *, resuming=False):
         """Run the loop to its end and write the final state. Returns the turn. ``resuming``: this
         job continues a turn another job began (``recovery``), from its saved transcript."""
         if resuming:
-            self.publish()  # running again; the widget keeps what it showed
+            self.publish(owner_known=True)  # running again; the widget keeps what it showed
         else:
             self.start()
         try:

@@ -96,6 +96,13 @@ WATCH_INTERVAL = 1.0
 # WORKER_KEY_TTL: a SIGKILLed process's key is gone within that, and with it every turn it held
 # counts as dead (``infra.queue.job_problem``) instead of after RQ's 90 s of missed job heartbeats.
 WORKER_BEAT, WORKER_KEY_TTL = 5, 20
+# How many turns of one process may be starting at once (from RQ's start of the job to their
+# first wait on a provider or a tool). A start is CPU work (RQ's bookkeeping, the rows, the first
+# state: tens of milliseconds), and under one GIL a thread reading a stream waits its turn behind
+# every thread that is runnable: 200 turns starting together held back the words of those already
+# streaming by seconds. The others wait, already in RQ's started registry, their clocks not yet
+# running; the burst takes as long, the streams flow meanwhile.
+STARTING_AT_ONCE = 4
 # Threads given up on are renamed with this prefix (a tool thread abandoned at TOOL_TIMEOUT too,
 # in conversations.tools), so that the ones still alive can be counted.
 ABANDONED = ABANDONED_THREAD_PREFIX
@@ -112,6 +119,15 @@ class _Slot:
         self.lock = threading.Lock()
         self.settled = False  # RQ's success/failure bookkeeping has begun: it is no longer overdue
         self.abandoned = False  # given up past its job timeout: the thread's own bookkeeping is skipped
+        self.starting = None  # the worker's semaphore of turns starting, while this one holds it
+
+    def started_waiting(self):
+        """Called when its turn first waits, at its end, or when it is given up: it is no longer
+        starting (a turn stuck in its start must not keep others from starting)."""
+        with self.lock:
+            starting, self.starting = self.starting, None
+        if starting is not None:
+            starting.release()
 
 
 class ConcurrentWorker(rq.worker.BaseWorker):
@@ -139,6 +155,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         self._changed = threading.Condition()
         self._interruptible = False  # the main thread waits (for a job, or a free thread): a stop may break in
         self._done = threading.Event()  # set when the work loop ends: the watcher stops
+        self._starting = threading.BoundedSemaphore(STARTING_AT_ONCE)
         self.abandoned_jobs = 0
 
     # RQ keeps the job being run in ``self.execution``; here each thread has its own.
@@ -156,8 +173,10 @@ class ConcurrentWorker(rq.worker.BaseWorker):
             return [slot.job for slot in self._slots.values()]
 
     def work(self, *args, **kwargs):
-        """RQ's loop, after ``warm_up()``, with the watcher thread running beside it."""
+        """RQ's loop, after ``warm_up()``, with the watcher thread running beside it, and the stop
+        flags of all its turns read together (``state.stop_board``)."""
         warm_up()
+        state.stop_board.start()
         watcher = threading.Thread(target=self._watch, name="conversations-watcher", daemon=True)
         self._done.clear()
         watcher.start()
@@ -202,13 +221,18 @@ class ConcurrentWorker(rq.worker.BaseWorker):
 
     def _run(self, slot):
         self._local.slot = slot
-        dbconn.release_between_steps()  # so that WORKER_THREADS idle connections are never held
+        # So that WORKER_THREADS idle connections are never held; and the turn's first wait ends its start.
+        dbconn.release_between_steps(on_wait=slot.started_waiting)
         try:
-            slot.execution = self.prepare_execution(slot.job)
+            slot.execution = self.prepare_execution(slot.job)  # in the started registry, heartbeats from now
+            self._starting.acquire()
+            slot.starting = self._starting
+            slot.started = time.monotonic()  # the job's timeout runs from here (perform_job's timer)
             self.perform_job(slot.job, slot.queue)
         except Exception:  # noqa: BLE001 - RQ's own bookkeeping failed (Redis down): the thread ends, the worker runs on
             logger.exception("Job %s could not be run", slot.job.id)
         finally:
+            slot.started_waiting()
             connections.close_all()  # this thread's own: the next job runs in another
             self._release(slot)
 
@@ -329,6 +353,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         self.abandoned_jobs += 1
         logger.error("Job %s still runs %ss past its job timeout (stuck outside Python code): given up",
                      job.id, STUCK_GRACE)
+        slot.started_waiting()
         _end_overdue_turn(job.id)
         self.execution = slot.execution
         try:

@@ -13,12 +13,15 @@ import contextvars
 from django.db import connections
 
 _release = contextvars.ContextVar("conversations_release_connections_between_steps", default=False)
+_on_wait = contextvars.ContextVar("conversations_on_wait", default=None)
 
 
-def release_between_steps():
+def release_between_steps(on_wait=None):
     """From now on in this thread (a new thread starts without it), ``release()`` closes the
-    database connections."""
+    database connections, after calling ``on_wait()`` (if given): the worker learns that its turn
+    is about to wait."""
     _release.set(True)
+    _on_wait.set(on_wait)
 
 
 def release():
@@ -26,6 +29,9 @@ def release():
     if ``release_between_steps()`` was asked for in it; one inside a transaction is kept."""
     if not _release.get():
         return
+    on_wait = _on_wait.get()
+    if on_wait is not None:
+        on_wait()
     for connection in connections.all(initialized_only=True):
         if not connection.in_atomic_block:
             connection.close()

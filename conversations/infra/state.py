@@ -10,15 +10,21 @@ Shape (JSON-ready)::
 parent, the poll view's repair) produces a strictly newer state.
 """
 
+import logging
+import os
+import threading
 import time
 from enum import StrEnum
 from importlib import import_module
 
 from django.conf import settings
 from django.core.cache import caches
+from django.core.cache.backends.redis import RedisCache
 
 from ..conf import get_config
 from ..owners import auth_stamp_key
+
+logger = logging.getLogger("conversations.state")
 
 
 def _cache():
@@ -80,16 +86,33 @@ def publish(state):
     """Write ``state`` (a dict with at least ``id``) with the next version; return the written dict."""
     cache = _cache()
     ttl = get_config()["STATE_TTL"]
-    vkey = _version_key(state["id"])
+    version = _next_version(cache, _version_key(state["id"]), ttl)
+    state = {**state, "version": version, "updated_at": time.time()}
+    cache.set(state_key(state["id"]), state, timeout=ttl)
+    return state
+
+
+def _next_version(cache, vkey, ttl):
+    """The turn's next version, its counter's TTL refreshed (a turn can wait in the queue longer
+    than the TTL). On Django's Redis backend in one round trip: INCR creates a missing counter
+    at 1, as ``add(0)`` then ``incr`` do, and Django stores integers unpickled, so ``get`` reads
+    it back; through the cache API it takes four (``incr`` asks whether the key exists first).
+    A streaming turn publishes every ``PUBLISH_INTERVAL``, so with hundreds of turns in one
+    process these round trips are much of its work."""
+    if isinstance(cache, RedisCache) and isinstance(ttl, int) and ttl > 0:
+        key = cache.make_and_validate_key(vkey)
+        client = cache._cache.get_client(key, write=True)  # Django's own client, as its incr uses
+        with client.pipeline(transaction=False) as pipeline:
+            pipeline.incr(key)
+            pipeline.expire(key, ttl)
+            return pipeline.execute()[0]
     try:
         version = cache.incr(vkey)
     except ValueError:  # the first publish of this turn (or its counter expired)
         cache.add(vkey, 0, timeout=ttl)
         version = cache.incr(vkey)
-    cache.touch(vkey, ttl)  # a turn can wait in the queue longer than the TTL
-    state = {**state, "version": version, "updated_at": time.time()}
-    cache.set(state_key(state["id"]), state, timeout=ttl)
-    return state
+    cache.touch(vkey, ttl)
+    return version
 
 
 def request_cancel(turn_id):
@@ -116,9 +139,7 @@ class Stop(StrEnum):
 def stop_requested(turn_id):
     """The ``Stop`` the turn's job is asked for, read in one round trip, or None."""
     found = _cache().get_many([cancel_key(turn_id), handoff_key(turn_id)])
-    if found.get(cancel_key(turn_id)):
-        return Stop.CANCEL
-    return Stop.HANDOFF if found.get(handoff_key(turn_id)) else None
+    return _stop_from(found, turn_id)
 
 
 def mark_enqueueing(turn_id, job_id, seconds=10):
@@ -133,6 +154,88 @@ def is_enqueueing(turn_id, job_id):
 
 def clear_handoff(turn_id):
     _cache().delete(handoff_key(turn_id))
+
+
+def _stop_from(found, turn_id):
+    if found.get(cancel_key(turn_id)):
+        return Stop.CANCEL
+    return Stop.HANDOFF if found.get(handoff_key(turn_id)) else None
+
+
+class StopBoard:
+    """The stop flags of every turn whose call is in flight in this process, read for all of them
+    in one round trip every ``POLL`` seconds by one thread, once ``start()`` was called.
+
+    Each call's watchdog looks at its turn's flag every 0.1 s; with hundreds of turns streaming in
+    one process (a ``ConcurrentWorker``) one Redis round trip per look each was thousands a second
+    under one GIL, and delayed every stream's words. ``stop_requested()`` answers a turn's first
+    look with a read of its own, later ones from the board: a Stop lands at most ``POLL`` later
+    than it would. A turn not asked about for ``IDLE`` seconds leaves the board. Not started, it
+    reads each flag itself (one turn per work horse gains nothing from a board).
+    """
+
+    POLL = 0.1
+    IDLE = 2.0
+
+    def __init__(self):
+        self._forget()
+        # A process forked from one whose board runs (a work horse of a test's or a pool's parent)
+        # has no thread refreshing it: it starts without a board, reading each flag itself.
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self):
+        self._lock = threading.Lock()
+        self._flags = {}  # turn id -> [its Stop or None, when last asked (time.monotonic)]
+        self._thread = None
+
+    def start(self):
+        """Read the flags from now on in one thread of this process (idempotent)."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="conversations-stop-board", daemon=True)
+                self._thread.start()
+
+    def stop_requested(self, turn_id):
+        """The ``Stop`` asked of ``turn_id``'s job, as ``stop_requested`` (at most ``POLL`` old)."""
+        turn_id = str(turn_id)
+        if self._thread is None:
+            return stop_requested(turn_id)
+        now = time.monotonic()
+        with self._lock:
+            entry = self._flags.get(turn_id)
+            if entry is not None:
+                entry[1] = now
+                return entry[0]
+        asked = stop_requested(turn_id)
+        with self._lock:
+            self._flags.setdefault(turn_id, [asked, now])
+        return asked
+
+    def _run(self):
+        while True:
+            time.sleep(self.POLL)
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - e.g. Redis down: the flags keep their last value
+                logger.warning("Could not read the stop flags of the turns in flight", exc_info=True)
+
+    def refresh(self):
+        """Read every flag on the board in one round trip; forget turns no longer asked about."""
+        now = time.monotonic()
+        with self._lock:
+            for turn_id in [t for t, (_, asked_at) in self._flags.items() if now - asked_at > self.IDLE]:
+                del self._flags[turn_id]
+            turn_ids = list(self._flags)
+        if not turn_ids:
+            return
+        found = _cache().get_many([key for t in turn_ids for key in (cancel_key(t), handoff_key(t))])
+        with self._lock:
+            for turn_id in turn_ids:
+                if turn_id in self._flags:
+                    self._flags[turn_id][0] = _stop_from(found, turn_id)
+
+
+stop_board = StopBoard()
 
 
 def message_dict(message):

@@ -308,3 +308,53 @@ from conversations.tools import tool  # noqa: E402 - the tool the test above giv
 def note() -> str:
     """Takes a note."""
     return "noted"
+
+
+def redis_calls(connection, command):
+    """How many times this Redis server has run ``command`` (its INFO commandstats)."""
+    return connection.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
+
+
+def test_the_stop_flags_of_every_turn_in_flight_are_read_in_one_round_trip(conversations_settings):
+    """Each streaming call's watchdog looks at its turn's stop flag every 0.1 s; in a process with
+    hundreds of turns that was a Redis round trip each. The board reads them all at once, and a
+    Stop (or a hand-over) still reaches the turn it was asked of, and only that one."""
+    from conversations.infra.state import Stop, StopBoard, request_cancel, request_handoff
+
+    class ManualBoard(StopBoard):
+        POLL = 3600  # its thread never refreshes during the test: each refresh below is counted
+
+    board = ManualBoard()
+    board.start()
+    turns = [f"00000000-0000-0000-0000-{n:012d}" for n in range(50)]
+    assert [board.stop_requested(t) for t in turns] == [None] * 50  # each turn's first look: its own read
+    request_cancel(turns[7])
+    request_handoff(turns[8])
+    connection = django_rq.get_connection()
+    before = redis_calls(connection, "mget")
+    board.refresh()
+    assert redis_calls(connection, "mget") == before + 1
+    assert [board.stop_requested(t) for t in turns] == [None] * 7 + [Stop.CANCEL, Stop.HANDOFF] + [None] * 41
+    assert redis_calls(connection, "mget") == before + 1  # answered from the board
+
+
+def test_a_publish_takes_two_round_trips_and_the_version_still_counts_up(conversations_settings):
+    """Every streaming turn publishes its growing answer every PUBLISH_INTERVAL; a publish is the
+    version counter (incremented, its TTL refreshed: one round trip) and the state (one more)."""
+    from conversations.infra import state
+
+    connection = django_rq.get_connection()
+    turn_id = "00000000-0000-0000-0000-000000000001"
+    counted = ("incr", "incrby", "expire", "set", "exists", "setex")
+    before = {command: redis_calls(connection, command) for command in counted}
+    versions = [state.publish({"id": turn_id, "done": False, "messages": []})["version"] for _ in range(3)]
+    after = {command: redis_calls(connection, command) for command in counted}
+
+    assert versions == [1, 2, 3] and state.read(turn_id)["version"] == 3
+    assert after["exists"] == before["exists"]  # Django's incr asked first: a round trip of its own
+    assert sum(after.values()) - sum(before.values()) == 3 * 3  # INCRBY + EXPIRE (pipelined) + SET
+    from conversations.conf import get_config
+
+    cache = state._cache()
+    key = cache.make_and_validate_key(f"conversations:turn:{turn_id}:version")
+    assert 0 < cache._cache.get_client(key).ttl(key) <= get_config()["STATE_TTL"]

@@ -378,3 +378,35 @@ def test_only_the_first_choice_of_an_openai_stream_is_the_answer(conversations_s
         fake.add(streaming(events))
         turn, _ = timed_turn()
     assert turn.status == "completed" and answer_of(turn) == ["First choice."]
+
+
+def test_the_last_words_of_a_streamed_reply_are_shown_before_its_row_is_saved(wire):
+    """A reply's last words arrive within ``PUBLISH_INTERVAL`` of the last publish; the visitor
+    sees them as soon as the stream ends, not after the reply's row is written (which, with many
+    turns in one worker, may wait for a pooled database connection)."""
+    from conversations.conf import get_config
+    from conversations.core.budget import TurnClock
+    from conversations.engine.runner import TurnRunner
+    from conversations.infra import state
+    from conversations.models import Conversation, Message
+
+    events, fake = wire
+    fake.add(streaming(events(ANSWER)))  # at once: every word lands within one PUBLISH_INTERVAL
+    conversation = Conversation.objects.create(owner_token="visitor-token")
+    turn = Turn.objects.create(conversation=conversation)
+    Message.objects.create(conversation=conversation, turn=turn, role="user", content="How do refunds work?")
+    shown = []
+
+    def publisher(data):
+        saved = Message.objects.filter(turn=turn, role="assistant").exists()
+        shown.append((data["messages"][-1], saved))
+        return state.publish(data)
+
+    cfg = get_config()
+    TurnRunner(turn, clock=TurnClock(cfg["JOB_TIMEOUT"], cfg["DEADLINE_MARGIN"]), config=cfg,
+               publisher=publisher).run()
+
+    whole = [(last, saved) for last, saved in shown if last["role"] == "assistant" and last["content"] == ANSWER]
+    assert whole[0] == ({"id": None, "role": "assistant", "content": ANSWER, "streaming": True}, False)
+    assert whole[-1][0]["id"] is not None and whole[-1][1]  # then the saved row, as before
+    assert state.read(turn.id)["messages"][-1]["content"] == ANSWER
