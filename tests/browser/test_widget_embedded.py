@@ -26,6 +26,7 @@ from conversations.models import Conversation, Turn
 from tests.browser.conftest import CHROMIUM_ARGS, TIMEOUT_MS, Chat, chromium_path
 from tests.support.fake_stream import openai_stream, streaming
 from tests.support.fakes import FakeProvider
+from tests.support.helpers import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -101,11 +102,6 @@ def api_requests(page, api):
     return seen
 
 
-def wait_for(condition, timeout=10):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the database never showed it"
-        time.sleep(0.05)
 
 
 def test_an_embedded_widget_chats_streams_stops_rates_and_reloads_without_cookies(

@@ -2,7 +2,6 @@
 thumbs up or down under each finished answer, then an optional comment, all by keyboard; the
 rating is saved on the turn, can be changed, and is shown again after a reload."""
 
-import time
 
 import pytest
 from playwright.sync_api import expect
@@ -10,18 +9,13 @@ from playwright.sync_api import expect
 from conversations.models import Turn
 from tests.support.fake_stream import openai_stream, streaming
 from tests.support.fakes import FakeProvider
+from tests.support.helpers import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 QUESTION = "What time is it in Tokyo?"
 
 
-def wait_for(condition, timeout=10):
-    """Until ``condition()`` (what the database holds once the widget's POST has landed)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the rating did not reach the database"
-        time.sleep(0.05)
 
 
 def answered(chat):

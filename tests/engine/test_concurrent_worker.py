@@ -20,24 +20,12 @@ from conversations.core.sentences import timeout_message
 from conversations.engine.worker import WORKER_KEY_TTL, stuck_threads
 from conversations.models import CallRecord, Turn
 from conversations.providers.demo import DemoProvider
-from tests.support.fakes import FakeProvider, hang, openai_text
-from tests.support.helpers import CONCURRENT, make_client, make_worker, poll_until_done, run_worker, start_turn
+from tests.support.fakes import FakeProvider, hang, openai_text, together
+from tests.support.helpers import (CONCURRENT, make_client, make_worker, poll_until_done, run_worker, start_turn,
+                                   wait_for)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-
-def together(size, text):
-    """A provider behaviour that answers only once ``size`` requests are in flight at the same time."""
-    barrier = threading.Barrier(size)
-
-    def behaviour(handler):
-        try:
-            barrier.wait(timeout=20)
-        except threading.BrokenBarrierError:
-            handler.send_json(500, {"error": {"message": "fake provider: requests did not overlap"}})
-            return
-        handler.send_json(200, openai_text(text))
-    return behaviour
 
 
 @pytest.fixture
@@ -48,13 +36,6 @@ def provider(conversations_settings):
         yield fake
 
 
-def wait_for(condition, timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def test_n_turns_at_once_in_one_process_all_complete(provider, conversations_settings):

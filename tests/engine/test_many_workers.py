@@ -7,7 +7,6 @@ arrived at once, so a passing test proves three turns really ran side by side.
 
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -20,7 +19,7 @@ from conversations.engine import job as jobs
 from conversations.infra import queue
 from conversations.models import Turn
 from tests.support.helpers import ROOT, make_client, poll_until_done, start_turn, worker_env
-from tests.support.fakes import FakeProvider, hang, openai_text
+from tests.support.fakes import FakeProvider, hang, together
 from conversations.core.sentences import crashed_message
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -28,19 +27,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 # Generous clocks: a request may wait at the gate for the slowest of three workers.
 CLOCKS = {"JOB_TIMEOUT": 30, "DEADLINE_MARGIN": 5, "CALL_TIMEOUT": 15, "MAX_ATTEMPTS": 2}
 
-
-def together(size, text):
-    """A provider behaviour that answers only once ``size`` requests are in flight at the same time."""
-    barrier = threading.Barrier(size)
-
-    def behaviour(handler):
-        try:
-            barrier.wait(timeout=20)
-        except threading.BrokenBarrierError:
-            handler.send_json(500, {"error": {"message": "fake provider: requests did not overlap"}})
-            return
-        handler.send_json(200, openai_text(text))
-    return behaviour
 
 
 def wait_for_workers(count, timeout=60):

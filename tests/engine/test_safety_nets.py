@@ -31,7 +31,7 @@ from conversations.core.sentences import timeout_message
 from conversations.models import CallRecord, Message, Turn
 from conversations.providers import BaseProvider, ProviderError
 from conversations.core.sentences import crashed_message
-from tests.support.helpers import Poller, make_client, start_turn
+from tests.support.helpers import Poller, make_client, start_turn, wait_for
 from tests.support.fakes import FakeProvider, hang
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -51,13 +51,6 @@ class SleepyProvider(BaseProvider):
             time.sleep(0.1)
 
 
-def wait_for(condition, timeout=10):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def saved(summary):

@@ -335,3 +335,17 @@ def refused_url():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}/v1"
+
+
+def together(size, text):
+    """A provider behaviour that answers only once ``size`` requests are in flight at the same time."""
+    barrier = threading.Barrier(size)
+
+    def behaviour(handler):
+        try:
+            barrier.wait(timeout=20)
+        except threading.BrokenBarrierError:
+            handler.send_json(500, {"error": {"message": "fake provider: requests did not overlap"}})
+            return
+        handler.send_json(200, openai_text(text))
+    return behaviour

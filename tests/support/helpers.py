@@ -270,3 +270,12 @@ def call_every_endpoint(client, turn, content="Hello?", **message_headers):
         "go back to the assistant": api_post(client, f"/api/conversations/{conversation}/handoff/back/"),
         "ask for a person": api_post(client, f"/api/conversations/{conversation}/handoff/"),
     }
+
+
+def wait_for(condition, timeout=20, what="the condition"):
+    """Until ``condition()`` is true (polled every 20 ms); an AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} was not met within {timeout} s"
+        time.sleep(0.02)
+    return True
