@@ -289,13 +289,7 @@ def publish_person(data):
     """Write ``data`` (with ``conversation``) as the conversation's handoff state, with the next
     version of its own atomic counter; return the written dict."""
     cache, ttl = _cache(), get_config()["STATE_TTL"]
-    vkey = person_key(data["conversation"]) + ":version"
-    try:
-        version = cache.incr(vkey)
-    except ValueError:  # the first publish (or its counter expired)
-        cache.add(vkey, 0, timeout=ttl)
-        version = cache.incr(vkey)
-    cache.touch(vkey, ttl)
+    version = _next_version(cache, person_key(data["conversation"]) + ":version", ttl)
     data = {**data, "version": version, "updated_at": time.time()}
     cache.set(person_key(data["conversation"]), data, timeout=ttl)
     return data
