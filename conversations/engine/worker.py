@@ -103,9 +103,6 @@ WORKER_BEAT, WORKER_KEY_TTL = 5, 20
 # streaming by seconds. The others wait, already in RQ's started registry, their clocks not yet
 # running; the burst takes as long, the streams flow meanwhile.
 STARTING_AT_ONCE = 4
-# Threads given up on are renamed with this prefix (a tool thread abandoned at TOOL_TIMEOUT too,
-# in conversations.tools), so that the ones still alive can be counted.
-ABANDONED = ABANDONED_THREAD_PREFIX
 
 
 class _Slot:
@@ -349,7 +346,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
                 return
             slot.abandoned = True
         job = slot.job
-        slot.thread.name = f"{ABANDONED}{slot.thread.name}"
+        slot.thread.name = f"{ABANDONED_THREAD_PREFIX}{slot.thread.name}"  # counted by stuck_threads()
         self.abandoned_jobs += 1
         logger.error("Job %s still runs %ss past its job timeout (stuck outside Python code): given up",
                      job.id, STUCK_GRACE)
@@ -373,7 +370,8 @@ class ConcurrentWorker(rq.worker.BaseWorker):
 def stuck_threads():
     """How many threads of this process were given up (a turn past its job timeout, a tool past its
     limit) and are still alive."""
-    return sum(1 for thread in threading.enumerate() if thread.name.startswith(ABANDONED) and thread.is_alive())
+    return sum(1 for thread in threading.enumerate()
+               if thread.name.startswith(ABANDONED_THREAD_PREFIX) and thread.is_alive())
 
 
 def _ask_to_hand_over(job_id):
