@@ -3,6 +3,7 @@ import logging
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser
+from django.core.exceptions import ValidationError
 from django.middleware.csrf import REASON_NO_CSRF_COOKIE
 from django.utils.translation import gettext as _
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -129,7 +130,7 @@ def visitor_user(visitor):
     model = get_user_model()
     try:
         user = model._default_manager.filter(pk=visitor.user_id).first()
-    except (TypeError, ValueError):  # an id that is not one of this user model's
+    except (TypeError, ValueError, ValidationError):  # not an id of this user model's (ValidationError: a UUID pk)
         user = None
     if user is None or not getattr(user, "is_active", True):
         raise AuthenticationFailed(refusal_message("identity_forged"))

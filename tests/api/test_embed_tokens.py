@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
+from rest_framework.exceptions import AuthenticationFailed
 
 from conversations import assistants, visitors
+from conversations.api import authentication
 from conversations.models import Assistant, Conversation, Turn
-from tests.support.helpers import poll_until_done
 
 pytestmark = pytest.mark.django_db
 
@@ -301,6 +302,31 @@ def test_a_signed_identity_that_cannot_be_taken_is_refused(identity, sentence):
 
     assert response.status_code == 401
     assert response.json() == {"detail": sentence}
+
+
+@pytest.mark.parametrize("user_id", ["not-a-number", "999999"])
+def test_a_signed_identity_of_a_user_this_site_does_not_have_is_refused(user_id):
+    """A host site may sign ids that are none of this site's users (its own scheme, or a user
+    deleted since): refused with the sentence, never a 500."""
+    signed_in_user()
+
+    response = Page().mint(identity=visitors.sign_identity(user_id, SECRET))
+
+    assert response.status_code == 401
+    assert response.json() == {"detail": "Your sign-in could not be verified. Please reload the page."}
+
+
+def test_a_signed_identity_that_is_no_uuid_is_refused_where_users_have_uuid_keys(monkeypatch):
+    """A site whose user model's primary key is a UUID (one model per test run, so a model of this
+    app with a UUID key stands in for it): Django raises ValidationError, not ValueError, for an id
+    that is not one; it is refused like any other."""
+    monkeypatch.setattr(authentication, "get_user_model", lambda: Conversation)
+    visitor = visitors.Visitor(origin=PAGE, assistant_id=None, visitor_id="v" * 22, user_id="not-a-uuid")
+
+    with pytest.raises(AuthenticationFailed) as refused:
+        authentication.visitor_user(visitor)
+
+    assert str(refused.value.detail) == "Your sign-in could not be verified. Please reload the page."
 
 
 def test_a_replayed_signed_identity_is_refused():
