@@ -10,7 +10,7 @@ from django.db.models import Max
 from django.db.models.signals import post_delete, post_save
 
 from .models import Passage, StaleObject
-from .registry import source_for_model, sources
+from .registry import follow, source_for_model, sources
 from .text import html_to_text, normalize, split_passages
 
 logger = logging.getLogger("conversations.knowledge")
@@ -94,11 +94,35 @@ def on_delete(sender, instance, using=None, **kwargs):
         transaction.on_commit(drop, using=using)
 
 
+_FOLLOWED = {}  # label_lower -> the model class the receivers are connected to
+
+
+def follow_models(registered):
+    """Connect the receivers to the models of the ``registered`` sources and disconnect them from
+    models no source names any more. Only those: a receiver of every model's deletes would cost
+    every ``QuerySet.delete()`` of the site (sessions, purges, the index's own passages) its fast
+    delete, a row loaded and a signal sent per deleted row."""
+    wanted = {}
+    for source in registered.values():
+        model = source.model_class()
+        if model is not None:  # a missing model is conversations.E050
+            wanted[model._meta.label_lower] = model
+    for label, model in list(_FOLLOWED.items()):
+        if wanted.get(label) is not model:
+            post_save.disconnect(sender=model, dispatch_uid="conversations_knowledge_save")
+            post_delete.disconnect(sender=model, dispatch_uid="conversations_knowledge_delete")
+            del _FOLLOWED[label]
+    for label, model in wanted.items():
+        if label not in _FOLLOWED:
+            post_save.connect(on_save, sender=model, dispatch_uid="conversations_knowledge_save")
+            post_delete.connect(on_delete, sender=model, dispatch_uid="conversations_knowledge_delete")
+            _FOLLOWED[label] = model
+
+
 def connect():
-    """Connect the receivers (``apps.ready``): for every model, so that a source registered by an
-    app whose ``ready()`` runs later is followed too; a save of any other model costs one lookup."""
-    post_save.connect(on_save, dispatch_uid="conversations_knowledge_save")
-    post_delete.connect(on_delete, dispatch_uid="conversations_knowledge_delete")
+    """Follow the sources' models (``apps.ready``), now and as sources are registered later by apps
+    whose ``ready()`` runs after this one's."""
+    follow(follow_models)
 
 
 def rebuild(name=None):

@@ -103,6 +103,7 @@ class Source:
 
 
 _SOURCES: dict[str, Source] = {}
+_FOLLOWERS: list[typing.Callable] = []
 
 
 def register(model, *, name=None, title="title", body="body", url=None, published=None, visible=None, html=False,
@@ -114,12 +115,28 @@ def register(model, *, name=None, title="title", body="body", url=None, publishe
     source = Source(name=name or label.lower(), model=label, title=title, body=body, url=url, published=published,
                     visible=visible, html=html, updated=updated)
     _SOURCES[source.name] = source
+    _changed()
     return source
 
 
 def unregister(name):
     """Forget source ``name`` (its passages stay until ``rebuild_knowledge`` drops them)."""
     _SOURCES.pop(name, None)
+    _changed()
+
+
+def follow(callback):
+    """Call ``callback(sources())`` now and after every registration or removal: the index connects
+    its receivers to the sources' models only, including those of apps whose ``ready()`` runs
+    after this app's. Returns nothing."""
+    if callback not in _FOLLOWERS:
+        _FOLLOWERS.append(callback)
+    callback(sources())
+
+
+def _changed():
+    for callback in _FOLLOWERS:
+        callback(sources())
 
 
 def sources():

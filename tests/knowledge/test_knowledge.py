@@ -11,7 +11,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
+from django.contrib.sessions.models import Session
 from django.db import connection, transaction
+from django.db.models.deletion import Collector
+from django.test.utils import CaptureQueriesContext
 
 from chatproject.models import Article
 from conversations import knowledge
@@ -230,6 +233,28 @@ def test_a_failure_to_index_never_fails_the_save_and_is_picked_up_by_the_rebuild
     call_command("rebuild_knowledge", "fragile")
     assert not StaleObject.objects.exists()
     assert Passage.objects.filter(source="fragile", object_pk=str(saved.pk)).exists()
+
+
+def test_deleting_rows_of_a_model_that_is_no_source_stays_one_query_and_a_sources_deletes_drop_passages(extra_source):
+    """The index follows the sources' models only: clearsessions or a purge of call records
+    deletes in one statement, not a row and a signal at a time."""
+    for model in (Session, CallRecord):
+        assert Collector(using="default").can_fast_delete(model.objects.all()), model
+    Session.objects.bulk_create([Session(session_key=f"key{n:036d}", session_data="x", expire_date="2000-01-01T00:00Z")
+                                 for n in range(50)])
+    with CaptureQueriesContext(connection) as queries:
+        Session.objects.all().delete()
+    assert len([q for q in queries if "session" in q["sql"].lower()]) == 1
+
+    article("map", "Harbour map", "The harbour map is at the gate.")
+    Article.objects.filter(slug="map").delete()  # a bulk delete of a source's rows still drops its passages
+    assert search("harbour map") == []
+    extra_source("auth.User", name="people", title="username", body="username", url=lambda user: "/people/")
+    assert not Collector(using="default").can_fast_delete(get_user_model().objects.all())
+    get_user_model().objects.create_user("lighthousekeeper")
+    assert [h.title for h in search("lighthousekeeper")] == ["lighthousekeeper"]
+    get_user_model().objects.filter(username="lighthousekeeper").delete()
+    assert search("lighthousekeeper") == []
 
 
 def test_status_reports_what_bulk_updates_left_out_of_date_and_the_rebuild_mends_it(capsys):
