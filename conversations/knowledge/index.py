@@ -5,7 +5,7 @@ failure to index is logged and marked (``StaleObject``), never raised into the s
 
 import logging
 
-from django.db import DatabaseError, transaction
+from django.db import Error, transaction
 from django.db.models import Max
 from django.db.models.signals import post_delete, post_save
 
@@ -51,11 +51,12 @@ def remove_object(source_name, pk):
 
 def mark_stale(source_name, pk, reason):
     """Note that object ``pk`` could not be indexed (``reason``), for the next rebuild; logs when
-    even that cannot be written."""
+    even that cannot be written (``Error``: a closed connection's ``InterfaceError`` is no
+    ``DatabaseError``, and it must not reach the site's request either)."""
     try:
         StaleObject.objects.update_or_create(source=source_name, object_pk=str(pk),
                                              defaults={"reason": str(reason)[:500]})
-    except DatabaseError:
+    except Error:
         logger.exception("Could not mark %s:%s as stale", source_name, pk)
 
 
@@ -88,7 +89,7 @@ def on_delete(sender, instance, using=None, **kwargs):
         def drop(source=source, pk=pk):
             try:
                 remove_object(source.name, pk)
-            except DatabaseError as exc:
+            except Error as exc:
                 logger.exception("Could not remove %s:%s from the index", source.name, pk)
                 mark_stale(source.name, pk, f"{type(exc).__name__}: {exc}")
         transaction.on_commit(drop, using=using)

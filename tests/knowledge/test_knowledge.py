@@ -12,13 +12,17 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.contrib.sessions.models import Session
-from django.db import connection, transaction
+from django.db import InterfaceError, connection, transaction
 from django.db.models.deletion import Collector
+from django.http import HttpResponse
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.urls import path
 
 from chatproject.models import Article
 from conversations import knowledge
 from conversations.assistants import problems
+from conversations.knowledge import index
 from conversations.knowledge.index import status
 from conversations.knowledge.models import Passage, StaleObject
 from conversations.knowledge.search import ranked_queryset, search
@@ -255,6 +259,55 @@ def test_deleting_rows_of_a_model_that_is_no_source_stays_one_query_and_a_source
     assert [h.title for h in search("lighthousekeeper")] == ["lighthousekeeper"]
     get_user_model().objects.filter(username="lighthousekeeper").delete()
     assert search("lighthousekeeper") == []
+
+
+AFTER_COMMIT = []
+
+
+def edit_article(request, slug):
+    """A site's own view: saves or deletes an article, then has work of its own after the commit."""
+    with transaction.atomic():
+        if request.method == "DELETE":
+            Article.objects.get(slug=slug).delete()
+        else:
+            Article.objects.create(slug=slug, title="Opening hours", body="<p>Open from nine to five.</p>")
+        transaction.on_commit(lambda: AFTER_COMMIT.append(slug))
+    return HttpResponse("saved")
+
+
+urlpatterns = [path("edit/<slug:slug>/", edit_article)]
+
+
+def closed_connection(*args, **kwargs):
+    raise InterfaceError("connection already closed")
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.parametrize("change", ["saved", "deleted"])
+def test_a_closed_connection_while_indexing_never_fails_the_sites_request(change, monkeypatch, caplog):
+    """InterfaceError is no DatabaseError: caught as one, it reached the site's request as a 500
+    after its save had committed, and the site's own later on_commit work was skipped."""
+    AFTER_COMMIT.clear()
+    if change == "deleted":
+        existing = article("hours", "Opening hours", "Open from nine to five.")
+        monkeypatch.setattr(index, "remove_object", closed_connection)
+    else:  # the index write and the mark for the rebuild both fail
+        monkeypatch.setattr(index, "index_object", closed_connection)
+        monkeypatch.setattr(StaleObject.objects, "update_or_create", closed_connection)
+    client = Client(raise_request_exception=False)
+    with caplog.at_level(logging.ERROR, logger="conversations.knowledge"):
+        response = client.generic("DELETE" if change == "deleted" else "POST", "/edit/hours/")
+    assert response.status_code == 200 and response.content == b"saved"
+    assert AFTER_COMMIT == ["hours"]
+    assert "InterfaceError" in caplog.text
+    monkeypatch.undo()
+    [row] = [r for r in status() if r["name"] == "help"]
+    if change == "deleted":  # marked for the rebuild
+        assert row["stale"] == [str(existing.pk)] and row["orphans"] == [str(existing.pk)]
+    else:  # not even marked: the status still sees it was never indexed
+        assert row["missing"] == [str(Article.objects.get(slug="hours").pk)]
+    call_command("rebuild_knowledge")
+    assert [h.title for h in search("opening hours")] == ([] if change == "deleted" else ["Opening hours"])
 
 
 def test_status_reports_what_bulk_updates_left_out_of_date_and_the_rebuild_mends_it(capsys):
