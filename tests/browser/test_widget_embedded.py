@@ -3,7 +3,8 @@ another server (http://127.0.0.1:<port>), the API on the live server (http://loc
 another site), in a Chromium profile that blocks third-party cookies, a real worker and a
 streaming fake provider. The widget chats with a visitor token and no cookie: a streamed
 answer, Stop, a rating, 304s while nothing changes, a reload that restores the conversation;
-a page of an origin not allowed is told so, and nothing is created.
+a page of an origin not allowed is told so, and nothing is created; the sources under an answer
+link to the API's site, whose articles they are, not to the page's.
 
 Chromium 156 blocks third-party cookies in Playwright's default (incognito-like) contexts; a
 persistent profile follows its ``profile.cookie_controls_mode`` preference (1: block third-party
@@ -22,6 +23,8 @@ import time
 import pytest
 from playwright.sync_api import expect
 
+from chatproject.models import Article
+from conversations.knowledge.models import Passage
 from conversations.models import Conversation, Turn
 from tests.browser.conftest import CHROMIUM_ARGS, TIMEOUT_MS, Chat, chromium_path
 from tests.support.fake_stream import openai_stream, streaming
@@ -177,3 +180,33 @@ def test_the_token_is_renewed_before_it_expires_and_the_conversation_goes_on(
     renewals = [headers for url, headers in sent if url.endswith("/widget-token/") and "authorization" in headers]
     assert renewals  # the token was sent to be renewed, not a new visitor made
     assert Conversation.objects.count() == 1 and Turn.objects.filter(status="completed").count() == 2
+
+
+def test_the_sources_of_an_embedded_answer_link_to_the_articles_on_the_chat_site(
+        blocking_profile, host_site, live_server, worker_process, conversations_settings):
+    """The articles are the chat site's: a path resolves against its origin, not the shop page's,
+    and an absolute URL on it is a link; a URL of the shop's own origin is not the chat site's."""
+    api = live_server.url
+    conversations_settings.update(ALLOWED_ORIGINS=[host_site.origin])
+    Article.objects.create(slug="bike-repair", title="Repairing a bicycle puncture",
+                           body="<p>Patch the inner tube of the bicycle with a repair kit.</p>")
+    shops = Article.objects.create(slug="bike-shops", title="Bicycle shops nearby",
+                                   body="<p>Bicycle shops repair punctures too.</p>")
+    rental = Article.objects.create(slug="bike-rental", title="Renting a bicycle",
+                                    body="<p>Rent a bicycle while the puncture is repaired.</p>")
+    Passage.objects.filter(object_pk=str(shops.pk)).update(url=f"{api}/help/bike-shops/")
+    Passage.objects.filter(object_pk=str(rental.pk)).update(url=f"{host_site.origin}/help/bike-rental/")
+    worker_process(DEMO_DELAY=0.05, TOOLS=["conversations.knowledge.tool.search_site"])
+    host_site.pages["/"] = embedding_page(api, probe=False)
+    chat = Chat(blocking_profile.new_page(), api)
+    chat.page.goto(host_site.origin + "/")
+    chat.send("How do I repair a bicycle puncture?")
+
+    expect(chat.locator(".cvw-msg-assistant")).to_contain_text("inner tube")
+    sources = chat.page.get_by_role("list", name="Sources")
+    expect(sources.get_by_role("link", name="Repairing a bicycle puncture")).to_have_attribute(
+        "href", f"{api}/help/bike-repair/")
+    expect(sources.get_by_role("link", name="Bicycle shops nearby")).to_have_attribute(
+        "href", f"{api}/help/bike-shops/")
+    expect(sources.get_by_role("link")).to_have_count(2)
+    expect(sources).to_contain_text("Renting a bicycle")  # as text

@@ -737,20 +737,22 @@
   /* One widget per host element: created by start() (or the custom element) for each. */
   // -- the sources of an answer: the pages the site's search_site tool returned ---------------
 
-  /* A link target for a source: a URL of this very site (a path, or the page's own origin) over
-   * http(s), else null (the title is then shown as text). */
-  function sameSiteUrl(url) {
+  /* A link target for a source: a URL of the site the articles belong to, over http(s) (a path
+   * on it, or an absolute URL of its origin `site`), else null (the title is then shown as text). */
+  function siteLink(url, site) {
     try {
-      var parsed = new URL(url, window.location.href);
+      var parsed = new URL(url, site + "/");
       var web = parsed.protocol === "http:" || parsed.protocol === "https:";
-      return web && parsed.origin === window.location.origin ? parsed.href : null;
+      return web && parsed.origin === site ? parsed.href : null;
     } catch (e) {
       return null;
     }
   }
 
   class SourceList {
-    constructor() { this.byTurn = {}; }
+    /* The sources are pages of the API's site (`apiUrl`): the page's own origin on the site's
+     * pages, another one when the widget is embedded on a page of another site (embed.js). */
+    constructor(apiUrl) { this.site = new URL(apiUrl).origin; this.byTurn = {}; }
 
     /* Keep the results of a search_site tool message of `turnId` (its content is the tool's JSON). */
     collect(message, turnId) {
@@ -773,8 +775,9 @@
       heading.id = id;
       var list = el("ul", "cvw-sources-list");
       list.setAttribute("aria-labelledby", id);
+      var site = this.site;
       kept.forEach(function (hit) {
-        var entry = el("li"), href = sameSiteUrl(hit.url);
+        var entry = el("li"), href = siteLink(hit.url, site);
         entry.appendChild(href ? link(href, hit.title || href) : el("span", "", hit.title));
         list.appendChild(entry);
       });
@@ -827,7 +830,7 @@
       this.answers = {};     // turn id -> the element of its last assistant message (rated under it)
       this.ratingUrls = {};  // turn id -> its rating_url, as the API handed it out
       this.nodes = {};
-      this.sources = new SourceList();
+      this.sources = new SourceList(this.apiUrl);
       this.build(data.cssUrl || CSS_URL, data.loginUrl);
       if (data.loginUrl) { this.poller.stop(); return; } // signed-in visitors only: the link, nothing to send
       this.handoff = new HandoffControl(this, !!data.handoff);
