@@ -6,6 +6,7 @@ parameter: no SQL is ever built from what a visitor typed."""
 from dataclasses import asdict, dataclass
 from functools import reduce
 import operator
+import re
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
@@ -69,13 +70,34 @@ def ranked(query, names, offset, count):
         offset:offset + count]]
 
 
+_CONFIGS = {}  # database alias -> the text search configuration of its stored document
+
+
+def document_config(connection):
+    """PostgreSQL: the text search configuration migration 0010 built the stored document with,
+    read from the generated column's expression once per process and database; the site's
+    ``LANGUAGE_CODE``'s only while the column cannot be read. A query must be stemmed as the
+    document was: after a change of ``LANGUAGE_CODE``, the new language's stems matched nothing."""
+    if connection.alias not in _CONFIGS:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a ON "
+                           "a.attrelid = d.adrelid AND a.attnum = d.adnum WHERE d.adrelid = to_regclass(%s) "
+                           "AND a.attname = 'search_document'", [Passage._meta.db_table])
+            row = cursor.fetchone()
+        built = re.search(r"to_tsvector\('([^']+)'::regconfig", row[0]) if row else None
+        if built is None:
+            return pg_config(settings.LANGUAGE_CODE)
+        _CONFIGS[connection.alias] = built.group(1)
+    return _CONFIGS[connection.alias]
+
+
 def ranked_queryset(query, passages=None):
     """PostgreSQL: ``(id, rank)`` of the passages matching any word of ``query``, best first."""
     # Optional dependency: django.contrib.postgres imports psycopg, which only PostgreSQL sites have.
     from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVectorField
 
     passages = Passage.objects.all() if passages is None else passages
-    config = pg_config(settings.LANGUAGE_CODE)
+    config = document_config(connections[passages.db])
     # The generated column of migration 0010 (PostgreSQL only, so not a field of the model),
     # indexed with GIN; each word is a separate plain query, OR-ed.
     document = RawSQL(f'"{Passage._meta.db_table}"."search_document"', [], output_field=SearchVectorField())

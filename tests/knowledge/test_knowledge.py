@@ -378,6 +378,16 @@ def test_the_search_index_is_the_databases_own():
     assert [h.title for h in search("violin")] == ["Violin lessons"]
 
 
+def test_a_site_that_changes_its_language_after_migrating_still_finds_its_articles(settings):
+    """PostgreSQL: the stored document was stemmed in the language of the migration ("kayak",
+    "hour"); a query stemmed in the new LANGUAGE_CODE's language ("kayaks", "hours") matched none."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the stored document and its language are PostgreSQL's")
+    article("kayak", "Renting a kayak", "Kayaks are rented by the hour at the lake shore.")
+    settings.LANGUAGE_CODE = "es"
+    assert [h.title for h in search("kayaks by the hours")] == ["Renting a kayak"]
+
+
 def test_the_admin_turn_page_shows_each_query_and_what_it_returned(worker, admin_client):
     article("lighthouse", "Visiting the lighthouse", "The lighthouse is open on Sundays.")
     state = ask(make_client(), worker, "When can I visit the lighthouse?")
