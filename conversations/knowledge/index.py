@@ -5,7 +5,7 @@ failure to index is logged and marked (``StaleObject``), never raised into the s
 
 import logging
 
-from django.db import Error, transaction
+from django.db import Error, connections, router, transaction
 from django.db.models import Max
 from django.db.models.signals import post_delete, post_save
 
@@ -29,13 +29,26 @@ def passages_of(source, obj):
             for number, piece in enumerate(split_passages(text))]
 
 
+def lock_object(using, source_name, pk):
+    """Hold object ``pk`` of ``source_name`` until the transaction on ``using`` ends (PostgreSQL: an
+    advisory lock), so that two refreshes of one object replace its passages one after the other:
+    each deletes only the passages it sees, and without it both deleted before either inserted,
+    leaving two copies. SQLite writes one transaction at a time already."""
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s), hashtext(%s))", [source_name, str(pk)])
+
+
 def index_object(source, obj):
     """Replace the passages of ``obj`` with its current ones (none if it is not published); returns
     how many it has now. One transaction: a search sees the old passages or the new, never none."""
     model = type(obj)
     published = model._default_manager.filter(source.published_filter(), pk=obj.pk).exists()
     rows = passages_of(source, obj) if published else []
-    with transaction.atomic():
+    using = router.db_for_write(Passage)
+    with transaction.atomic(using=using):
+        lock_object(using, source.name, obj.pk)
         Passage.objects.filter(source=source.name, object_pk=str(obj.pk)).delete()
         Passage.objects.bulk_create(rows)
         StaleObject.objects.filter(source=source.name, object_pk=str(obj.pk)).delete()
@@ -44,7 +57,9 @@ def index_object(source, obj):
 
 def remove_object(source_name, pk):
     """Drop the passages of object ``pk`` of ``source_name``."""
-    with transaction.atomic():
+    using = router.db_for_write(Passage)
+    with transaction.atomic(using=using):
+        lock_object(using, source_name, pk)
         Passage.objects.filter(source=source_name, object_pk=str(pk)).delete()
         StaleObject.objects.filter(source=source_name, object_pk=str(pk)).delete()
 

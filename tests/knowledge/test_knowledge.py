@@ -5,6 +5,7 @@ search. Run on SQLite (FTS5) and PostgreSQL (text search, GIN index) alike."""
 
 import json
 import logging
+import threading
 import time
 
 import pytest
@@ -308,6 +309,44 @@ def test_a_closed_connection_while_indexing_never_fails_the_sites_request(change
         assert row["missing"] == [str(Article.objects.get(slug="hours").pk)]
     call_command("rebuild_knowledge")
     assert [h.title for h in search("opening hours")] == ([] if change == "deleted" else ["Opening hours"])
+
+
+def test_two_refreshes_of_one_article_at_once_leave_one_copy_of_its_passages(monkeypatch):
+    """PostgreSQL: two saves of one article committed at once are indexed in two threads; each
+    deleted the passages it could see (none of the other's, not committed yet), then inserted."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite writes one transaction at a time")
+    [saved] = Article.objects.bulk_create([Article(slug="tides", title="Tide tables", body="<p>High tide at six.</p>")])
+    first_inserting, second_done = threading.Event(), threading.Event()
+    insert = Passage.objects.bulk_create
+
+    def slow_first_insert(rows, *args, **kwargs):
+        if threading.current_thread().name == "first":
+            first_inserting.set()
+            second_done.wait(2)  # with the other refresh waiting for this one, it never comes
+        return insert(rows, *args, **kwargs)
+
+    monkeypatch.setattr(Passage.objects, "bulk_create", slow_first_insert)
+    source = knowledge.sources()["help"]
+
+    def refresh(name):
+        def run():
+            try:
+                if name == "second":
+                    first_inserting.wait(5)
+                index.refresh(source, Article, saved.pk)
+                second_done.set() if name == "second" else None
+            finally:
+                connection.close()
+        return threading.Thread(target=run, name=name)
+
+    threads = [refresh("first"), refresh("second")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    [row] = [r for r in status() if r["name"] == "help"]
+    assert row["passages"] == 1 and not StaleObject.objects.exists()
 
 
 def test_status_reports_what_bulk_updates_left_out_of_date_and_the_rebuild_mends_it(capsys):
