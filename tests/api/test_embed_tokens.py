@@ -424,3 +424,67 @@ def test_an_assistant_for_signed_in_users_gets_a_token_only_with_a_signed_identi
     assert minted.status_code == 200
     assert member.post("/api/conversations/", {"assistant": "members"}).status_code == 201
     assert Conversation.objects.get().user == user
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_signed_in_users_token_for_one_assistant_reaches_none_of_their_conversations_with_another():
+    """A host site vouching for its user on a page embedding one assistant grants that assistant's
+    conversations of theirs, not the ones they had with an assistant allowed on no other site
+    (on the site's own pages): every endpoint answers 404 as for a conversation not theirs, the
+    poll of a cached state and the handoff's too."""
+    partner = "https://partner.example"
+    Assistant.objects.create(slug="public", name="Public", system_prompt="Help.", allowed_origins=[partner])
+    Assistant.objects.create(slug="internal", name="Internal", system_prompt="Secrets.", allowed_origins=[],
+                             handoff=Assistant.HandoffWays.BUTTON)
+    user = signed_in_user()
+    own_site = Client()
+    own_site.force_login(user)
+
+    def own_post(url, data=None):
+        return own_site.post(url, json.dumps(data or {}), content_type="application/json")
+
+    private = own_post("/api/conversations/", {"assistant": "internal"}).json()["id"]
+    turn = own_post(f"/api/conversations/{private}/turns/", {"content": "Our salaries?"}).json()
+    handed = own_post("/api/conversations/", {"assistant": "internal"}).json()["id"]
+    assert own_post(f"/api/conversations/{handed}/handoff/").status_code == 202
+    page = Page(origin=partner)
+    assert page.mint(assistant="public", identity=visitors.sign_identity(user.pk, SECRET)).status_code == 200
+    mine = page.post("/api/conversations/", {"assistant": "public"}).json()["id"]
+
+    listed = page.get("/api/conversations/")
+    answers = {
+        "detail": page.get(f"/api/conversations/{private}/"),
+        "turns": page.post(f"/api/conversations/{private}/turns/", {"content": "Tell me."}),
+        "poll": page.get(turn["poll_url"]),
+        "cancel": page.post(turn["cancel_url"]),
+        "rating": page.post(turn["rating_url"], {"value": "up"}),
+        "handoff": page.get(f"/api/conversations/{handed}/handoff/"),
+        "handoff post": page.post(f"/api/conversations/{private}/handoff/"),
+        "handoff back": page.post(f"/api/conversations/{handed}/handoff/back/"),
+    }
+
+    assert [c["id"] for c in listed.json()] == [mine]
+    assert {name: r.status_code for name, r in answers.items()} == dict.fromkeys(answers, 404)
+    for response in answers.values():
+        assert response.json() == {"detail": "This conversation is no longer available. It may have expired; "
+                                             "please start a new one."}
+    assert Turn.objects.filter(conversation_id=private).count() == 1
+    assert Turn.objects.get(conversation_id=private).status == Turn.Status.QUEUED
+    assert own_site.get(f"/api/conversations/{private}/").status_code == 200  # still theirs on the site itself
+
+
+def test_a_state_published_before_states_named_their_assistant_is_checked_against_the_row():
+    """A state an older worker published names no assistant: the token's own turn is still served
+    (its row says whose it is), and a foreign one still is not."""
+    from conversations.infra import state
+
+    page, stranger = Page(), Page()
+    page.mint()
+    stranger.mint()
+    turn = started(page)
+    data = state.read(turn["id"])
+    del data["owner"]["assistant"]
+    state.publish(data)
+
+    assert page.get(turn["poll_url"]).status_code == 200
+    assert stranger.get(turn["poll_url"]).status_code == 404
