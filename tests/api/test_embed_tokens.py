@@ -488,3 +488,42 @@ def test_a_state_published_before_states_named_their_assistant_is_checked_agains
 
     assert page.get(turn["poll_url"]).status_code == 200
     assert stranger.get(turn["poll_url"]).status_code == 404
+
+
+MALFORMED_ORIGINS = ["http://[", "https://a]b", "https://[zz]"]
+
+
+@pytest.mark.parametrize("malformed", MALFORMED_ORIGINS)
+def test_a_malformed_origin_header_is_refused_like_any_origin_not_allowed(malformed):
+    """An Origin header no page can send (a bracket without its pair: urlsplit raises on it) is an
+    origin like any other that is not allowed: no CORS, no token, a token refused; never a 500."""
+    page = Page()
+    page.mint()
+    turn = started(page)
+    odd = Page(origin=malformed)
+
+    preflight = Client().options("/api/conversations/", HTTP_ORIGIN=malformed,
+                                 HTTP_ACCESS_CONTROL_REQUEST_METHOD="POST")
+    minted = odd.mint()
+    listed = odd.get("/api/conversations/", token=page.token)
+    polled = odd.get(turn["poll_url"], token=page.token)
+
+    assert preflight.status_code == 204 and "Access-Control-Allow-Origin" not in preflight
+    assert minted.status_code == 403 and "token" not in minted.json()
+    for response in (listed, polled):
+        assert response.status_code == 401
+        assert response.json() == {"detail": "This chat's access was given to another site. Please reload the page."}
+
+
+def test_an_allowed_origin_with_a_bracket_stops_the_checks_and_breaks_no_request(conversations_settings):
+    from conversations.checks import check_config
+
+    conversations_settings.update(ALLOWED_ORIGINS=[PAGE, "https://a]b", "http://["])
+
+    found = [m.msg for m in check_config() if m.id == "conversations.E043"]
+    page = Page()
+
+    assert found == ["ALLOWED_ORIGINS entry 'https://a]b' is not an origin a page can have.",
+                     "ALLOWED_ORIGINS entry 'http://[' is not an origin a page can have."]
+    assert page.mint().status_code == 200
+    assert page.get("/api/conversations/")["Access-Control-Allow-Origin"] == PAGE
