@@ -26,8 +26,8 @@ from ..conf import get_config
 from ..core.rules import WIDGET_GIVE_UP_MARGIN
 from ..models import Assistant, Turn
 from ..templatetags.conversations import widget_strings
-from .authentication import (VisitorTokenAuthentication, refusal_message, request_origin, verified_visitor,
-                             visitor_user)
+from .authentication import (OPAQUE_ORIGIN, VisitorTokenAuthentication, refusal_message, request_origin,
+                             verified_visitor, visitor_user)
 from .base import ConversationAPIView
 from .cors import page_origin_allowed
 from .permissions import may_chat, sign_in_message
@@ -149,6 +149,8 @@ class WidgetTokenView(ConversationAPIView):
             raise PermissionDenied(sign_in_message())
         if assistant is not None and not assistant.allows(user if user.is_authenticated else None):
             raise PermissionDenied(assistants.access_refused_message(assistant, user))
+        if page_origin == OPAQUE_ORIGIN:
+            raise PermissionDenied(_("This assistant cannot be used on this page."))
         if not page_origin_allowed(page_origin, assistant):
             raise PermissionDenied(_("This assistant cannot be used on pages of %(origin)s.") % {"origin": page_origin})
         return Response({"token": visitors.issue(visitor), "expires_in": self.lifetime(),

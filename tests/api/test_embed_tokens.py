@@ -509,7 +509,8 @@ def test_a_malformed_origin_header_is_refused_like_any_origin_not_allowed(malfor
     polled = odd.get(turn["poll_url"], token=page.token)
 
     assert preflight.status_code == 204 and "Access-Control-Allow-Origin" not in preflight
-    assert minted.status_code == 403 and "token" not in minted.json()
+    assert minted.status_code == 403
+    assert minted.json() == {"detail": "This assistant cannot be used on this page."}
     for response in (listed, polled):
         assert response.status_code == 401
         assert response.json() == {"detail": "This chat's access was given to another site. Please reload the page."}
@@ -527,3 +528,22 @@ def test_an_allowed_origin_with_a_bracket_stops_the_checks_and_breaks_no_request
                      "ALLOWED_ORIGINS entry 'http://[' is not an origin a page can have."]
     assert page.mint().status_code == 200
     assert page.get("/api/conversations/")["Access-Control-Allow-Origin"] == PAGE
+
+
+def test_origin_null_is_not_the_sites_own_page(conversations_settings):
+    """``Origin: null`` (a sandboxed frame, a file: page, on any site) is no origin a token or an
+    allowed origin names, not the site's own: only a request without the header is the site's."""
+    own = "http://testserver"
+    conversations_settings.update(ALLOWED_ORIGINS=[PAGE, own])
+    site_page, sandboxed = Page(origin=own), Page(origin="null")
+    assert site_page.mint().status_code == 200
+
+    used = sandboxed.get("/api/conversations/", token=site_page.token)
+    minted = sandboxed.mint()
+
+    assert used.status_code == 401
+    assert used.json() == {"detail": "This chat's access was given to another site. Please reload the page."}
+    assert minted.status_code == 403
+    assert minted.json() == {"detail": "This assistant cannot be used on this page."}
+    # Without the header (a same-origin GET, which browsers send without one) it is the site's own page.
+    assert Client().get("/api/conversations/", HTTP_AUTHORIZATION=f"Bearer {site_page.token}").status_code == 200
