@@ -10,7 +10,9 @@ it only from a page of the origin it names (``api.tokens``).
 A signed identity is ``user_id:timestamp:nonce:signature``, the signature HMAC-SHA256 of the
 first three parts with ``IDENTITY_SECRET``, made by the host site's server (``sign_identity``;
 docs/widget.md has the same in a few lines of any language). It is good for
-``IDENTITY_MAX_AGE`` seconds and once: its nonce is kept in the cache until then.
+``IDENTITY_MAX_AGE`` seconds and once: its nonce is kept in the cache until then. It is checked
+in two steps: ``verify_identity`` (signature and age) first, ``spend_identity`` (the nonce) only
+once every other check of the request has passed.
 """
 
 import dataclasses
@@ -92,9 +94,18 @@ def sign_identity(user_id, secret, now=None):
     return f"{message}:{signature}"
 
 
-def check_identity(value, now=None):
-    """The user id a signed identity vouches for; ``Refused`` when identities are off (no
-    ``IDENTITY_SECRET``), or it is forged, expired or seen before. A genuine one is used up."""
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """A signed identity whose signature and age are good (``verify_identity``): the user
+    ``user_id`` it vouches for, and the ``nonce`` that ``spend_identity`` uses up."""
+
+    user_id: str
+    nonce: str
+
+
+def verify_identity(value, now=None):
+    """The ``Identity`` a signed identity vouches for, not yet used up (``spend_identity``);
+    ``Refused`` when identities are off (no ``IDENTITY_SECRET``), or it is forged or expired."""
     cfg = get_config()
     if not cfg["IDENTITY_SECRET"]:
         raise Refused("identity_off")
@@ -110,9 +121,16 @@ def check_identity(value, now=None):
     age = now - int(stamp)
     if age > cfg["IDENTITY_MAX_AGE"] or age < -CLOCK_SKEW:
         raise Refused("identity_expired")
+    return Identity(user_id=user_id, nonce=nonce)
+
+
+def spend_identity(identity):
+    """Use ``identity`` up; ``Refused("identity_replayed")`` when it was used before. Called last,
+    right before a token is issued with it: a request refused for anything else (a page of an
+    origin not allowed, an assistant the user may not use) leaves it to the page it was made for."""
+    cfg = get_config()
     # Kept until the signature could no longer be taken anyway; add() is atomic, so of two requests
     # with one signature only the first gets through.
-    key = "conversations:identity:" + hashlib.sha256(f"{user_id}:{nonce}".encode()).hexdigest()
+    key = "conversations:identity:" + hashlib.sha256(f"{identity.user_id}:{identity.nonce}".encode()).hexdigest()
     if not caches[cfg["CACHE_ALIAS"]].add(key, 1, timeout=cfg["IDENTITY_MAX_AGE"] + CLOCK_SKEW + 1):
         raise Refused("identity_replayed")
-    return user_id

@@ -120,7 +120,7 @@ class WidgetTokenView(ConversationAPIView):
     )
     def post(self, request):
         page_origin = request_origin(request)
-        renewed = verified_visitor(request)
+        renewed, identity = verified_visitor(request), None
         if renewed is not None:
             assistant = self.assistant(renewed.assistant_id)
             visitor_user(renewed)  # a user gone or made inactive since gets no new token
@@ -136,14 +136,13 @@ class WidgetTokenView(ConversationAPIView):
                          if slug and slug_re.match(slug) else None)
             if slug and assistant is None:
                 raise NotFound(_("This assistant is not available."))
-            user_id = None
             if data.get("identity"):
                 try:
-                    user_id = visitors.check_identity(data["identity"])
+                    identity = visitors.verify_identity(data["identity"])
                 except visitors.Refused as refused:
                     raise AuthenticationFailed(refusal_message(refused.reason)) from None
             visitor = visitors.Visitor(origin=page_origin, assistant_id=assistant.pk if assistant else None,
-                                       visitor_id=data["visitor"], user_id=user_id)
+                                       visitor_id=data["visitor"], user_id=identity.user_id if identity else None)
         user = visitor_user(visitor)
         if not may_chat(user):
             raise PermissionDenied(sign_in_message())
@@ -153,6 +152,11 @@ class WidgetTokenView(ConversationAPIView):
             raise PermissionDenied(_("This assistant cannot be used on this page."))
         if not page_origin_allowed(page_origin, assistant):
             raise PermissionDenied(_("This assistant cannot be used on pages of %(origin)s.") % {"origin": page_origin})
+        if identity is not None:
+            try:
+                visitors.spend_identity(identity)  # last: a request refused above leaves it to its page
+            except visitors.Refused as refused:
+                raise AuthenticationFailed(refusal_message(refused.reason)) from None
         return Response({"token": visitors.issue(visitor), "expires_in": self.lifetime(),
                          "widget": widget_settings(request, assistant)})
 

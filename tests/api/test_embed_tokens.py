@@ -547,3 +547,22 @@ def test_origin_null_is_not_the_sites_own_page(conversations_settings):
     assert minted.json() == {"detail": "This assistant cannot be used on this page."}
     # Without the header (a same-origin GET, which browsers send without one) it is the site's own page.
     assert Client().get("/api/conversations/", HTTP_AUTHORIZATION=f"Bearer {site_page.token}").status_code == 200
+
+
+def test_a_signed_identity_refused_for_its_page_is_not_used_up():
+    """A request refused for what it asks (a page of an origin not allowed, an assistant the user may
+    not use) spends no signed identity: the page it was made for still signs the user in with it."""
+    Assistant.objects.create(slug="staff-only", name="Staff", system_prompt="Hi.", allowed_origins=[PAGE],
+                             access=Assistant.Access.STAFF)
+    identity = visitors.sign_identity(signed_in_user().pk, SECRET)
+
+    elsewhere = Page(origin=OTHER).mint(identity=identity)
+    not_theirs = Page().mint(assistant="staff-only", identity=identity)
+    page = Page()
+    minted = page.mint(identity=identity)
+
+    assert elsewhere.status_code == 403
+    assert elsewhere.json() == {"detail": f"This assistant cannot be used on pages of {OTHER}."}
+    assert not_theirs.status_code == 403
+    assert minted.status_code == 200
+    assert Page().mint(identity=identity).status_code == 401  # and then it is used up
