@@ -32,6 +32,8 @@ SALT = "conversations.visitors.token"
 # What the widget generates (crypto.getRandomValues, URL-safe): long enough not to be guessed.
 VISITOR_ID = re.compile(r"^[A-Za-z0-9_-]{22,64}$")
 NONCE = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+# Seconds since the epoch in ASCII digits (str.isdigit() also takes "²", which int() refuses).
+STAMP = re.compile(r"^[0-9]{1,12}$")
 # A signature from a host whose clock runs this much ahead is still taken.
 CLOCK_SKEW = 60
 
@@ -110,7 +112,7 @@ def verify_identity(value, now=None):
     if not cfg["IDENTITY_SECRET"]:
         raise Refused("identity_off")
     parts = str(value).rsplit(":", 3)
-    if len(parts) != 4 or not parts[0] or not NONCE.match(parts[2]) or not parts[1].isdigit():
+    if len(parts) != 4 or not parts[0] or not NONCE.match(parts[2]) or not STAMP.fullmatch(parts[1]):
         raise Refused("identity_forged")
     user_id, stamp, nonce, signature = parts
     expected = hmac.new(cfg["IDENTITY_SECRET"].encode(), f"{user_id}:{stamp}:{nonce}".encode(),

@@ -4,6 +4,8 @@ vouches for its signed-in user with a signed identity. Every refusal is a 401 (o
 sentence, and creates nothing."""
 
 import base64
+import hashlib
+import hmac
 import json
 import re
 import secrets
@@ -287,6 +289,12 @@ def tampered(identity):
     return identity[:-1] + ("1" if identity.endswith("0") else "0")
 
 
+def signed_with_stamp(user_id, stamp):
+    """An identity genuinely signed with the site's secret whose timestamp is ``stamp`` as written."""
+    message = f"{user_id}:{stamp}:{secrets.token_hex(16)}"
+    return f"{message}:{hmac.new(SECRET.encode(), message.encode(), hashlib.sha256).hexdigest()}"
+
+
 @pytest.mark.parametrize("identity, sentence", [
     (lambda user: visitors.sign_identity(user.pk, "not-the-site-secret"),
      "Your sign-in could not be verified. Please reload the page."),
@@ -300,7 +308,12 @@ def tampered(identity):
      "Your sign-in could not be verified. Please reload the page."),
     (lambda user: visitors.sign_identity(user.pk, SECRET).replace(":", ":\x00", 1),
      "Your sign-in could not be verified. Please reload the page."),
-], ids=["forged", "tampered", "unsigned", "expired", "not-ascii", "nul"])
+    # Digits to str.isdigit() but not to int() (a 500), or to int() but not ASCII: signed, yet no timestamp.
+    (lambda user: signed_with_stamp(user.pk, "\u00b2"),
+     "Your sign-in could not be verified. Please reload the page."),
+    (lambda user: signed_with_stamp(user.pk, "".join(chr(0x660 + int(d)) for d in str(int(time.time())))),
+     "Your sign-in could not be verified. Please reload the page."),
+], ids=["forged", "tampered", "unsigned", "expired", "not-ascii", "nul", "superscript-stamp", "arabic-indic-stamp"])
 def test_a_signed_identity_that_cannot_be_taken_is_refused(identity, sentence):
     user = signed_in_user()
 
