@@ -5,7 +5,9 @@ A visitor token is Django's ``signing.dumps`` of the page's origin, the assistan
 visitor id the widget keeps in the page's storage and, for a vouched-for user, their id; it is
 timestamped and good for ``WIDGET_TOKEN_TTL`` seconds, and stateless: nothing is stored when
 one is issued, so any web process can check it with the site's ``SECRET_KEY``. The API accepts
-it only from a page of the origin it names (``api.tokens``).
+it only from a page of the origin it names (``api.tokens``). A token renewed is one more of its
+chain: it keeps when the first was issued, and a chain is renewed for ``WIDGET_TOKEN_MAX_AGE``
+seconds from then (``check_renewal``), so that a token taken once does not live for ever.
 
 A signed identity is ``user_id:timestamp:nonce:signature``, the signature HMAC-SHA256 of the
 first three parts with ``IDENTITY_SECRET``, made by the host site's server (``sign_identity``;
@@ -52,13 +54,15 @@ class Refused(Exception):
 @dataclasses.dataclass(frozen=True)
 class Visitor:
     """Who a valid visitor token names: pages of ``origin``, the assistant ``assistant_id`` (None:
-    the site's default), the widget's ``visitor_id`` and, when the host site vouched for them,
-    its user ``user_id``."""
+    the site's default), the widget's ``visitor_id``, when the host site vouched for them, its
+    user ``user_id``, and when the first token of its chain was issued, ``started`` (seconds since
+    the epoch; None for a visitor whose first token is yet to be issued)."""
 
     origin: str
     assistant_id: int | None
     visitor_id: str
     user_id: str | None = None
+    started: float | None = None
 
     @property
     def owner_token(self):
@@ -67,9 +71,21 @@ class Visitor:
 
 
 def issue(visitor):
-    """A visitor token naming ``visitor``, good for ``WIDGET_TOKEN_TTL`` seconds from now."""
-    claims = {"o": visitor.origin, "a": visitor.assistant_id, "v": visitor.visitor_id, "u": visitor.user_id}
+    """A visitor token naming ``visitor``, good for ``WIDGET_TOKEN_TTL`` seconds from now: the first
+    of a chain, or (a renewal, ``visitor.started`` set) one more of the chain begun then."""
+    started = int(time.time()) if visitor.started is None else visitor.started
+    claims = {"o": visitor.origin, "a": visitor.assistant_id, "v": visitor.visitor_id, "u": visitor.user_id,
+              "t": started}
     return signing.dumps(claims, salt=SALT, compress=False)
+
+
+def check_renewal(visitor, now=None):
+    """``Refused("expired")`` once the chain of ``visitor``'s token began more than
+    ``WIDGET_TOKEN_MAX_AGE`` seconds ago: it gets no more renewals (an anonymous visitor's widget
+    then asks for a new chain for its visitor id; a signed-in user's needs a new signature)."""
+    now = time.time() if now is None else now
+    if visitor.started is not None and now - visitor.started > get_config()["WIDGET_TOKEN_MAX_AGE"]:
+        raise Refused("expired")
 
 
 def read(token):
@@ -82,9 +98,12 @@ def read(token):
     except signing.BadSignature:
         raise Refused("invalid") from None
     try:
+        # A token issued before chains were dated has no "t": its chain begins at its next renewal.
+        started = claims.get("t")
         return Visitor(origin=str(claims["o"]), assistant_id=claims["a"], visitor_id=str(claims["v"]),
-                       user_id=None if claims["u"] is None else str(claims["u"]))
-    except (KeyError, TypeError):  # signed by this site, but not as a visitor token
+                       user_id=None if claims["u"] is None else str(claims["u"]),
+                       started=None if started is None else float(started))
+    except (KeyError, TypeError, ValueError, AttributeError):  # signed by this site, but not as a visitor token
         raise Refused("invalid") from None
 
 

@@ -108,7 +108,9 @@ class WidgetTokenView(ConversationAPIView):
         request=TokenRequestSerializer, parameters=[RETRY_AFTER],
         responses={200: TokenSerializer, 400: OpenApiResponse(ERROR, description="No valid visitor id."),
                    401: OpenApiResponse(ERROR, description="The token to renew or the signed identity cannot be "
-                                                           "taken: forged, expired, replayed, another origin's."),
+                                                           "taken: forged, expired, replayed, another origin's; "
+                                                           "or the token's chain of renewals began more than "
+                                                           "WIDGET_TOKEN_MAX_AGE ago."),
                    403: OpenApiResponse(ERROR, description="The caller is anonymous while LOGIN_REQUIRED is on, "
                                                            "the assistant's access policy does not allow them, or "
                                                            "the page's origin may not embed this assistant."),
@@ -122,6 +124,10 @@ class WidgetTokenView(ConversationAPIView):
         page_origin = request_origin(request)
         renewed, identity = verified_visitor(request), None
         if renewed is not None:
+            try:
+                visitors.check_renewal(renewed)
+            except visitors.Refused as refused:
+                raise AuthenticationFailed(refusal_message(refused.reason)) from None
             assistant = self.assistant(renewed.assistant_id)
             visitor_user(renewed)  # a user gone or made inactive since gets no new token
             visitor = renewed

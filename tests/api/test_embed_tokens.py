@@ -579,3 +579,71 @@ def test_a_signed_identity_refused_for_its_page_is_not_used_up():
     assert not_theirs.status_code == 403
     assert minted.status_code == 200
     assert Page().mint(identity=identity).status_code == 401  # and then it is used up
+
+
+def a_token_of_a_chain_begun(page, seconds_ago, user_id=None):
+    """A token for ``page``'s visitor, renewed ever since its chain began ``seconds_ago`` (what a
+    widget left open that long holds: each renewal keeps when the first token was issued)."""
+    return visitors.issue(visitors.Visitor(origin=page.origin, assistant_id=None, visitor_id=page.visitor,
+                                           user_id=user_id, started=time.time() - seconds_ago))
+
+
+def test_renewals_end_when_the_first_token_of_their_chain_is_older_than_the_max_age(conversations_settings):
+    """A token can be renewed for WIDGET_TOKEN_MAX_AGE (12 hours) after the first of its chain was
+    issued, not for ever; an anonymous visitor then gets a new one for their visitor id, as the
+    widget asks, and keeps their conversation."""
+    page = Page()
+    page.mint()
+    turn = started(page)
+    page.token = a_token_of_a_chain_begun(page, 12 * 3600 + 60)
+
+    still_good = page.get(f"/api/conversations/{turn['conversation']}/")  # good until its own TTL ends
+    renewal = page.renew()
+    page.token = None
+    fresh = page.mint()
+
+    assert still_good.status_code == 200
+    assert renewal.status_code == 401
+    assert renewal.json() == {"detail": "This chat's access has expired. Please reload the page."}
+    assert fresh.status_code == 200
+    assert page.get(f"/api/conversations/{turn['conversation']}/").status_code == 200
+
+
+def test_a_renewed_token_keeps_when_its_chain_began(conversations_settings):
+    page = Page()
+    page.token = a_token_of_a_chain_begun(page, 2 * 3600)
+    renewed = page.renew()
+    assert renewed.status_code == 200
+    page.token = renewed.json()["token"]
+    conversations_settings.update(WIDGET_TOKEN_MAX_AGE=3600)
+
+    again = page.renew()
+
+    assert again.status_code == 401  # a renewal that began a new chain would have been renewed
+    assert again.json() == {"detail": "This chat's access has expired. Please reload the page."}
+
+
+def test_a_signed_in_users_chain_past_the_max_age_is_not_renewed():
+    """The widget cannot mint a signed-in user a new chain without a new signature from the host
+    site: past the max age the user reads that the chat's access expired and reloads the page."""
+    user = signed_in_user()
+    page = Page()
+    page.token = a_token_of_a_chain_begun(page, 13 * 3600, user_id=user.pk)
+
+    renewal = page.renew()
+
+    assert renewal.status_code == 401
+    assert renewal.json() == {"detail": "This chat's access has expired. Please reload the page."}
+    assert page.mint(identity=visitors.sign_identity(user.pk, SECRET)).status_code == 200  # a reload
+
+
+def test_a_max_age_shorter_than_a_tokens_lifetime_stops_the_checks(conversations_settings):
+    from conversations.checks import check_config
+
+    conversations_settings.update(WIDGET_TOKEN_TTL=900, WIDGET_TOKEN_MAX_AGE=600)
+
+    found = [(m.id, m.msg) for m in check_config() if m.id == "conversations.E045"]
+
+    assert found == [("conversations.E045", "WIDGET_TOKEN_MAX_AGE (600s) is shorter than WIDGET_TOKEN_TTL (900s): "
+                                            "the first token of a chain would outlive the time its chain may be "
+                                            "renewed for.")]
