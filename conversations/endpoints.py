@@ -78,7 +78,8 @@ def origin_allowed(target, patterns):
 
 # A page origin allowed to embed the widget: written out, or "*." before a domain of two labels at
 # least (https://*.example.com); a port, if any, written out too. Broader ones ("https://*",
-# "http://*.com") would let pages of anyone embed it.
+# "http://*.com") would let pages of anyone embed it. Without a public suffix list, "*.co.uk" or
+# "*.github.io" pass, and are as broad: the docs warn (docs/widget.md, SECURITY.md).
 _EMBED_WILDCARD = re.compile(r"^https?://\*\.[a-z0-9-]+(\.[a-z0-9-]+)+(:[0-9]+)?$")
 
 
