@@ -51,6 +51,7 @@ def check_config(app_configs=None, **kwargs):
             errors.append(Error(f"{key} ({cfg[key]}) must be at least 1.", hint="See docs/deployment.md.",
                                 id="conversations.E015"))
     errors += _check_credentials(cfg) + _check_prices(cfg) + _check_allowed_endpoints(cfg) + _check_handoff(cfg)
+    errors += _check_widget_tokens(cfg)
     if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
         errors.append(Warning(
             "LoginRequiredMiddleware is on but CONVERSATIONS['LOGIN_REQUIRED'] is not: the chat API is exempt from "
@@ -322,6 +323,18 @@ def _check_handoff(cfg):
     return [Error(f"{problem}.", hint='For example "HANDOFF_STAFF_NAME": "{first_name} from support", '
                   '"HANDOFF_WAIT": 300, "HANDOFF_EMAILS": ["support@example.com"].', id="conversations.E044")
             for problem in problems_found]
+
+
+def _check_widget_tokens(cfg):
+    """A chain of visitor tokens is renewed for WIDGET_TOKEN_MAX_AGE from its first token, which
+    alone lasts WIDGET_TOKEN_TTL: a shorter max age would leave nothing to renew."""
+    ttl, max_age = cfg["WIDGET_TOKEN_TTL"], cfg["WIDGET_TOKEN_MAX_AGE"]
+    if max_age >= ttl:
+        return []
+    return [Error(f"WIDGET_TOKEN_MAX_AGE ({max_age}s) is shorter than WIDGET_TOKEN_TTL ({ttl}s): the first token "
+                  "of a chain would outlive the time its chain may be renewed for.",
+                  hint="Make WIDGET_TOKEN_MAX_AGE at least WIDGET_TOKEN_TTL (12 hours and 15 minutes by default).",
+                  id="conversations.E045")]
 
 
 def _check_prices(cfg):

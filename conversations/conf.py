@@ -144,6 +144,9 @@ DEFAULTS = {
     # Seconds a visitor token (what an embedded widget sends instead of cookies) is good for; the
     # widget renews it before then.
     "WIDGET_TOKEN_TTL": 900,
+    # Seconds a token's chain of renewals lasts from its first token (at least WIDGET_TOKEN_TTL):
+    # then an anonymous visitor's widget gets a new chain, a signed-in user reloads the page.
+    "WIDGET_TOKEN_MAX_AGE": 12 * 3600,
     # Visitor tokens minted per client address (a DRF rate; "" = off).
     "TOKEN_RATE_PER_IP": "30/min",
     # The secret a host site signs its signed-in user's id with (HMAC-SHA256; docs/widget.md), and

@@ -36,13 +36,14 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def origin(url):
-    """``scheme://host[:port]`` of ``url``, lower-cased, without a default port; "" for none."""
-    parts = urlsplit(str(url or "").strip())
-    if not parts.scheme or not parts.hostname:
-        return ""
+    """``scheme://host[:port]`` of ``url``, lower-cased, without a default port; "" for none (a
+    header or setting anyone may write: a bracket without its pair, a port out of range)."""
     try:
+        parts = urlsplit(str(url or "").strip())  # ValueError: "Invalid IPv6 URL"
         port = parts.port
     except ValueError:
+        return ""
+    if not parts.scheme or not parts.hostname:
         return ""
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     scheme = parts.scheme.lower()
@@ -58,7 +59,10 @@ def origin_pattern(value):
     ``http://127.0.0.1:*``) in the form ``origin_allowed`` compares; "" when it is neither."""
     text = str(value or "").strip().rstrip("/").lower()
     if "*" not in text:
-        parts = urlsplit(text)
+        try:
+            parts = urlsplit(text)
+        except ValueError:  # a bracket without its pair
+            return ""
         if parts.path or parts.query or parts.fragment:  # an origin has none: a path would be ignored
             return ""
         text = origin(text)
@@ -74,7 +78,8 @@ def origin_allowed(target, patterns):
 
 # A page origin allowed to embed the widget: written out, or "*." before a domain of two labels at
 # least (https://*.example.com); a port, if any, written out too. Broader ones ("https://*",
-# "http://*.com") would let pages of anyone embed it.
+# "http://*.com") would let pages of anyone embed it. Without a public suffix list, "*.co.uk" or
+# "*.github.io" pass, and are as broad: the docs warn (docs/widget.md, SECURITY.md).
 _EMBED_WILDCARD = re.compile(r"^https?://\*\.[a-z0-9-]+(\.[a-z0-9-]+)+(:[0-9]+)?$")
 
 

@@ -67,7 +67,8 @@ def owned_by(user_id, token, prefix=""):
     logged-in visitor keeps reading from that browser (``claim_on_login``). Matches nothing when
     they own nothing yet. ``prefix`` reaches the conversation from another model
     (``"conversation__"`` for turns). The one rule of ownership: the API's listings and locks
-    (``owned_filter``) and the limits per owner (``engine.limits``) select the same rows."""
+    (``owned_filter``) and the limits per owner (``engine.limits``) select the same rows, but
+    for a visitor token's caller, who reads and writes only those with its assistant."""
     condition = Q(**{f"{prefix}pk__in": []})
     if user_id is not None:
         condition |= Q(**{f"{prefix}user_id": user_id})
@@ -76,13 +77,29 @@ def owned_by(user_id, token, prefix=""):
     return condition
 
 
-def owned_filter(request, user=None):
-    """A Q selecting the conversations the caller owns (``owned_by``).
+def owned_filter(request, user=None, *, every_assistant=False):
+    """A Q selecting the conversations the caller owns (``owned_by``); for a visitor token's
+    caller, only those with the token's assistant (``visitor_scope``), unless ``every_assistant``
+    (the rows the limits per owner count, which a lock must hold).
 
     ``user`` is the caller's verified user when the request's own ``user`` is not it (the poll
     view runs without DRF authentication)."""
     user = user if user is not None else getattr(request, "user", None)
-    return owned_by(user.pk if user is not None and user.is_authenticated else None, owner_token(request))
+    condition = owned_by(user.pk if user is not None and user.is_authenticated else None, owner_token(request))
+    visitor = request_visitor(request)
+    if visitor is not None and not every_assistant:
+        condition &= visitor_scope(visitor)
+    return condition
+
+
+def visitor_scope(visitor):
+    """A Q selecting the conversations with the assistant a visitor token names (None: the site's
+    default, ``assistant IS NULL``). A token is given to pages allowed for one assistant, so a user
+    it names owns there only that assistant's conversations of theirs, not every one they have on
+    the site (an assistant embedded nowhere stays on the site's own pages)."""
+    if visitor.assistant_id is None:
+        return Q(assistant__isnull=True)
+    return Q(assistant_id=visitor.assistant_id)
 
 
 def owns_state(session, owner):
@@ -92,9 +109,14 @@ def owns_state(session, owner):
     return owner_matches(owner, session_user_id(session), session.get(SESSION_KEY) or "")
 
 
-def owner_matches(owner, user_id, token):
+def owner_matches(owner, user_id, token, visitor=None):
     """Whether a state's ``owner`` dict is the user ``user_id`` (None: not logged in) or, for an
-    anonymous visitor's state, the holder of owner ``token``."""
+    anonymous visitor's state, the holder of owner ``token``; for a visitor token's caller
+    (``visitor``), only a state of a conversation with the token's assistant (``visitor_scope``).
+    A state published before states named their assistant names none: not a token's caller's
+    by the cache alone (the caller then asks the database)."""
+    if visitor is not None and ("assistant" not in owner or owner["assistant"] != visitor.assistant_id):
+        return False
     if owner.get("user") is not None:
         return user_id is not None and str(user_id) == str(owner["user"])
     return bool(owner.get("token")) and secrets.compare_digest(owner["token"], token or "")

@@ -99,10 +99,19 @@ def bearer(request):
     return token.strip() if scheme.lower() == SCHEME.lower() else None
 
 
+# What a page without an origin of its own is: "null" is what browsers send for a sandboxed frame
+# or a file: page, of any site. No token and no allowed origin names it (they are http(s) origins).
+OPAQUE_ORIGIN = "null"
+
+
 def request_origin(request):
     """The origin of the page that made the request: its ``Origin`` header (every browser sends
-    one on a request to another origin), else the site's own (a page of the site itself)."""
-    return origin(request.headers.get("Origin", "")) or origin(request.build_absolute_uri("/"))
+    one on a request to another origin); ``OPAQUE_ORIGIN`` for a header that names none ("null",
+    or one no browser sends); the site's own only without the header (a page of the site itself)."""
+    header = request.headers.get("Origin")
+    if header is None:
+        return origin(request.build_absolute_uri("/"))
+    return origin(header) or OPAQUE_ORIGIN
 
 
 def verified_visitor(request):

@@ -77,8 +77,10 @@ def owned_conversation(request, conversation_id, *, for_update=False, user=None)
     queryset = Conversation.objects.filter(owned_filter(request, user))
     if for_update:
         # Lock all of the caller's conversations, in one order: the limits that span them (turns
-        # running at once, the daily token budget) are then checked by one request at a time.
-        list(queryset.select_for_update().order_by("pk").values_list("pk", flat=True))
+        # running at once, the daily token budget) are then checked by one request at a time. A
+        # token's user has conversations with other assistants too, which the limits count.
+        everything = Conversation.objects.filter(owned_filter(request, user, every_assistant=True))
+        list(everything.select_for_update().order_by("pk").values_list("pk", flat=True))
     return get_object_or_404(queryset, pk=conversation_id)
 
 

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 
 from ..engine import handoff
 from ..infra import state
-from ..owners import owner_matches, owner_token
+from ..owners import owner_matches, owner_token, request_visitor
 from .base import Conflict, ConversationAPIView, owned_conversation
 from .schema import (CONVERSATION_ID, CSRF_OR_SIGN_IN, ERROR, NOT_FOUND, NOT_JSON, RETRY_AFTER, SIGN_IN, TOO_LARGE,
                      UNAVAILABLE)
@@ -61,11 +61,14 @@ class HandoffView(ConversationAPIView):
         if conversation_id is None:
             raise NotFound()
         data = state.read_person(conversation_id)
-        if data is None:  # never published, or expired from the cache: the row says it
+        visitor = request_visitor(request)
+        # Never published, expired from the cache, or published before states named their
+        # assistant (which a token's caller is checked against): the row says it.
+        if data is None or (visitor is not None and "assistant" not in data["owner"]):
             data = current(owned_conversation(request, conversation_id))
         user_id = request.user.pk if request.user.is_authenticated else None
         if data["conversation"] != str(conversation_id) or not owner_matches(data["owner"], user_id,
-                                                                             owner_token(request)):
+                                                                             owner_token(request), visitor):
             raise NotFound()
         return answer(request, data)
 

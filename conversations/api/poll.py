@@ -15,10 +15,11 @@ from rest_framework.utils import encoders
 from rest_framework.views import APIView
 
 from ..infra import state
+from ..infra.state import owner_dict
 from ..engine import recovery
 from ..conf import get_config
 from ..models import Turn
-from ..owners import owner_matches, owner_token, owns_state, stamp_matches
+from ..owners import owner_matches, owner_token, owns_state, request_visitor, stamp_matches
 from . import serializers
 from .authentication import VisitorTokenAuthentication, verified_visitor, visitor_user
 from .cors import CorsMixin
@@ -86,7 +87,7 @@ class TurnDetailView(CorsMixin, LoginNotRequiredMixin, RedisDownMixin, APIView):
         if data["conversation"] != str(conversation_id):
             return False
         if visitor is not None:
-            if not owner_matches(data["owner"], visitor.user_id, visitor.owner_token):
+            if not owner_matches(data["owner"], visitor.user_id, visitor.owner_token, visitor):
                 return False
             return data["owner"].get("user") is not None or not get_config()["LOGIN_REQUIRED"]
         if not owns_state(session, data["owner"]):
@@ -140,9 +141,13 @@ class TurnDetailView(CorsMixin, LoginNotRequiredMixin, RedisDownMixin, APIView):
         data, _session = self.cached or state.read_with_session(turn_id, request)
         if data is None or self.is_stale(data):
             data = self.rebuild(request, user, conversation_id, turn_id, data)
+        visitor = request_visitor(request)
+        if visitor is not None and "assistant" not in data["owner"]:
+            # Published before states named their assistant (by an older worker): the row says it.
+            data = {**data, "owner": owner_dict(owned_conversation(request, conversation_id, user=user))}
         user_id = user.pk if user.is_authenticated else None
         if data["conversation"] != str(conversation_id) or not owner_matches(data["owner"], user_id,
-                                                                             owner_token(request)):
+                                                                             owner_token(request), visitor):
             raise NotFound()
         return self.respond(request, data)
 

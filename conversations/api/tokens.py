@@ -26,8 +26,8 @@ from ..conf import get_config
 from ..core.rules import WIDGET_GIVE_UP_MARGIN
 from ..models import Assistant, Turn
 from ..templatetags.conversations import widget_strings
-from .authentication import (VisitorTokenAuthentication, refusal_message, request_origin, verified_visitor,
-                             visitor_user)
+from .authentication import (OPAQUE_ORIGIN, VisitorTokenAuthentication, refusal_message, request_origin,
+                             verified_visitor, visitor_user)
 from .base import ConversationAPIView
 from .cors import page_origin_allowed
 from .permissions import may_chat, sign_in_message
@@ -108,7 +108,9 @@ class WidgetTokenView(ConversationAPIView):
         request=TokenRequestSerializer, parameters=[RETRY_AFTER],
         responses={200: TokenSerializer, 400: OpenApiResponse(ERROR, description="No valid visitor id."),
                    401: OpenApiResponse(ERROR, description="The token to renew or the signed identity cannot be "
-                                                           "taken: forged, expired, replayed, another origin's."),
+                                                           "taken: forged, expired, replayed, another origin's; "
+                                                           "or the token's chain of renewals began more than "
+                                                           "WIDGET_TOKEN_MAX_AGE ago."),
                    403: OpenApiResponse(ERROR, description="The caller is anonymous while LOGIN_REQUIRED is on, "
                                                            "the assistant's access policy does not allow them, or "
                                                            "the page's origin may not embed this assistant."),
@@ -120,8 +122,12 @@ class WidgetTokenView(ConversationAPIView):
     )
     def post(self, request):
         page_origin = request_origin(request)
-        renewed = verified_visitor(request)
+        renewed, identity = verified_visitor(request), None
         if renewed is not None:
+            try:
+                visitors.check_renewal(renewed)
+            except visitors.Refused as refused:
+                raise AuthenticationFailed(refusal_message(refused.reason)) from None
             assistant = self.assistant(renewed.assistant_id)
             visitor_user(renewed)  # a user gone or made inactive since gets no new token
             visitor = renewed
@@ -136,21 +142,27 @@ class WidgetTokenView(ConversationAPIView):
                          if slug and slug_re.match(slug) else None)
             if slug and assistant is None:
                 raise NotFound(_("This assistant is not available."))
-            user_id = None
             if data.get("identity"):
                 try:
-                    user_id = visitors.check_identity(data["identity"])
+                    identity = visitors.verify_identity(data["identity"])
                 except visitors.Refused as refused:
                     raise AuthenticationFailed(refusal_message(refused.reason)) from None
             visitor = visitors.Visitor(origin=page_origin, assistant_id=assistant.pk if assistant else None,
-                                       visitor_id=data["visitor"], user_id=user_id)
+                                       visitor_id=data["visitor"], user_id=identity.user_id if identity else None)
         user = visitor_user(visitor)
         if not may_chat(user):
             raise PermissionDenied(sign_in_message())
         if assistant is not None and not assistant.allows(user if user.is_authenticated else None):
             raise PermissionDenied(assistants.access_refused_message(assistant, user))
+        if page_origin == OPAQUE_ORIGIN:
+            raise PermissionDenied(_("This assistant cannot be used on this page."))
         if not page_origin_allowed(page_origin, assistant):
             raise PermissionDenied(_("This assistant cannot be used on pages of %(origin)s.") % {"origin": page_origin})
+        if identity is not None:
+            try:
+                visitors.spend_identity(identity)  # last: a request refused above leaves it to its page
+            except visitors.Refused as refused:
+                raise AuthenticationFailed(refusal_message(refused.reason)) from None
         return Response({"token": visitors.issue(visitor), "expires_in": self.lifetime(),
                          "widget": widget_settings(request, assistant)})
 

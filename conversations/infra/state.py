@@ -2,7 +2,7 @@
 
 Shape (JSON-ready)::
 
-    {"id", "conversation", "owner": {"user": id|None, "token": str}, "status", "done",
+    {"id", "conversation", "owner": {"user": id|None, "token": str, "assistant": id|None}, "status", "done",
      "messages": [...], "error": None|str, "version": int, "updated_at": epoch seconds,
      "started_at", "job_id"}
 
@@ -251,7 +251,9 @@ def message_dict(message):
 
 
 def owner_dict(conversation):
-    return {"user": conversation.user_id, "token": conversation.owner_token}
+    """Who owns a state: the conversation's user, owner token and assistant (which a visitor token
+    must name, ``owners.owner_matches``)."""
+    return {"user": conversation.user_id, "token": conversation.owner_token, "assistant": conversation.assistant_id}
 
 
 def state_from_db(turn, messages=None):

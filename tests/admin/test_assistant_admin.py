@@ -315,3 +315,16 @@ def test_the_form_sets_the_origins_that_may_embed_an_assistant_and_shows_its_scr
     assert Assistant.objects.get().allowed_origins == ["https://shop.example.com", "https://*.example.org"]
     assert html.escape('<script src="http://testserver/static/conversations/embed.js" '
                        'data-api="http://testserver/api/" data-assistant="shop" defer></script>') in page
+
+
+def test_the_form_refuses_an_origin_with_a_bracket_without_its_pair(admin_client):
+    fields = {"name": "Shop", "slug": "shop", "active": "on", "system_prompt": "Help.", "provider": "demo",
+              "model": "", "base_url": "", "credential": "", "greeting": "", "suggestions": "", "access": "public",
+              "access_permission": "", "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
+
+    answers = [admin_client.post("/admin/conversations/assistant/add/", {**fields, "allowed_origins": origin})
+               for origin in ("http://[", "https://a]b")]
+
+    for answer in answers:
+        assert answer.status_code == 200 and "each line must be an origin" in answer.content.decode()
+    assert not Assistant.objects.exists()

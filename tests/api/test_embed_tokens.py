@@ -4,6 +4,8 @@ vouches for its signed-in user with a signed identity. Every refusal is a 401 (o
 sentence, and creates nothing."""
 
 import base64
+import hashlib
+import hmac
 import json
 import re
 import secrets
@@ -287,6 +289,12 @@ def tampered(identity):
     return identity[:-1] + ("1" if identity.endswith("0") else "0")
 
 
+def signed_with_stamp(user_id, stamp):
+    """An identity genuinely signed with the site's secret whose timestamp is ``stamp`` as written."""
+    message = f"{user_id}:{stamp}:{secrets.token_hex(16)}"
+    return f"{message}:{hmac.new(SECRET.encode(), message.encode(), hashlib.sha256).hexdigest()}"
+
+
 @pytest.mark.parametrize("identity, sentence", [
     (lambda user: visitors.sign_identity(user.pk, "not-the-site-secret"),
      "Your sign-in could not be verified. Please reload the page."),
@@ -300,7 +308,12 @@ def tampered(identity):
      "Your sign-in could not be verified. Please reload the page."),
     (lambda user: visitors.sign_identity(user.pk, SECRET).replace(":", ":\x00", 1),
      "Your sign-in could not be verified. Please reload the page."),
-], ids=["forged", "tampered", "unsigned", "expired", "not-ascii", "nul"])
+    # Digits to str.isdigit() but not to int() (a 500), or to int() but not ASCII: signed, yet no timestamp.
+    (lambda user: signed_with_stamp(user.pk, "\u00b2"),
+     "Your sign-in could not be verified. Please reload the page."),
+    (lambda user: signed_with_stamp(user.pk, "".join(chr(0x660 + int(d)) for d in str(int(time.time())))),
+     "Your sign-in could not be verified. Please reload the page."),
+], ids=["forged", "tampered", "unsigned", "expired", "not-ascii", "nul", "superscript-stamp", "arabic-indic-stamp"])
 def test_a_signed_identity_that_cannot_be_taken_is_refused(identity, sentence):
     user = signed_in_user()
 
@@ -424,3 +437,213 @@ def test_an_assistant_for_signed_in_users_gets_a_token_only_with_a_signed_identi
     assert minted.status_code == 200
     assert member.post("/api/conversations/", {"assistant": "members"}).status_code == 201
     assert Conversation.objects.get().user == user
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_signed_in_users_token_for_one_assistant_reaches_none_of_their_conversations_with_another():
+    """A host site vouching for its user on a page embedding one assistant grants that assistant's
+    conversations of theirs, not the ones they had with an assistant allowed on no other site
+    (on the site's own pages): every endpoint answers 404 as for a conversation not theirs, the
+    poll of a cached state and the handoff's too."""
+    partner = "https://partner.example"
+    Assistant.objects.create(slug="public", name="Public", system_prompt="Help.", allowed_origins=[partner])
+    Assistant.objects.create(slug="internal", name="Internal", system_prompt="Secrets.", allowed_origins=[],
+                             handoff=Assistant.HandoffWays.BUTTON)
+    user = signed_in_user()
+    own_site = Client()
+    own_site.force_login(user)
+
+    def own_post(url, data=None):
+        return own_site.post(url, json.dumps(data or {}), content_type="application/json")
+
+    private = own_post("/api/conversations/", {"assistant": "internal"}).json()["id"]
+    turn = own_post(f"/api/conversations/{private}/turns/", {"content": "Our salaries?"}).json()
+    handed = own_post("/api/conversations/", {"assistant": "internal"}).json()["id"]
+    assert own_post(f"/api/conversations/{handed}/handoff/").status_code == 202
+    page = Page(origin=partner)
+    assert page.mint(assistant="public", identity=visitors.sign_identity(user.pk, SECRET)).status_code == 200
+    mine = page.post("/api/conversations/", {"assistant": "public"}).json()["id"]
+
+    listed = page.get("/api/conversations/")
+    answers = {
+        "detail": page.get(f"/api/conversations/{private}/"),
+        "turns": page.post(f"/api/conversations/{private}/turns/", {"content": "Tell me."}),
+        "poll": page.get(turn["poll_url"]),
+        "cancel": page.post(turn["cancel_url"]),
+        "rating": page.post(turn["rating_url"], {"value": "up"}),
+        "handoff": page.get(f"/api/conversations/{handed}/handoff/"),
+        "handoff post": page.post(f"/api/conversations/{private}/handoff/"),
+        "handoff back": page.post(f"/api/conversations/{handed}/handoff/back/"),
+    }
+
+    assert [c["id"] for c in listed.json()] == [mine]
+    assert {name: r.status_code for name, r in answers.items()} == dict.fromkeys(answers, 404)
+    for response in answers.values():
+        assert response.json() == {"detail": "This conversation is no longer available. It may have expired; "
+                                             "please start a new one."}
+    assert Turn.objects.filter(conversation_id=private).count() == 1
+    assert Turn.objects.get(conversation_id=private).status == Turn.Status.QUEUED
+    assert own_site.get(f"/api/conversations/{private}/").status_code == 200  # still theirs on the site itself
+
+
+def test_a_state_published_before_states_named_their_assistant_is_checked_against_the_row():
+    """A state an older worker published names no assistant: the token's own turn is still served
+    (its row says whose it is), and a foreign one still is not."""
+    from conversations.infra import state
+
+    page, stranger = Page(), Page()
+    page.mint()
+    stranger.mint()
+    turn = started(page)
+    data = state.read(turn["id"])
+    del data["owner"]["assistant"]
+    state.publish(data)
+
+    assert page.get(turn["poll_url"]).status_code == 200
+    assert stranger.get(turn["poll_url"]).status_code == 404
+
+
+MALFORMED_ORIGINS = ["http://[", "https://a]b", "https://[zz]"]
+
+
+@pytest.mark.parametrize("malformed", MALFORMED_ORIGINS)
+def test_a_malformed_origin_header_is_refused_like_any_origin_not_allowed(malformed):
+    """An Origin header no page can send (a bracket without its pair: urlsplit raises on it) is an
+    origin like any other that is not allowed: no CORS, no token, a token refused; never a 500."""
+    page = Page()
+    page.mint()
+    turn = started(page)
+    odd = Page(origin=malformed)
+
+    preflight = Client().options("/api/conversations/", HTTP_ORIGIN=malformed,
+                                 HTTP_ACCESS_CONTROL_REQUEST_METHOD="POST")
+    minted = odd.mint()
+    listed = odd.get("/api/conversations/", token=page.token)
+    polled = odd.get(turn["poll_url"], token=page.token)
+
+    assert preflight.status_code == 204 and "Access-Control-Allow-Origin" not in preflight
+    assert minted.status_code == 403
+    assert minted.json() == {"detail": "This assistant cannot be used on this page."}
+    for response in (listed, polled):
+        assert response.status_code == 401
+        assert response.json() == {"detail": "This chat's access was given to another site. Please reload the page."}
+
+
+def test_an_allowed_origin_with_a_bracket_stops_the_checks_and_breaks_no_request(conversations_settings):
+    from conversations.checks import check_config
+
+    conversations_settings.update(ALLOWED_ORIGINS=[PAGE, "https://a]b", "http://["])
+
+    found = [m.msg for m in check_config() if m.id == "conversations.E043"]
+    page = Page()
+
+    assert found == ["ALLOWED_ORIGINS entry 'https://a]b' is not an origin a page can have.",
+                     "ALLOWED_ORIGINS entry 'http://[' is not an origin a page can have."]
+    assert page.mint().status_code == 200
+    assert page.get("/api/conversations/")["Access-Control-Allow-Origin"] == PAGE
+
+
+def test_origin_null_is_not_the_sites_own_page(conversations_settings):
+    """``Origin: null`` (a sandboxed frame, a file: page, on any site) is no origin a token or an
+    allowed origin names, not the site's own: only a request without the header is the site's."""
+    own = "http://testserver"
+    conversations_settings.update(ALLOWED_ORIGINS=[PAGE, own])
+    site_page, sandboxed = Page(origin=own), Page(origin="null")
+    assert site_page.mint().status_code == 200
+
+    used = sandboxed.get("/api/conversations/", token=site_page.token)
+    minted = sandboxed.mint()
+
+    assert used.status_code == 401
+    assert used.json() == {"detail": "This chat's access was given to another site. Please reload the page."}
+    assert minted.status_code == 403
+    assert minted.json() == {"detail": "This assistant cannot be used on this page."}
+    # Without the header (a same-origin GET, which browsers send without one) it is the site's own page.
+    assert Client().get("/api/conversations/", HTTP_AUTHORIZATION=f"Bearer {site_page.token}").status_code == 200
+
+
+def test_a_signed_identity_refused_for_its_page_is_not_used_up():
+    """A request refused for what it asks (a page of an origin not allowed, an assistant the user may
+    not use) spends no signed identity: the page it was made for still signs the user in with it."""
+    Assistant.objects.create(slug="staff-only", name="Staff", system_prompt="Hi.", allowed_origins=[PAGE],
+                             access=Assistant.Access.STAFF)
+    identity = visitors.sign_identity(signed_in_user().pk, SECRET)
+
+    elsewhere = Page(origin=OTHER).mint(identity=identity)
+    not_theirs = Page().mint(assistant="staff-only", identity=identity)
+    page = Page()
+    minted = page.mint(identity=identity)
+
+    assert elsewhere.status_code == 403
+    assert elsewhere.json() == {"detail": f"This assistant cannot be used on pages of {OTHER}."}
+    assert not_theirs.status_code == 403
+    assert minted.status_code == 200
+    assert Page().mint(identity=identity).status_code == 401  # and then it is used up
+
+
+def a_token_of_a_chain_begun(page, seconds_ago, user_id=None):
+    """A token for ``page``'s visitor, renewed ever since its chain began ``seconds_ago`` (what a
+    widget left open that long holds: each renewal keeps when the first token was issued)."""
+    return visitors.issue(visitors.Visitor(origin=page.origin, assistant_id=None, visitor_id=page.visitor,
+                                           user_id=user_id, started=time.time() - seconds_ago))
+
+
+def test_renewals_end_when_the_first_token_of_their_chain_is_older_than_the_max_age(conversations_settings):
+    """A token can be renewed for WIDGET_TOKEN_MAX_AGE (12 hours) after the first of its chain was
+    issued, not for ever; an anonymous visitor then gets a new one for their visitor id, as the
+    widget asks, and keeps their conversation."""
+    page = Page()
+    page.mint()
+    turn = started(page)
+    page.token = a_token_of_a_chain_begun(page, 12 * 3600 + 60)
+
+    still_good = page.get(f"/api/conversations/{turn['conversation']}/")  # good until its own TTL ends
+    renewal = page.renew()
+    page.token = None
+    fresh = page.mint()
+
+    assert still_good.status_code == 200
+    assert renewal.status_code == 401
+    assert renewal.json() == {"detail": "This chat's access has expired. Please reload the page."}
+    assert fresh.status_code == 200
+    assert page.get(f"/api/conversations/{turn['conversation']}/").status_code == 200
+
+
+def test_a_renewed_token_keeps_when_its_chain_began(conversations_settings):
+    page = Page()
+    page.token = a_token_of_a_chain_begun(page, 2 * 3600)
+    renewed = page.renew()
+    assert renewed.status_code == 200
+    page.token = renewed.json()["token"]
+    conversations_settings.update(WIDGET_TOKEN_MAX_AGE=3600)
+
+    again = page.renew()
+
+    assert again.status_code == 401  # a renewal that began a new chain would have been renewed
+    assert again.json() == {"detail": "This chat's access has expired. Please reload the page."}
+
+
+def test_a_signed_in_users_chain_past_the_max_age_is_not_renewed():
+    """The widget cannot mint a signed-in user a new chain without a new signature from the host
+    site: past the max age the user reads that the chat's access expired and reloads the page."""
+    user = signed_in_user()
+    page = Page()
+    page.token = a_token_of_a_chain_begun(page, 13 * 3600, user_id=user.pk)
+
+    renewal = page.renew()
+
+    assert renewal.status_code == 401
+    assert renewal.json() == {"detail": "This chat's access has expired. Please reload the page."}
+    assert page.mint(identity=visitors.sign_identity(user.pk, SECRET)).status_code == 200  # a reload
+
+
+def test_a_max_age_shorter_than_a_tokens_lifetime_stops_the_checks(conversations_settings):
+    from conversations.checks import check_config
+
+    conversations_settings.update(WIDGET_TOKEN_TTL=900, WIDGET_TOKEN_MAX_AGE=600)
+
+    found = [(m.id, m.msg) for m in check_config() if m.id == "conversations.E045"]
+
+    assert found == [("conversations.E045", "WIDGET_TOKEN_MAX_AGE (600s) is shorter than WIDGET_TOKEN_TTL (900s): "
+                                            "the first token of a chain would outlive the time its chain may be "
+                                            "renewed for.")]

@@ -3,8 +3,9 @@ another server (http://127.0.0.1:<port>), the API on the live server (http://loc
 another site), in a Chromium profile that blocks third-party cookies, a real worker and a
 streaming fake provider. The widget chats with a visitor token and no cookie: a streamed
 answer, Stop, a rating, 304s while nothing changes, a reload that restores the conversation;
-a page of an origin not allowed is told so, and nothing is created; the sources under an answer
-link to the API's site, whose articles they are, not to the page's.
+its token renewed, and past WIDGET_TOKEN_MAX_AGE a new one for the same visitor; a page of an
+origin not allowed is told so, and nothing is created; the sources under an answer link to the
+API's site, whose articles they are, not to the page's.
 
 Chromium 156 blocks third-party cookies in Playwright's default (incognito-like) contexts; a
 persistent profile follows its ``profile.cookie_controls_mode`` preference (1: block third-party
@@ -210,3 +211,32 @@ def test_the_sources_of_an_embedded_answer_link_to_the_articles_on_the_chat_site
         "href", f"{api}/help/bike-shops/")
     expect(sources.get_by_role("link")).to_have_count(2)
     expect(sources).to_contain_text("Renting a bicycle")  # as text
+
+
+def test_past_the_max_age_an_anonymous_visitors_widget_starts_a_new_chain_and_keeps_the_conversation(
+        blocking_profile, host_site, live_server, worker_process, conversations_settings):
+    # Renewed after 5 s (two thirds of 6, at least 5), and again after 10 s: past the max age of 8 s.
+    conversations_settings.update(ALLOWED_ORIGINS=[host_site.origin], WIDGET_TOKEN_TTL=6, WIDGET_TOKEN_MAX_AGE=8)
+    worker_process(DEMO_DELAY=0.05)
+    host_site.pages["/"] = embedding_page(live_server.url, probe=False)
+    chat = Chat(blocking_profile.new_page(), live_server.url)
+    sent = api_requests(chat.page, live_server.url)
+    minted = []
+    chat.page.on("response", lambda response: minted.append((response.request.headers.get("authorization") is not None,
+                                                             response.status))
+                 if response.url.endswith("/widget-token/") else None)
+    chat.page.goto(host_site.origin + "/")
+    chat.send("First question")
+    expect(chat.locator(".cvw-msg-assistant")).to_have_count(1)
+
+    deadline = time.monotonic() + 20
+    while not ((True, 401) in minted and minted[-1] == (False, 200)):  # the page's events come while it waits
+        assert time.monotonic() < deadline, f"no new chain after a refused renewal: {minted}"
+        chat.page.wait_for_timeout(100)
+    chat.send("Second question")
+
+    expect(chat.locator(".cvw-msg-assistant")).to_have_count(2)
+    expect(chat.locator(".cvw-msg-user")).to_have_text(["First question", "Second question"])
+    assert minted[:3] == [(False, 200), (True, 200), (True, 401)]  # the first, a renewal, one refused
+    assert Conversation.objects.count() == 1 and Turn.objects.filter(status="completed").count() == 2
+    assert sent and not [url for url, headers in sent if "cookie" in headers]

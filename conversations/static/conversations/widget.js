@@ -225,7 +225,9 @@
     }
 
     /* A fresh token for the same visitor: the current one sent to be renewed, else (it expired while
-     * the tab slept) a new one for the visitor id. Resolves once it is in place. */
+     * the tab slept, or its chain of renewals reached WIDGET_TOKEN_MAX_AGE: 401) a new one for the
+     * visitor id; a signed-in user's widget shows the 401's sentence instead (a reload signs them in
+     * again). Resolves once it is in place. */
     renew() {
       var self = this;
       if (!this.renewing) {
