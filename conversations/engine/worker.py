@@ -92,7 +92,7 @@ class Worker(rq.Worker):
 STUCK_GRACE = 5
 # How often the watcher thread looks for overdue turns (the jobs' heartbeats keep RQ's own interval).
 WATCH_INTERVAL = 1.0
-# The watcher refreshes the worker's own key every WORKER_BEAT seconds, and the key lives
+# The heartbeat thread refreshes the worker's own key every WORKER_BEAT seconds, and the key lives
 # WORKER_KEY_TTL: a SIGKILLed process's key is gone within that, and with it every turn it held
 # counts as dead (``infra.queue.job_problem``) instead of after RQ's 90 s of missed job heartbeats.
 WORKER_BEAT, WORKER_KEY_TTL = 5, 20
@@ -133,9 +133,10 @@ class ConcurrentWorker(rq.worker.BaseWorker):
 
     Everything RQ does per job is RQ's own code run in the job's thread (``perform_job``): the
     started-job registry, results, failures. What a forking worker's parent does per horse is done
-    here for every running job: a watcher thread refreshes each job's heartbeat, and gives up a
-    turn still running ``STUCK_GRACE`` seconds past its job timeout (RQ's ``TimerDeathPenalty`` has
-    then failed to stop it: it is stuck in C code) after writing its final state; when
+    here for every running job: a heartbeat thread refreshes the worker's and each job's heartbeat
+    (Redis only, so that nothing slow can hold it up), and a watcher thread gives up a turn still
+    running ``STUCK_GRACE`` seconds past its job timeout (RQ's ``TimerDeathPenalty`` has then
+    failed to stop it: it is stuck in C code) after writing its final state; when
     ``WORKER_MAX_STUCK`` given-up threads are still alive, the worker shuts down warmly so that its
     supervisor starts a fresh process. A warm shutdown (SIGTERM) asks every running turn to hand
     over at its next step. A job is dequeued only when a thread is free.
@@ -151,7 +152,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         self._slots = {}  # job id -> _Slot, for every job not yet finished nor given up
         self._changed = threading.Condition()
         self._interruptible = False  # the main thread waits (for a job, or a free thread): a stop may break in
-        self._done = threading.Event()  # set when the work loop ends: the watcher stops
+        self._done = threading.Event()  # set when the work loop ends: the heartbeat and watcher threads stop
         self._starting = threading.BoundedSemaphore(STARTING_AT_ONCE)
         self.abandoned_jobs = 0
 
@@ -170,18 +171,21 @@ class ConcurrentWorker(rq.worker.BaseWorker):
             return [slot.job for slot in self._slots.values()]
 
     def work(self, *args, **kwargs):
-        """RQ's loop, after ``warm_up()``, with the watcher thread running beside it, and the stop
-        flags of all its turns read together (``state.stop_board``)."""
+        """RQ's loop, after ``warm_up()``, with the heartbeat and watcher threads running beside it,
+        and the stop flags of all its turns read together (``state.stop_board``)."""
         warm_up()
         state.stop_board.start()
-        watcher = threading.Thread(target=self._watch, name="conversations-watcher", daemon=True)
+        helpers = [threading.Thread(target=self._keep_alive, name="conversations-heartbeat", daemon=True),
+                   threading.Thread(target=self._watch, name="conversations-watcher", daemon=True)]
         self._done.clear()
-        watcher.start()
+        for helper in helpers:
+            helper.start()
         try:
             return super().work(*args, **kwargs)
         finally:
             self._done.set()
-            watcher.join(WATCH_INTERVAL * 2)
+            for helper in helpers:
+                helper.join(WATCH_INTERVAL * 2)
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
         """RQ's dequeue, once a thread is free. In burst mode an empty queue ends the loop only once
@@ -301,9 +305,12 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         """RQ's worker heartbeat, with a key that outlives the process by WORKER_KEY_TTL at most."""
         super().heartbeat(WORKER_KEY_TTL, pipeline=pipeline)
 
-    def _watch(self):
+    def _keep_alive(self):
+        """The heartbeat thread: the worker's key and every running job's heartbeat, on Redis only.
+        Nothing here may wait on the database: a give-up's final write waiting on a row lock must
+        not let the key expire, or every turn of this process would count as dead."""
         beat = alive = time.monotonic()
-        while not self._done.wait(WATCH_INTERVAL):
+        while not self._done.wait(min(WATCH_INTERVAL, WORKER_BEAT)):
             try:
                 if time.monotonic() - alive >= WORKER_BEAT:
                     alive = time.monotonic()
@@ -311,6 +318,13 @@ class ConcurrentWorker(rq.worker.BaseWorker):
                 if time.monotonic() - beat >= self.job_monitoring_interval:
                     beat = time.monotonic()
                     self._beat()
+            except Exception:  # noqa: BLE001 - it must outlive a Redis hiccup
+                logger.exception("Worker %s: could not refresh its heartbeats", self.name)
+
+    def _watch(self):
+        """The watcher thread: gives up the overdue turns (database work, with no time limit)."""
+        while not self._done.wait(WATCH_INTERVAL):
+            try:
                 for slot in self._overdue():
                     self._give_up(slot)
             except Exception:  # noqa: BLE001 - the watcher must outlive a Redis or database hiccup

@@ -339,3 +339,90 @@ def test_a_publish_takes_two_round_trips_and_the_version_still_counts_up(convers
     cache = state._cache()
     key = cache.make_and_validate_key(f"conversations:turn:{turn_id}:version")
     assert 0 < cache._cache.get_client(key).ttl(key) <= get_config()["STATE_TTL"]
+
+
+class HeldProvider(DemoProvider):
+    """Answers at once, except "stuck": then it waits on ``HeldProvider.release`` inside C code (a
+    lock), where RQ's timer cannot raise the job timeout into its thread, until the test lets it go."""
+
+    release = threading.Event()
+
+    def complete(self, messages, tools, on_text=None):
+        if messages[-1].content == "stuck":
+            self.release.wait(30)
+        return super().complete(messages, tools, on_text)
+
+
+@pytest.fixture
+def quick_watch(monkeypatch, conversations_settings):
+    """The worker's clocks shrunk (a given-up turn after its 3 s job timeout plus half a second, a
+    worker key living 2 s), the held provider, and its threads let go whatever the test asserts."""
+    from conversations.engine import worker
+
+    monkeypatch.setattr(worker, "STUCK_GRACE", 0.5)
+    monkeypatch.setattr(worker, "WATCH_INTERVAL", 0.2)
+    monkeypatch.setattr(worker, "WORKER_BEAT", 0.3)
+    monkeypatch.setattr(worker, "WORKER_KEY_TTL", 2)
+    conversations_settings.update(PROVIDER=f"{__name__}.HeldProvider", JOB_TIMEOUT=3, DEADLINE_MARGIN=1,
+                                  MIN_CALL_BUDGET=1, DEMO_DELAY=0.01, STREAM=False)
+    HeldProvider.release.clear()
+    yield worker
+    HeldProvider.release.set()
+
+
+def meanwhile(check):
+    """Run ``check()`` in a thread of its own (the worker needs the main thread for its signals); returns
+    the thread and the list that receives what ``check`` returned (or raised)."""
+    seen = []
+
+    def run():
+        try:
+            seen.append(check())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            seen.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, seen
+
+
+def test_a_give_up_waiting_on_the_database_does_not_let_the_worker_key_expire(quick_watch, conversations_settings,
+                                                                              monkeypatch):
+    """The final write of a given-up turn may wait (a row lock, the pool, SQLite's lock): meanwhile
+    the process's key must live on, or every turn it runs counts as dead ("its worker is gone")
+    and is continued elsewhere while it still runs here."""
+    from conversations.infra.queue import job_problem
+
+    conversations_settings.update(WORKER_THREADS=1)  # the main thread waits for a free thread: no beat of its own
+    waiting, database_free = threading.Event(), threading.Event()
+    slow_end = quick_watch._end_overdue_turn
+
+    def end_after_a_lock_wait(job_id):
+        waiting.set()
+        database_free.wait(20)
+        return slow_end(job_id)
+
+    monkeypatch.setattr(quick_watch, "_end_overdue_turn", end_after_a_lock_wait)
+    client = make_client()
+    stuck = start_turn(client, "stuck")
+    worker = make_worker(CONCURRENT)
+
+    def look_while_the_give_up_waits():
+        try:
+            assert waiting.wait(15)
+            time.sleep(quick_watch.WORKER_KEY_TTL + 1)  # past the key's life
+            # Its turn is not taken for dead: not "its worker is gone".
+            return worker.connection.exists(worker.key), job_problem(Turn.objects.get(pk=stuck["id"]))
+        finally:
+            database_free.set()
+
+    looking, seen = meanwhile(look_while_the_give_up_waits)
+    worker.work(burst=True)
+    looking.join(15)
+    connections.close_all()
+
+    assert seen == [(1, None)]
+    final = poll_until_done(client, stuck["poll_url"], timeout=5)
+    assert (final["status"], final["error"]) == ("failed", timeout_message())
