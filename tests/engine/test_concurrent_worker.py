@@ -349,6 +349,8 @@ class HeldProvider(DemoProvider):
 
     def complete(self, messages, tools, on_text=None):
         if messages[-1].content == "stuck":
+            if self.streams(on_text):
+                on_text("Half an answer")
             self.release.wait(30)
         return super().complete(messages, tools, on_text)
 
@@ -426,3 +428,29 @@ def test_a_give_up_waiting_on_the_database_does_not_let_the_worker_key_expire(qu
     assert seen == [(1, None)]
     final = poll_until_done(client, stuck["poll_url"], timeout=5)
     assert (final["status"], final["error"]) == ("failed", timeout_message())
+
+
+def test_a_given_up_turn_keeps_the_end_it_was_given_when_its_thread_comes_back(quick_watch, conversations_settings):
+    """The given-up thread returns from C code later, into RQ's pending timeout: its own final write
+    must not land on a turn that was ended (or continued by another job) meanwhile: no second end,
+    no second copy of the words it had streamed."""
+    conversations_settings.update(STREAM=True, PUBLISH_INTERVAL=0)
+    already = stuck_threads()
+    client = make_client()
+    stuck = start_turn(client, "stuck")
+    worker = make_worker(CONCURRENT)
+    worker.work(burst=True)  # returns once the turn is given up
+    connections.close_all()
+    ended = poll_until_done(client, stuck["poll_url"], timeout=5)
+    row = Turn.objects.get(pk=stuck["id"])
+    assert (ended["status"], ended["error"]) == ("failed", timeout_message())
+    assert [m["content"] for m in ended["messages"]] == ["stuck", "Half an answer"]  # kept, as it was shown
+
+    HeldProvider.release.set()
+    wait_for(lambda: stuck_threads() <= already, timeout=10)
+
+    again = client.get(stuck["poll_url"]).json()
+    assert again == ended  # the same state, not a second "done" one
+    assert Turn.objects.get(pk=stuck["id"]).finished_at == row.finished_at
+    assert list(row.messages.values_list("content", flat=True)) == ["stuck", "Half an answer"]
+    connections.close_all()
