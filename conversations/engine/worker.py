@@ -228,7 +228,10 @@ class ConcurrentWorker(rq.worker.BaseWorker):
             slot.execution = self.prepare_execution(slot.job)  # in the started registry, heartbeats from now
             self._starting.acquire()
             slot.starting = self._starting
-            slot.started = time.monotonic()  # the job's timeout runs from here (perform_job's timer)
+            with slot.lock:
+                if slot.abandoned:  # given up while it waited: its failure is recorded, its turn ended
+                    return
+                slot.started = time.monotonic()  # the job's timeout runs from here (perform_job's timer)
             self.perform_job(slot.job, slot.queue)
         except Exception:  # noqa: BLE001 - RQ's own bookkeeping failed (Redis down): the thread ends, the worker runs on
             logger.exception("Job %s could not be run", slot.job.id)
@@ -349,15 +352,17 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         with self._changed:
             slots = list(self._slots.values())
         now = time.monotonic()
-        return [slot for slot in slots
-                if now - slot.started > (slot.job.timeout or self.queue_class.DEFAULT_TIMEOUT) + STUCK_GRACE]
+        return [slot for slot in slots if self._past_due(slot, now)]
+
+    def _past_due(self, slot, now):
+        return now - slot.started > (slot.job.timeout or self.queue_class.DEFAULT_TIMEOUT) + STUCK_GRACE
 
     def _give_up(self, slot):
         """End overdue ``slot``'s turn (failed, the timeout sentence), record its job failed as RQ
         would, free its thread, and ask for a restart when too many given-up threads live on."""
         with slot.lock:
-            if slot.settled:
-                return
+            if slot.settled or slot.abandoned or not self._past_due(slot, time.monotonic()):
+                return  # ended, or started a moment ago (its clock restarted)
             slot.abandoned = True
         job = slot.job
         slot.thread.name = f"{ABANDONED_THREAD_PREFIX}{slot.thread.name}"  # counted by stuck_threads()

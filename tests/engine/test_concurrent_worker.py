@@ -454,3 +454,26 @@ def test_a_given_up_turn_keeps_the_end_it_was_given_when_its_thread_comes_back(q
     assert Turn.objects.get(pk=stuck["id"]).finished_at == row.finished_at
     assert list(row.messages.values_list("content", flat=True)) == ["stuck", "Half an answer"]
     connections.close_all()
+
+
+def test_a_turn_given_up_before_it_could_start_is_not_started_afterwards(quick_watch, conversations_settings):
+    """A job waits for its place among the turns starting at once; given up there (past its job
+    timeout), it stays failed in RQ's registries when its place comes after all."""
+    client = make_client()
+    body = start_turn(client, "Hello")
+    worker = make_worker(CONCURRENT)
+    worker._starting = threading.BoundedSemaphore(1)
+    worker._starting.acquire()  # every place taken, by turns that never reach their first call
+    already = stuck_threads()
+    worker.work(burst=True)  # returns once the turn is given up
+    connections.close_all()
+    assert poll_until_done(client, body["poll_url"], timeout=5)["error"] == timeout_message()
+
+    worker._starting.release()
+    wait_for(lambda: stuck_threads() <= already, timeout=10)
+
+    job = Job.fetch(Turn.objects.get(pk=body["id"]).job_id, connection=worker.connection)
+    assert job.get_status() == JobStatus.FAILED
+    assert job.id in FailedJobRegistry("default", connection=worker.connection)
+    assert StartedJobRegistry("default", connection=worker.connection).get_job_ids() == []
+    connections.close_all()
