@@ -477,3 +477,43 @@ def test_a_turn_given_up_before_it_could_start_is_not_started_afterwards(quick_w
     assert job.id in FailedJobRegistry("default", connection=worker.connection)
     assert StartedJobRegistry("default", connection=worker.connection).get_job_ids() == []
     connections.close_all()
+
+
+def test_the_turns_of_a_process_share_its_redis_connections(provider, conversations_settings, monkeypatch):
+    """Django's cache handler builds a cache object per thread; each turn's thread (and each call's
+    watchdog) must still use the process's one pool, not a pool and a connection of its own."""
+    from conversations.infra import state
+
+    cache_of_thread, pools = state._cache, set()
+
+    def noting_its_pool():
+        cache = cache_of_thread()
+        pools.add(id(cache._cache._get_connection_pool(True)))
+        return cache
+
+    monkeypatch.setattr(state, "_cache", noting_its_pool)
+    turns = 20
+    conversations_settings.update(WORKER_THREADS=turns)
+    connection = django_rq.get_connection()
+    db = connection.connection_pool.connection_kwargs.get("db", 0)
+
+    def ours():
+        return sum(1 for client in connection.client_list() if int(client["db"]) == int(db))
+
+    barrier, seen = threading.Barrier(turns), []
+
+    def counted(handler):  # every turn waits on its call: each has published its first state by now
+        if barrier.wait(timeout=20) == 0:
+            seen.append(ours())
+        handler.send_json(200, openai_text("Shared."))
+
+    provider.add(*[counted] * turns)
+    posted = [(client, start_turn(client, "Hello")) for client in (make_client() for _ in range(turns))]
+    before = ours()
+    run_worker(CONCURRENT)
+
+    for client, body in posted:
+        assert poll_until_done(client, body["poll_url"], timeout=5)["status"] == "completed"
+    assert len(pools) == 1
+    # RQ's pool and the cache's, each as wide as its busiest moment: a few, not one per turn.
+    assert seen[0] - before < turns // 2
