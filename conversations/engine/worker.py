@@ -33,8 +33,7 @@ from ..infra.queue import turn_id_from_job_id
 from ..models import Turn
 from ..tools import ABANDONED_THREAD_PREFIX
 from .job import warm_up
-from .lifecycle import finalize
-from .recovery import resume_or_fail
+from .recovery import end_for_dead_job, resume_or_fail
 
 logger = logging.getLogger("conversations.worker")
 
@@ -403,15 +402,15 @@ def _ask_to_hand_over(job_id):
 
 
 def _end_overdue_turn(job_id):
-    """The final write for a turn whose job ran past its timeout without writing one. Never raises."""
+    """The final write for a turn whose job ran past its timeout without writing one (cancelled
+    if the visitor stopped it, else failed with the timeout sentence). Never raises."""
     turn_id = turn_id_from_job_id(job_id)
     if turn_id is None:
         return
     close_old_connections()
     try:
         turn = Turn.objects.select_related("conversation").get(pk=turn_id)
-        if turn.job_id == job_id:
-            finalize(turn, Turn.Status.FAILED, timeout_message())
+        end_for_dead_job(turn, timeout_message(), dead_job_id=job_id)
     except Exception:  # noqa: BLE001 - the worker itself must keep running
         logger.exception("Could not finalise turn %s after its job was given up", turn_id)
     finally:

@@ -21,8 +21,8 @@ from conversations.engine.worker import WORKER_KEY_TTL, stuck_threads
 from conversations.models import CallRecord, Turn
 from conversations.providers.demo import DemoProvider
 from tests.support.fakes import FakeProvider, hang, openai_text, together
-from tests.support.helpers import (CONCURRENT, make_client, make_worker, poll_until_done, run_worker, start_turn,
-                                   wait_for)
+from tests.support.helpers import (CONCURRENT, api_post, make_client, make_worker, poll_until_done, run_worker,
+                                   start_turn, wait_for)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -345,12 +345,13 @@ class HeldProvider(DemoProvider):
     """Answers at once, except "stuck": then it waits on ``HeldProvider.release`` inside C code (a
     lock), where RQ's timer cannot raise the job timeout into its thread, until the test lets it go."""
 
-    release = threading.Event()
+    holding, release = threading.Event(), threading.Event()
 
     def complete(self, messages, tools, on_text=None):
         if messages[-1].content == "stuck":
             if self.streams(on_text):
                 on_text("Half an answer")
+            self.holding.set()
             self.release.wait(30)
         return super().complete(messages, tools, on_text)
 
@@ -367,6 +368,7 @@ def quick_watch(monkeypatch, conversations_settings):
     monkeypatch.setattr(worker, "WORKER_KEY_TTL", 2)
     conversations_settings.update(PROVIDER=f"{__name__}.HeldProvider", JOB_TIMEOUT=3, DEADLINE_MARGIN=1,
                                   MIN_CALL_BUDGET=1, DEMO_DELAY=0.01, STREAM=False)
+    HeldProvider.holding.clear()
     HeldProvider.release.clear()
     yield worker
     HeldProvider.release.set()
@@ -517,3 +519,25 @@ def test_the_turns_of_a_process_share_its_redis_connections(provider, conversati
     assert len(pools) == 1
     # RQ's pool and the cache's, each as wide as its busiest moment: a few, not one per turn.
     assert seen[0] - before < turns // 2
+
+
+def test_a_stuck_turn_the_visitor_stopped_ends_cancelled_when_it_is_given_up(quick_watch):
+    """Stop cannot reach a call stuck in C code; when the worker gives the turn up, it ends as the
+    visitor asked (cancelled, no error sentence), as every other path that ends a dead job's turn does."""
+    client = make_client()
+    stuck = start_turn(client, "stuck")
+    worker = make_worker(CONCURRENT)
+
+    def stop_while_it_is_stuck():
+        assert HeldProvider.holding.wait(15)
+        return api_post(client, stuck["cancel_url"]).status_code
+
+    stopping, seen = meanwhile(stop_while_it_is_stuck)
+    worker.work(burst=True)
+    stopping.join(15)
+    connections.close_all()
+
+    assert seen == [202]
+    final = poll_until_done(client, stuck["poll_url"], timeout=5)
+    assert (final["status"], final["error"]) == ("cancelled", None)
+    assert worker.abandoned_jobs == 1
