@@ -142,6 +142,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
     """
 
     death_penalty_class = TimerDeathPenalty  # SIGALRM reaches only the main thread
+    job_thread_class = threading.Thread  # each job's thread
 
     def __init__(self, *args, **kwargs):
         self._local = threading.local()
@@ -214,10 +215,14 @@ class ConcurrentWorker(rq.worker.BaseWorker):
     def execute_job(self, job, queue):
         """Start ``job`` in a thread of its own and return at once."""
         slot = _Slot(job, queue)
-        slot.thread = threading.Thread(target=self._run, args=(slot,), name=f"job-{job.id}", daemon=True)
+        slot.thread = self.job_thread_class(target=self._run, args=(slot,), name=f"job-{job.id}", daemon=True)
         with self._changed:
-            self._slots[job.id] = slot
-        slot.thread.start()
+            self._slots[job.id] = slot  # before it starts: a job that ends at once still finds its slot
+        try:
+            slot.thread.start()
+        except BaseException:  # no thread (the process's limit): RQ's loop quits; teardown must not wait for it
+            self._release(slot)
+            raise
 
     def _run(self, slot):
         self._local.slot = slot

@@ -541,3 +541,32 @@ def test_a_stuck_turn_the_visitor_stopped_ends_cancelled_when_it_is_given_up(qui
     final = poll_until_done(client, stuck["poll_url"], timeout=5)
     assert (final["status"], final["error"]) == ("cancelled", None)
     assert worker.abandoned_jobs == 1
+
+
+def test_a_job_whose_thread_cannot_start_leaves_no_running_slot_behind(conversations_settings):
+    """When the process cannot start one more thread, RQ's loop quits as for any error of its own;
+    the worker must then leave (and unregister), not wait for ever for a turn that never ran."""
+    class NoMoreThreads(threading.Thread):
+        def start(self):
+            raise RuntimeError("can't start new thread")
+
+    start_turn(make_client(), "Hello")
+    worker = make_worker(CONCURRENT)
+    worker.job_thread_class = NoMoreThreads
+    returned = threading.Event()
+
+    def free_it_if_it_waits():  # so that the test fails instead of hanging
+        if returned.wait(10):
+            return "left"
+        with worker._changed:
+            worker._slots.clear()
+        return "waited for a turn that never ran"
+
+    freeing, seen = meanwhile(free_it_if_it_waits)
+    worker.work(burst=True)
+    returned.set()
+    freeing.join(15)
+    connections.close_all()
+
+    assert seen == ["left"]
+    assert RQWorker.all(connection=worker.connection) == []
