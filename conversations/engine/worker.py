@@ -218,6 +218,8 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         slot.thread = self.job_thread_class(target=self._run, args=(slot,), name=f"job-{job.id}", daemon=True)
         with self._changed:
             self._slots[job.id] = slot  # before it starts: a job that ends at once still finds its slot
+        if self._stop_requested:  # a SIGTERM after its dequeue asked only the turns running then
+            _ask_to_hand_over(job.id)
         try:
             slot.thread.start()
         except BaseException:  # no thread (the process's limit): RQ's loop quits; teardown must not wait for it

@@ -570,3 +570,30 @@ def test_a_job_whose_thread_cannot_start_leaves_no_running_slot_behind(conversat
 
     assert seen == ["left"]
     assert RQWorker.all(connection=worker.connection) == []
+
+
+def test_a_job_dequeued_just_before_a_warm_shutdown_hands_over_too(resuming):
+    """SIGTERM between RQ's dequeue and the job's thread: the job was not among the running ones
+    asked to hand over, and held the stopping worker for its whole answer."""
+    resuming.add(openai_text("Answered."))
+    client = make_client()
+    body = start_turn(client, "Long one")
+    worker = make_worker(CONCURRENT)
+    dequeue = worker.dequeue_job_and_maintain_ttl
+
+    def dequeue_then_sigterm(timeout, max_idle_time=None):
+        result = dequeue(timeout, max_idle_time)
+        if result is not None:
+            worker.request_stop(signal.SIGTERM, None)  # what RQ's signal handler runs, at this moment
+        return result
+
+    worker.dequeue_job_and_maintain_ttl = dequeue_then_sigterm
+    worker.work(burst=True)
+    connections.close_all()
+    elsewhere = run_worker(CONCURRENT)
+
+    final = poll_until_done(client, body["poll_url"], timeout=10)
+    assert (final["status"], final["messages"][-1]["content"]) == ("completed", "Answered.")
+    turn = Turn.objects.get(pk=body["id"])
+    assert turn.resumes == 1 and CallRecord.objects.get(turn=turn, kind="resume").name == "its worker shut down"
+    assert Job.fetch(turn.job_id, connection=elsewhere.connection).worker_name == elsewhere.name
