@@ -229,22 +229,24 @@ class ConcurrentWorker(rq.worker.BaseWorker):
     def _run(self, slot):
         self._local.slot = slot
         # So that WORKER_THREADS idle connections are never held; and the turn's first wait ends its start.
-        dbconn.release_between_steps(on_wait=slot.started_waiting)
         try:
-            slot.execution = self.prepare_execution(slot.job)  # in the started registry, heartbeats from now
-            self._starting.acquire()
-            slot.starting = self._starting
-            with slot.lock:
-                if slot.abandoned:  # given up while it waited: its failure is recorded, its turn ended
-                    return
-                slot.started = time.monotonic()  # the job's timeout runs from here (perform_job's timer)
-            self.perform_job(slot.job, slot.queue)
-        except Exception:  # noqa: BLE001 - RQ's own bookkeeping failed (Redis down): the thread ends, the worker runs on
-            logger.exception("Job %s could not be run", slot.job.id)
+            dbconn.release_between_steps(on_wait=slot.started_waiting)
+            try:
+                slot.execution = self.prepare_execution(slot.job)  # in the started registry, heartbeats from now
+                self._starting.acquire()
+                slot.starting = self._starting
+                with slot.lock:
+                    if slot.abandoned:  # given up while it waited: its failure is recorded, its turn ended
+                        return
+                    slot.started = time.monotonic()  # the job's timeout runs from here (perform_job's timer)
+                self.perform_job(slot.job, slot.queue)
+            except Exception:  # noqa: BLE001 - RQ's own bookkeeping failed (Redis down): the thread ends, the worker runs on
+                logger.exception("Job %s could not be run", slot.job.id)
+            finally:
+                slot.started_waiting()
+                connections.close_all()  # this thread's own: the next job runs in another
         finally:
-            slot.started_waiting()
-            connections.close_all()  # this thread's own: the next job runs in another
-            self._release(slot)
+            self._release(slot)  # whatever failed above: a slot never outlives its thread
 
     def _release(self, slot):
         """Free ``slot``'s thread; the worker is idle again (in ``rq info``) once none runs."""
@@ -331,11 +333,18 @@ class ConcurrentWorker(rq.worker.BaseWorker):
                 logger.exception("Worker %s: could not refresh its heartbeats", self.name)
 
     def _watch(self):
-        """The watcher thread: gives up the overdue turns (database work, with no time limit)."""
+        """The watcher thread: gives up the overdue turns (database work, with no time limit), and
+        frees the slot of a thread that ended without freeing it."""
         while not self._done.wait(WATCH_INTERVAL):
             try:
                 for slot in self._overdue():
                     self._give_up(slot)
+                with self._changed:
+                    ended = [slot for slot in self._slots.values()
+                             if slot.thread.ident is not None and not slot.thread.is_alive()]
+                for slot in ended:  # its thread died without freeing it (not past _run's finally)
+                    logger.error("Job %s: its thread ended without freeing its slot", slot.job.id)
+                    self._release(slot)
             except Exception:  # noqa: BLE001 - the watcher must outlive a Redis or database hiccup
                 logger.exception("Worker %s: could not look after its running jobs", self.name)
 

@@ -597,3 +597,42 @@ def test_a_job_dequeued_just_before_a_warm_shutdown_hands_over_too(resuming):
     turn = Turn.objects.get(pk=body["id"])
     assert turn.resumes == 1 and CallRecord.objects.get(turn=turn, kind="resume").name == "its worker shut down"
     assert Job.fetch(turn.job_id, connection=elsewhere.connection).worker_name == elsewhere.name
+
+
+def test_a_thread_that_fails_while_it_tidies_up_still_gives_its_slot_back(provider, conversations_settings,
+                                                                           monkeypatch):
+    """The job ran and RQ recorded it; then the thread's own tidying up failed (closing its database
+    connection): its slot must still be freed, or the worker counts the turn as running for good
+    (a thread fewer, and a warm shutdown that never ends)."""
+    provider.add(openai_text("Done."))
+    client = make_client()
+    body = start_turn(client, "Hello")
+    close_all = connections.close_all
+
+    def failing_in_a_job_thread():
+        if threading.current_thread().name.startswith("job-"):
+            raise OSError("the database's socket was already gone")
+        close_all()
+
+    monkeypatch.setattr(connections, "close_all", failing_in_a_job_thread)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # the thread's error is the point
+    worker = make_worker(CONCURRENT)
+    returned = threading.Event()
+
+    def free_it_if_it_waits():
+        if returned.wait(10):
+            return "left"
+        with worker._changed:
+            worker._slots.clear()
+        return "waited for a turn that had ended"
+
+    freeing, seen = meanwhile(free_it_if_it_waits)
+    worker.work(burst=True)
+    returned.set()
+    freeing.join(15)
+    monkeypatch.undo()
+    connections.close_all()
+
+    assert seen == ["left"]
+    assert poll_until_done(client, body["poll_url"], timeout=5)["status"] == "completed"
+    assert worker.get_state() == "idle"
