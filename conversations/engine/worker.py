@@ -228,8 +228,8 @@ class ConcurrentWorker(rq.worker.BaseWorker):
 
     def _run(self, slot):
         self._local.slot = slot
-        # So that WORKER_THREADS idle connections are never held; and the turn's first wait ends its start.
         try:
+            # So that WORKER_THREADS idle connections are never held; and the turn's first wait ends its start.
             dbconn.release_between_steps(on_wait=slot.started_waiting)
             try:
                 slot.execution = self.prepare_execution(slot.job)  # in the started registry, heartbeats from now
@@ -373,8 +373,9 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         return now - slot.started > (slot.job.timeout or self.queue_class.DEFAULT_TIMEOUT) + STUCK_GRACE
 
     def _give_up(self, slot):
-        """End overdue ``slot``'s turn (failed, the timeout sentence), record its job failed as RQ
-        would, free its thread, and ask for a restart when too many given-up threads live on."""
+        """End overdue ``slot``'s turn (failed with the timeout sentence, or cancelled if its visitor
+        stopped it), record its job failed as RQ would, free its thread, and ask for a restart when
+        too many given-up threads live on."""
         with slot.lock:
             if slot.settled or slot.abandoned or not self._past_due(slot, time.monotonic()):
                 return  # ended, or started a moment ago (its clock restarted)
