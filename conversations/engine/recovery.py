@@ -4,7 +4,8 @@ Every round-trip of a turn is saved as it lands, so when its work horse dies (SI
 OOM killer) or its worker shuts down, what was done is in the database and the turn can go on
 from there on any worker — with the same deadline, never a new, longer budget. The places
 that notice a dead job (the worker's parent, the poll view's repair, ``repair_turns``) call
-``resume_or_fail``; a job whose worker is shutting down calls ``continue_turn`` itself.
+``resume_or_fail``; a job whose worker is shutting down calls ``continue_turn`` itself; a
+``ConcurrentWorker`` ending a turn it gave up calls ``end_for_dead_job``.
 
 ``continue_turn`` lets exactly one caller win, however many notice the same death at once: a
 conditional UPDATE moves the turn's ``job_id`` from the dead job to the new one.
@@ -86,12 +87,19 @@ def resume_or_fail(turn, cause, *, dead_job_id=None):
         return None
     if turn.status == Turn.Status.RUNNING and continue_turn(turn, cause, from_job_id=dead):
         return state.read(turn.id)
+    return end_for_dead_job(turn, crashed_message(), dead_job_id=dead)
+
+
+def end_for_dead_job(turn, sentence, *, dead_job_id):
+    """End ``turn``, whose job ``dead_job_id`` can no longer finish it and which is not continued:
+    ``cancelled`` if it was asked to stop, else ``failed`` with ``sentence``. Returns the
+    published state, or None when it has ended already or another job runs it now."""
     turn.refresh_from_db()
-    if turn.done or turn.job_id != dead:
+    if turn.done or turn.job_id != dead_job_id:
         return None  # ended, or continued by another caller a moment ago
     if turn.cancel_requested:
         return finalize(turn, Turn.Status.CANCELLED, "")
-    return finalize(turn, Turn.Status.FAILED, crashed_message())
+    return finalize(turn, Turn.Status.FAILED, sentence)
 
 
 def repair(turn):

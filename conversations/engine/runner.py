@@ -54,6 +54,7 @@ class TurnRunner:
 
     def __init__(self, turn, *, clock, config, provider=None, tools=None, publisher=None):
         self.turn = turn
+        self.job_id = turn.job_id  # the job running it; the final write is this job's only while it still is
         self.clock = clock
         self.budget = clock.budget
         self.config = config
@@ -464,6 +465,9 @@ class TurnRunner:
 
     # -- the final write -----------------------------------------------------------------
 
+    FINAL_FIELDS = ("status", "error", "finished_at", "margin_left", "model_calls", "tool_calls", "input_tokens",
+                    "output_tokens", "usage_estimated", "cost")
+
     def finish(self, status, error=None):
         """Write the final state: the database row first, then the cache (``done: true``).
 
@@ -486,11 +490,19 @@ class TurnRunner:
                 self.save_records()
                 shown = self.save_streamed()
                 turn.cost = pricing.turn_cost(turn.model, turn.input_tokens, turn.output_tokens, self.config["PRICES"])
-                turn.save(update_fields=["status", "error", "finished_at", "margin_left", "model_calls",
-                                         "tool_calls", "input_tokens", "output_tokens", "usage_estimated", "cost"])
+                # Only while the turn is still this job's to end: a thread given up past its job
+                # timeout comes back later, when the worker has ended the turn or another job runs it.
+                if not Turn.objects.filter(pk=turn.pk, status__in=Turn.ACTIVE_STATUSES, job_id=self.job_id).update(
+                        **{name: getattr(turn, name) for name in self.FINAL_FIELDS}):
+                    raise _Superseded()
             if shown is not None:
                 self.rows.append(shown)
                 self.streamed = None
+        except _Superseded:
+            logger.warning("Turn %s was ended or continued without its job %s meanwhile: its final write is not made",
+                           turn.id, self.job_id)
+            self.finished = True
+            return
         except DatabaseError:
             logger.exception("Could not save the final state of turn %s", turn.id)
         except BaseException as exc:  # noqa: BLE001 - re-raised below
@@ -506,3 +518,7 @@ class TurnRunner:
         self.finished = True
         logger.info("turn %s ended %s with %.1fs of margin left", turn.id, status, turn.margin_left,
                     extra={"turn_id": str(turn.id), "status": status, "margin_left": round(turn.margin_left, 3)})
+
+
+class _Superseded(Exception):
+    """The final write found its turn ended, or continued by another job: nothing of it is kept."""

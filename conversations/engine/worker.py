@@ -33,8 +33,7 @@ from ..infra.queue import turn_id_from_job_id
 from ..models import Turn
 from ..tools import ABANDONED_THREAD_PREFIX
 from .job import warm_up
-from .lifecycle import finalize
-from .recovery import resume_or_fail
+from .recovery import end_for_dead_job, resume_or_fail
 
 logger = logging.getLogger("conversations.worker")
 
@@ -92,7 +91,7 @@ class Worker(rq.Worker):
 STUCK_GRACE = 5
 # How often the watcher thread looks for overdue turns (the jobs' heartbeats keep RQ's own interval).
 WATCH_INTERVAL = 1.0
-# The watcher refreshes the worker's own key every WORKER_BEAT seconds, and the key lives
+# The heartbeat thread refreshes the worker's own key every WORKER_BEAT seconds, and the key lives
 # WORKER_KEY_TTL: a SIGKILLed process's key is gone within that, and with it every turn it held
 # counts as dead (``infra.queue.job_problem``) instead of after RQ's 90 s of missed job heartbeats.
 WORKER_BEAT, WORKER_KEY_TTL = 5, 20
@@ -133,15 +132,17 @@ class ConcurrentWorker(rq.worker.BaseWorker):
 
     Everything RQ does per job is RQ's own code run in the job's thread (``perform_job``): the
     started-job registry, results, failures. What a forking worker's parent does per horse is done
-    here for every running job: a watcher thread refreshes each job's heartbeat, and gives up a
-    turn still running ``STUCK_GRACE`` seconds past its job timeout (RQ's ``TimerDeathPenalty`` has
-    then failed to stop it: it is stuck in C code) after writing its final state; when
+    here for every running job: a heartbeat thread refreshes the worker's and each job's heartbeat
+    (Redis only, so that nothing slow can hold it up), and a watcher thread gives up a turn still
+    running ``STUCK_GRACE`` seconds past its job timeout (RQ's ``TimerDeathPenalty`` has then
+    failed to stop it: it is stuck in C code) after writing its final state; when
     ``WORKER_MAX_STUCK`` given-up threads are still alive, the worker shuts down warmly so that its
     supervisor starts a fresh process. A warm shutdown (SIGTERM) asks every running turn to hand
     over at its next step. A job is dequeued only when a thread is free.
     """
 
     death_penalty_class = TimerDeathPenalty  # SIGALRM reaches only the main thread
+    job_thread_class = threading.Thread  # each job's thread
 
     def __init__(self, *args, **kwargs):
         self._local = threading.local()
@@ -151,7 +152,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         self._slots = {}  # job id -> _Slot, for every job not yet finished nor given up
         self._changed = threading.Condition()
         self._interruptible = False  # the main thread waits (for a job, or a free thread): a stop may break in
-        self._done = threading.Event()  # set when the work loop ends: the watcher stops
+        self._done = threading.Event()  # set when the work loop ends: the heartbeat and watcher threads stop
         self._starting = threading.BoundedSemaphore(STARTING_AT_ONCE)
         self.abandoned_jobs = 0
 
@@ -170,18 +171,21 @@ class ConcurrentWorker(rq.worker.BaseWorker):
             return [slot.job for slot in self._slots.values()]
 
     def work(self, *args, **kwargs):
-        """RQ's loop, after ``warm_up()``, with the watcher thread running beside it, and the stop
-        flags of all its turns read together (``state.stop_board``)."""
+        """RQ's loop, after ``warm_up()``, with the heartbeat and watcher threads running beside it,
+        and the stop flags of all its turns read together (``state.stop_board``)."""
         warm_up()
         state.stop_board.start()
-        watcher = threading.Thread(target=self._watch, name="conversations-watcher", daemon=True)
+        helpers = [threading.Thread(target=self._keep_alive, name="conversations-heartbeat", daemon=True),
+                   threading.Thread(target=self._watch, name="conversations-watcher", daemon=True)]
         self._done.clear()
-        watcher.start()
+        for helper in helpers:
+            helper.start()
         try:
             return super().work(*args, **kwargs)
         finally:
             self._done.set()
-            watcher.join(WATCH_INTERVAL * 2)
+            for helper in helpers:
+                helper.join(WATCH_INTERVAL * 2)
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
         """RQ's dequeue, once a thread is free. In burst mode an empty queue ends the loop only once
@@ -211,27 +215,38 @@ class ConcurrentWorker(rq.worker.BaseWorker):
     def execute_job(self, job, queue):
         """Start ``job`` in a thread of its own and return at once."""
         slot = _Slot(job, queue)
-        slot.thread = threading.Thread(target=self._run, args=(slot,), name=f"job-{job.id}", daemon=True)
+        slot.thread = self.job_thread_class(target=self._run, args=(slot,), name=f"job-{job.id}", daemon=True)
         with self._changed:
-            self._slots[job.id] = slot
-        slot.thread.start()
+            self._slots[job.id] = slot  # before it starts: a job that ends at once still finds its slot
+        if self._stop_requested:  # a SIGTERM after its dequeue asked only the turns running then
+            _ask_to_hand_over(job.id)
+        try:
+            slot.thread.start()
+        except BaseException:  # no thread (the process's limit): RQ's loop quits; teardown must not wait for it
+            self._release(slot)
+            raise
 
     def _run(self, slot):
         self._local.slot = slot
-        # So that WORKER_THREADS idle connections are never held; and the turn's first wait ends its start.
-        dbconn.release_between_steps(on_wait=slot.started_waiting)
         try:
-            slot.execution = self.prepare_execution(slot.job)  # in the started registry, heartbeats from now
-            self._starting.acquire()
-            slot.starting = self._starting
-            slot.started = time.monotonic()  # the job's timeout runs from here (perform_job's timer)
-            self.perform_job(slot.job, slot.queue)
-        except Exception:  # noqa: BLE001 - RQ's own bookkeeping failed (Redis down): the thread ends, the worker runs on
-            logger.exception("Job %s could not be run", slot.job.id)
+            # So that WORKER_THREADS idle connections are never held; and the turn's first wait ends its start.
+            dbconn.release_between_steps(on_wait=slot.started_waiting)
+            try:
+                slot.execution = self.prepare_execution(slot.job)  # in the started registry, heartbeats from now
+                self._starting.acquire()
+                slot.starting = self._starting
+                with slot.lock:
+                    if slot.abandoned:  # given up while it waited: its failure is recorded, its turn ended
+                        return
+                    slot.started = time.monotonic()  # the job's timeout runs from here (perform_job's timer)
+                self.perform_job(slot.job, slot.queue)
+            except Exception:  # noqa: BLE001 - RQ's own bookkeeping failed (Redis down): the thread ends, the worker runs on
+                logger.exception("Job %s could not be run", slot.job.id)
+            finally:
+                slot.started_waiting()
+                connections.close_all()  # this thread's own: the next job runs in another
         finally:
-            slot.started_waiting()
-            connections.close_all()  # this thread's own: the next job runs in another
-            self._release(slot)
+            self._release(slot)  # whatever failed above: a slot never outlives its thread
 
     def _release(self, slot):
         """Free ``slot``'s thread; the worker is idle again (in ``rq info``) once none runs."""
@@ -301,9 +316,12 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         """RQ's worker heartbeat, with a key that outlives the process by WORKER_KEY_TTL at most."""
         super().heartbeat(WORKER_KEY_TTL, pipeline=pipeline)
 
-    def _watch(self):
+    def _keep_alive(self):
+        """The heartbeat thread: the worker's key and every running job's heartbeat, on Redis only.
+        Nothing here may wait on the database: a give-up's final write waiting on a row lock must
+        not let the key expire, or every turn of this process would count as dead."""
         beat = alive = time.monotonic()
-        while not self._done.wait(WATCH_INTERVAL):
+        while not self._done.wait(min(WATCH_INTERVAL, WORKER_BEAT)):
             try:
                 if time.monotonic() - alive >= WORKER_BEAT:
                     alive = time.monotonic()
@@ -311,8 +329,22 @@ class ConcurrentWorker(rq.worker.BaseWorker):
                 if time.monotonic() - beat >= self.job_monitoring_interval:
                     beat = time.monotonic()
                     self._beat()
+            except Exception:  # noqa: BLE001 - it must outlive a Redis hiccup
+                logger.exception("Worker %s: could not refresh its heartbeats", self.name)
+
+    def _watch(self):
+        """The watcher thread: gives up the overdue turns (database work, with no time limit), and
+        frees the slot of a thread that ended without freeing it."""
+        while not self._done.wait(WATCH_INTERVAL):
+            try:
                 for slot in self._overdue():
                     self._give_up(slot)
+                with self._changed:
+                    ended = [slot for slot in self._slots.values()
+                             if slot.thread.ident is not None and not slot.thread.is_alive()]
+                for slot in ended:  # its thread died without freeing it (not past _run's finally)
+                    logger.error("Job %s: its thread ended without freeing its slot", slot.job.id)
+                    self._release(slot)
             except Exception:  # noqa: BLE001 - the watcher must outlive a Redis or database hiccup
                 logger.exception("Worker %s: could not look after its running jobs", self.name)
 
@@ -335,15 +367,18 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         with self._changed:
             slots = list(self._slots.values())
         now = time.monotonic()
-        return [slot for slot in slots
-                if now - slot.started > (slot.job.timeout or self.queue_class.DEFAULT_TIMEOUT) + STUCK_GRACE]
+        return [slot for slot in slots if self._past_due(slot, now)]
+
+    def _past_due(self, slot, now):
+        return now - slot.started > (slot.job.timeout or self.queue_class.DEFAULT_TIMEOUT) + STUCK_GRACE
 
     def _give_up(self, slot):
-        """End overdue ``slot``'s turn (failed, the timeout sentence), record its job failed as RQ
-        would, free its thread, and ask for a restart when too many given-up threads live on."""
+        """End overdue ``slot``'s turn (failed with the timeout sentence, or cancelled if its visitor
+        stopped it), record its job failed as RQ would, free its thread, and ask for a restart when
+        too many given-up threads live on."""
         with slot.lock:
-            if slot.settled:
-                return
+            if slot.settled or slot.abandoned or not self._past_due(slot, time.monotonic()):
+                return  # ended, or started a moment ago (its clock restarted)
             slot.abandoned = True
         job = slot.job
         slot.thread.name = f"{ABANDONED_THREAD_PREFIX}{slot.thread.name}"  # counted by stuck_threads()
@@ -384,15 +419,15 @@ def _ask_to_hand_over(job_id):
 
 
 def _end_overdue_turn(job_id):
-    """The final write for a turn whose job ran past its timeout without writing one. Never raises."""
+    """The final write for a turn whose job ran past its timeout without writing one (cancelled
+    if the visitor stopped it, else failed with the timeout sentence). Never raises."""
     turn_id = turn_id_from_job_id(job_id)
     if turn_id is None:
         return
     close_old_connections()
     try:
         turn = Turn.objects.select_related("conversation").get(pk=turn_id)
-        if turn.job_id == job_id:
-            finalize(turn, Turn.Status.FAILED, timeout_message())
+        end_for_dead_job(turn, timeout_message(), dead_job_id=job_id)
     except Exception:  # noqa: BLE001 - the worker itself must keep running
         logger.exception("Could not finalise turn %s after its job was given up", turn_id)
     finally:

@@ -21,8 +21,8 @@ from conversations.engine.worker import WORKER_KEY_TTL, stuck_threads
 from conversations.models import CallRecord, Turn
 from conversations.providers.demo import DemoProvider
 from tests.support.fakes import FakeProvider, hang, openai_text, together
-from tests.support.helpers import (CONCURRENT, make_client, make_worker, poll_until_done, run_worker, start_turn,
-                                   wait_for)
+from tests.support.helpers import (CONCURRENT, api_post, make_client, make_worker, poll_until_done, run_worker,
+                                   start_turn, wait_for)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -339,3 +339,300 @@ def test_a_publish_takes_two_round_trips_and_the_version_still_counts_up(convers
     cache = state._cache()
     key = cache.make_and_validate_key(f"conversations:turn:{turn_id}:version")
     assert 0 < cache._cache.get_client(key).ttl(key) <= get_config()["STATE_TTL"]
+
+
+class HeldProvider(DemoProvider):
+    """Answers at once, except "stuck": then it waits on ``HeldProvider.release`` inside C code (a
+    lock), where RQ's timer cannot raise the job timeout into its thread, until the test lets it go."""
+
+    holding, release = threading.Event(), threading.Event()
+
+    def complete(self, messages, tools, on_text=None):
+        if messages[-1].content == "stuck":
+            if self.streams(on_text):
+                on_text("Half an answer")
+            self.holding.set()
+            self.release.wait(30)
+        return super().complete(messages, tools, on_text)
+
+
+@pytest.fixture
+def quick_watch(monkeypatch, conversations_settings):
+    """The worker's clocks shrunk (a given-up turn after its 3 s job timeout plus half a second, a
+    worker key living 2 s), the held provider, and its threads let go whatever the test asserts."""
+    from conversations.engine import worker
+
+    monkeypatch.setattr(worker, "STUCK_GRACE", 0.5)
+    monkeypatch.setattr(worker, "WATCH_INTERVAL", 0.2)
+    monkeypatch.setattr(worker, "WORKER_BEAT", 0.3)
+    monkeypatch.setattr(worker, "WORKER_KEY_TTL", 2)
+    conversations_settings.update(PROVIDER=f"{__name__}.HeldProvider", JOB_TIMEOUT=3, DEADLINE_MARGIN=1,
+                                  MIN_CALL_BUDGET=1, DEMO_DELAY=0.01, STREAM=False)
+    HeldProvider.holding.clear()
+    HeldProvider.release.clear()
+    yield worker
+    HeldProvider.release.set()
+
+
+def meanwhile(check):
+    """Run ``check()`` in a thread of its own (the worker needs the main thread for its signals); returns
+    the thread and the list that receives what ``check`` returned (or raised)."""
+    seen = []
+
+    def run():
+        try:
+            seen.append(check())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            seen.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, seen
+
+
+def test_a_give_up_waiting_on_the_database_does_not_let_the_worker_key_expire(quick_watch, conversations_settings,
+                                                                              monkeypatch):
+    """The final write of a given-up turn may wait (a row lock, the pool, SQLite's lock): meanwhile
+    the process's key must live on, or every turn it runs counts as dead ("its worker is gone")
+    and is continued elsewhere while it still runs here."""
+    from conversations.infra.queue import job_problem
+
+    conversations_settings.update(WORKER_THREADS=1)  # the main thread waits for a free thread: no beat of its own
+    waiting, database_free = threading.Event(), threading.Event()
+    slow_end = quick_watch._end_overdue_turn
+
+    def end_after_a_lock_wait(job_id):
+        waiting.set()
+        database_free.wait(20)
+        return slow_end(job_id)
+
+    monkeypatch.setattr(quick_watch, "_end_overdue_turn", end_after_a_lock_wait)
+    client = make_client()
+    stuck = start_turn(client, "stuck")
+    worker = make_worker(CONCURRENT)
+
+    def look_while_the_give_up_waits():
+        try:
+            assert waiting.wait(15)
+            time.sleep(quick_watch.WORKER_KEY_TTL + 1)  # past the key's life
+            # Its turn is not taken for dead: not "its worker is gone".
+            return worker.connection.exists(worker.key), job_problem(Turn.objects.get(pk=stuck["id"]))
+        finally:
+            database_free.set()
+
+    looking, seen = meanwhile(look_while_the_give_up_waits)
+    worker.work(burst=True)
+    looking.join(15)
+    connections.close_all()
+
+    assert seen == [(1, None)]
+    final = poll_until_done(client, stuck["poll_url"], timeout=5)
+    assert (final["status"], final["error"]) == ("failed", timeout_message())
+
+
+def test_a_given_up_turn_keeps_the_end_it_was_given_when_its_thread_comes_back(quick_watch, conversations_settings):
+    """The given-up thread returns from C code later, into RQ's pending timeout: its own final write
+    must not land on a turn that was ended (or continued by another job) meanwhile: no second end,
+    no second copy of the words it had streamed."""
+    conversations_settings.update(STREAM=True, PUBLISH_INTERVAL=0)
+    already = stuck_threads()
+    client = make_client()
+    stuck = start_turn(client, "stuck")
+    worker = make_worker(CONCURRENT)
+    worker.work(burst=True)  # returns once the turn is given up
+    connections.close_all()
+    ended = poll_until_done(client, stuck["poll_url"], timeout=5)
+    row = Turn.objects.get(pk=stuck["id"])
+    assert (ended["status"], ended["error"]) == ("failed", timeout_message())
+    assert [m["content"] for m in ended["messages"]] == ["stuck", "Half an answer"]  # kept, as it was shown
+
+    HeldProvider.release.set()
+    wait_for(lambda: stuck_threads() <= already, timeout=10)
+
+    again = client.get(stuck["poll_url"]).json()
+    assert again == ended  # the same state, not a second "done" one
+    assert Turn.objects.get(pk=stuck["id"]).finished_at == row.finished_at
+    assert list(row.messages.values_list("content", flat=True)) == ["stuck", "Half an answer"]
+    connections.close_all()
+
+
+def test_a_turn_given_up_before_it_could_start_is_not_started_afterwards(quick_watch, conversations_settings):
+    """A job waits for its place among the turns starting at once; given up there (past its job
+    timeout), it stays failed in RQ's registries when its place comes after all."""
+    client = make_client()
+    body = start_turn(client, "Hello")
+    worker = make_worker(CONCURRENT)
+    worker._starting = threading.BoundedSemaphore(1)
+    worker._starting.acquire()  # every place taken, by turns that never reach their first call
+    already = stuck_threads()
+    worker.work(burst=True)  # returns once the turn is given up
+    connections.close_all()
+    assert poll_until_done(client, body["poll_url"], timeout=5)["error"] == timeout_message()
+
+    worker._starting.release()
+    wait_for(lambda: stuck_threads() <= already, timeout=10)
+
+    job = Job.fetch(Turn.objects.get(pk=body["id"]).job_id, connection=worker.connection)
+    assert job.get_status() == JobStatus.FAILED
+    assert job.id in FailedJobRegistry("default", connection=worker.connection)
+    assert StartedJobRegistry("default", connection=worker.connection).get_job_ids() == []
+    connections.close_all()
+
+
+def test_the_turns_of_a_process_share_its_redis_connections(provider, conversations_settings, monkeypatch):
+    """Django's cache handler builds a cache object per thread; each turn's thread (and each call's
+    watchdog) must still use the process's one pool, not a pool and a connection of its own."""
+    from conversations.infra import state
+
+    cache_of_thread, pools = state._cache, set()
+
+    def noting_its_pool():
+        cache = cache_of_thread()
+        pools.add(id(cache._cache._get_connection_pool(True)))
+        return cache
+
+    monkeypatch.setattr(state, "_cache", noting_its_pool)
+    turns = 20
+    conversations_settings.update(WORKER_THREADS=turns)
+    connection = django_rq.get_connection()
+    db = connection.connection_pool.connection_kwargs.get("db", 0)
+
+    def ours():
+        return sum(1 for client in connection.client_list() if int(client["db"]) == int(db))
+
+    barrier, seen = threading.Barrier(turns), []
+
+    def counted(handler):  # every turn waits on its call: each has published its first state by now
+        if barrier.wait(timeout=20) == 0:
+            seen.append(ours())
+        handler.send_json(200, openai_text("Shared."))
+
+    provider.add(*[counted] * turns)
+    posted = [(client, start_turn(client, "Hello")) for client in (make_client() for _ in range(turns))]
+    before = ours()
+    run_worker(CONCURRENT)
+
+    for client, body in posted:
+        assert poll_until_done(client, body["poll_url"], timeout=5)["status"] == "completed"
+    assert len(pools) == 1
+    # RQ's pool and the cache's, each as wide as its busiest moment: a few, not one per turn.
+    assert seen[0] - before < turns // 2
+
+
+def test_a_stuck_turn_the_visitor_stopped_ends_cancelled_when_it_is_given_up(quick_watch):
+    """Stop cannot reach a call stuck in C code; when the worker gives the turn up, it ends as the
+    visitor asked (cancelled, no error sentence), as every other path that ends a dead job's turn does."""
+    client = make_client()
+    stuck = start_turn(client, "stuck")
+    worker = make_worker(CONCURRENT)
+
+    def stop_while_it_is_stuck():
+        assert HeldProvider.holding.wait(15)
+        return api_post(client, stuck["cancel_url"]).status_code
+
+    stopping, seen = meanwhile(stop_while_it_is_stuck)
+    worker.work(burst=True)
+    stopping.join(15)
+    connections.close_all()
+
+    assert seen == [202]
+    final = poll_until_done(client, stuck["poll_url"], timeout=5)
+    assert (final["status"], final["error"]) == ("cancelled", None)
+    assert worker.abandoned_jobs == 1
+
+
+def test_a_job_whose_thread_cannot_start_leaves_no_running_slot_behind(conversations_settings):
+    """When the process cannot start one more thread, RQ's loop quits as for any error of its own;
+    the worker must then leave (and unregister), not wait for ever for a turn that never ran."""
+    class NoMoreThreads(threading.Thread):
+        def start(self):
+            raise RuntimeError("can't start new thread")
+
+    start_turn(make_client(), "Hello")
+    worker = make_worker(CONCURRENT)
+    worker.job_thread_class = NoMoreThreads
+    returned = threading.Event()
+
+    def free_it_if_it_waits():  # so that the test fails instead of hanging
+        if returned.wait(10):
+            return "left"
+        with worker._changed:
+            worker._slots.clear()
+        return "waited for a turn that never ran"
+
+    freeing, seen = meanwhile(free_it_if_it_waits)
+    worker.work(burst=True)
+    returned.set()
+    freeing.join(15)
+    connections.close_all()
+
+    assert seen == ["left"]
+    assert RQWorker.all(connection=worker.connection) == []
+
+
+def test_a_job_dequeued_just_before_a_warm_shutdown_hands_over_too(resuming):
+    """SIGTERM between RQ's dequeue and the job's thread: the job was not among the running ones
+    asked to hand over, and held the stopping worker for its whole answer."""
+    resuming.add(openai_text("Answered."))
+    client = make_client()
+    body = start_turn(client, "Long one")
+    worker = make_worker(CONCURRENT)
+    dequeue = worker.dequeue_job_and_maintain_ttl
+
+    def dequeue_then_sigterm(timeout, max_idle_time=None):
+        result = dequeue(timeout, max_idle_time)
+        if result is not None:
+            worker.request_stop(signal.SIGTERM, None)  # what RQ's signal handler runs, at this moment
+        return result
+
+    worker.dequeue_job_and_maintain_ttl = dequeue_then_sigterm
+    worker.work(burst=True)
+    connections.close_all()
+    elsewhere = run_worker(CONCURRENT)
+
+    final = poll_until_done(client, body["poll_url"], timeout=10)
+    assert (final["status"], final["messages"][-1]["content"]) == ("completed", "Answered.")
+    turn = Turn.objects.get(pk=body["id"])
+    assert turn.resumes == 1 and CallRecord.objects.get(turn=turn, kind="resume").name == "its worker shut down"
+    assert Job.fetch(turn.job_id, connection=elsewhere.connection).worker_name == elsewhere.name
+
+
+def test_a_thread_that_fails_while_it_tidies_up_still_gives_its_slot_back(provider, conversations_settings,
+                                                                           monkeypatch):
+    """The job ran and RQ recorded it; then the thread's own tidying up failed (closing its database
+    connection): its slot must still be freed, or the worker counts the turn as running for good
+    (a thread fewer, and a warm shutdown that never ends)."""
+    provider.add(openai_text("Done."))
+    client = make_client()
+    body = start_turn(client, "Hello")
+    close_all = connections.close_all
+
+    def failing_in_a_job_thread():
+        if threading.current_thread().name.startswith("job-"):
+            raise OSError("the database's socket was already gone")
+        close_all()
+
+    monkeypatch.setattr(connections, "close_all", failing_in_a_job_thread)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # the thread's error is the point
+    worker = make_worker(CONCURRENT)
+    returned = threading.Event()
+
+    def free_it_if_it_waits():
+        if returned.wait(10):
+            return "left"
+        with worker._changed:
+            worker._slots.clear()
+        return "waited for a turn that had ended"
+
+    freeing, seen = meanwhile(free_it_if_it_waits)
+    worker.work(burst=True)
+    returned.set()
+    freeing.join(15)
+    monkeypatch.undo()
+    connections.close_all()
+
+    assert seen == ["left"]
+    assert poll_until_done(client, body["poll_url"], timeout=5)["status"] == "completed"
+    assert worker.get_state() == "idle"
