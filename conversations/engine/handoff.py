@@ -157,6 +157,22 @@ def _after_commit(conversation_id, signal=None, **kwargs):
     transaction.on_commit(send)
 
 
+def holds(conversation, user):
+    """Whether ``user`` is the staff member answering ``conversation``."""
+    return conversation.handoff == Handoff.TAKEN and conversation.handoff_by_id == user.pk
+
+
+def may_take(conversation, user):
+    """Whether ``user`` may take ``conversation`` now (``take``): it waits for a person."""
+    return conversation.handoff == Handoff.WAITING
+
+
+def may_answer(conversation, user):
+    """Whether ``user`` may reply to, hand back or close ``conversation`` now: it waits for a
+    person (a reply takes it), or they hold it."""
+    return conversation.handoff == Handoff.WAITING or holds(conversation, user)
+
+
 def _refusal(conversation, user=None):
     """The ``Refused`` for a change ``conversation``'s handoff state does not allow (for staff: ``user``)."""
     if conversation.handoff == Handoff.CLOSED:
@@ -230,7 +246,7 @@ def take(conversation_id, user):
         conversation = _locked(conversation_id)
         if changed:
             _after_commit(conversation_id, handoff_taken, user=user)
-        elif not (conversation.handoff == Handoff.TAKEN and conversation.handoff_by_id == user.pk):
+        elif not holds(conversation, user):
             raise _refusal(conversation, user)
     return conversation
 
@@ -254,8 +270,7 @@ def reply(conversation_id, user, content):
 def _end(conversation_id, user, to):
     with transaction.atomic():
         conversation = _locked(conversation_id)
-        mine = conversation.handoff == Handoff.TAKEN and conversation.handoff_by_id == user.pk
-        if not (conversation.handoff == Handoff.WAITING or mine):
+        if not may_answer(conversation, user):
             raise _refusal(conversation, user)
         Conversation.objects.filter(pk=conversation_id).update(handoff=to)
         _after_commit(conversation_id)
@@ -308,4 +323,4 @@ def hand_to_person(context, reason: str = "") -> str:
 
 __all__ = ["handoff_requested", "handoff_taken", "Refused", "NotOffered", "Held", "request", "keep", "take", "reply",
            "hand_back", "close", "back_to_assistant", "waiting", "hand_to_person", "ensure_with_assistant",
-           "state_from_db", "public", "publish", "staff_name", "message_json"]
+           "state_from_db", "public", "publish", "staff_name", "message_json", "holds", "may_take", "may_answer"]
