@@ -22,7 +22,7 @@ from ..redaction import hide_keys
 from .timeline import build_transcript
 
 PERMISSION = "conversations.answer_handoff"
-ACTIONS = {"take": handoff.take, "hand_back": handoff.hand_back, "close": handoff.close}
+ACTIONS = {"hand_back": handoff.hand_back, "close": handoff.close}
 
 
 def wait_text(since, now=None):
@@ -94,6 +94,8 @@ class WaitingConversationAdmin(admin.ModelAdmin):
                 if action == "reply":
                     handoff.reply(conversation.pk, request.user, draft)
                     draft = ""
+                elif action == "take":  # "holder": whom a superuser's page offered to take it over from
+                    handoff.take(conversation.pk, request.user, holder=request.POST.get("holder"))
                 elif action in ACTIONS:
                     ACTIONS[action](conversation.pk, request.user)
                 else:

@@ -162,15 +162,27 @@ def holds(conversation, user):
     return conversation.handoff == Handoff.TAKEN and conversation.handoff_by_id == user.pk
 
 
+def holder_gone(conversation):
+    """Whether ``conversation`` was taken by a staff member who is no longer there (their account
+    deleted, which leaves ``handoff_by`` empty, or deactivated): anyone may answer it then."""
+    holder = conversation.handoff_by
+    return conversation.handoff == Handoff.TAKEN and (holder is None or not getattr(holder, "is_active", True))
+
+
 def may_take(conversation, user):
-    """Whether ``user`` may take ``conversation`` now (``take``): it waits for a person."""
-    return conversation.handoff == Handoff.WAITING
+    """Whether ``user`` may take ``conversation`` now (``take``): it waits for a person, or the
+    staff member who took it is gone, or ``user`` is a superuser, who may take it over from a
+    colleague."""
+    if holds(conversation, user):
+        return False
+    return (conversation.handoff == Handoff.WAITING or holder_gone(conversation)
+            or (conversation.handoff == Handoff.TAKEN and getattr(user, "is_superuser", False)))
 
 
 def may_answer(conversation, user):
     """Whether ``user`` may reply to, hand back or close ``conversation`` now: it waits for a
-    person (a reply takes it), or they hold it."""
-    return conversation.handoff == Handoff.WAITING or holds(conversation, user)
+    person or its staff member is gone (a reply takes it), or they hold it."""
+    return conversation.handoff == Handoff.WAITING or holder_gone(conversation) or holds(conversation, user)
 
 
 def _refusal(conversation, user=None):
@@ -237,17 +249,21 @@ def _locked(conversation_id):
     return Conversation.objects.select_for_update(of=("self",)).select_related("handoff_by").get(pk=conversation_id)
 
 
-def take(conversation_id, user):
-    """``user`` takes the conversation (one staff member at a time); returns it. Taking one's own
-    again does nothing; one another took, handed back or closed raises ``Refused``."""
+def take(conversation_id, user, holder=None):
+    """``user`` takes the conversation (one staff member at a time, ``may_take``); returns it.
+    Taking one's own again does nothing; one handed back or closed raises ``Refused``. A colleague
+    still there is replaced only when ``holder`` names them (the pk the superuser's page showed),
+    so that of two pressing Take at once the second is refused instead of taking it from the first."""
     with transaction.atomic():
-        changed = Conversation.objects.filter(pk=conversation_id, handoff=Handoff.WAITING).update(
-            handoff=Handoff.TAKEN, handoff_by=user, handoff_taken_at=timezone.now())
         conversation = _locked(conversation_id)
-        if changed:
-            _after_commit(conversation_id, handoff_taken, user=user)
-        elif not holds(conversation, user):
+        if holds(conversation, user):
+            return conversation
+        over = conversation.handoff == Handoff.TAKEN and not holder_gone(conversation)
+        if not may_take(conversation, user) or (over and str(conversation.handoff_by_id) != str(holder)):
             raise _refusal(conversation, user)
+        conversation.handoff, conversation.handoff_by, conversation.handoff_taken_at = Handoff.TAKEN, user, timezone.now()
+        conversation.save(update_fields=["handoff", "handoff_by", "handoff_taken_at"])
+        _after_commit(conversation_id, handoff_taken, user=user)
     return conversation
 
 
@@ -323,4 +339,5 @@ def hand_to_person(context, reason: str = "") -> str:
 
 __all__ = ["handoff_requested", "handoff_taken", "Refused", "NotOffered", "Held", "request", "keep", "take", "reply",
            "hand_back", "close", "back_to_assistant", "waiting", "hand_to_person", "ensure_with_assistant",
-           "state_from_db", "public", "publish", "staff_name", "message_json", "holds", "may_take", "may_answer"]
+           "state_from_db", "public", "publish", "staff_name", "message_json", "holds", "holder_gone", "may_take",
+           "may_answer"]

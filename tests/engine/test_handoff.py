@@ -356,3 +356,46 @@ def test_a_message_sent_again_with_its_idempotency_key_is_kept_once():
     assert again.json() == first.json()
     assert other.status_code == 422
     assert list(Message.objects.values_list("content", flat=True)) == ["Are you there?"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_conversation_whose_staff_member_left_is_taken_by_another_and_a_superuser_may_take_one_over():
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+    ana, ben, carl = staff_member("ana", "Ana"), staff_member("ben", "Ben"), staff_member("carl", "Carl")
+    act(ana, conversation, "take")
+
+    # While Ana is here, the conversation is hers.
+    refused = act(ben, conversation, "take").content.decode()
+    assert "Ana is already answering this conversation; nothing was sent." in refused
+    # Ana is deactivated: Ben takes it, and the visitor reads him.
+    ana.user.is_active = False
+    ana.user.save()
+    assert 'value="take"' in ben.get(answer_page(conversation)).content.decode()
+    assert "You are answering this conversation." in act(ben, conversation, "take").content.decode()
+    assert "Your reply was sent." in act(ben, conversation, "reply", "Ben here, I will help.").content.decode()
+    polled = visitor.get(handoff_url(conversation)).json()
+    assert polled["by"] == "Ben from support" and polled["messages"][-1]["content"] == "Ben here, I will help."
+    # Ben's account is deleted: Carl may answer and hand it back at once.
+    ben.user.delete()
+    assert "Handed back to the assistant." in act(carl, conversation, "hand_back").content.decode()
+    assert visitor.get(handoff_url(conversation)).json()["state"] == "returned"
+
+    # A superuser takes one over from a colleague who is still here (naming the one the page showed).
+    api_post(visitor, handoff_url(conversation))
+    act(carl, conversation, "take")
+    boss = User.objects.create_superuser("dora", first_name="Dora")
+    dora = Client()
+    dora.force_login(boss)
+    page = dora.get(answer_page(conversation)).content.decode()
+    assert "carl is answering this conversation: only they may reply." in page and 'value="take"' in page
+    refused = act(dora, conversation, "reply", "Dora here.").content.decode()
+    assert "Carl is already answering this conversation; nothing was sent." in refused
+    taken = dora.post(answer_page(conversation), {"action": "take", "holder": str(carl.user.pk)}, follow=True)
+    assert "You are answering this conversation." in taken.content.decode()
+    assert visitor.get(handoff_url(conversation)).json()["by"] == "Dora from support"
+    # Carl, not a superuser, cannot take it back.
+    again = carl.post(answer_page(conversation), {"action": "take", "holder": str(boss.pk)}, follow=True)
+    assert "Dora is already answering this conversation; nothing was sent." in again.content.decode()
