@@ -58,6 +58,10 @@ class NotOffered(Refused):
     status = 403
 
 
+class AlreadyAsked(Refused):
+    """A person was asked for already: staff hold the conversation (waiting or taken)."""
+
+
 class Held(Exception):
     """``ensure_with_assistant`` refused: staff hold the conversation, so no turn may start."""
 
@@ -194,15 +198,15 @@ def _refusal(conversation, user=None):
         return Refused(_("%(name)s is already answering this conversation; nothing was sent.") % {"name": other})
     if conversation.handoff in (Handoff.NONE, Handoff.RETURNED):
         return Refused(_("This conversation is back with the assistant; nothing was sent."))
-    return Refused(_("A person has already been asked for: they will reply here."))
+    return AlreadyAsked(_("A person has already been asked for: they will reply here."))
 
 
 def request(conversation_id, how, reason=""):
     """Hand the conversation to a person (``how``: "button" or "tool"; ``reason``: the tool's
     sentence for staff, sent with ``handoff_requested``); returns the conversation.
 
-    Raises ``NotOffered`` when its assistant does not allow ``how``, ``Refused`` when staff
-    already hold it or it is closed. Asked for with the button, a turn still running is stopped:
+    Raises ``NotOffered`` when its assistant does not allow ``how``, ``AlreadyAsked`` (a ``Refused``)
+    when staff already hold it, ``Refused`` when it is closed. Asked for with the button, a turn still running is stopped:
     the assistant does not answer a conversation staff hold.
     """
     conversation = Conversation.objects.select_related("assistant", "handoff_by").get(pk=conversation_id)
@@ -324,6 +328,10 @@ def waiting():
             .order_by("handoff_requested_at"))
 
 
+HANDED_OVER = ("A person from the site's staff has been asked to join and will reply in this conversation. "
+               "Tell the visitor so in one sentence; do not answer their question yourself.")
+
+
 @tool(idempotent=True)
 def hand_to_person(context, reason: str = "") -> str:
     """Hand this conversation to a person from the site's staff: when the visitor asks for a human,
@@ -331,13 +339,14 @@ def hand_to_person(context, reason: str = "") -> str:
     answering it. ``reason``: one short sentence for the staff member."""
     try:
         request(context.conversation.pk, "tool", reason=reason[:500])
+    except AlreadyAsked:
+        pass  # what the tool is for is done (a turn resumed after its worker died runs it again): no error
     except Refused as exc:
         raise ToolError(exc.message) from None
-    return ("A person from the site's staff has been asked to join and will reply in this conversation. "
-            "Tell the visitor so in one sentence; do not answer their question yourself.")
+    return HANDED_OVER
 
 
-__all__ = ["handoff_requested", "handoff_taken", "Refused", "NotOffered", "Held", "request", "keep", "take", "reply",
-           "hand_back", "close", "back_to_assistant", "waiting", "hand_to_person", "ensure_with_assistant",
-           "state_from_db", "public", "publish", "staff_name", "message_json", "holds", "holder_gone", "may_take",
-           "may_answer"]
+__all__ = ["handoff_requested", "handoff_taken", "Refused", "NotOffered", "AlreadyAsked", "Held", "request", "keep",
+           "take", "reply", "hand_back", "close", "back_to_assistant", "waiting", "hand_to_person", "HANDED_OVER",
+           "ensure_with_assistant", "state_from_db", "public", "publish", "staff_name", "message_json", "holds",
+           "holder_gone", "may_take", "may_answer"]

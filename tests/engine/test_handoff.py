@@ -399,3 +399,43 @@ def test_a_conversation_whose_staff_member_left_is_taken_by_another_and_a_superu
     # Carl, not a superuser, cannot take it back.
     again = carl.post(answer_page(conversation), {"action": "take", "holder": str(boss.pk)}, follow=True)
     assert "Dora is already answering this conversation; nothing was sent." in again.content.decode()
+
+
+def died_in_the_tool(conversation, turn_id, *calls):
+    """The state a job leaves when its work horse died while ``hand_to_person`` ran: the model's
+    reply asking for ``calls`` saved, the person asked for (committed), no tool result yet."""
+    from django.utils import timezone
+
+    Turn.objects.filter(pk=turn_id).update(status="running", started_at=timezone.now(), model_calls=1,
+                                           deadline_at=timezone.now() + timezone.timedelta(seconds=14))
+    Message.objects.create(conversation_id=conversation, turn_id=turn_id, role="assistant", content="",
+                           tool_calls=[{"id": f"call_{n}", "name": name, "arguments": arguments}
+                                       for n, (name, arguments) in enumerate(calls, start=1)])
+    handoff.request(conversation, "tool", reason="Wants a human.")
+    django_rq.get_queue("default").empty()  # the job is gone
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_resumed_after_its_worker_died_in_hand_to_person_reads_it_succeeded(
+        worker, conversations_settings, received):
+    from conversations.engine.recovery import resume_or_fail
+
+    conversations_settings.update(CREDENTIALS={"key": local_key("sk-test")}, MAX_RESUMES=2)
+    requested = received(handoff_requested)
+    with FakeProvider() as api:
+        api.add(openai_text("A person will reply here."))
+        make_assistant(provider="openai", base_url=api.url, credential="key", handoff=Assistant.HandoffWays.TOOL)
+        visitor = make_client()
+        conversation = new_conversation(visitor)
+        turn = send(visitor, conversation, "I want a human.").json()
+        died_in_the_tool(conversation, turn["id"], ("hand_to_person", {"reason": "Wants a human."}))
+
+        assert resume_or_fail(Turn.objects.get(pk=turn["id"]), "job gone") is not None
+        worker()
+        final = poll_until_done(visitor, turn["poll_url"])
+
+    result = final["messages"][2]
+    assert (result["name"], result["is_error"]) == ("hand_to_person", False)
+    assert result["content"] == handoff.HANDED_OVER
+    assert Conversation.objects.get(pk=conversation).handoff == "waiting"
+    assert len(requested.calls) == 1  # asked for once, by the job that died
