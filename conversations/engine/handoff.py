@@ -328,8 +328,9 @@ def waiting():
             .order_by("handoff_requested_at"))
 
 
-HANDED_OVER = ("A person from the site's staff has been asked to join and will reply in this conversation. "
-               "Tell the visitor so in one sentence; do not answer their question yourself.")
+# The tool's result, which the visitor reads in the widget's step; the model is not called again
+# in that turn (``hands_over``), so it says what happened and asks nothing of it.
+HANDED_OVER = "A person from the site's staff has been asked to join and will reply in this conversation."
 
 
 @tool(idempotent=True)
@@ -346,7 +347,14 @@ def hand_to_person(context, reason: str = "") -> str:
     return HANDED_OVER
 
 
+def hands_over(row):
+    """Whether ``row`` (a saved ``Message``) is ``hand_to_person``'s result without an error: the
+    conversation is a person's now, so the runner ends the turn there, with nothing more from the
+    model (no other tool of its reply, no next call); the widget's handoff line tells the visitor."""
+    return row.role == Message.Role.TOOL and row.tool_name == hand_to_person.name and not row.is_error
+
+
 __all__ = ["handoff_requested", "handoff_taken", "Refused", "NotOffered", "AlreadyAsked", "Held", "request", "keep",
            "take", "reply", "hand_back", "close", "back_to_assistant", "waiting", "hand_to_person", "HANDED_OVER",
            "ensure_with_assistant", "state_from_db", "public", "publish", "staff_name", "message_json", "holds",
-           "holder_gone", "may_take", "may_answer"]
+           "holder_gone", "may_take", "may_answer", "hands_over"]

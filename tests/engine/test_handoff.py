@@ -125,8 +125,7 @@ def test_the_assistant_hands_over_with_its_tool_and_stops_answering(worker, conv
     conversations_settings.update(CREDENTIALS={"key": local_key("sk-test")})
     requested = received(handoff_requested)
     with FakeProvider() as api:
-        api.add(openai_tool_calls(("hand_to_person", {"reason": "A refund dispute."})),
-                openai_text("A person from our team will reply here."))
+        api.add(openai_tool_calls(("hand_to_person", {"reason": "A refund dispute."})))
         make_assistant(provider="openai", base_url=api.url, credential="key", handoff=Assistant.HandoffWays.TOOL)
         visitor = make_client()
         conversation = new_conversation(visitor)
@@ -135,12 +134,12 @@ def test_the_assistant_hands_over_with_its_tool_and_stops_answering(worker, conv
         final = poll_until_done(visitor, turn["poll_url"])
         later = send(visitor, conversation, "Are you there?")
 
-    assert final["status"] == "completed" and final["messages"][-1]["content"] == "A person from our team will reply here."
+    assert final["status"] == "completed" and final["messages"][-1]["content"] == handoff.HANDED_OVER
     assert [t["function"]["name"] for t in api.requests[0]["json"]["tools"]] == ["hand_to_person"]
     assert Conversation.objects.get(pk=conversation).handoff == "waiting"
     assert [(c["how"], c["reason"]) for c in requested.calls] == [("tool", "A refund dispute.")]
     assert later.status_code == 202 and later.json()["handoff"] == "waiting"
-    assert Turn.objects.filter(conversation_id=conversation).count() == 1 and len(api.requests) == 2
+    assert Turn.objects.filter(conversation_id=conversation).count() == 1 and len(api.requests) == 1
     # The button is not offered by this assistant: refused with a sentence.
     refused = api_post(visitor, handoff_url(new_conversation(visitor)))
     assert refused.status_code == 403
@@ -439,3 +438,56 @@ def test_a_turn_resumed_after_its_worker_died_in_hand_to_person_reads_it_succeed
     assert result["content"] == handoff.HANDED_OVER
     assert Conversation.objects.get(pk=conversation).handoff == "waiting"
     assert len(requested.calls) == 1  # asked for once, by the job that died
+    assert api.requests == []  # and the turn ended there, as it would have
+
+
+@pytest.mark.django_db(transaction=True)
+def test_once_the_tool_hands_the_conversation_to_a_person_the_turn_ends_and_the_model_does_nothing_more(
+        worker, conversations_settings):
+    conversations_settings.update(CREDENTIALS={"key": local_key("sk-test")})
+    with FakeProvider() as api:
+        api.add(openai_tool_calls(("hand_to_person", {"reason": "Wants a human."}), ("current_time", {"city": "Tokyo"})),
+                openai_tool_calls(("current_time", {"city": "Paris"})),
+                openai_text("It is noon in Paris. Anything else?"))
+        make_assistant(provider="openai", base_url=api.url, credential="key", handoff=Assistant.HandoffWays.TOOL,
+                       tools=["current_time"])
+        visitor = make_client()
+        conversation = new_conversation(visitor)
+        turn = send(visitor, conversation, "A human, please. And what time is it in Tokyo?").json()
+        worker()
+        final = poll_until_done(visitor, turn["poll_url"])
+
+    # The visitor reads that a person will reply, and nothing the model did after asking for one.
+    assert (final["status"], final["error"]) == ("completed", None)
+    assert [(m["role"], m.get("name")) for m in final["messages"]] == [
+        ("user", None), ("assistant", None), ("tool", "hand_to_person")]
+    assert (final["messages"][-1]["content"], final["messages"][-1]["is_error"]) == (handoff.HANDED_OVER, False)
+    assert len(api.requests) == 1  # no call after the handoff
+    assert visitor.get(handoff_url(conversation)).json()["state"] == "waiting"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_resumed_after_its_worker_died_just_after_handing_over_ends_without_running_the_rest(
+        worker, conversations_settings):
+    from conversations.engine.recovery import resume_or_fail
+
+    conversations_settings.update(CREDENTIALS={"key": local_key("sk-test")}, MAX_RESUMES=2)
+    with FakeProvider() as api:
+        api.add(openai_text("It is noon in Tokyo."))
+        make_assistant(provider="openai", base_url=api.url, credential="key", handoff=Assistant.HandoffWays.TOOL,
+                       tools=["current_time"])
+        visitor = make_client()
+        conversation = new_conversation(visitor)
+        turn = send(visitor, conversation, "A human, please. And the time in Tokyo?").json()
+        died_in_the_tool(conversation, turn["id"], ("hand_to_person", {"reason": "Wants a human."}),
+                         ("current_time", {"city": "Tokyo"}))
+        Message.objects.create(conversation_id=conversation, turn_id=turn["id"], role="tool", tool_call_id="call_1",
+                               tool_name="hand_to_person", content=handoff.HANDED_OVER)  # saved before it died
+
+        assert resume_or_fail(Turn.objects.get(pk=turn["id"]), "job gone") is not None
+        worker()
+        final = poll_until_done(visitor, turn["poll_url"])
+
+    assert (final["status"], final["error"]) == ("completed", None)
+    assert [m.get("name") for m in final["messages"] if m["role"] == "tool"] == ["hand_to_person"]
+    assert api.requests == []
