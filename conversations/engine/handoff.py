@@ -6,9 +6,10 @@ The state lives on the conversation's row (``Conversation.handoff``); every chan
 conditional UPDATE of it, so two staff members cannot both take a conversation, and a request
 cannot be made twice. While staff hold it (waiting or taken) ``lifecycle.start`` is never
 called for it: the API's ``admit`` raises ``Held`` in the same row lock, and the visitor's
-message is saved by ``keep`` with no turn and no job. Every change is published after its commit
-as the conversation's handoff state in the cache (``infra.state.publish_person``), which the
-widget polls; the signals go out once, after the commit that made the change.
+message is saved by ``keep`` with no turn and no job. Every change counts itself on the row
+(``handoff_version``) and is published after its commit as the conversation's handoff state in the
+cache (``infra.state.publish_person``, which keeps the highest version), which the widget polls;
+the signals go out once, after the commit that made the change.
 
 The API and the admin go through these functions only: each rule is written here once.
 """
@@ -17,6 +18,7 @@ import logging
 import string
 
 from django.db import transaction
+from django.db.models import F
 from django.dispatch import Signal
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -114,7 +116,8 @@ def message_json(message):
 
 
 def state_from_db(conversation):
-    """The conversation's handoff state, as the widget polls it (see ``public``)."""
+    """The conversation's handoff state, as the widget polls it (see ``public``), with its version:
+    read the row before its messages (``publish`` locks it meanwhile)."""
     rows = (conversation.messages.filter(turn__isnull=True).select_related("author").order_by("-id")
             [:STATE_MESSAGES])
     requested = conversation.handoff_requested_at
@@ -125,6 +128,7 @@ def state_from_db(conversation):
         "by": staff_name(conversation.handoff_by) if conversation.handoff == Handoff.TAKEN else None,
         "requested_at": requested.timestamp() if requested else None,
         "messages": [message_json(m) for m in reversed(rows)],
+        "version": conversation.handoff_version,
     }
 
 
@@ -141,18 +145,32 @@ def public(data, now):
             "wait": get_config()["HANDOFF_WAIT"]}
 
 
+def _locked(conversation_id):
+    # Only this row: the staff member joined in is not locked (PostgreSQL refuses FOR UPDATE on an outer join).
+    return Conversation.objects.select_for_update(of=("self",)).select_related("handoff_by").get(pk=conversation_id)
+
+
 def publish(conversation_id):
     """Publish the conversation's handoff state from the database; returns it (None on a RedisError,
-    logged: the poll rebuilds a missing state from the row)."""
-    conversation = Conversation.objects.select_related("handoff_by").get(pk=conversation_id)
+    logged: the poll rebuilds a missing state from the row).
+
+    The row is locked while its messages are read, so that a version stands for one content; the
+    cache keeps the newest version (``state.publish_person``), so a publish that read before a
+    change but writes after that change's own publish does not hide it."""
+    with transaction.atomic():
+        data = state_from_db(_locked(conversation_id))
     try:
-        return state.publish_person(state_from_db(conversation))
+        return state.publish_person(data)
     except RedisError:
         logger.exception("Could not publish the handoff state of conversation %s", conversation_id)
         return None
 
 
-def _after_commit(conversation_id, signal=None, **kwargs):
+def _changed(conversation_id, signal=None, **kwargs):
+    """Count a change of the conversation's handoff state (``handoff_version``, in the transaction
+    that makes it); after its commit, publish the state and send ``signal`` with ``kwargs``."""
+    Conversation.objects.filter(pk=conversation_id).update(handoff_version=F("handoff_version") + 1)
+
     def send():
         publish(conversation_id)
         if signal is not None:
@@ -218,7 +236,7 @@ def request(conversation_id, how, reason=""):
         if not changed:
             conversation.refresh_from_db()
             raise _refusal(conversation)
-        _after_commit(conversation_id, handoff_requested, how=how, reason=reason)
+        _changed(conversation_id, handoff_requested, how=how, reason=reason)
     if how == "button":
         for turn in Turn.objects.filter(conversation_id=conversation_id, status__in=Turn.ACTIVE_STATUSES):
             try:
@@ -244,13 +262,8 @@ def keep(conversation, content, idempotency_key=""):
     message = Message.objects.create(conversation=conversation, turn=None, role=Message.Role.USER, content=content)
     if idempotency_key:
         state.remember_kept(conversation.pk, idempotency_key, message.pk)
-    _after_commit(conversation.pk)
+    _changed(conversation.pk)
     return message, True
-
-
-def _locked(conversation_id):
-    # Only this row: the staff member joined in is not locked (PostgreSQL refuses FOR UPDATE on an outer join).
-    return Conversation.objects.select_for_update(of=("self",)).select_related("handoff_by").get(pk=conversation_id)
 
 
 def take(conversation_id, user, holder=None):
@@ -267,7 +280,7 @@ def take(conversation_id, user, holder=None):
             raise _refusal(conversation, user)
         conversation.handoff, conversation.handoff_by, conversation.handoff_taken_at = Handoff.TAKEN, user, timezone.now()
         conversation.save(update_fields=["handoff", "handoff_by", "handoff_taken_at"])
-        _after_commit(conversation_id, handoff_taken, user=user)
+        _changed(conversation_id, handoff_taken, user=user)
     return conversation
 
 
@@ -282,7 +295,7 @@ def reply(conversation_id, user, content):
         raise Refused(_("A reply may have at most %(limit)d characters; nothing was sent.") % {"limit": limit})
     with transaction.atomic():
         conversation = take(conversation_id, user)
-        _after_commit(conversation_id)
+        _changed(conversation_id)
         return Message.objects.create(conversation=conversation, turn=None, role=Message.Role.STAFF,
                                       author=user, content=content)
 
@@ -293,7 +306,7 @@ def _end(conversation_id, user, to):
         if not may_answer(conversation, user):
             raise _refusal(conversation, user)
         Conversation.objects.filter(pk=conversation_id).update(handoff=to)
-        _after_commit(conversation_id)
+        _changed(conversation_id)
     conversation.handoff = to
     return conversation
 
@@ -318,7 +331,7 @@ def back_to_assistant(conversation_id):
             if conversation.handoff == Handoff.TAKEN:
                 raise Refused(_("A person has joined: they will reply here."))
             raise Refused(_("This conversation is not waiting for a person."))
-        _after_commit(conversation_id)
+        _changed(conversation_id)
     return Conversation.objects.get(pk=conversation_id)
 
 

@@ -7,10 +7,12 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core import mail
 from django.core.cache import cache
+from django.db.models import F
 from django.test import Client
 from django.urls import reverse
 
 from conversations.engine import handoff
+from conversations.infra import state
 from conversations.models import Assistant, Conversation, Message, Turn
 from conversations.signals import handoff_requested, handoff_taken
 from tests.support.fakes import FakeProvider, openai_text, openai_tool_calls
@@ -277,8 +279,9 @@ def test_a_visitor_no_one_answered_in_time_is_told_and_goes_back_to_the_assistan
     visitor = make_client()
     conversation = new_conversation(visitor)
     asked = api_post(visitor, handoff_url(conversation))
-    Conversation.objects.filter(pk=conversation).update(
-        handoff_requested_at=Conversation.objects.get(pk=conversation).handoff_requested_at.replace(year=2020))
+    Conversation.objects.filter(pk=conversation).update(  # counted as a change, as the app counts its own
+        handoff_requested_at=Conversation.objects.get(pk=conversation).handoff_requested_at.replace(year=2020),
+        handoff_version=F("handoff_version") + 1)
     handoff.publish(conversation)
 
     polled = visitor.get(handoff_url(conversation), HTTP_IF_NONE_MATCH=asked["ETag"])
@@ -491,3 +494,58 @@ def test_a_turn_resumed_after_its_worker_died_just_after_handing_over_ends_witho
     assert (final["status"], final["error"]) == ("completed", None)
     assert [m.get("name") for m in final["messages"] if m["role"] == "tool"] == ["hand_to_person"]
     assert api.requests == []
+
+
+def expire_handoff_state(conversation_id):
+    """What ``STATE_TTL`` does to a conversation's cached handoff state nothing changed for that
+    long: every key of it goes."""
+    client = cache._cache.get_client(write=True)
+    for key in client.scan_iter(match=f"*conversations:conversation:{conversation_id}:handoff*"):
+        client.delete(key)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_staff_reply_is_not_hidden_by_an_older_state_written_after_it(monkeypatch):
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+    ana = staff_member()
+    act(ana, conversation, "take")
+    written, raced = state.publish_person, []
+
+    def late(data):
+        """The publish of the visitor's message has read the database; Ana's reply commits and is
+        published before that publish writes what it read."""
+        if not raced:
+            raced.append("replying")
+            raced[:] = at_once(lambda: act(ana, conversation, "reply", "Ana here, one moment."))
+        return written(data)
+
+    monkeypatch.setattr(state, "publish_person", late)
+    send(visitor, conversation, "Hello?")
+
+    assert "Your reply was sent." in raced[0].content.decode()
+    polled = visitor.get(handoff_url(conversation)).json()
+    assert [m["content"] for m in polled["messages"]] == ["Hello?", "Ana here, one moment."]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_poll_answers_304_only_for_what_the_visitor_has_even_after_the_cache_forgot_the_state():
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+    expire_handoff_state(conversation)
+    waiting = visitor.get(handoff_url(conversation))  # read again from the row
+    ana = staff_member()
+    act(ana, conversation, "take")
+    expire_handoff_state(conversation)
+
+    act(ana, conversation, "reply", "Ana here.")
+    polled = visitor.get(handoff_url(conversation), HTTP_IF_NONE_MATCH=waiting["ETag"])
+
+    assert waiting.json()["state"] == "waiting"
+    assert polled.status_code == 200
+    assert polled.json()["state"] == "taken" and polled.json()["messages"][-1]["content"] == "Ana here."
+    assert polled["ETag"] != waiting["ETag"]
