@@ -15,6 +15,7 @@ from django.conf import settings
 from django.contrib.auth.signals import user_logged_in
 from django.core.mail import send_mail
 from django.core.signals import got_request_exception
+from django.db import transaction
 from django.db.models import Max, Q
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
@@ -23,6 +24,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from .infra import state
+from .engine import handoff
 from .engine.handoff import handoff_requested, handoff_taken
 from .conf import get_config
 from .models import Conversation, Turn
@@ -68,7 +70,8 @@ def claim_on_login(sender, request, user, **kwargs):
     ``CLAIM_ON_LOGIN_WITHIN`` seconds (0: none) also become the user's, readable from any of
     their sessions: only recent ones, because whoever logs in on a browser (a shared computer,
     a login forced by another site) would get every conversation ever held on it. The cached
-    states of their turns are republished naming the user, so that polls keep working.
+    states of their turns, and of those handed to a person, are republished naming the user, so
+    that polls from any of the user's sessions keep working.
     """
     session = getattr(request, "session", None)
     token = session.get(SESSION_KEY) if session is not None else None
@@ -84,7 +87,9 @@ def claim_on_login(sender, request, user, **kwargs):
     )
     if not claimed:
         return
-    Conversation.objects.filter(pk__in=claimed).update(user=user)
+    with transaction.atomic():
+        Conversation.objects.filter(pk__in=claimed).update(user=user)
+        handoff.owner_changed(claimed)
     # Only turns recent enough to still have a cached state.
     recent = timezone.now() - datetime.timedelta(seconds=get_config()["STATE_TTL"])
     turns = Turn.objects.filter(conversation_id__in=claimed, enqueued_at__gte=recent).select_related("conversation")

@@ -335,6 +335,17 @@ def back_to_assistant(conversation_id):
     return Conversation.objects.get(pk=conversation_id)
 
 
+def owner_changed(conversation_ids):
+    """Publish again, naming their new owner, the handoff states of those of ``conversation_ids``
+    ever handed to a person (``claim_on_login`` made them a user's): the poll checks the cached
+    owner, so the user's other sessions were refused until ``STATE_TTL``. Each is a change
+    (``_changed``), so a publish that read the old owner cannot be written after it."""
+    with transaction.atomic():
+        for conversation_id in (Conversation.objects.filter(pk__in=conversation_ids).exclude(handoff=Handoff.NONE)
+                                .values_list("pk", flat=True)):
+            _changed(conversation_id)
+
+
 def waiting():
     """The inbox: conversations staff hold, the longest wait first."""
     return (Conversation.objects.filter(handoff__in=Conversation.HELD).select_related("assistant", "handoff_by")
@@ -370,4 +381,4 @@ def hands_over(row):
 __all__ = ["handoff_requested", "handoff_taken", "Refused", "NotOffered", "AlreadyAsked", "Held", "request", "keep",
            "take", "reply", "hand_back", "close", "back_to_assistant", "waiting", "hand_to_person", "HANDED_OVER",
            "ensure_with_assistant", "state_from_db", "public", "publish", "staff_name", "message_json", "holds",
-           "holder_gone", "may_take", "may_answer", "hands_over"]
+           "holder_gone", "may_take", "may_answer", "hands_over", "owner_changed"]

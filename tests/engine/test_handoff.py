@@ -549,3 +549,23 @@ def test_the_poll_answers_304_only_for_what_the_visitor_has_even_after_the_cache
     assert polled.status_code == 200
     assert polled.json()["state"] == "taken" and polled.json()["messages"][-1]["content"] == "Ana here."
     assert polled["ETag"] != waiting["ETag"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_visitor_who_logs_in_while_waiting_for_a_person_reads_the_handoff_at_once_from_any_session():
+    make_assistant()
+    vera = User.objects.create_user("vera", password="pw-123456789")
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+    send(visitor, conversation, "Hello?")
+    assert visitor.get(handoff_url(conversation)).status_code == 200
+
+    visitor.login(username="vera", password="pw-123456789")  # the conversation becomes Vera's
+    elsewhere = make_client()  # her phone, say
+    elsewhere.force_login(vera)
+
+    for client in (visitor, elsewhere):
+        polled = client.get(handoff_url(conversation))
+        assert polled.status_code == 200
+        assert polled.json()["state"] == "waiting" and polled.json()["messages"][-1]["content"] == "Hello?"
