@@ -11,6 +11,7 @@ The app's own signals, for a site to connect its chat tool or pager to:
 import datetime
 import logging
 
+from django.apps import apps as django_apps
 from django.conf import settings
 from django.contrib.auth.signals import user_logged_in
 from django.core.mail import send_mail
@@ -37,23 +38,32 @@ logger = logging.getLogger("conversations.redis")
 __all__ = ["handoff_requested", "handoff_taken"]
 
 
+def site_url(path):
+    """``path`` as a full URL on the site of ``django.contrib.sites`` (https), where a site installed
+    it; else ``path`` as it is: a mail sent from a worker has no request to take the host from."""
+    if not django_apps.is_installed("django.contrib.sites"):
+        return path
+    from django.contrib.sites.models import Site  # an optional app: importable only where installed
+
+    return f"https://{Site.objects.get_current().domain}{path}"
+
+
 @receiver(handoff_requested, dispatch_uid="conversations_mail_handoff")
 def mail_handoff(sender, conversation, how, reason="", **kwargs):
     """Mail ``HANDOFF_EMAILS`` (Django's mail settings) that a visitor waits for a person, with
-    the inbox's address. The text names the assistant and the conversation only: what the
-    visitor wrote stays in the admin, behind its permission."""
+    the answer page's address. The text names the assistant and the conversation only: what the
+    visitor wrote, and the model's ``reason`` (which may quote them), stay in the admin, behind
+    its permission."""
     recipients = list(get_config()["HANDOFF_EMAILS"])
     if not recipients:
         return
     try:
-        where = reverse("admin:conversations_waitingconversation_change", args=[conversation.pk])
+        where = site_url(reverse("admin:conversations_waitingconversation_change", args=[conversation.pk]))
     except NoReverseMatch:  # a site without the admin
         where = str(conversation.pk)
     assistant = conversation.assistant.name if conversation.assistant_id else "-"
     lines = [f"A visitor is waiting for a person ({'the assistant asked' if how == 'tool' else 'they asked'}).",
              f"Assistant: {assistant}", f"Answer it: {where}"]
-    if reason:
-        lines.insert(1, f"The assistant's reason: {reason}")
     try:
         send_mail(f"A visitor is waiting for a person ({assistant})", "\n".join(lines), None, recipients)
     except Exception:  # noqa: BLE001 - a mail server down must not undo the handoff, which is saved

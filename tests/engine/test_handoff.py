@@ -569,3 +569,41 @@ def test_a_visitor_who_logs_in_while_waiting_for_a_person_reads_the_handoff_at_o
         polled = client.get(handoff_url(conversation))
         assert polled.status_code == 200
         assert polled.json()["state"] == "waiting" and polled.json()["messages"][-1]["content"] == "Hello?"
+
+
+@pytest.fixture
+def sites_framework(settings):
+    """``django.contrib.sites`` installed, its table made (the suite's database has none), with
+    the current site at ``shop.example.com``."""
+    from django.db import connection
+
+    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "django.contrib.sites"]
+    settings.SITE_ID = 1
+    from django.contrib.sites.models import Site
+
+    with connection.schema_editor() as editor:
+        editor.create_model(Site)
+    Site.objects.create(pk=1, domain="shop.example.com", name="Shop")
+    Site.objects.clear_cache()
+    yield
+    with connection.schema_editor() as editor:
+        editor.delete_model(Site)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_handoff_mail_keeps_the_models_words_out_and_links_the_page_in_full(conversations_settings, sites_framework):
+    conversations_settings.update(HANDOFF_EMAILS=["support@example.com"])
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    turn = send(visitor, conversation, "My card 4242 was charged twice!").json()
+    reason = "The visitor says: my card 4242 was charged twice."
+    Message.objects.create(conversation_id=conversation, turn_id=turn["id"], role="assistant", content="",
+                           tool_calls=[{"id": "call_1", "name": "hand_to_person", "arguments": {"reason": reason}}])
+    handoff.request(conversation, "tool", reason=reason)  # what the tool does (here, not in a work horse)
+
+    (sent,) = mail.outbox
+    assert "4242" not in sent.body and "charged" not in sent.body
+    assert f"Answer it: https://shop.example.com{answer_page(conversation)}" in sent.body
+    # The reason is on the answer page, behind its permission.
+    assert "my card 4242 was charged twice." in staff_member().get(answer_page(conversation)).content.decode()
