@@ -223,9 +223,9 @@ def request(conversation_id, how, reason=""):
     """Hand the conversation to a person (``how``: "button" or "tool"; ``reason``: the tool's
     sentence for staff, sent with ``handoff_requested``); returns the conversation.
 
-    Raises ``NotOffered`` when its assistant does not allow ``how``, ``AlreadyAsked`` (a ``Refused``)
-    when staff already hold it, ``Refused`` when it is closed. Asked for with the button, a turn still running is stopped:
-    the assistant does not answer a conversation staff hold.
+    Raises ``NotOffered`` when its assistant does not allow ``how``, ``AlreadyAsked`` (a
+    ``Refused``) when staff already hold it, ``Refused`` when it is closed. Asked for with the
+    button, a turn still running is stopped: the assistant does not answer a conversation staff hold.
     """
     conversation = Conversation.objects.select_related("assistant", "handoff_by").get(pk=conversation_id)
     if conversation.assistant is None or not conversation.assistant.offers_handoff(how):
@@ -278,7 +278,8 @@ def take(conversation_id, user, holder=None):
         over = conversation.handoff == Handoff.TAKEN and not holder_gone(conversation)
         if not may_take(conversation, user) or (over and str(conversation.handoff_by_id) != str(holder)):
             raise _refusal(conversation, user)
-        conversation.handoff, conversation.handoff_by, conversation.handoff_taken_at = Handoff.TAKEN, user, timezone.now()
+        conversation.handoff, conversation.handoff_by = Handoff.TAKEN, user
+        conversation.handoff_taken_at = timezone.now()
         conversation.save(update_fields=["handoff", "handoff_by", "handoff_taken_at"])
         _changed(conversation_id, handoff_taken, user=user)
     return conversation

@@ -341,8 +341,9 @@ class TurnRunner:
 
     def run_calls(self, calls, history, *, interrupted_first=False, position=0):
         """Run ``calls`` in order, saving each result; returns ``(status, error)`` when the turn
-        must stop first (or ends: the conversation was handed to a person), else None. ``interrupted_first``: the first was running when the previous
-        job died; it runs again only if its tool is idempotent. ``position``: how many calls of
+        must stop first (or ends: the conversation was handed to a person), else None.
+        ``interrupted_first``: the first was running when the previous job died; it runs again
+        only if its tool is idempotent. ``position``: how many calls of
         the same reply came before ``calls``.
 
         At most ``MAX_TOOL_CALLS_PER_STEP`` calls of one reply run; the model gets an error result

@@ -449,7 +449,8 @@ def test_once_the_tool_hands_the_conversation_to_a_person_the_turn_ends_and_the_
         worker, conversations_settings):
     conversations_settings.update(CREDENTIALS={"key": local_key("sk-test")})
     with FakeProvider() as api:
-        api.add(openai_tool_calls(("hand_to_person", {"reason": "Wants a human."}), ("current_time", {"city": "Tokyo"})),
+        api.add(openai_tool_calls(("hand_to_person", {"reason": "Wants a human."}),
+                                  ("current_time", {"city": "Tokyo"})),
                 openai_tool_calls(("current_time", {"city": "Paris"})),
                 openai_text("It is noon in Paris. Anything else?"))
         make_assistant(provider="openai", base_url=api.url, credential="key", handoff=Assistant.HandoffWays.TOOL,
@@ -591,7 +592,8 @@ def sites_framework(settings):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_handoff_mail_keeps_the_models_words_out_and_links_the_page_in_full(conversations_settings, sites_framework):
+def test_the_handoff_mail_keeps_the_models_words_out_and_links_the_page_in_full(
+        conversations_settings, sites_framework):
     conversations_settings.update(HANDOFF_EMAILS=["support@example.com"])
     make_assistant()
     visitor = make_client()
