@@ -207,6 +207,10 @@ class Conversation(models.Model):
     handoff_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+", verbose_name=_("taken by"))
     handoff_taken_at = models.DateTimeField(_("taken at"), null=True, blank=True)
+    # Counts every change of the handoff state (a message for or from staff too), in the transaction
+    # that makes it: the version of the state the widget polls, so that an older read never replaces
+    # a newer one in the cache and an ETag never stands for two contents (engine/handoff.py).
+    handoff_version = models.PositiveIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["-created_at"]

@@ -11,10 +11,12 @@ The app's own signals, for a site to connect its chat tool or pager to:
 import datetime
 import logging
 
+from django.apps import apps as django_apps
 from django.conf import settings
 from django.contrib.auth.signals import user_logged_in
 from django.core.mail import send_mail
 from django.core.signals import got_request_exception
+from django.db import transaction
 from django.db.models import Max, Q
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
@@ -23,6 +25,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from .infra import state
+from .engine import handoff
 from .engine.handoff import handoff_requested, handoff_taken
 from .conf import get_config
 from .models import Conversation, Turn
@@ -35,23 +38,32 @@ logger = logging.getLogger("conversations.redis")
 __all__ = ["handoff_requested", "handoff_taken"]
 
 
+def site_url(path):
+    """``path`` as a full URL on the site of ``django.contrib.sites`` (https), where a site installed
+    it; else ``path`` as it is: a mail sent from a worker has no request to take the host from."""
+    if not django_apps.is_installed("django.contrib.sites"):
+        return path
+    from django.contrib.sites.models import Site  # an optional app: importable only where installed
+
+    return f"https://{Site.objects.get_current().domain}{path}"
+
+
 @receiver(handoff_requested, dispatch_uid="conversations_mail_handoff")
 def mail_handoff(sender, conversation, how, reason="", **kwargs):
     """Mail ``HANDOFF_EMAILS`` (Django's mail settings) that a visitor waits for a person, with
-    the inbox's address. The text names the assistant and the conversation only: what the
-    visitor wrote stays in the admin, behind its permission."""
+    the answer page's address. The text names the assistant and the conversation only: what the
+    visitor wrote, and the model's ``reason`` (which may quote them), stay in the admin, behind
+    its permission."""
     recipients = list(get_config()["HANDOFF_EMAILS"])
     if not recipients:
         return
     try:
-        where = reverse("admin:conversations_waitingconversation_change", args=[conversation.pk])
+        where = site_url(reverse("admin:conversations_waitingconversation_change", args=[conversation.pk]))
     except NoReverseMatch:  # a site without the admin
         where = str(conversation.pk)
     assistant = conversation.assistant.name if conversation.assistant_id else "-"
     lines = [f"A visitor is waiting for a person ({'the assistant asked' if how == 'tool' else 'they asked'}).",
              f"Assistant: {assistant}", f"Answer it: {where}"]
-    if reason:
-        lines.insert(1, f"The assistant's reason: {reason}")
     try:
         send_mail(f"A visitor is waiting for a person ({assistant})", "\n".join(lines), None, recipients)
     except Exception:  # noqa: BLE001 - a mail server down must not undo the handoff, which is saved
@@ -68,7 +80,8 @@ def claim_on_login(sender, request, user, **kwargs):
     ``CLAIM_ON_LOGIN_WITHIN`` seconds (0: none) also become the user's, readable from any of
     their sessions: only recent ones, because whoever logs in on a browser (a shared computer,
     a login forced by another site) would get every conversation ever held on it. The cached
-    states of their turns are republished naming the user, so that polls keep working.
+    states of their turns, and of those handed to a person, are republished naming the user, so
+    that polls from any of the user's sessions keep working.
     """
     session = getattr(request, "session", None)
     token = session.get(SESSION_KEY) if session is not None else None
@@ -84,7 +97,9 @@ def claim_on_login(sender, request, user, **kwargs):
     )
     if not claimed:
         return
-    Conversation.objects.filter(pk__in=claimed).update(user=user)
+    with transaction.atomic():
+        Conversation.objects.filter(pk__in=claimed).update(user=user)
+        handoff.owner_changed(claimed)
     # Only turns recent enough to still have a cached state.
     recent = timezone.now() - datetime.timedelta(seconds=get_config()["STATE_TTL"])
     turns = Turn.objects.filter(conversation_id__in=claimed, enqueued_at__gte=recent).select_related("conversation")

@@ -22,7 +22,7 @@ from ..redaction import hide_keys
 from .timeline import build_transcript
 
 PERMISSION = "conversations.answer_handoff"
-ACTIONS = {"take": handoff.take, "hand_back": handoff.hand_back, "close": handoff.close}
+ACTIONS = {"hand_back": handoff.hand_back, "close": handoff.close}
 
 
 def wait_text(since, now=None):
@@ -94,6 +94,8 @@ class WaitingConversationAdmin(admin.ModelAdmin):
                 if action == "reply":
                     handoff.reply(conversation.pk, request.user, draft)
                     draft = ""
+                elif action == "take":  # "holder": whom a superuser's page offered to take it over from
+                    handoff.take(conversation.pk, request.user, holder=request.POST.get("holder"))
                 elif action in ACTIONS:
                     ACTIONS[action](conversation.pk, request.user)
                 else:
@@ -115,14 +117,12 @@ class WaitingConversationAdmin(admin.ModelAdmin):
         for entry, row in zip(transcript, rows):
             entry["author"] = handoff.staff_name(row.author) if row.role == "staff" else ""
             entry["for_staff"] = row.turn_id is None and row.role == "user"
-        mine = conversation.handoff_by_id == request.user.pk
-        held = conversation.handoff in Conversation.HELD
+        can_answer = handoff.may_answer(conversation, request.user)
         return {
             "opts": self.opts, "title": _("Conversation for a person"), "conversation": conversation,
             "transcript": transcript, "draft": draft, "max_length": get_config()["MAX_MESSAGE_LENGTH"],
             "waited": wait_text(conversation.handoff_requested_at),
-            "can_take": conversation.handoff == Conversation.Handoff.WAITING,
-            "can_answer": conversation.handoff == Conversation.Handoff.WAITING or (held and mine),
-            "taken_by_other": conversation.handoff == Conversation.Handoff.TAKEN and not mine,
+            "can_take": handoff.may_take(conversation, request.user), "can_answer": can_answer,
+            "taken_by_other": conversation.handoff == Conversation.Handoff.TAKEN and not can_answer,
             "as_name": handoff.staff_name(request.user),
         }

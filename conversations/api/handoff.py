@@ -27,14 +27,16 @@ HANDOFF_STATE = OpenApiResponse(OpenApiTypes.OBJECT, description=(
 
 def current(conversation):
     """The conversation's handoff state published now from its row (read from the row alone
-    when the cache cannot be written: version 0)."""
-    return handoff.publish(conversation.pk) or {**handoff.state_from_db(conversation), "version": 0}
+    when the cache cannot be written)."""
+    return handoff.publish(conversation.pk) or handoff.state_from_db(conversation)
 
 
 def answer(request, data):
     """The public state with its ETag, or 304 when the caller has this version (and the same ``expired``)."""
     body = handoff.public(data, time.time())
-    etag = f'"h{body["version"]}-{int(body["expired"])}"'
+    # The version is the row's count of changes: it never restarts, so an ETag names one content. (The
+    # letter is not the "h" of the Redis counter before it, whose ETags a widget may still send.)
+    etag = f'"c{body["version"]}-{int(body["expired"])}"'
     if etag in request.headers.get("If-None-Match", ""):
         response = HttpResponseNotModified()
     else:

@@ -6,9 +6,10 @@ The state lives on the conversation's row (``Conversation.handoff``); every chan
 conditional UPDATE of it, so two staff members cannot both take a conversation, and a request
 cannot be made twice. While staff hold it (waiting or taken) ``lifecycle.start`` is never
 called for it: the API's ``admit`` raises ``Held`` in the same row lock, and the visitor's
-message is saved by ``keep`` with no turn and no job. Every change is published after its commit
-as the conversation's handoff state in the cache (``infra.state.publish_person``), which the
-widget polls; the signals go out once, after the commit that made the change.
+message is saved by ``keep`` with no turn and no job. Every change counts itself on the row
+(``handoff_version``) and is published after its commit as the conversation's handoff state in the
+cache (``infra.state.publish_person``, which keeps the highest version), which the widget polls;
+the signals go out once, after the commit that made the change.
 
 The API and the admin go through these functions only: each rule is written here once.
 """
@@ -17,6 +18,7 @@ import logging
 import string
 
 from django.db import transaction
+from django.db.models import F
 from django.dispatch import Signal
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -56,6 +58,10 @@ class NotOffered(Refused):
     """This conversation's assistant does not let it be handed to a person this way."""
 
     status = 403
+
+
+class AlreadyAsked(Refused):
+    """A person was asked for already: staff hold the conversation (waiting or taken)."""
 
 
 class Held(Exception):
@@ -110,7 +116,8 @@ def message_json(message):
 
 
 def state_from_db(conversation):
-    """The conversation's handoff state, as the widget polls it (see ``public``)."""
+    """The conversation's handoff state, as the widget polls it (see ``public``), with its version:
+    read the row before its messages (``publish`` locks it meanwhile)."""
     rows = (conversation.messages.filter(turn__isnull=True).select_related("author").order_by("-id")
             [:STATE_MESSAGES])
     requested = conversation.handoff_requested_at
@@ -121,6 +128,7 @@ def state_from_db(conversation):
         "by": staff_name(conversation.handoff_by) if conversation.handoff == Handoff.TAKEN else None,
         "requested_at": requested.timestamp() if requested else None,
         "messages": [message_json(m) for m in reversed(rows)],
+        "version": conversation.handoff_version,
     }
 
 
@@ -137,24 +145,66 @@ def public(data, now):
             "wait": get_config()["HANDOFF_WAIT"]}
 
 
+def _locked(conversation_id):
+    # Only this row: the staff member joined in is not locked (PostgreSQL refuses FOR UPDATE on an outer join).
+    return Conversation.objects.select_for_update(of=("self",)).select_related("handoff_by").get(pk=conversation_id)
+
+
 def publish(conversation_id):
     """Publish the conversation's handoff state from the database; returns it (None on a RedisError,
-    logged: the poll rebuilds a missing state from the row)."""
-    conversation = Conversation.objects.select_related("handoff_by").get(pk=conversation_id)
+    logged: the poll rebuilds a missing state from the row).
+
+    The row is locked while its messages are read, so that a version stands for one content; the
+    cache keeps the newest version (``state.publish_person``), so a publish that read before a
+    change but writes after that change's own publish does not hide it."""
+    with transaction.atomic():
+        data = state_from_db(_locked(conversation_id))
     try:
-        return state.publish_person(state_from_db(conversation))
+        return state.publish_person(data)
     except RedisError:
         logger.exception("Could not publish the handoff state of conversation %s", conversation_id)
         return None
 
 
-def _after_commit(conversation_id, signal=None, **kwargs):
+def _changed(conversation_id, signal=None, **kwargs):
+    """Count a change of the conversation's handoff state (``handoff_version``, in the transaction
+    that makes it); after its commit, publish the state and send ``signal`` with ``kwargs``."""
+    Conversation.objects.filter(pk=conversation_id).update(handoff_version=F("handoff_version") + 1)
+
     def send():
         publish(conversation_id)
         if signal is not None:
             conversation = Conversation.objects.select_related("assistant").get(pk=conversation_id)
             signal.send(sender=Conversation, conversation=conversation, **kwargs)
     transaction.on_commit(send)
+
+
+def holds(conversation, user):
+    """Whether ``user`` is the staff member answering ``conversation``."""
+    return conversation.handoff == Handoff.TAKEN and conversation.handoff_by_id == user.pk
+
+
+def holder_gone(conversation):
+    """Whether ``conversation`` was taken by a staff member who is no longer there (their account
+    deleted, which leaves ``handoff_by`` empty, or deactivated): anyone may answer it then."""
+    holder = conversation.handoff_by
+    return conversation.handoff == Handoff.TAKEN and (holder is None or not getattr(holder, "is_active", True))
+
+
+def may_take(conversation, user):
+    """Whether ``user`` may take ``conversation`` now (``take``): it waits for a person, or the
+    staff member who took it is gone, or ``user`` is a superuser, who may take it over from a
+    colleague."""
+    if holds(conversation, user):
+        return False
+    return (conversation.handoff == Handoff.WAITING or holder_gone(conversation)
+            or (conversation.handoff == Handoff.TAKEN and getattr(user, "is_superuser", False)))
+
+
+def may_answer(conversation, user):
+    """Whether ``user`` may reply to, hand back or close ``conversation`` now: it waits for a
+    person or its staff member is gone (a reply takes it), or they hold it."""
+    return conversation.handoff == Handoff.WAITING or holder_gone(conversation) or holds(conversation, user)
 
 
 def _refusal(conversation, user=None):
@@ -166,16 +216,16 @@ def _refusal(conversation, user=None):
         return Refused(_("%(name)s is already answering this conversation; nothing was sent.") % {"name": other})
     if conversation.handoff in (Handoff.NONE, Handoff.RETURNED):
         return Refused(_("This conversation is back with the assistant; nothing was sent."))
-    return Refused(_("A person has already been asked for: they will reply here."))
+    return AlreadyAsked(_("A person has already been asked for: they will reply here."))
 
 
 def request(conversation_id, how, reason=""):
     """Hand the conversation to a person (``how``: "button" or "tool"; ``reason``: the tool's
     sentence for staff, sent with ``handoff_requested``); returns the conversation.
 
-    Raises ``NotOffered`` when its assistant does not allow ``how``, ``Refused`` when staff
-    already hold it or it is closed. Asked for with the button, a turn still running is stopped:
-    the assistant does not answer a conversation staff hold.
+    Raises ``NotOffered`` when its assistant does not allow ``how``, ``AlreadyAsked`` (a
+    ``Refused``) when staff already hold it, ``Refused`` when it is closed. Asked for with the
+    button, a turn still running is stopped: the assistant does not answer a conversation staff hold.
     """
     conversation = Conversation.objects.select_related("assistant", "handoff_by").get(pk=conversation_id)
     if conversation.assistant is None or not conversation.assistant.offers_handoff(how):
@@ -186,7 +236,7 @@ def request(conversation_id, how, reason=""):
         if not changed:
             conversation.refresh_from_db()
             raise _refusal(conversation)
-        _after_commit(conversation_id, handoff_requested, how=how, reason=reason)
+        _changed(conversation_id, handoff_requested, how=how, reason=reason)
     if how == "button":
         for turn in Turn.objects.filter(conversation_id=conversation_id, status__in=Turn.ACTIVE_STATUSES):
             try:
@@ -212,26 +262,26 @@ def keep(conversation, content, idempotency_key=""):
     message = Message.objects.create(conversation=conversation, turn=None, role=Message.Role.USER, content=content)
     if idempotency_key:
         state.remember_kept(conversation.pk, idempotency_key, message.pk)
-    _after_commit(conversation.pk)
+    _changed(conversation.pk)
     return message, True
 
 
-def _locked(conversation_id):
-    # Only this row: the staff member joined in is not locked (PostgreSQL refuses FOR UPDATE on an outer join).
-    return Conversation.objects.select_for_update(of=("self",)).select_related("handoff_by").get(pk=conversation_id)
-
-
-def take(conversation_id, user):
-    """``user`` takes the conversation (one staff member at a time); returns it. Taking one's own
-    again does nothing; one another took, handed back or closed raises ``Refused``."""
+def take(conversation_id, user, holder=None):
+    """``user`` takes the conversation (one staff member at a time, ``may_take``); returns it.
+    Taking one's own again does nothing; one handed back or closed raises ``Refused``. A colleague
+    still there is replaced only when ``holder`` names them (the pk the superuser's page showed),
+    so that of two pressing Take at once the second is refused instead of taking it from the first."""
     with transaction.atomic():
-        changed = Conversation.objects.filter(pk=conversation_id, handoff=Handoff.WAITING).update(
-            handoff=Handoff.TAKEN, handoff_by=user, handoff_taken_at=timezone.now())
         conversation = _locked(conversation_id)
-        if changed:
-            _after_commit(conversation_id, handoff_taken, user=user)
-        elif not (conversation.handoff == Handoff.TAKEN and conversation.handoff_by_id == user.pk):
+        if holds(conversation, user):
+            return conversation
+        over = conversation.handoff == Handoff.TAKEN and not holder_gone(conversation)
+        if not may_take(conversation, user) or (over and str(conversation.handoff_by_id) != str(holder)):
             raise _refusal(conversation, user)
+        conversation.handoff, conversation.handoff_by = Handoff.TAKEN, user
+        conversation.handoff_taken_at = timezone.now()
+        conversation.save(update_fields=["handoff", "handoff_by", "handoff_taken_at"])
+        _changed(conversation_id, handoff_taken, user=user)
     return conversation
 
 
@@ -246,7 +296,7 @@ def reply(conversation_id, user, content):
         raise Refused(_("A reply may have at most %(limit)d characters; nothing was sent.") % {"limit": limit})
     with transaction.atomic():
         conversation = take(conversation_id, user)
-        _after_commit(conversation_id)
+        _changed(conversation_id)
         return Message.objects.create(conversation=conversation, turn=None, role=Message.Role.STAFF,
                                       author=user, content=content)
 
@@ -254,11 +304,10 @@ def reply(conversation_id, user, content):
 def _end(conversation_id, user, to):
     with transaction.atomic():
         conversation = _locked(conversation_id)
-        mine = conversation.handoff == Handoff.TAKEN and conversation.handoff_by_id == user.pk
-        if not (conversation.handoff == Handoff.WAITING or mine):
+        if not may_answer(conversation, user):
             raise _refusal(conversation, user)
         Conversation.objects.filter(pk=conversation_id).update(handoff=to)
-        _after_commit(conversation_id)
+        _changed(conversation_id)
     conversation.handoff = to
     return conversation
 
@@ -283,14 +332,30 @@ def back_to_assistant(conversation_id):
             if conversation.handoff == Handoff.TAKEN:
                 raise Refused(_("A person has joined: they will reply here."))
             raise Refused(_("This conversation is not waiting for a person."))
-        _after_commit(conversation_id)
+        _changed(conversation_id)
     return Conversation.objects.get(pk=conversation_id)
+
+
+def owner_changed(conversation_ids):
+    """Publish again, naming their new owner, the handoff states of those of ``conversation_ids``
+    ever handed to a person (``claim_on_login`` made them a user's): the poll checks the cached
+    owner, so the user's other sessions were refused until ``STATE_TTL``. Each is a change
+    (``_changed``), so a publish that read the old owner cannot be written after it."""
+    with transaction.atomic():
+        for conversation_id in (Conversation.objects.filter(pk__in=conversation_ids).exclude(handoff=Handoff.NONE)
+                                .values_list("pk", flat=True)):
+            _changed(conversation_id)
 
 
 def waiting():
     """The inbox: conversations staff hold, the longest wait first."""
     return (Conversation.objects.filter(handoff__in=Conversation.HELD).select_related("assistant", "handoff_by")
             .order_by("handoff_requested_at"))
+
+
+# The tool's result, which the visitor reads in the widget's step; the model is not called again
+# in that turn (``hands_over``), so it says what happened and asks nothing of it.
+HANDED_OVER = "A person from the site's staff has been asked to join and will reply in this conversation."
 
 
 @tool(idempotent=True)
@@ -300,12 +365,21 @@ def hand_to_person(context, reason: str = "") -> str:
     answering it. ``reason``: one short sentence for the staff member."""
     try:
         request(context.conversation.pk, "tool", reason=reason[:500])
+    except AlreadyAsked:
+        pass  # what the tool is for is done (a turn resumed after its worker died runs it again): no error
     except Refused as exc:
         raise ToolError(exc.message) from None
-    return ("A person from the site's staff has been asked to join and will reply in this conversation. "
-            "Tell the visitor so in one sentence; do not answer their question yourself.")
+    return HANDED_OVER
 
 
-__all__ = ["handoff_requested", "handoff_taken", "Refused", "NotOffered", "Held", "request", "keep", "take", "reply",
-           "hand_back", "close", "back_to_assistant", "waiting", "hand_to_person", "ensure_with_assistant",
-           "state_from_db", "public", "publish", "staff_name", "message_json"]
+def hands_over(row):
+    """Whether ``row`` (a saved ``Message``) is ``hand_to_person``'s result without an error: the
+    conversation is a person's now, so the runner ends the turn there, with nothing more from the
+    model (no other tool of its reply, no next call); the widget's handoff line tells the visitor."""
+    return row.role == Message.Role.TOOL and row.tool_name == hand_to_person.name and not row.is_error
+
+
+__all__ = ["handoff_requested", "handoff_taken", "Refused", "NotOffered", "AlreadyAsked", "Held", "request", "keep",
+           "take", "reply", "hand_back", "close", "back_to_assistant", "waiting", "hand_to_person", "HANDED_OVER",
+           "ensure_with_assistant", "state_from_db", "public", "publish", "staff_name", "message_json", "holds",
+           "holder_gone", "may_take", "may_answer", "hands_over", "owner_changed"]

@@ -38,6 +38,7 @@ from ..providers import ProviderError, call_complete
 from ..core.history import chat_message, message_size, trim_history, unfinished_step
 from ..tools import ToolContext, interrupted_result, load_tools, run_tool, too_many_calls_message
 from ..core.types import ChatMessage, ErrorCode, Finish, Outcome, ToolResult, record_call
+from .handoff import hands_over
 from .recovery import can_hand_over, continue_turn
 
 logger = logging.getLogger("conversations.runner")
@@ -293,6 +294,10 @@ class TurnRunner:
             answered, calls = unfinished_step(self.rows)
             if answered:  # the dead job had saved the answer but not the final state
                 return Turn.Status.COMPLETED, None
+            if any(hands_over(row) for row in self.rows):  # it had handed the conversation to a person
+                if calls:
+                    self.record_not_run(calls, "the conversation was handed to a person")
+                return Turn.Status.COMPLETED, None
             # The calls already answered came first in their reply: the step's limit counts from there.
             asked = next((len(r.tool_calls or []) for r in reversed(self.rows) if r.role == Message.Role.ASSISTANT), 0)
             ended = self.run_calls(calls, history, interrupted_first=True, position=asked - len(calls))
@@ -337,8 +342,9 @@ class TurnRunner:
 
     def run_calls(self, calls, history, *, interrupted_first=False, position=0):
         """Run ``calls`` in order, saving each result; returns ``(status, error)`` when the turn
-        must stop first, else None. ``interrupted_first``: the first was running when the previous
-        job died; it runs again only if its tool is idempotent. ``position``: how many calls of
+        must stop first (or ends: the conversation was handed to a person), else None.
+        ``interrupted_first``: the first was running when the previous job died; it runs again
+        only if its tool is idempotent. ``position``: how many calls of
         the same reply came before ``calls``.
 
         At most ``MAX_TOOL_CALLS_PER_STEP`` calls of one reply run; the model gets an error result
@@ -373,6 +379,10 @@ class TurnRunner:
                                      tool_call_id=call.id, tool_name=call.name, is_error=result.is_error)
                 history.append(chat_message(row))
                 unpublished = True
+                if hands_over(row):  # staff answer from now on: the model does nothing more
+                    if calls[number + 1:] or extra:
+                        self.record_not_run(calls[number + 1:] + extra, "the conversation was handed to a person")
+                    return Turn.Status.COMPLETED, None
                 if time.monotonic() - published_at >= cfg["PUBLISH_INTERVAL"]:
                     self.publish()
                     published_at, unpublished = time.monotonic(), False

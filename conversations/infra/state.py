@@ -287,13 +287,37 @@ def read_person(conversation_id):
     return _cache().get(person_key(conversation_id))
 
 
+# KEYS: the state, its version; ARGV: the version, the state (serialised), the TTL in seconds.
+_WRITE_IF_NEWER = """
+if tonumber(ARGV[1]) <= tonumber(redis.call('GET', KEYS[2]) or '-1') then return 0 end
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[3])
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+return 1
+"""
+
+
 def publish_person(data):
-    """Write ``data`` (with ``conversation``) as the conversation's handoff state, with the next
-    version of its own atomic counter; return the written dict."""
+    """Write ``data`` (with ``conversation`` and its ``version``, which the database counts) as the
+    conversation's handoff state, unless the cache holds that version or a newer one; return
+    ``data`` with ``updated_at``.
+
+    Each publish reads the database, then writes here: two of them can land in the other order,
+    and the older read must not replace the newer (a staff reply would stay unseen for
+    ``STATE_TTL``). On Redis the comparison and the write are one Lua script, through Django's own
+    client; on another cache backend (none the app is deployed on) they are two steps."""
     cache, ttl = _cache(), get_config()["STATE_TTL"]
-    version = _next_version(cache, person_key(data["conversation"]) + ":version", ttl)
-    data = {**data, "version": version, "updated_at": time.time()}
-    cache.set(person_key(data["conversation"]), data, timeout=ttl)
+    data = {**data, "updated_at": time.time()}
+    # Not ":version", the name of the counter the versions came from before (its keys, still in a
+    # Redis upgraded from it, would hold higher numbers and refuse every write until they expire).
+    key, vkey = person_key(data["conversation"]), person_key(data["conversation"]) + ":written"
+    if isinstance(cache, RedisCache) and isinstance(ttl, int) and ttl > 0:
+        key, vkey = cache.make_and_validate_key(key), cache.make_and_validate_key(vkey)
+        client = cache._cache.get_client(key, write=True)
+        client.eval(_WRITE_IF_NEWER, 2, key, vkey, data["version"], cache._cache._serializer.dumps(data), ttl)
+    else:
+        stored = cache.get(vkey)
+        if stored is None or data["version"] > stored:
+            cache.set_many({vkey: data["version"], key: data}, timeout=ttl)
     return data
 
 

@@ -7,10 +7,12 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core import mail
 from django.core.cache import cache
+from django.db.models import F
 from django.test import Client
 from django.urls import reverse
 
 from conversations.engine import handoff
+from conversations.infra import state
 from conversations.models import Assistant, Conversation, Message, Turn
 from conversations.signals import handoff_requested, handoff_taken
 from tests.support.fakes import FakeProvider, openai_text, openai_tool_calls
@@ -125,8 +127,7 @@ def test_the_assistant_hands_over_with_its_tool_and_stops_answering(worker, conv
     conversations_settings.update(CREDENTIALS={"key": local_key("sk-test")})
     requested = received(handoff_requested)
     with FakeProvider() as api:
-        api.add(openai_tool_calls(("hand_to_person", {"reason": "A refund dispute."})),
-                openai_text("A person from our team will reply here."))
+        api.add(openai_tool_calls(("hand_to_person", {"reason": "A refund dispute."})))
         make_assistant(provider="openai", base_url=api.url, credential="key", handoff=Assistant.HandoffWays.TOOL)
         visitor = make_client()
         conversation = new_conversation(visitor)
@@ -135,12 +136,12 @@ def test_the_assistant_hands_over_with_its_tool_and_stops_answering(worker, conv
         final = poll_until_done(visitor, turn["poll_url"])
         later = send(visitor, conversation, "Are you there?")
 
-    assert final["status"] == "completed" and final["messages"][-1]["content"] == "A person from our team will reply here."
+    assert final["status"] == "completed" and final["messages"][-1]["content"] == handoff.HANDED_OVER
     assert [t["function"]["name"] for t in api.requests[0]["json"]["tools"]] == ["hand_to_person"]
     assert Conversation.objects.get(pk=conversation).handoff == "waiting"
     assert [(c["how"], c["reason"]) for c in requested.calls] == [("tool", "A refund dispute.")]
     assert later.status_code == 202 and later.json()["handoff"] == "waiting"
-    assert Turn.objects.filter(conversation_id=conversation).count() == 1 and len(api.requests) == 2
+    assert Turn.objects.filter(conversation_id=conversation).count() == 1 and len(api.requests) == 1
     # The button is not offered by this assistant: refused with a sentence.
     refused = api_post(visitor, handoff_url(new_conversation(visitor)))
     assert refused.status_code == 403
@@ -278,8 +279,9 @@ def test_a_visitor_no_one_answered_in_time_is_told_and_goes_back_to_the_assistan
     visitor = make_client()
     conversation = new_conversation(visitor)
     asked = api_post(visitor, handoff_url(conversation))
-    Conversation.objects.filter(pk=conversation).update(
-        handoff_requested_at=Conversation.objects.get(pk=conversation).handoff_requested_at.replace(year=2020))
+    Conversation.objects.filter(pk=conversation).update(  # counted as a change, as the app counts its own
+        handoff_requested_at=Conversation.objects.get(pk=conversation).handoff_requested_at.replace(year=2020),
+        handoff_version=F("handoff_version") + 1)
     handoff.publish(conversation)
 
     polled = visitor.get(handoff_url(conversation), HTTP_IF_NONE_MATCH=asked["ETag"])
@@ -356,3 +358,254 @@ def test_a_message_sent_again_with_its_idempotency_key_is_kept_once():
     assert again.json() == first.json()
     assert other.status_code == 422
     assert list(Message.objects.values_list("content", flat=True)) == ["Are you there?"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_conversation_whose_staff_member_left_is_taken_by_another_and_a_superuser_may_take_one_over():
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+    ana, ben, carl = staff_member("ana", "Ana"), staff_member("ben", "Ben"), staff_member("carl", "Carl")
+    act(ana, conversation, "take")
+
+    # While Ana is here, the conversation is hers.
+    refused = act(ben, conversation, "take").content.decode()
+    assert "Ana is already answering this conversation; nothing was sent." in refused
+    # Ana is deactivated: Ben takes it, and the visitor reads him.
+    ana.user.is_active = False
+    ana.user.save()
+    assert 'value="take"' in ben.get(answer_page(conversation)).content.decode()
+    assert "You are answering this conversation." in act(ben, conversation, "take").content.decode()
+    assert "Your reply was sent." in act(ben, conversation, "reply", "Ben here, I will help.").content.decode()
+    polled = visitor.get(handoff_url(conversation)).json()
+    assert polled["by"] == "Ben from support" and polled["messages"][-1]["content"] == "Ben here, I will help."
+    # Ben's account is deleted: Carl may answer and hand it back at once.
+    ben.user.delete()
+    assert "Handed back to the assistant." in act(carl, conversation, "hand_back").content.decode()
+    assert visitor.get(handoff_url(conversation)).json()["state"] == "returned"
+
+    # A superuser takes one over from a colleague who is still here (naming the one the page showed).
+    api_post(visitor, handoff_url(conversation))
+    act(carl, conversation, "take")
+    boss = User.objects.create_superuser("dora", first_name="Dora")
+    dora = Client()
+    dora.force_login(boss)
+    page = dora.get(answer_page(conversation)).content.decode()
+    assert "carl is answering this conversation: only they may reply." in page and 'value="take"' in page
+    refused = act(dora, conversation, "reply", "Dora here.").content.decode()
+    assert "Carl is already answering this conversation; nothing was sent." in refused
+    taken = dora.post(answer_page(conversation), {"action": "take", "holder": str(carl.user.pk)}, follow=True)
+    assert "You are answering this conversation." in taken.content.decode()
+    assert visitor.get(handoff_url(conversation)).json()["by"] == "Dora from support"
+    # Carl, not a superuser, cannot take it back.
+    again = carl.post(answer_page(conversation), {"action": "take", "holder": str(boss.pk)}, follow=True)
+    assert "Dora is already answering this conversation; nothing was sent." in again.content.decode()
+
+
+def died_in_the_tool(conversation, turn_id, *calls):
+    """The state a job leaves when its work horse died while ``hand_to_person`` ran: the model's
+    reply asking for ``calls`` saved, the person asked for (committed), no tool result yet."""
+    from django.utils import timezone
+
+    Turn.objects.filter(pk=turn_id).update(status="running", started_at=timezone.now(), model_calls=1,
+                                           deadline_at=timezone.now() + timezone.timedelta(seconds=14))
+    Message.objects.create(conversation_id=conversation, turn_id=turn_id, role="assistant", content="",
+                           tool_calls=[{"id": f"call_{n}", "name": name, "arguments": arguments}
+                                       for n, (name, arguments) in enumerate(calls, start=1)])
+    handoff.request(conversation, "tool", reason="Wants a human.")
+    django_rq.get_queue("default").empty()  # the job is gone
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_resumed_after_its_worker_died_in_hand_to_person_reads_it_succeeded(
+        worker, conversations_settings, received):
+    from conversations.engine.recovery import resume_or_fail
+
+    conversations_settings.update(CREDENTIALS={"key": local_key("sk-test")}, MAX_RESUMES=2)
+    requested = received(handoff_requested)
+    with FakeProvider() as api:
+        api.add(openai_text("A person will reply here."))
+        make_assistant(provider="openai", base_url=api.url, credential="key", handoff=Assistant.HandoffWays.TOOL)
+        visitor = make_client()
+        conversation = new_conversation(visitor)
+        turn = send(visitor, conversation, "I want a human.").json()
+        died_in_the_tool(conversation, turn["id"], ("hand_to_person", {"reason": "Wants a human."}))
+
+        assert resume_or_fail(Turn.objects.get(pk=turn["id"]), "job gone") is not None
+        worker()
+        final = poll_until_done(visitor, turn["poll_url"])
+
+    result = final["messages"][2]
+    assert (result["name"], result["is_error"]) == ("hand_to_person", False)
+    assert result["content"] == handoff.HANDED_OVER
+    assert Conversation.objects.get(pk=conversation).handoff == "waiting"
+    assert len(requested.calls) == 1  # asked for once, by the job that died
+    assert api.requests == []  # and the turn ended there, as it would have
+
+
+@pytest.mark.django_db(transaction=True)
+def test_once_the_tool_hands_the_conversation_to_a_person_the_turn_ends_and_the_model_does_nothing_more(
+        worker, conversations_settings):
+    conversations_settings.update(CREDENTIALS={"key": local_key("sk-test")})
+    with FakeProvider() as api:
+        api.add(openai_tool_calls(("hand_to_person", {"reason": "Wants a human."}),
+                                  ("current_time", {"city": "Tokyo"})),
+                openai_tool_calls(("current_time", {"city": "Paris"})),
+                openai_text("It is noon in Paris. Anything else?"))
+        make_assistant(provider="openai", base_url=api.url, credential="key", handoff=Assistant.HandoffWays.TOOL,
+                       tools=["current_time"])
+        visitor = make_client()
+        conversation = new_conversation(visitor)
+        turn = send(visitor, conversation, "A human, please. And what time is it in Tokyo?").json()
+        worker()
+        final = poll_until_done(visitor, turn["poll_url"])
+
+    # The visitor reads that a person will reply, and nothing the model did after asking for one.
+    assert (final["status"], final["error"]) == ("completed", None)
+    assert [(m["role"], m.get("name")) for m in final["messages"]] == [
+        ("user", None), ("assistant", None), ("tool", "hand_to_person")]
+    assert (final["messages"][-1]["content"], final["messages"][-1]["is_error"]) == (handoff.HANDED_OVER, False)
+    assert len(api.requests) == 1  # no call after the handoff
+    assert visitor.get(handoff_url(conversation)).json()["state"] == "waiting"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_resumed_after_its_worker_died_just_after_handing_over_ends_without_running_the_rest(
+        worker, conversations_settings):
+    from conversations.engine.recovery import resume_or_fail
+
+    conversations_settings.update(CREDENTIALS={"key": local_key("sk-test")}, MAX_RESUMES=2)
+    with FakeProvider() as api:
+        api.add(openai_text("It is noon in Tokyo."))
+        make_assistant(provider="openai", base_url=api.url, credential="key", handoff=Assistant.HandoffWays.TOOL,
+                       tools=["current_time"])
+        visitor = make_client()
+        conversation = new_conversation(visitor)
+        turn = send(visitor, conversation, "A human, please. And the time in Tokyo?").json()
+        died_in_the_tool(conversation, turn["id"], ("hand_to_person", {"reason": "Wants a human."}),
+                         ("current_time", {"city": "Tokyo"}))
+        Message.objects.create(conversation_id=conversation, turn_id=turn["id"], role="tool", tool_call_id="call_1",
+                               tool_name="hand_to_person", content=handoff.HANDED_OVER)  # saved before it died
+
+        assert resume_or_fail(Turn.objects.get(pk=turn["id"]), "job gone") is not None
+        worker()
+        final = poll_until_done(visitor, turn["poll_url"])
+
+    assert (final["status"], final["error"]) == ("completed", None)
+    assert [m.get("name") for m in final["messages"] if m["role"] == "tool"] == ["hand_to_person"]
+    assert api.requests == []
+
+
+def expire_handoff_state(conversation_id):
+    """What ``STATE_TTL`` does to a conversation's cached handoff state nothing changed for that
+    long: every key of it goes."""
+    client = cache._cache.get_client(write=True)
+    for key in client.scan_iter(match=f"*conversations:conversation:{conversation_id}:handoff*"):
+        client.delete(key)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_staff_reply_is_not_hidden_by_an_older_state_written_after_it(monkeypatch):
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+    ana = staff_member()
+    act(ana, conversation, "take")
+    written, raced = state.publish_person, []
+
+    def late(data):
+        """The publish of the visitor's message has read the database; Ana's reply commits and is
+        published before that publish writes what it read."""
+        if not raced:
+            raced.append("replying")
+            raced[:] = at_once(lambda: act(ana, conversation, "reply", "Ana here, one moment."))
+        return written(data)
+
+    monkeypatch.setattr(state, "publish_person", late)
+    send(visitor, conversation, "Hello?")
+
+    assert "Your reply was sent." in raced[0].content.decode()
+    polled = visitor.get(handoff_url(conversation)).json()
+    assert [m["content"] for m in polled["messages"]] == ["Hello?", "Ana here, one moment."]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_poll_answers_304_only_for_what_the_visitor_has_even_after_the_cache_forgot_the_state():
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+    expire_handoff_state(conversation)
+    waiting = visitor.get(handoff_url(conversation))  # read again from the row
+    ana = staff_member()
+    act(ana, conversation, "take")
+    expire_handoff_state(conversation)
+
+    act(ana, conversation, "reply", "Ana here.")
+    polled = visitor.get(handoff_url(conversation), HTTP_IF_NONE_MATCH=waiting["ETag"])
+
+    assert waiting.json()["state"] == "waiting"
+    assert polled.status_code == 200
+    assert polled.json()["state"] == "taken" and polled.json()["messages"][-1]["content"] == "Ana here."
+    assert polled["ETag"] != waiting["ETag"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_visitor_who_logs_in_while_waiting_for_a_person_reads_the_handoff_at_once_from_any_session():
+    make_assistant()
+    vera = User.objects.create_user("vera", password="pw-123456789")
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+    send(visitor, conversation, "Hello?")
+    assert visitor.get(handoff_url(conversation)).status_code == 200
+
+    visitor.login(username="vera", password="pw-123456789")  # the conversation becomes Vera's
+    elsewhere = make_client()  # her phone, say
+    elsewhere.force_login(vera)
+
+    for client in (visitor, elsewhere):
+        polled = client.get(handoff_url(conversation))
+        assert polled.status_code == 200
+        assert polled.json()["state"] == "waiting" and polled.json()["messages"][-1]["content"] == "Hello?"
+
+
+@pytest.fixture
+def sites_framework(settings):
+    """``django.contrib.sites`` installed, its table made (the suite's database has none), with
+    the current site at ``shop.example.com``."""
+    from django.db import connection
+
+    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "django.contrib.sites"]
+    settings.SITE_ID = 1
+    from django.contrib.sites.models import Site
+
+    with connection.schema_editor() as editor:
+        editor.create_model(Site)
+    Site.objects.create(pk=1, domain="shop.example.com", name="Shop")
+    Site.objects.clear_cache()
+    yield
+    with connection.schema_editor() as editor:
+        editor.delete_model(Site)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_handoff_mail_keeps_the_models_words_out_and_links_the_page_in_full(
+        conversations_settings, sites_framework):
+    conversations_settings.update(HANDOFF_EMAILS=["support@example.com"])
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    turn = send(visitor, conversation, "My card 4242 was charged twice!").json()
+    reason = "The visitor says: my card 4242 was charged twice."
+    Message.objects.create(conversation_id=conversation, turn_id=turn["id"], role="assistant", content="",
+                           tool_calls=[{"id": "call_1", "name": "hand_to_person", "arguments": {"reason": reason}}])
+    handoff.request(conversation, "tool", reason=reason)  # what the tool does (here, not in a work horse)
+
+    (sent,) = mail.outbox
+    assert "4242" not in sent.body and "charged" not in sent.body
+    assert f"Answer it: https://shop.example.com{answer_page(conversation)}" in sent.body
+    # The reason is on the answer page, behind its permission.
+    assert "my card 4242 was charged twice." in staff_member().get(answer_page(conversation)).content.decode()
