@@ -392,6 +392,25 @@ def meanwhile(check):
     return thread, seen
 
 
+def burst_without_hanging(worker, waited):
+    """Run ``worker`` in burst mode; should it still wait for a slot 10 s on, its slots are freed so
+    that the test fails instead of hanging. Returns "left" when it returned by itself, else ``waited``."""
+    returned = threading.Event()
+
+    def free_it_if_it_waits():
+        if returned.wait(10):
+            return "left"
+        with worker._changed:
+            worker._slots.clear()
+        return waited
+
+    freeing, seen = meanwhile(free_it_if_it_waits)
+    worker.work(burst=True)
+    returned.set()
+    freeing.join(15)
+    return seen[0]
+
+
 def test_a_give_up_waiting_on_the_database_does_not_let_the_worker_key_expire(quick_watch, conversations_settings,
                                                                               monkeypatch):
     """The final write of a given-up turn may wait (a row lock, the pool, SQLite's lock): meanwhile
@@ -553,22 +572,10 @@ def test_a_job_whose_thread_cannot_start_leaves_no_running_slot_behind(conversat
     start_turn(make_client(), "Hello")
     worker = make_worker(CONCURRENT)
     worker.job_thread_class = NoMoreThreads
-    returned = threading.Event()
-
-    def free_it_if_it_waits():  # so that the test fails instead of hanging
-        if returned.wait(10):
-            return "left"
-        with worker._changed:
-            worker._slots.clear()
-        return "waited for a turn that never ran"
-
-    freeing, seen = meanwhile(free_it_if_it_waits)
-    worker.work(burst=True)
-    returned.set()
-    freeing.join(15)
+    ended = burst_without_hanging(worker, "waited for a turn that never ran")
     connections.close_all()
 
-    assert seen == ["left"]
+    assert ended == "left"
     assert RQWorker.all(connection=worker.connection) == []
 
 
@@ -617,22 +624,10 @@ def test_a_thread_that_fails_while_it_tidies_up_still_gives_its_slot_back(provid
     monkeypatch.setattr(connections, "close_all", failing_in_a_job_thread)
     monkeypatch.setattr(threading, "excepthook", lambda args: None)  # the thread's error is the point
     worker = make_worker(CONCURRENT)
-    returned = threading.Event()
-
-    def free_it_if_it_waits():
-        if returned.wait(10):
-            return "left"
-        with worker._changed:
-            worker._slots.clear()
-        return "waited for a turn that had ended"
-
-    freeing, seen = meanwhile(free_it_if_it_waits)
-    worker.work(burst=True)
-    returned.set()
-    freeing.join(15)
+    ended = burst_without_hanging(worker, "waited for a turn that had ended")
     monkeypatch.undo()
     connections.close_all()
 
-    assert seen == ["left"]
+    assert ended == "left"
     assert poll_until_done(client, body["poll_url"], timeout=5)["status"] == "completed"
     assert worker.get_state() == "idle"
