@@ -157,14 +157,17 @@ def _job_problem(turn):
         return None  # the job cannot be looked at; it may well be alive
 
 
-def finalize(turn, status, error):
+def finalize(turn, status, error, *, job_id=None):
     """Write a final state for ``turn`` from outside its job (worker parent, poll view, admin, cron).
 
-    Only a turn that is not done yet is changed; returns the published state or None.
+    Only a turn that is not done yet is changed, and with ``job_id`` only while that job is still
+    the turn's (a continuation may have started since the caller read the row); returns the
+    published state or None.
     """
-    updated = Turn.objects.filter(pk=turn.pk, status__in=Turn.ACTIVE_STATUSES).update(
-        status=status, error=error, finished_at=timezone.now()
-    )
+    active = Turn.objects.filter(pk=turn.pk, status__in=Turn.ACTIVE_STATUSES)
+    if job_id is not None:
+        active = active.filter(job_id=job_id)
+    updated = active.update(status=status, error=error, finished_at=timezone.now())
     turn.refresh_from_db()
     if not updated and not turn.done:
         return None

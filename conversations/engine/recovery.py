@@ -98,8 +98,8 @@ def end_for_dead_job(turn, sentence, *, dead_job_id):
     if turn.done or turn.job_id != dead_job_id:
         return None  # ended, or continued by another caller a moment ago
     if turn.cancel_requested:
-        return finalize(turn, Turn.Status.CANCELLED, "")
-    return finalize(turn, Turn.Status.FAILED, sentence)
+        return finalize(turn, Turn.Status.CANCELLED, "", job_id=dead_job_id)
+    return finalize(turn, Turn.Status.FAILED, sentence, job_id=dead_job_id)
 
 
 def repair(turn):

@@ -413,3 +413,23 @@ def test_a_warm_shutdown_lets_the_call_finish_when_the_turn_cannot_be_handed_ove
     assert (turn.status, turn.resumes) == ("completed", 0)
     assert transcript(turn.pk)[-1] == ("assistant", "".join(pieces))
     assert len(fake.requests) == 1 and fake.closed_at is None  # the call was never shut
+
+
+def test_a_dead_jobs_turn_continued_while_it_was_being_ended_is_left_to_its_new_job(resuming, monkeypatch):
+    """Ending a dead job's turn reads the row, then writes it: a continuation that starts between
+    the two (another worker, the poll view's repair) must keep the turn, not see it failed."""
+    started = dead_running_turn(make_client(), "Keep going")
+    turn = Turn.objects.get(pk=started["id"])
+    dead = turn.job_id
+    moved = f"{dead}-r1"
+
+    def read_then_continued_elsewhere(**kwargs):
+        Turn.refresh_from_db(turn, **kwargs)  # what the ending read: the dead job's turn, still running
+        monkeypatch.undo()
+        Turn.objects.filter(pk=turn.pk).update(job_id=moved, resumes=1)  # then another place continued it
+
+    monkeypatch.setattr(turn, "refresh_from_db", read_then_continued_elsewhere)
+    assert recovery.end_for_dead_job(turn, crashed_message(), dead_job_id=dead) is None
+
+    after = Turn.objects.get(pk=turn.pk)
+    assert (after.status, after.job_id, after.error) == ("running", moved, "")
