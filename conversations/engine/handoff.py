@@ -96,15 +96,21 @@ def staff_name_problem(template):
 
 
 def staff_name(user):
-    """``user`` as the visitor reads it (``HANDOFF_STAFF_NAME``; a missing first name is the login name)."""
+    """``user`` as the visitor reads it (``HANDOFF_STAFF_NAME``). Their login name only where the
+    site's template asks for ``{username}``: a login is often an e-mail address, and the visitor
+    may be anyone. A template the check refuses, or a first name (or login) it needs that the
+    user has not filled in, gives the neutral "Our staff"."""
     if user is None:
         return _("Our staff")
-    names = {"username": user.get_username(), "first_name": getattr(user, "first_name", "") or user.get_username(),
+    names = {"username": user.get_username(), "first_name": getattr(user, "first_name", "") or "",
              "last_name": getattr(user, "last_name", "") or ""}
     template = get_config()["HANDOFF_STAFF_NAME"]
     if staff_name_problem(template):  # conversations.E044 says so at start-up
-        return user.get_username()
-    return template.format_map(names).strip() or user.get_username()
+        return _("Our staff")
+    used = {field for _text, field, _spec, _conversion in string.Formatter().parse(template) if field}
+    if any(not names[field] for field in used & {"first_name", "username"}):
+        return _("Our staff")
+    return template.format_map(names).strip() or _("Our staff")
 
 
 def message_json(message):

@@ -314,8 +314,8 @@ def test_handoff_settings_that_cannot_work_stop_the_check_with_a_sentence(conver
         "{username}.",
         "HANDOFF_WAIT is 0: a visitor would be told no one is free at once.",
         "HANDOFF_EMAILS has 'support', which is not an e-mail address."]
-    # A name the check refuses never breaks a page: staff are named by their login meanwhile.
-    assert handoff.staff_name(User(username="ana", first_name="Ana")) == "ana"
+    # A name the check refuses never breaks a page: staff are "Our staff" meanwhile.
+    assert handoff.staff_name(User(username="ana", first_name="Ana")) == "Our staff"
     conversations_settings.update(HANDOFF_STAFF_NAME="{first_name")
     assert [m.msg for m in check_config() if m.id == "conversations.E044"] == [
         "HANDOFF_STAFF_NAME '{first_name' expected '}' before end of string.",
@@ -609,3 +609,17 @@ def test_the_handoff_mail_keeps_the_models_words_out_and_links_the_page_in_full(
     assert f"Answer it: https://shop.example.com{answer_page(conversation)}" in sent.body
     # The reason is on the answer page, behind its permission.
     assert "my card 4242 was charged twice." in staff_member().get(answer_page(conversation)).content.decode()
+
+
+def test_a_staff_member_without_a_first_name_is_never_shown_to_the_visitor_by_their_login(conversations_settings):
+    """A login is often an e-mail address: the visitor, who may be anyone, reads it only where the
+    site's HANDOFF_STAFF_NAME asks for {username}."""
+    no_first_name = User(username="ana.lopez@shop.example", first_name="", last_name="Lopez")
+
+    assert handoff.staff_name(no_first_name) == "Our staff"
+    assert handoff.staff_name(User(username="ana.lopez@shop.example", first_name="Ana")) == "Ana from support"
+    conversations_settings.update(HANDOFF_STAFF_NAME="{first_name} {last_name}")
+    assert handoff.staff_name(no_first_name) == "Our staff"
+    assert handoff.staff_name(User(username="x", first_name="Ana", last_name="")) == "Ana"
+    conversations_settings.update(HANDOFF_STAFF_NAME="{username}")
+    assert handoff.staff_name(no_first_name) == "ana.lopez@shop.example"
