@@ -589,6 +589,12 @@ def sites_framework(settings):
     yield
     with connection.schema_editor() as editor:
         editor.delete_model(Site)
+    # Installing the app ran the admin's autodiscover again, which registered Site with the admin:
+    # left there, every admin page after this test would look for the app it no longer has.
+    from django.contrib import admin
+
+    if admin.site.is_registered(Site):
+        admin.site.unregister(Site)
 
 
 @pytest.mark.django_db(transaction=True)
