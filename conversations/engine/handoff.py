@@ -152,8 +152,11 @@ def public(data, now):
 
 
 def _locked(conversation_id):
-    # Only this row: the staff member joined in is not locked (PostgreSQL refuses FOR UPDATE on an outer join).
-    return Conversation.objects.select_for_update(of=("self",)).select_related("handoff_by").get(pk=conversation_id)
+    """The conversation's row, locked until the transaction ends. Its staff member is read after
+    the lock, by its own query: joined in the locking query, PostgreSQL reads a row it waited for
+    as committed but the joined one as it was before the wait, so a take that waited on another
+    saw nobody holding the conversation and took it too."""
+    return Conversation.objects.select_for_update().get(pk=conversation_id)
 
 
 def publish(conversation_id):

@@ -629,3 +629,54 @@ def test_a_staff_member_without_a_first_name_is_never_shown_to_the_visitor_by_th
     assert handoff.staff_name(User(username="x", first_name="Ana", last_name="")) == "Ana"
     conversations_settings.update(HANDOFF_STAFF_NAME="{username}")
     assert handoff.staff_name(no_first_name) == "ana.lopez@shop.example"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_take_that_waited_for_anothers_lock_sees_who_took_it():
+    """On PostgreSQL a take waits on the row lock of a take in progress, then reads the row as it
+    was committed; the staff member it names must be read then too. Joined in the locking query,
+    they were read as they were before the wait (nobody), so the second take saw a conversation
+    whose staff member had left, and took it from the first (CI saw two winners)."""
+    import threading
+    import time
+
+    from django.db import connection, connections, transaction
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite takes its write lock when the transaction begins: the second take reads after the first")
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+    ana, ben = staff_member("ana", "Ana").user, staff_member("ben", "Ben").user
+    locked, ben_waits, outcome = threading.Event(), threading.Event(), []
+
+    def ana_takes_slowly():
+        try:
+            with transaction.atomic():
+                handoff.take(conversation, ana)
+                locked.set()
+                ben_waits.wait(5)
+                time.sleep(0.5)  # ben's take is waiting on the row lock by now
+        finally:
+            connections.close_all()
+
+    def ben_takes():
+        locked.wait(5)
+        ben_waits.set()
+        try:
+            handoff.take(conversation, ben)
+            outcome.append("taken")
+        except handoff.Refused as refused:
+            outcome.append(str(refused.message))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=ana_takes_slowly), threading.Thread(target=ben_takes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(15)
+
+    assert outcome == ["ana is already answering this conversation; nothing was sent."]
+    assert Conversation.objects.get(pk=conversation).handoff_by == ana
