@@ -44,6 +44,16 @@ def new_conversation(client, assistant="support"):
     return response.json()["id"]
 
 
+def waiting_for_a_person():
+    """The "support" assistant, a visitor, and their conversation waiting for a person (the
+    visitor pressed the button); returns the visitor's client and the conversation's id."""
+    make_assistant()
+    visitor = make_client()
+    conversation = new_conversation(visitor)
+    api_post(visitor, handoff_url(conversation))
+    return visitor, conversation
+
+
 def handoff_url(conversation_id):
     return f"/api/conversations/{conversation_id}/handoff/"
 
@@ -178,10 +188,7 @@ def test_two_staff_members_cannot_both_take_it(received):
 @pytest.mark.django_db(transaction=True)
 def test_a_staff_reply_reaches_the_visitors_poll_and_the_transcript_as_text(conversations_settings):
     conversations_settings.update(HANDOFF_STAFF_NAME="{first_name} of the shop")
-    make_assistant()
-    visitor = make_client()
-    conversation = new_conversation(visitor)
-    api_post(visitor, handoff_url(conversation))
+    visitor, conversation = waiting_for_a_person()
     send(visitor, conversation, "Is anyone there?")
     ana = staff_member()
     before = visitor.get(handoff_url(conversation))
@@ -245,10 +252,7 @@ def test_handing_back_lets_the_assistant_answer_with_the_staff_messages_in_its_h
 
 @pytest.mark.django_db(transaction=True)
 def test_bad_requests_are_refused_with_a_sentence_and_nothing_is_lost():
-    make_assistant()
-    visitor = make_client()
-    conversation = new_conversation(visitor)
-    api_post(visitor, handoff_url(conversation))
+    visitor, conversation = waiting_for_a_person()
 
     twice = api_post(visitor, handoff_url(conversation))
     ana = staff_member()
@@ -344,10 +348,7 @@ def test_the_admins_rerun_starts_no_turn_while_staff_hold_the_conversation():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_message_sent_again_with_its_idempotency_key_is_kept_once():
-    make_assistant()
-    visitor = make_client()
-    conversation = new_conversation(visitor)
-    api_post(visitor, handoff_url(conversation))
+    visitor, conversation = waiting_for_a_person()
     url = f"/api/conversations/{conversation}/turns/"
 
     first = api_post(visitor, url, {"content": "Are you there?"}, HTTP_IDEMPOTENCY_KEY="msg-1")
@@ -362,10 +363,7 @@ def test_a_message_sent_again_with_its_idempotency_key_is_kept_once():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_conversation_whose_staff_member_left_is_taken_by_another_and_a_superuser_may_take_one_over():
-    make_assistant()
-    visitor = make_client()
-    conversation = new_conversation(visitor)
-    api_post(visitor, handoff_url(conversation))
+    visitor, conversation = waiting_for_a_person()
     ana, ben, carl = staff_member("ana", "Ana"), staff_member("ben", "Ben"), staff_member("carl", "Carl")
     act(ana, conversation, "take")
 
@@ -507,10 +505,7 @@ def expire_handoff_state(conversation_id):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_staff_reply_is_not_hidden_by_an_older_state_written_after_it(monkeypatch):
-    make_assistant()
-    visitor = make_client()
-    conversation = new_conversation(visitor)
-    api_post(visitor, handoff_url(conversation))
+    visitor, conversation = waiting_for_a_person()
     ana = staff_member()
     act(ana, conversation, "take")
     written, raced = state.publish_person, []
@@ -533,10 +528,7 @@ def test_a_staff_reply_is_not_hidden_by_an_older_state_written_after_it(monkeypa
 
 @pytest.mark.django_db(transaction=True)
 def test_the_poll_answers_304_only_for_what_the_visitor_has_even_after_the_cache_forgot_the_state():
-    make_assistant()
-    visitor = make_client()
-    conversation = new_conversation(visitor)
-    api_post(visitor, handoff_url(conversation))
+    visitor, conversation = waiting_for_a_person()
     expire_handoff_state(conversation)
     waiting = visitor.get(handoff_url(conversation))  # read again from the row
     ana = staff_member()
@@ -644,10 +636,7 @@ def test_a_take_that_waited_for_anothers_lock_sees_who_took_it():
 
     if connection.vendor != "postgresql":
         pytest.skip("SQLite takes its write lock when the transaction begins: the second take reads after the first")
-    make_assistant()
-    visitor = make_client()
-    conversation = new_conversation(visitor)
-    api_post(visitor, handoff_url(conversation))
+    visitor, conversation = waiting_for_a_person()
     ana, ben = staff_member("ana", "Ana").user, staff_member("ben", "Ben").user
     locked, ben_waits, outcome = threading.Event(), threading.Event(), []
 
