@@ -92,6 +92,16 @@ def publish(state):
     return state
 
 
+def _redis(cache, ttl, *keys):
+    """Django's own Redis client (the one its cache methods use) and ``keys`` as it stores them,
+    for what the cache API does in several round trips or not atomically; None on another
+    backend, or for a TTL that is not whole seconds (then the cache API it is)."""
+    if not (isinstance(cache, RedisCache) and isinstance(ttl, int) and ttl > 0):
+        return None
+    made = [cache.make_and_validate_key(key) for key in keys]
+    return cache._cache.get_client(made[0], write=True), made
+
+
 def _next_version(cache, vkey, ttl):
     """The turn's next version, its counter's TTL refreshed (a turn can wait in the queue longer
     than the TTL). On Django's Redis backend in one round trip: INCR creates a missing counter
@@ -99,9 +109,9 @@ def _next_version(cache, vkey, ttl):
     it back; through the cache API it takes four (``incr`` asks whether the key exists first).
     A streaming turn publishes every ``PUBLISH_INTERVAL``, so with hundreds of turns in one
     process these round trips are much of its work."""
-    if isinstance(cache, RedisCache) and isinstance(ttl, int) and ttl > 0:
-        key = cache.make_and_validate_key(vkey)
-        client = cache._cache.get_client(key, write=True)  # Django's own client, as its incr uses
+    raw = _redis(cache, ttl, vkey)
+    if raw is not None:
+        client, (key,) = raw
         with client.pipeline(transaction=False) as pipeline:
             pipeline.incr(key)
             pipeline.expire(key, ttl)
@@ -310,10 +320,10 @@ def publish_person(data):
     # Not ":version", the name of the counter the versions came from before (its keys, still in a
     # Redis upgraded from it, would hold higher numbers and refuse every write until they expire).
     key, vkey = person_key(data["conversation"]), person_key(data["conversation"]) + ":written"
-    if isinstance(cache, RedisCache) and isinstance(ttl, int) and ttl > 0:
-        key, vkey = cache.make_and_validate_key(key), cache.make_and_validate_key(vkey)
-        client = cache._cache.get_client(key, write=True)
-        client.eval(_WRITE_IF_NEWER, 2, key, vkey, data["version"], cache._cache._serializer.dumps(data), ttl)
+    raw = _redis(cache, ttl, key, vkey)
+    if raw is not None:
+        client, keys = raw
+        client.eval(_WRITE_IF_NEWER, 2, *keys, data["version"], cache._cache._serializer.dumps(data), ttl)
     else:
         stored = cache.get(vkey)
         if stored is None or data["version"] > stored:
