@@ -157,6 +157,14 @@ def _job_problem(turn):
         return None  # the job cannot be looked at; it may well be alive
 
 
+def unended(turn_pk, *, job_id=None):
+    """The turn ``turn_pk`` while it is not done yet and, with ``job_id``, still that job's: what a
+    final write updates, so that it never ends a turn twice, nor one another job continued since
+    the writer read it (a continuation, or a thread the concurrent worker gave up coming back)."""
+    rows = Turn.objects.filter(pk=turn_pk, status__in=Turn.ACTIVE_STATUSES)
+    return rows if job_id is None else rows.filter(job_id=job_id)
+
+
 def finalize(turn, status, error, *, job_id=None):
     """Write a final state for ``turn`` from outside its job (worker parent, poll view, admin, cron).
 
@@ -164,10 +172,7 @@ def finalize(turn, status, error, *, job_id=None):
     the turn's (a continuation may have started since the caller read the row); returns the
     published state or None.
     """
-    active = Turn.objects.filter(pk=turn.pk, status__in=Turn.ACTIVE_STATUSES)
-    if job_id is not None:
-        active = active.filter(job_id=job_id)
-    updated = active.update(status=status, error=error, finished_at=timezone.now())
+    updated = unended(turn.pk, job_id=job_id).update(status=status, error=error, finished_at=timezone.now())
     turn.refresh_from_db()
     if not updated and not turn.done:
         return None

@@ -39,6 +39,7 @@ from ..core.history import chat_message, message_size, trim_history, unfinished_
 from ..tools import ToolContext, interrupted_result, load_tools, run_tool, too_many_calls_message
 from ..core.types import ChatMessage, ErrorCode, Finish, Outcome, ToolResult, record_call
 from .handoff import hands_over
+from .lifecycle import unended
 from .recovery import can_hand_over, continue_turn
 
 logger = logging.getLogger("conversations.runner")
@@ -295,9 +296,7 @@ class TurnRunner:
             if answered:  # the dead job had saved the answer but not the final state
                 return Turn.Status.COMPLETED, None
             if any(hands_over(row) for row in self.rows):  # it had handed the conversation to a person
-                if calls:
-                    self.record_not_run(calls, "the conversation was handed to a person")
-                return Turn.Status.COMPLETED, None
+                return self.handed_over(calls)
             # The calls already answered came first in their reply: the step's limit counts from there.
             asked = next((len(r.tool_calls or []) for r in reversed(self.rows) if r.role == Message.Role.ASSISTANT), 0)
             ended = self.run_calls(calls, history, interrupted_first=True, position=asked - len(calls))
@@ -380,9 +379,7 @@ class TurnRunner:
                 history.append(chat_message(row))
                 unpublished = True
                 if hands_over(row):  # staff answer from now on: the model does nothing more
-                    if calls[number + 1:] or extra:
-                        self.record_not_run(calls[number + 1:] + extra, "the conversation was handed to a person")
-                    return Turn.Status.COMPLETED, None
+                    return self.handed_over(calls[number + 1:] + extra)
                 if time.monotonic() - published_at >= cfg["PUBLISH_INTERVAL"]:
                     self.publish()
                     published_at, unpublished = time.monotonic(), False
@@ -396,6 +393,13 @@ class TurnRunner:
             if unpublished:
                 self.publish()
         return None
+
+    def handed_over(self, left):
+        """The end of a turn whose conversation was handed to a person: the tool calls ``left`` of
+        its reply are recorded as not run, and the model is not called again."""
+        if left:
+            self.record_not_run(left, "the conversation was handed to a person")
+        return Turn.Status.COMPLETED, None
 
     def record_not_run(self, calls, why):
         """One ``CallRecord`` for ``calls`` left unrun, naming them (cut to the column's length)."""
@@ -502,8 +506,7 @@ class TurnRunner:
                 turn.cost = pricing.turn_cost(turn.model, turn.input_tokens, turn.output_tokens, self.config["PRICES"])
                 # Only while the turn is still this job's to end: a thread given up past its job
                 # timeout comes back later, when the worker has ended the turn or another job runs it.
-                if not Turn.objects.filter(pk=turn.pk, status__in=Turn.ACTIVE_STATUSES, job_id=self.job_id).update(
-                        **{name: getattr(turn, name) for name in self.FINAL_FIELDS}):
+                if not unended(turn.pk, job_id=self.job_id).update(**{f: getattr(turn, f) for f in self.FINAL_FIELDS}):
                     raise _Superseded()
             if shown is not None:
                 self.rows.append(shown)
