@@ -281,17 +281,25 @@ def take(conversation_id, user, holder=None):
     still there is replaced only when ``holder`` names them (the pk the superuser's page showed),
     so that of two pressing Take at once the second is refused instead of taking it from the first."""
     with transaction.atomic():
-        conversation = _locked(conversation_id)
-        if holds(conversation, user):
-            return conversation
-        over = conversation.handoff == Handoff.TAKEN and not holder_gone(conversation)
-        if not may_take(conversation, user) or (over and str(conversation.handoff_by_id) != str(holder)):
-            raise _refusal(conversation, user)
-        conversation.handoff, conversation.handoff_by = Handoff.TAKEN, user
-        conversation.handoff_taken_at = timezone.now()
-        conversation.save(update_fields=["handoff", "handoff_by", "handoff_taken_at"])
-        _changed(conversation_id, handoff_taken, user=user)
+        conversation, taken = _take(conversation_id, user, holder)
+        if taken:
+            _changed(conversation_id, handoff_taken, user=user)
     return conversation
+
+
+def _take(conversation_id, user, holder=None):
+    """``take`` within the caller's transaction, without counting the change: returns the
+    conversation and whether ``user`` took it now (False: they held it already)."""
+    conversation = _locked(conversation_id)
+    if holds(conversation, user):
+        return conversation, False
+    over = conversation.handoff == Handoff.TAKEN and not holder_gone(conversation)
+    if not may_take(conversation, user) or (over and str(conversation.handoff_by_id) != str(holder)):
+        raise _refusal(conversation, user)
+    conversation.handoff, conversation.handoff_by = Handoff.TAKEN, user
+    conversation.handoff_taken_at = timezone.now()
+    conversation.save(update_fields=["handoff", "handoff_by", "handoff_taken_at"])
+    return conversation, True
 
 
 def reply(conversation_id, user, content):
@@ -304,8 +312,9 @@ def reply(conversation_id, user, content):
     if len(content) > limit:
         raise Refused(_("A reply may have at most %(limit)d characters; nothing was sent.") % {"limit": limit})
     with transaction.atomic():
-        conversation = take(conversation_id, user)
-        _changed(conversation_id)
+        conversation, taken = _take(conversation_id, user)
+        # One change, published once, whether or not the reply took the conversation too.
+        _changed(conversation_id, handoff_taken if taken else None, user=user)
         return Message.objects.create(conversation=conversation, turn=None, role=Message.Role.STAFF,
                                       author=user, content=content)
 

@@ -669,3 +669,23 @@ def test_a_take_that_waited_for_anothers_lock_sees_who_took_it():
 
     assert outcome == ["ana is already answering this conversation; nothing was sent."]
     assert Conversation.objects.get(pk=conversation).handoff_by == ana
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reply_that_takes_a_waiting_conversation_is_one_change_published_once(received, monkeypatch):
+    """Replying to a conversation that waits takes it too: staff are told once that it was taken,
+    and the visitor's state is published once, with one new version, not once for each."""
+    visitor, conversation = waiting_for_a_person()
+    taken = received(handoff_taken)
+    before = Conversation.objects.get(pk=conversation).handoff_version
+    published = []
+    publish = state.publish_person
+    monkeypatch.setattr(state, "publish_person", lambda data: published.append(data["version"]) or publish(data))
+    ana = staff_member()
+
+    page = act(ana, conversation, "reply", "Hello, Ana here.").content.decode()
+
+    assert "Your reply was sent." in page
+    assert [c["user"] for c in taken.calls] == ["ana"]
+    assert published == [before + 1]
+    assert visitor.get(handoff_url(conversation)).json()["messages"][-1]["content"] == "Hello, Ana here."
