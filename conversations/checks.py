@@ -333,7 +333,8 @@ def _check_widget_tokens(cfg):
         return []
     return [Error(f"WIDGET_TOKEN_MAX_AGE ({max_age}s) is shorter than WIDGET_TOKEN_TTL ({ttl}s): the first token "
                   "of a chain would outlive the time its chain may be renewed for.",
-                  hint="Make WIDGET_TOKEN_MAX_AGE at least WIDGET_TOKEN_TTL (12 hours and 15 minutes by default).",
+                  hint="Make WIDGET_TOKEN_MAX_AGE at least WIDGET_TOKEN_TTL (by default 12 hours and 15 minutes "
+                       "respectively).",
                   id="conversations.E045")]
 
 
