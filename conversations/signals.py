@@ -100,6 +100,8 @@ def claim_on_login(sender, request, user, **kwargs):
     with transaction.atomic():
         Conversation.objects.filter(pk__in=claimed).update(user=user)
         handoff.owner_changed(claimed)
+    for conversation in Conversation.objects.filter(pk__in=claimed):
+        state.owner_changed(conversation)  # for the states a running job publishes from now on
     # Only turns recent enough to still have a cached state.
     recent = timezone.now() - datetime.timedelta(seconds=get_config()["STATE_TTL"])
     turns = Turn.objects.filter(conversation_id__in=claimed, enqueued_at__gte=recent).select_related("conversation")

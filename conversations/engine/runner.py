@@ -33,7 +33,7 @@ from ..core.sentences import (
 )
 from ..providers.chain import build_provider
 from ..infra.http import CallCancelled, ensure_call_budget
-from ..models import CallRecord, Conversation, Message, Turn
+from ..models import CallRecord, Message, Turn
 from ..providers import ProviderError, call_complete
 from ..core.history import chat_message, message_size, trim_history, unfinished_step
 from ..tools import ToolContext, interrupted_result, load_tools, run_tool, too_many_calls_message
@@ -105,11 +105,9 @@ class TurnRunner:
         self.rows.append(row)
         return row
 
-    def publish(self, *, done=False, owner_known=False):
-        """Publish the turn's state from its rows; ``owner_known``: the conversation's owner was
-        read by this job a moment ago (the turn was just loaded with it), so it is not read again."""
-        if not owner_known:
-            self.refresh_owner()
+    def publish(self, *, done=False):
+        """Publish the turn's state from its rows (naming the conversation's owner as the cache
+        knows it: see ``state.publish``)."""
         data = state.state_from_db(self.turn, self.rows)
         data["done"] = done
         return self.publisher(data)
@@ -198,19 +196,6 @@ class TurnRunner:
         return Message.objects.create(conversation_id=self.turn.conversation_id, turn=self.turn,
                                       role=Message.Role.ASSISTANT, content="".join(self.streamed))
 
-    def refresh_owner(self):
-        """Read the conversation's owner again before a publish: a visitor who logs in while the
-        turn runs hands the conversation to their account, and a state naming the old owner
-        would lock their other sessions out. Keeps the known owner if the database fails."""
-        conversation = self.turn.conversation
-        try:
-            owner = Conversation.objects.filter(pk=conversation.pk).values_list("user_id", "owner_token").first()
-        except DatabaseError:
-            logger.warning("Could not read the owner of conversation %s", conversation.pk, exc_info=True)
-            return
-        if owner is not None:
-            conversation.user_id, conversation.owner_token = owner
-
     def cancelled(self):
         """Whether a call in flight must be shut (checked by its watchdog): on a Stop, or when the
         worker shuts down and the turn can be handed over (else the call is let finish here).
@@ -255,13 +240,13 @@ class TurnRunner:
         turn.model = getattr(first, "model", "") or ""
         turn.save(update_fields=["status", "started_at", "job_timeout", "deadline_margin", "deadline_at",
                                  "provider", "model", "assistant_version"])
-        self.publish(owner_known=True)  # the job loaded the turn with its conversation just before
+        self.publish()
 
     def run(self, *, resuming=False):
         """Run the loop to its end and write the final state. Returns the turn. ``resuming``: this
         job continues a turn another job began (``recovery``), from its saved transcript."""
         if resuming:
-            self.publish(owner_known=True)  # running again; the widget keeps what it showed
+            self.publish()  # running again; the widget keeps what it showed
         else:
             self.start()
         try:

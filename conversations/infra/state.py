@@ -43,6 +43,10 @@ def cancel_key(turn_id):
     return f"conversations:turn:{turn_id}:cancel"
 
 
+def owner_key(conversation_id):
+    return f"conversations:conversation:{conversation_id}:owner"
+
+
 def read(turn_id):
     """The cached state of a turn, or None."""
     return _cache().get(state_key(turn_id))
@@ -83,13 +87,27 @@ def forget_auth_stamp(user_id):
 
 
 def publish(state):
-    """Write ``state`` (a dict with at least ``id``) with the next version; return the written dict."""
+    """Write ``state`` (a dict with at least ``id``) with the next version; return the written dict.
+
+    A state names its conversation's owner as the cache last heard of it (``owner_changed``), not
+    as its writer loaded it: a visitor who logs in while the turn runs makes the conversation
+    theirs, and the job's later states must say so, or the user's other sessions are refused."""
     cache = _cache()
     ttl = get_config()["STATE_TTL"]
-    version = _next_version(cache, _version_key(state["id"]), ttl)
+    version, owner = _next_version(cache, _version_key(state["id"]), ttl, owner_key(state.get("conversation")))
     state = {**state, "version": version, "updated_at": time.time()}
+    if owner is not None:
+        state["owner"] = owner
     cache.set(state_key(state["id"]), state, timeout=ttl)
     return state
+
+
+def owner_changed(conversation):
+    """Record ``conversation``'s new owner (``owner_dict``) for every state published from now on
+    (``publish``), including those of a job that loaded the old one. Ownership only ever widens
+    (a login claims an anonymous visitor's conversation), so a state that still names the old
+    owner in the meantime refuses nobody it should serve."""
+    _cache().set(owner_key(conversation.pk), owner_dict(conversation), timeout=get_config()["STATE_TTL"])
 
 
 def _redis(cache, ttl, *keys):
@@ -102,27 +120,30 @@ def _redis(cache, ttl, *keys):
     return cache._cache.get_client(made[0], write=True), made
 
 
-def _next_version(cache, vkey, ttl):
-    """The turn's next version, its counter's TTL refreshed (a turn can wait in the queue longer
-    than the TTL). On Django's Redis backend in one round trip: INCR creates a missing counter
-    at 1, as ``add(0)`` then ``incr`` do, and Django stores integers unpickled, so ``get`` reads
-    it back; through the cache API it takes four (``incr`` asks whether the key exists first).
-    A streaming turn publishes every ``PUBLISH_INTERVAL``, so with hundreds of turns in one
+def _next_version(cache, vkey, ttl, okey):
+    """``(version, owner)``: the turn's next version, its counter's TTL refreshed (a turn can wait
+    in the queue longer than the TTL), and the owner recorded at ``okey`` (``owner_changed``) or
+    None. On Django's Redis backend in one round trip: INCR creates a missing counter at 1, as
+    ``add(0)`` then ``incr`` do, and Django stores integers unpickled, so ``get`` reads it back;
+    through the cache API it takes five (``incr`` asks whether the key exists first). A
+    streaming turn publishes every ``PUBLISH_INTERVAL``, so with hundreds of turns in one
     process these round trips are much of its work."""
-    raw = _redis(cache, ttl, vkey)
+    raw = _redis(cache, ttl, vkey, okey)
     if raw is not None:
-        client, (key,) = raw
+        client, (key, owner) = raw
         with client.pipeline(transaction=False) as pipeline:
             pipeline.incr(key)
             pipeline.expire(key, ttl)
-            return pipeline.execute()[0]
+            pipeline.get(owner)
+            version, _, owner = pipeline.execute()
+        return version, (None if owner is None else cache._cache._serializer.loads(owner))
     try:
         version = cache.incr(vkey)
     except ValueError:  # the first publish of this turn (or its counter expired)
         cache.add(vkey, 0, timeout=ttl)
         version = cache.incr(vkey)
     cache.touch(vkey, ttl)
-    return version
+    return version, cache.get(okey)
 
 
 def request_cancel(turn_id):
