@@ -10,8 +10,13 @@ of Django's backend::
 
     CACHES = {"default": {"BACKEND": "conversations.cache.RedisCache", "LOCATION": REDIS_URL}}
 
-Everything else (serialisation, pools, options) is Django's. ``redis.Redis`` objects are
-safe to share between threads, and their pools reconnect after a fork.
+Everything else (serialisation, options) is Django's. ``redis.Redis`` objects are safe to
+share between threads, and their pools reconnect after a fork.
+
+The pool is redis-py's ``BlockingConnectionPool`` unless ``OPTIONS`` name a ``pool_class``: when
+all its connections (``max_connections``, 100 here as in redis-py's own pool) are in use, a thread
+waits for one (up to the pool's ``timeout``, 20 s) instead of failing. redis-py's default pool
+raises ``MaxConnectionsError`` at once: with 200 turns in one process, one turn in ten crashed.
 """
 
 import os
@@ -66,6 +71,23 @@ class RedisCache(DjangoRedisCache):
     def __init__(self, server, params):
         super().__init__(server, params)
         self._class = ReusingRedisCacheClient
+        if "pool_class" not in self._options:
+            self._options = {"pool_class": "redis.BlockingConnectionPool", "max_connections": POOL_SIZE,
+                             **self._options}
+
+
+# Connections per pool, as redis-py's own default; a ConcurrentWorker's turns hold one only for a round trip.
+POOL_SIZE = 100
+
+
+def blocking_pool(pool):
+    """A ``BlockingConnectionPool`` with the size and connection settings of redis-py ``pool``
+    (for a client made elsewhere, as django-rq makes the queue's): a thread waits for a free
+    connection instead of failing with ``MaxConnectionsError``."""
+    import redis
+
+    return redis.BlockingConnectionPool(connection_class=pool.connection_class, max_connections=pool.max_connections,
+                                        **pool.connection_kwargs)
 
     @cached_property
     def _cache(self):

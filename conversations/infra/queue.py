@@ -7,12 +7,14 @@ import datetime
 import logging
 
 import django_rq
+import redis
 from django.utils import timezone
 from redis.exceptions import RedisError
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.worker import Worker
 
+from ..cache import blocking_pool
 from ..conf import get_config
 from . import state
 
@@ -39,7 +41,8 @@ def get_queue():
 
     ``django_rq.get_queue()`` builds a new client, with a new connection pool, on every call,
     so every POST would open (and handshake) a fresh connection to Redis. The client's pool
-    starts afresh in a forked child, as redis-py pools do.
+    starts afresh in a forked child, as redis-py pools do, and makes a thread wait for a free
+    connection rather than fail (``cache.blocking_pool``): a ``ConcurrentWorker``'s threads share it.
     """
     from django_rq.settings import QUEUES
 
@@ -47,7 +50,10 @@ def get_queue():
     key = (name, repr(sorted(QUEUES[name].items())))
     connection = _connections.get(key)
     if connection is None:
-        connection = _connections[key] = django_rq.get_connection(name)
+        connection = django_rq.get_connection(name)
+        if type(connection.connection_pool) is redis.ConnectionPool:  # not a Sentinel's, nor one already blocking
+            connection = type(connection)(connection_pool=blocking_pool(connection.connection_pool))
+        connection = _connections[key] = connection
     return django_rq.get_queue(name, connection=connection)
 
 
