@@ -75,6 +75,17 @@ class RedisCache(DjangoRedisCache):
             self._options = {"pool_class": "redis.BlockingConnectionPool", "max_connections": POOL_SIZE,
                              **self._options}
 
+    @cached_property
+    def _cache(self):
+        """The process's client for this location and these options, shared by the cache objects
+        of every thread (Django's ``caches`` makes one per thread)."""
+        key = (tuple(self._servers), repr(sorted(self._options.items())))
+        with _clients_lock:
+            client = _clients.get(key)
+            if client is None:
+                client = _clients[key] = self._class(self._servers, **self._options)
+        return client
+
 
 # Connections per pool, as redis-py's own default; a ConcurrentWorker's turns hold one only for a round trip.
 POOL_SIZE = 100
@@ -88,14 +99,3 @@ def blocking_pool(pool):
 
     return redis.BlockingConnectionPool(connection_class=pool.connection_class, max_connections=pool.max_connections,
                                         **pool.connection_kwargs)
-
-    @cached_property
-    def _cache(self):
-        """The process's client for this location and these options, shared by the cache objects
-        of every thread (Django's ``caches`` makes one per thread)."""
-        key = (tuple(self._servers), repr(sorted(self._options.items())))
-        with _clients_lock:
-            client = _clients.get(key)
-            if client is None:
-                client = _clients[key] = self._class(self._servers, **self._options)
-        return client
