@@ -50,12 +50,16 @@ def bare_job(url, key, conversation_id, turn_id):
 @require_POST
 def bare_enqueue(request):
     """A naive view: read the JSON body, save the visitor's message, enqueue ``bare_job``, answer 202.
-    No session, no ownership check, no limits."""
+    No session, no ownership check, no limits. ``queue`` in the body: the queue to enqueue on
+    (``bare``: the one a stock django-rq worker serves in ``bench.turn_overhead``); the turns' by default."""
+    import django_rq
+
     from conversations.infra.queue import get_queue
 
     body = json.loads(request.body)
     Message.objects.create(conversation_id=body["conversation"], turn_id=body["turn"], role=Message.Role.USER,
                            content=body["content"])
-    job = get_queue().enqueue(bare_job, body["url"], body["key"], body["conversation"], body["turn"],
+    queue = django_rq.get_queue(body["queue"]) if body.get("queue") else get_queue()
+    job = queue.enqueue(bare_job, body["url"], body["key"], body["conversation"], body["turn"],
                               job_timeout=120)
     return JsonResponse({"job": job.id}, status=202)

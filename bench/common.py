@@ -105,8 +105,9 @@ class Stack:
     def database_label(self):
         return "PostgreSQL" if self.env["DATABASE_URL"].startswith("postgres") else "SQLite"
 
-    def spawn(self, *args, **kwargs):
-        process = subprocess.Popen(list(args), env=self.env, cwd=ROOT, stdout=subprocess.DEVNULL,
+    def spawn(self, *args, env=None, **kwargs):
+        """Start a process with the stack's environment (updated with ``env``) in a session of its own."""
+        process = subprocess.Popen(list(args), env={**self.env, **(env or {})}, cwd=ROOT, stdout=subprocess.DEVNULL,
                                    stderr=kwargs.pop("stderr", subprocess.DEVNULL), start_new_session=True, **kwargs)
         self.processes.append(process)
         return process
@@ -140,7 +141,9 @@ class Stack:
         if pool:
             started = [self.spawn(*manage, "rqworker-pool", "--num-workers", str(count))]
         else:
-            started = [self.spawn(*manage, "rqworker") for _ in range(count)]
+            started = [self.spawn(*manage, "rqworker", stderr=open(os.environ["BENCH_WORKER_LOG"], "a")
+                                  if os.environ.get("BENCH_WORKER_LOG") else subprocess.DEVNULL)
+                       for _ in range(count)]
         from rq import Worker
 
         from conversations.infra.queue import get_queue

@@ -12,9 +12,10 @@ the turns. Three parts:
   turn), then with ``ConcurrentWorker``. How many completed, how many were turned away after
   ``QUEUE_WAIT``, and when the last answer was done, against one answer's time.
 - ``many``: ``--many`` (200) streamed turns in flight in one ``ConcurrentWorker`` process
-  (``WORKER_THREADS`` = that many). Lag: from the provider sending a word to the turn's state
+  (``WORKER_THREADS`` = that many), answers of ``--many-words`` (200: 20 s, so that every turn
+  still streams when the last one starts; the table says how many streamed at once). Lag: from the provider sending a word to the turn's state
   (what the poll view serves) first holding it, read for every turn in a loop from the cache by
-  a reader process; shown also by part of the answer, by second, and once every turn streams;
+  a reader process, each turn from the moment its POST was answered; shown also by part of the answer, by second, and once every turn streams;
   the worker's PSS at rest and at its peak, per turn in flight; the peak of PostgreSQL
   connections from that worker process (``pg_stat_activity``).
 - ``kill``: ``--kill`` (50) turns in flight in one ``ConcurrentWorker`` process, SIGKILLed
@@ -202,8 +203,9 @@ def visitors(base, count):
         return list(pool.map(prepare, range(count)))
 
 
-def post_all(base, prepared, label):
-    """Every visitor posts at the same moment; returns (first POST's wall time, [(question, turn id)])."""
+def post_all(base, prepared, label, on_posted=None):
+    """Every visitor posts at the same moment; returns (first POST's wall time, [(question, turn id)]).
+    ``on_posted(question, turn id)`` is called as each POST is answered."""
     barrier = threading.Barrier(len(prepared))
 
     def post(item):
@@ -212,6 +214,8 @@ def post_all(base, prepared, label):
         barrier.wait()
         response = session.post(f"{base}/api/conversations/{conversation}/turns/", json={"content": question})
         response.raise_for_status()
+        if on_posted is not None:
+            on_posted(question, response.json()["id"])
         return question, response.json()["id"]
 
     started = time.time()
@@ -220,24 +224,43 @@ def post_all(base, prepared, label):
     return started, posted
 
 
-def wait_done(turn_ids, timeout, on_read=None):
-    """Read every turn's state until all are done; returns {turn id: final state}."""
+def wait_done(turn_ids, timeout, on_read=None, more=None):
+    """Read every turn's state until all are done; returns {turn id: final state}. ``more()``, if
+    given, is asked before each read for turn ids to add, and returns None once there are no more.
+
+    Each round reads the turns' version counters (integers, cheap), then only the states whose
+    version moved: a reader that unpickled 200 states a hundred times a second would take a
+    core of its own from the 2 the worker shares with it."""
     from django.core.cache import caches
 
     from conversations.conf import get_config
-    from conversations.infra.state import state_key
+    from conversations.infra.state import _version_key, state_key
 
     cache = caches[get_config()["CACHE_ALIAS"]]
-    finished, deadline = {}, time.monotonic() + timeout
-    keys = {state_key(turn_id): turn_id for turn_id in turn_ids}
-    while len(finished) < len(turn_ids) and time.monotonic() < deadline:
-        found = cache.get_many([key for key, turn_id in keys.items() if turn_id not in finished])
+    finished, seen, deadline = {}, {}, time.monotonic() + timeout
+    turns = list(turn_ids)
+    adding = more is not None
+    while (adding or len(finished) < len(turns)) and time.monotonic() < deadline:
+        if adding:
+            added = more()
+            if added is None:
+                adding = False
+            else:
+                turns += added
+        waiting = [turn_id for turn_id in turns if turn_id not in finished]
+        versions = cache.get_many([_version_key(turn_id) for turn_id in waiting])
+        moved = [turn_id for turn_id in waiting if versions.get(_version_key(turn_id)) != seen.get(turn_id)]
+        found = cache.get_many([state_key(turn_id) for turn_id in moved])
         now = time.time()
-        for key, data in found.items():
+        for turn_id in moved:
+            data = found.get(state_key(turn_id))
+            if data is None:
+                continue
+            seen[turn_id] = data["version"]
             if on_read is not None:
-                on_read(keys[key], data, now)
+                on_read(turn_id, data, now)
             if data["done"]:
-                finished[keys[key]] = data
+                finished[turn_id] = data
         time.sleep(0.01)
     return finished
 
@@ -280,11 +303,26 @@ def pg_connections(stack):
 
 
 def _read_words(results, timeout):
-    """In the reader process: every turn's state read in a loop until all are done; sends back
-    ``(first_seen, finished)``: when each word ``(question, n)`` was first in a state, and the
-    final states."""
-    question_of = results.recv()
-    first_seen, words_seen = {}, {}
+    """In the reader process: every turn's state read in a loop until all are done, each from the
+    moment its POST was answered (``(turn id, question)`` pairs arrive through ``results`` as
+    they are, then None); sends back ``(first_seen, finished)``: when each word ``(question, n)``
+    was first in a state, and the final states."""
+    question_of, first_seen, words_seen = {}, {}, {}
+    ended = []
+
+    def more():
+        if ended:
+            return None
+        added = []
+        while results.poll():
+            item = results.recv()
+            if item is None:
+                ended.append(True)  # this call's additions are the last
+                break
+            turn_id, question = item
+            question_of[turn_id] = question
+            added.append(turn_id)
+        return added
 
     def on_read(turn_id, data, now):
         last = data["messages"][-1] if data["messages"] else {}
@@ -295,13 +333,18 @@ def _read_words(results, timeout):
             first_seen[(question_of[turn_id], number)] = now
         words_seen[turn_id] = max(count, words_seen.get(turn_id, 0))
 
-    finished = wait_done(list(question_of), timeout=timeout, on_read=on_read)
+    finished = wait_done([], timeout=timeout, on_read=on_read, more=more)
     results.send((first_seen, finished))
 
 
 def many(stack, base, args):
     from bench.common import process_tree
 
+    # Answers long enough that every turn is still streaming when the last one starts: the burst
+    # of POSTs alone takes seconds on this machine, and with short answers the first turns would
+    # be done before the last began (not "200 in flight").
+    words = args.many_words
+    stack.provider.set_words(words)
     workers = start_workers(stack, 1, CONCURRENT, WORKER_THREADS=args.many)
     pid = workers[0].pid
     time.sleep(1)
@@ -325,10 +368,29 @@ def many(stack, base, args):
     reader.start()
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    started, posted = post_all(base, prepared, "many")
+    # Each turn is read from the moment its POST is answered, not once all 200 are (that took
+    # seconds, and every word sent meanwhile counted as lag).
+    sending = threading.Lock()
+
+    def on_posted(question, turn_id):
+        with sending:
+            reading.send((turn_id, question))
+
+    started, posted = post_all(base, prepared, "many", on_posted=on_posted)
     question_of = {turn_id: question for question, turn_id in posted}
-    reading.send(question_of)
+    with sending:
+        reading.send(None)
     first_seen, finished = reading.recv()
+    # When the burst's turns were enqueued (their POSTs' commits) and started (claimed by the
+    # worker), from the first POST; and how every turn ended.
+    from collections import Counter
+
+    from conversations.models import Turn
+
+    rows = Turn.objects.filter(pk__in=list(question_of))
+    enqueued = sorted(turn.enqueued_at.timestamp() - started for turn in rows)
+    began = sorted(turn.started_at.timestamp() - started for turn in rows if turn.started_at)
+    endings = Counter(f"{turn.status}{': ' + turn.error if turn.error else ''}" for turn in rows)
     reader.join(10)
     sampling.set()
     sampler.join()
@@ -341,7 +403,7 @@ def many(stack, base, args):
     by_part = {"first 3 words": [], "middle words": [], "last 3 words": []}
     for (question, number), at in sent.items():
         if (question, number) in first_seen:
-            part = "first 3 words" if number < 3 else "last 3 words" if number >= args.words - 3 else "middle words"
+            part = "first 3 words" if number < 3 else "last 3 words" if number >= words - 3 else "middle words"
             by_part[part].append(first_seen[(question, number)] - at)
     first_sent = min(sent.values())
     # Once every turn streams (each has been sent its first word): the lag of turns in flight,
@@ -356,18 +418,31 @@ def many(stack, base, args):
     states = list(finished.values())
     from conversations.conf import get_config
 
+    # The most turns streaming at one moment (between their first and last word sent).
+    spans = {}
+    for (question, number), at in sent.items():
+        first, last = spans.get(question, (at, at))
+        spans[question] = (min(first, at), max(last, at))
+    edges = sorted([(first, 1) for first, _ in spans.values()] + [(last, -1) for _, last in spans.values()])
+    in_flight = peak_in_flight = 0
+    for _, step in edges:
+        in_flight += step
+        peak_in_flight = max(peak_in_flight, in_flight)
     publish = get_config()["PUBLISH_INTERVAL"]
-    print(f"\n{args.many} streamed turns ({args.words} words over {args.words * WORD_INTERVAL:.1f}s) in flight in one "
+    print(f"\n{args.many} streamed turns ({words} words over {words * WORD_INTERVAL:.1f}s) in one "
           f"ConcurrentWorker process (WORKER_THREADS {args.many}), {stack.database_label}; PUBLISH_INTERVAL "
           f"{publish}s\n")
-    table(["turns", "completed", "words timed", "lag p50 s", "lag p95 s", "lag max s", "PSS at rest MiB",
-           "peak PSS MiB", "PSS per turn in flight KiB", "DB connections before", "DB connections peak"],
-          [[len(posted), sum(s["status"] == "completed" for s in states), len(lags),
+    table(["turns", "most streaming at once", "completed", "words timed", "lag p50 s", "lag p95 s", "lag max s",
+           "PSS at rest MiB", "peak PSS MiB", "PSS per turn in flight KiB", "DB connections before",
+           "DB connections peak"],
+          [[len(posted), peak_in_flight, sum(s["status"] == "completed" for s in states), len(lags),
             f"{percentile(lags, 0.5):.3f}", f"{percentile(lags, 0.95):.3f}", f"{max(lags):.3f}",
             f"{rest_pss / 1024:.0f}", f"{peak['pss'] / 1024:.0f}", f"{(peak['pss'] - rest_pss) / args.many:.0f}",
             baseline_connections if baseline_connections is not None else "–",
             peak["connections"] if baseline_connections is not None else "–"]])
-    print(f"\nEvery turn streaming {all_streaming - first_sent:.1f}s after the first word was sent\n")
+    print(f"\nAfter the first POST: the last turn enqueued at {enqueued[-1]:.1f}s; turns started (median / last) "
+          f"at {percentile(began, 0.5):.1f}s / {began[-1]:.1f}s. Every turn streaming {all_streaming - first_sent:.1f}s "
+          f"after the first word was sent. Endings: {dict(endings)}\n")
     table(["words", "timed", "lag p50 s", "lag p95 s", "lag max s"],
           [[part, len(values), f"{percentile(values, 0.5):.3f}", f"{percentile(values, 0.95):.3f}",
             f"{max(values):.3f}"]
@@ -446,6 +521,7 @@ def main():
     parser.add_argument("--many", type=int, default=200)
     parser.add_argument("--kill", type=int, default=50)
     parser.add_argument("--words", type=int, default=30, help="words per answer, one every 0.1 s")
+    parser.add_argument("--many-words", type=int, default=200, help="words per answer in the many part")
     parser.add_argument("--kill-words", type=int, default=100, help="words per answer in the kill part")
     parser.add_argument("--skip", default="", help="parts to leave out: crowd,many,kill")
     args = parser.parse_args()

@@ -7,7 +7,7 @@ posting 200 turns from one address would trip them, which is not what it measure
 import os
 
 from chatproject.settings import *  # noqa: F401,F403
-from chatproject.settings import CONVERSATIONS, DATABASES
+from chatproject.settings import CONVERSATIONS, DATABASES, RQ_QUEUES
 
 ROOT_URLCONF = "bench.urls"
 
@@ -27,8 +27,12 @@ CONVERSATIONS = {
 # back before every wait, and without a pool each takes a new one, a new server process with
 # cold caches. BENCH_DB_POOL=0 measures without it. Not for the forking worker: its work horses
 # would inherit the parent's pool, its sockets and none of its threads.
-_FORKING = os.environ.get("RQ_WORKER_CLASS") == "conversations.worker.Worker"
+_FORKING = os.environ.get("RQ_WORKER_CLASS") in ("conversations.worker.Worker", "rq.Worker")
 if (DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BENCH_DB_POOL", "1") == "1"
         and not _FORKING):
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them; Django refuses both
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 10}
+
+# bench.turn_overhead's naive baseline job, served by a stock django-rq worker (rq.Worker) of
+# its own, the way a simple app runs its jobs.
+RQ_QUEUES = {**RQ_QUEUES, "bare": next(iter(RQ_QUEUES.values()))}

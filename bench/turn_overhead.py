@@ -3,7 +3,7 @@ beside a bare RQ job that makes the same three HTTP calls.
 
     .venv/bin/python -m bench.turn_overhead [--turns 30] [--database postgres|sqlite|URL]
 
-All run in the same ``manage.py rqworker`` (our Worker class), against the same instant
+All but the stock one run in the same ``manage.py rqworker`` (the demo's worker class), against the same instant
 OpenAI-compatible server, one at a time, in turn (each once the worker is idle again), so
 drift in the machine's load hits all:
 
@@ -15,6 +15,10 @@ drift in the machine's load hits all:
   ``bench.bare.bare_job`` → job reads the conversation's messages → the same three POSTs with
   the same growing message lists through one ``requests`` session → saves the answer as a row →
   writes a state to the cache, then ``time.time()`` to Redis.
+- ``bare job, POSTed, in a stock django-rq worker``: the same POST and job, on a queue of its own
+  served by a second process, ``manage.py rqworker bare --worker-class rq.Worker`` without a
+  connection pool: RQ's own worker as django-rq runs it by default, a work horse forked per
+  job. This is what a naive django-rq app pays for a job.
 - ``bare job, enqueued in-process``: the same job, its message saved and the job enqueued by
   this process (no web request).
 
@@ -27,9 +31,20 @@ import time
 
 import requests
 
-from bench.common import ScriptedProvider, Stack, machine, median, percentile, table, visitor
+from bench.common import PYTHON, ROOT, ScriptedProvider, Stack, machine, median, percentile, table, visitor
 
 RESULT_KEY = "bench:bare:{}"
+STOCK = "bare job, POSTed, stock django-rq worker"
+
+
+def wait_registered(queue, count):
+    from rq import Worker
+
+    deadline = time.monotonic() + 120
+    while len(Worker.all(connection=queue.connection)) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fewer than {count} workers registered after 120s")
+        time.sleep(0.1)
 
 
 def wait_idle(queue):
@@ -45,9 +60,11 @@ def wait_idle(queue):
 
 
 def job_started(queue, job_id):
-    """The wall-clock time RQ started ``job_id``: stamped in the work horse, after the fork and
-    RQ's own preparation, just before the job function is called."""
-    job = queue.fetch_job(job_id)
+    """The wall-clock time RQ started ``job_id`` (on any queue): stamped by the worker after its
+    own preparation (after the fork in a forking worker), just before the job function is called."""
+    from rq.job import Job
+
+    job = Job.fetch(job_id, connection=queue.connection)
     return job.started_at.replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
@@ -86,9 +103,9 @@ def run_turn(base, provider, queue):
             "rows and states": ended - running - model - tools}
 
 
-def run_bare(queue, provider, number, base=None):
+def run_bare(queue, provider, number, base=None, on=None):
     """One naive job (``bench.bare``), enqueued in-process, or (with ``base``) by a POST to the
-    naive view. Its conversation and turn rows are made first, untimed, as the turn's
+    naive view, enqueued on the queue named ``on`` (the turns' by default). Its conversation and turn rows are made first, untimed, as the turn's
     conversation is."""
     from conversations.models import Conversation, Message, Turn
 
@@ -104,7 +121,7 @@ def run_bare(queue, provider, number, base=None):
     else:
         response = requests.post(base + "/bench/bare-job/", json={
             "url": provider.url, "key": key, "conversation": str(conversation.pk), "turn": str(turn.pk),
-            "content": content})
+            "content": content, "queue": on})
         assert response.status_code == 202, response.text
         job_id = response.json()["job"]
     answered = time.time()
@@ -133,13 +150,19 @@ def main():
 
             base = stack.gunicorn(2)
             stack.workers(1)
+            # A stock django-rq worker for the naive job, no pool (bench.settings), as a simple app runs it.
+            stack.spawn(PYTHON, str(ROOT / "manage.py"), "rqworker", "bare", "--worker-class", "rq.Worker",
+                        env={"RQ_WORKER_CLASS": "rq.Worker"})
             queue = get_queue()
-            results = {"turn": [], "bare job, POSTed to a bare view": [], "bare job, enqueued in-process": []}
+            wait_registered(queue, 2)
+            results = {"turn": [], "bare job, POSTed to a bare view": [], STOCK: [],
+                       "bare job, enqueued in-process": []}
             for number in range(args.turns + 3):
                 runs = []
                 for run in (lambda: run_turn(base, provider, queue),
-                            lambda: run_bare(queue, provider, 2 * number, base),
-                            lambda: run_bare(queue, provider, 2 * number + 1)):
+                            lambda: run_bare(queue, provider, 3 * number, base),
+                            lambda: run_bare(queue, provider, 3 * number + 1, base, on="bare"),
+                            lambda: run_bare(queue, provider, 3 * number + 2)):
                     wait_idle(queue)
                     runs.append(run())
                 if number >= 3:  # the first rounds warm up imports, connections, caches
@@ -149,37 +172,41 @@ def main():
     ms = lambda runs, key: f"{median([r[key] for r in runs]) * 1000:.1f}"  # noqa: E731
     from django.conf import settings
 
-    print(f"\n{args.turns} runs of each kind, in turn; 1 rqworker ({settings.RQ['WORKER_CLASS']}), "
+    print(f"\n{args.turns} runs of each kind, in turn; 1 rqworker ({settings.RQ['WORKER_CLASS']}) and 1 stock (rq.Worker), "
           f"gunicorn 2 sync workers, {stack.database_label}; medians in ms\n")
     overhead = {name: [r["total"] - r["provider"] for r in runs] for name, runs in results.items()}
     baseline = median(overhead["bare job, POSTed to a bare view"])
+    stock = median(overhead[STOCK])
     rows = []
     for name, runs in results.items():
         for r in runs:
             r["after job start"] = r["total"] - r["job start"]
         rows.append([name, ms(runs, "total"), ms(runs, "job start"), ms(runs, "after job start"),
                      f"{median([r['provider'] for r in runs]) * 1000:.2f}", f"{median(overhead[name]) * 1000:.1f}",
-                     f"{percentile(overhead[name], 0.9) * 1000:.1f}", f"{median(overhead[name]) / baseline:.2f}"])
+                     f"{percentile(overhead[name], 0.9) * 1000:.1f}", f"{median(overhead[name]) / baseline:.2f}",
+                     f"{median(overhead[name]) / stock:.2f}"])
     table(["path", "start to done", "until RQ starts the job", "job start to done", "in provider",
-           "overhead (median)", "overhead p90", "vs bare job (POSTed)"], rows)
+           "overhead (median)", "overhead p90", "vs bare job (POSTed, same worker)", "vs bare job (stock worker)"],
+          rows)
 
     print("\nWhere the time goes, from the start of the POST (medians in ms; the turn's phases come from its "
           "row and call records)\n")
-    turns, bare = results["turn"], results["bare job, POSTed to a bare view"]
+    turns, bare, stocked = results["turn"], results["bare job, POSTed to a bare view"], results[STOCK]
     for r in turns:
         r["start to running"] = r["running"] - r["job start"]
         r["job start"] -= r["answered"]
-    for r in bare:
+    for r in bare + stocked:
         r["job start"] -= r["answered"]
-    table(["phase", "turn", "bare job (POSTed)"], [
-        ["POST answered (202)", ms(turns, "answered"), ms(bare, "answered")],
-        ["then until RQ starts the job (the fork included)", ms(turns, "job start"), ms(bare, "job start")],
-        ["then DB connection, turn and transcript loaded, marked running", ms(turns, "start to running"), "-"],
-        ["model calls (client side, provider included)", ms(turns, "model calls"), "-"],
-        ["tools", ms(turns, "tools"), "-"],
-        ["rows saved and states published (the rest)", ms(turns, "rows and states"), "-"],
-        ["job start to done", ms(turns, "after job start"), ms(bare, "after job start")],
-        ["start to done", ms(turns, "total"), ms(bare, "total")],
+    table(["phase", "turn", "bare job (POSTed, same worker)", "bare job (stock worker)"], [
+        ["POST answered (202)", ms(turns, "answered"), ms(bare, "answered"), ms(stocked, "answered")],
+        ["then until RQ starts the job (a fork included)", ms(turns, "job start"), ms(bare, "job start"),
+         ms(stocked, "job start")],
+        ["then DB connection, turn and transcript loaded, marked running", ms(turns, "start to running"), "-", "-"],
+        ["model calls (client side, provider included)", ms(turns, "model calls"), "-", "-"],
+        ["tools", ms(turns, "tools"), "-", "-"],
+        ["rows saved and states published (the rest)", ms(turns, "rows and states"), "-", "-"],
+        ["job start to done", ms(turns, "after job start"), ms(bare, "after job start"), ms(stocked, "after job start")],
+        ["start to done", ms(turns, "total"), ms(bare, "total"), ms(stocked, "total")],
     ])
 
 
