@@ -70,9 +70,10 @@ class StreamingProvider:
                 self.wfile.write(body)
 
             def do_GET(self):
-                with provider.lock:
-                    sent = [[question, number, at] for (question, number), at in provider.sent.items()]
-                    self.control({"requests": provider.requests, "sent": sent})
+                # list() copies the items in one step: the streaming threads add to ``sent`` meanwhile.
+                items = list(provider.sent.items()) if "sent=0" not in self.path else []
+                self.control({"requests": provider.requests,
+                              "sent": [[question, number, at] for (question, number), at in items]})
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
@@ -137,14 +138,14 @@ class ProviderProcess:
         self.control = f"http://127.0.0.1:{port}/control"
         self.url = f"http://127.0.0.1:{port}/v1"
 
-    def _status(self):
+    def _status(self, sent=True):
         import requests
 
-        return requests.get(self.control, timeout=30).json()
+        return requests.get(self.control + ("" if sent else "?sent=0"), timeout=30).json()
 
     @property
     def requests(self):
-        return self._status()["requests"]
+        return self._status(sent=False)["requests"]
 
     @property
     def sent(self):
