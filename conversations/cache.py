@@ -67,6 +67,10 @@ _clients_lock = threading.Lock()
 os.register_at_fork(after_in_child=_forget_clients)
 
 
+# Connections per pool, as redis-py's own default; a ConcurrentWorker's turns hold one only for a round trip.
+POOL_SIZE = 100
+
+
 class RedisCache(DjangoRedisCache):
     def __init__(self, server, params):
         super().__init__(server, params)
@@ -87,15 +91,17 @@ class RedisCache(DjangoRedisCache):
         return client
 
 
-# Connections per pool, as redis-py's own default; a ConcurrentWorker's turns hold one only for a round trip.
-POOL_SIZE = 100
 
-
-def blocking_pool(pool):
-    """A ``BlockingConnectionPool`` with the size and connection settings of redis-py ``pool``
-    (for a client made elsewhere, as django-rq makes the queue's): a thread waits for a free
-    connection instead of failing with ``MaxConnectionsError``."""
+def wait_for_connections(client):
+    """Give redis-py ``client`` (one made elsewhere: django-rq makes the queue's and the worker's)
+    a ``BlockingConnectionPool`` of the same size and connection settings, in place, so that
+    everything holding the client (a worker and its queues) shares it: a thread then waits for a
+    free connection instead of failing with ``MaxConnectionsError``. A pool of another kind (a
+    Sentinel's, or one already blocking) is kept. Returns ``client``."""
     import redis
 
-    return redis.BlockingConnectionPool(connection_class=pool.connection_class, max_connections=pool.max_connections,
-                                        **pool.connection_kwargs)
+    pool = client.connection_pool
+    if type(pool) is redis.ConnectionPool:
+        client.connection_pool = redis.BlockingConnectionPool(
+            connection_class=pool.connection_class, max_connections=pool.max_connections, **pool.connection_kwargs)
+    return client

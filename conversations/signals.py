@@ -100,15 +100,15 @@ def claim_on_login(sender, request, user, **kwargs):
     with transaction.atomic():
         Conversation.objects.filter(pk__in=claimed).update(user=user)
         handoff.owner_changed(claimed)
-    for conversation in Conversation.objects.filter(pk__in=claimed):
-        state.owner_changed(conversation)  # for the states a running job publishes from now on
-    # Only turns recent enough to still have a cached state.
+    # Only turns recent enough to still have a cached state (and a job that may still publish one).
     recent = timezone.now() - datetime.timedelta(seconds=get_config()["STATE_TTL"])
-    turns = Turn.objects.filter(conversation_id__in=claimed, enqueued_at__gte=recent).select_related("conversation")
+    turns = list(Turn.objects.filter(conversation_id__in=claimed, enqueued_at__gte=recent)
+                 .select_related("conversation"))
+    state.owners_changed({turn.conversation_id: turn.conversation for turn in turns}.values())
     for turn in turns:
         cached = state.read(turn.id)
         if cached is not None:
-            state.publish({**cached, "owner": state.owner_dict(turn.conversation)})
+            state.publish(cached)  # names the user now (state.owners_changed)
 
 
 @receiver(user_logged_in, dispatch_uid="conversations_remember_verified_session")

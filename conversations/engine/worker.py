@@ -26,6 +26,7 @@ from django.db import close_old_connections, connections
 from rq.exceptions import StopRequested
 from rq.timeouts import TimerDeathPenalty
 
+from ..cache import wait_for_connections
 from ..conf import get_config
 from ..core.sentences import timeout_message
 from ..infra import dbconn, state
@@ -147,6 +148,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
     def __init__(self, *args, **kwargs):
         self._local = threading.local()
         super().__init__(*args, **kwargs)
+        wait_for_connections(self.connection)  # its threads share the client with its queues
         cfg = get_config()
         self.threads, self.max_stuck = cfg["WORKER_THREADS"], cfg["WORKER_MAX_STUCK"]
         self._slots = {}  # job id -> _Slot, for every job not yet finished nor given up

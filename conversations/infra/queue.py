@@ -7,14 +7,13 @@ import datetime
 import logging
 
 import django_rq
-import redis
 from django.utils import timezone
 from redis.exceptions import RedisError
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.worker import Worker
 
-from ..cache import blocking_pool
+from ..cache import wait_for_connections
 from ..conf import get_config
 from . import state
 
@@ -42,7 +41,7 @@ def get_queue():
     ``django_rq.get_queue()`` builds a new client, with a new connection pool, on every call,
     so every POST would open (and handshake) a fresh connection to Redis. The client's pool
     starts afresh in a forked child, as redis-py pools do, and makes a thread wait for a free
-    connection rather than fail (``cache.blocking_pool``): a ``ConcurrentWorker``'s threads share it.
+    connection rather than fail (``cache.wait_for_connections``): a ``ConcurrentWorker``'s threads share it.
     """
     from django_rq.settings import QUEUES
 
@@ -50,10 +49,7 @@ def get_queue():
     key = (name, repr(sorted(QUEUES[name].items())))
     connection = _connections.get(key)
     if connection is None:
-        connection = django_rq.get_connection(name)
-        if type(connection.connection_pool) is redis.ConnectionPool:  # not a Sentinel's, nor one already blocking
-            connection = type(connection)(connection_pool=blocking_pool(connection.connection_pool))
-        connection = _connections[key] = connection
+        connection = _connections[key] = wait_for_connections(django_rq.get_connection(name))
     return django_rq.get_queue(name, connection=connection)
 
 

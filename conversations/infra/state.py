@@ -89,7 +89,7 @@ def forget_auth_stamp(user_id):
 def publish(state):
     """Write ``state`` (a dict with at least ``id``) with the next version; return the written dict.
 
-    A state names its conversation's owner as the cache last heard of it (``owner_changed``), not
+    A state names its conversation's owner as the cache last heard of it (``owners_changed``), not
     as its writer loaded it: a visitor who logs in while the turn runs makes the conversation
     theirs, and the job's later states must say so, or the user's other sessions are refused."""
     cache = _cache()
@@ -102,12 +102,14 @@ def publish(state):
     return state
 
 
-def owner_changed(conversation):
-    """Record ``conversation``'s new owner (``owner_dict``) for every state published from now on
-    (``publish``), including those of a job that loaded the old one. Ownership only ever widens
-    (a login claims an anonymous visitor's conversation), so a state that still names the old
-    owner in the meantime refuses nobody it should serve."""
-    _cache().set(owner_key(conversation.pk), owner_dict(conversation), timeout=get_config()["STATE_TTL"])
+def owners_changed(conversations):
+    """Record the new owner (``owner_dict``) of each of ``conversations`` for every state published
+    from now on (``publish``), including those of a job that loaded the old one; one round trip.
+    Ownership only ever widens (a login claims an anonymous visitor's conversation), so a state
+    that still names the old owner in the meantime refuses nobody it should serve."""
+    owners = {owner_key(conversation.pk): owner_dict(conversation) for conversation in conversations}
+    if owners:
+        _cache().set_many(owners, timeout=get_config()["STATE_TTL"])
 
 
 def _redis(cache, ttl, *keys):
@@ -122,7 +124,7 @@ def _redis(cache, ttl, *keys):
 
 def _next_version(cache, vkey, ttl, okey):
     """``(version, owner)``: the turn's next version, its counter's TTL refreshed (a turn can wait
-    in the queue longer than the TTL), and the owner recorded at ``okey`` (``owner_changed``) or
+    in the queue longer than the TTL), and the owner recorded at ``okey`` (``owners_changed``) or
     None. On Django's Redis backend in one round trip: INCR creates a missing counter at 1, as
     ``add(0)`` then ``incr`` do, and Django stores integers unpickled, so ``get`` reads it back;
     through the cache API it takes five (``incr`` asks whether the key exists first). A

@@ -2,14 +2,17 @@
 and the queue's (``infra.queue.get_queue``). When every connection of a pool is in use, a thread
 waits for one; it does not fail. redis-py's default pool raises ``MaxConnectionsError`` at once
 (100 connections since redis-py 8): in a ``ConcurrentWorker`` of 200 turns, one in ten crashed.
-Here pools of 2 connections are shared by 24 threads."""
+The worker's own client (RQ's bookkeeping in every job's thread) is another one, made by
+django-rq. Here pools of 2 connections are shared by 24 threads."""
 
 import threading
 
+import django_rq
 import pytest
 from django.core.cache import caches
 
 from conversations.infra import queue
+from conversations.worker import ConcurrentWorker
 
 THREADS, ROUNDS = 24, 25
 
@@ -61,17 +64,27 @@ def test_a_pool_class_the_site_names_is_kept(settings):
 
 
 @pytest.fixture
-def narrow_queue(settings, monkeypatch):
-    """The turns' queue on a client whose pool has 2 connections (``max_connections`` in its URL)."""
+def narrow_queues(settings, monkeypatch):
+    """The turns' queue on clients whose pools have 2 connections (``max_connections`` in its URL)."""
     name = next(iter(settings.RQ_QUEUES))
     conf = settings.RQ_QUEUES[name]
     settings.RQ_QUEUES = {**settings.RQ_QUEUES, name: {**conf, "URL": conf["URL"] + "?max_connections=2"}}
     monkeypatch.setattr(queue, "_connections", {})
-    return queue.get_queue()
+    return name
 
 
-def test_threads_wait_for_a_connection_of_the_queues_pool(narrow_queue):
-    connection = narrow_queue.connection
+def the_queues_client(name):
+    return queue.get_queue().connection
+
+
+def a_concurrent_workers_client(name):
+    """What ``manage.py rqworker`` builds: django-rq makes the client, the worker and its queues share it."""
+    return django_rq.get_worker(name, worker_class=ConcurrentWorker).connection
+
+
+@pytest.mark.parametrize("client_of", [the_queues_client, a_concurrent_workers_client])
+def test_threads_wait_for_a_connection_of_rqs_pool(narrow_queues, client_of):
+    connection = client_of(narrow_queues)
     assert connection.connection_pool.max_connections == 2
     connection.delete("pool-test:queue")
 
