@@ -141,9 +141,16 @@ class Stack:
         if pool:
             started = [self.spawn(*manage, "rqworker-pool", "--num-workers", str(count))]
         else:
-            started = [self.spawn(*manage, "rqworker", stderr=open(os.environ["BENCH_WORKER_LOG"], "a")
-                                  if os.environ.get("BENCH_WORKER_LOG") else subprocess.DEVNULL)
+            # BENCH_WORKER_LOG=<file>: the workers' logs go there (docs/benchmarks.md).
+            log = os.environ.get("BENCH_WORKER_LOG")
+            started = [self.spawn(*manage, "rqworker", stderr=open(log, "a") if log else subprocess.DEVNULL)
                        for _ in range(count)]
+        self.wait_for_workers(count)
+        return started
+
+    @staticmethod
+    def wait_for_workers(count):
+        """Wait until ``count`` RQ workers (on any queue) have registered."""
         from rq import Worker
 
         from conversations.infra.queue import get_queue
@@ -153,7 +160,6 @@ class Stack:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {len(Worker.all(connection=get_queue().connection))} workers registered")
             time.sleep(0.1)
-        return started
 
     def __exit__(self, *exc):
         for process in self.processes:

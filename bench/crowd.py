@@ -215,9 +215,10 @@ def post_all(base, prepared, label, on_posted=None):
         barrier.wait()
         response = session.post(f"{base}/api/conversations/{conversation}/turns/", json={"content": question})
         response.raise_for_status()
+        turn_id = response.json()["id"]
         if on_posted is not None:
-            on_posted(question, response.json()["id"])
-        return question, response.json()["id"]
+            on_posted(question, turn_id)
+        return question, turn_id
 
     started = time.time()
     with ThreadPoolExecutor(len(prepared)) as pool:
@@ -407,11 +408,11 @@ def many(stack, base, args):
             part = "first 3 words" if number < 3 else "last 3 words" if number >= words - 3 else "middle words"
             by_part[part].append(first_seen[(question, number)] - at)
     first_sent = min(sent.values())
-    # Once every turn streams (each has been sent its first word): the lag of turns in flight,
-    # without the burst of 200 POSTs and turn starts that the same 2 cores absorb before.
-    all_streaming = max(at for (question, number), at in sent.items() if number == 0)
-    by_part["sent once all turns stream"] = [first_seen[key] - at for key, at in sent.items()
-                                            if key in first_seen and at > all_streaming]
+    # After the last turn's first word: the lag once no turn is starting any more (with long
+    # answers, also once the first turns have ended).
+    last_began = max(at for (question, number), at in sent.items() if number == 0)
+    by_part["sent after the last turn began"] = [first_seen[key] - at for key, at in sent.items()
+                                                 if key in first_seen and at > last_began]
     by_second = {}
     for key, at in sent.items():
         if key in first_seen:
@@ -442,8 +443,8 @@ def many(stack, base, args):
             baseline_connections if baseline_connections is not None else "–",
             peak["connections"] if baseline_connections is not None else "–"]])
     print(f"\nAfter the first POST: the last turn enqueued at {enqueued[-1]:.1f}s; turns started (median / last) "
-          f"at {percentile(began, 0.5):.1f}s / {began[-1]:.1f}s. Every turn streaming {all_streaming - first_sent:.1f}s "
-          f"after the first word was sent. Endings: {dict(endings)}\n")
+          f"at {percentile(began, 0.5):.1f}s / {began[-1]:.1f}s. The last turn's first word was sent "
+          f"{last_began - first_sent:.1f}s after the first turn's. Endings: {dict(endings)}\n")
     table(["words", "timed", "lag p50 s", "lag p95 s", "lag max s"],
           [[part, len(values), f"{percentile(values, 0.5):.3f}", f"{percentile(values, 0.95):.3f}",
             f"{max(values):.3f}"]

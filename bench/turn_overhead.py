@@ -37,16 +37,6 @@ RESULT_KEY = "bench:bare:{}"
 STOCK = "bare job, POSTed, stock django-rq worker"
 
 
-def wait_registered(queue, count):
-    from rq import Worker
-
-    deadline = time.monotonic() + 120
-    while len(Worker.all(connection=queue.connection)) < count:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"fewer than {count} workers registered after 120s")
-        time.sleep(0.1)
-
-
 def wait_idle(queue):
     """Wait until the worker has finished with the last job (RQ's own bookkeeping after the job
     function returns, the work horse reaped), so that no run pays for the one before it."""
@@ -154,7 +144,7 @@ def main():
             stack.spawn(PYTHON, str(ROOT / "manage.py"), "rqworker", "bare", "--worker-class", "rq.Worker",
                         env={"RQ_WORKER_CLASS": "rq.Worker"})
             queue = get_queue()
-            wait_registered(queue, 2)
+            stack.wait_for_workers(2)
             results = {"turn": [], "bare job, POSTed to a bare view": [], STOCK: [],
                        "bare job, enqueued in-process": []}
             for number in range(args.turns + 3):
