@@ -49,10 +49,12 @@ class TurnRunner:
     """Runs one turn. Collaborators are injectable for tests:
 
     ``clock`` a ``TurnClock``; ``provider`` a ``BaseProvider`` (built from the config when
-    None); ``tools`` {name: Tool}; ``publisher`` the function that writes the live state.
+    None); ``tools`` {name: Tool}; ``publisher`` the function that writes the live state (and its
+    growing answers, which otherwise go through ``state.publish_board``).
     """
 
     publisher = staticmethod(state.publish)
+    stream_publisher = staticmethod(state.publish_board.offer)
 
     def __init__(self, turn, *, clock, config, provider=None, tools=None, publisher=None):
         self.turn = turn
@@ -61,7 +63,7 @@ class TurnRunner:
         self.budget = clock.budget
         self.config = config
         if publisher is not None:
-            self.publisher = publisher
+            self.publisher = self.stream_publisher = publisher
         self.tools = load_tools(config["TOOLS"]) if tools is None else tools
         self.https = []
         if provider is None:
@@ -123,13 +125,14 @@ class TurnRunner:
         self.publish_streamed()
 
     def publish_streamed(self):
-        """Publish the streamed text so far as the growing answer (cache only; never raises)."""
+        """Publish the streamed text so far as the growing answer (cache only, through the
+        process's ``state.publish_board`` when it runs; never raises)."""
         self.streamed_shown = len(self.streamed)
         data = state.state_from_db(self.turn, self.rows)
         data["messages"].append({"id": None, "role": Message.Role.ASSISTANT, "content": "".join(self.streamed),
                                  "streaming": True})
         try:
-            self.publisher(data)
+            self.stream_publisher(data)
         except (RedisError, OSError):
             logger.warning("Could not publish the growing answer of turn %s", self.turn.id, exc_info=True)
 

@@ -174,9 +174,11 @@ class ConcurrentWorker(rq.worker.BaseWorker):
 
     def work(self, *args, **kwargs):
         """RQ's loop, after ``warm_up()``, with the heartbeat and watcher threads running beside it,
-        and the stop flags of all its turns read together (``state.stop_board``)."""
+        the stop flags of all its turns read together (``state.stop_board``) and their growing answers
+        written together (``state.publish_board``)."""
         warm_up()
         state.stop_board.start()
+        state.publish_board.start()
         helpers = [threading.Thread(target=self._keep_alive, name="conversations-heartbeat", daemon=True),
                    threading.Thread(target=self._watch, name="conversations-watcher", daemon=True)]
         self._done.clear()

@@ -91,15 +91,35 @@ def publish(state):
 
     A state names its conversation's owner as the cache last heard of it (``owners_changed``), not
     as its writer loaded it: a visitor who logs in while the turn runs makes the conversation
-    theirs, and the job's later states must say so, or the user's other sessions are refused."""
-    cache = _cache()
-    ttl = get_config()["STATE_TTL"]
-    version, owner = _next_version(cache, _version_key(state["id"]), ttl, owner_key(state.get("conversation")))
-    state = {**state, "version": version, "updated_at": time.time()}
-    if owner is not None:
-        state["owner"] = owner
-    cache.set(state_key(state["id"]), state, timeout=ttl)
-    return state
+    theirs, and the job's later states must say so, or the user's other sessions are refused.
+    A growing answer of the same turn that this process's ``publish_board`` holds is dropped first,
+    or waited for if it is being written: it never lands after this newer state."""
+    publish_board.withdraw(state["id"])
+    return _write([state])[0]
+
+
+def _write(states):
+    """Write each of ``states`` (of different turns) with its turn's next version and recorded
+    owner; return the written dicts. On Django's Redis backend in two round trips however many
+    there are: the versions and owners (``_next_versions``), then the states."""
+    cache, ttl = _cache(), get_config()["STATE_TTL"]
+    written = []
+    for data, (version, owner) in zip(states, _next_versions(cache, ttl, states)):
+        data = {**data, "version": version, "updated_at": time.time()}
+        if owner is not None:
+            data["owner"] = owner
+        written.append(data)
+    raw = _redis(cache, ttl, *(state_key(data["id"]) for data in written)) if len(written) > 1 else None
+    if raw is None:
+        for data in written:
+            cache.set(state_key(data["id"]), data, timeout=ttl)
+        return written
+    client, keys = raw
+    with client.pipeline(transaction=False) as pipeline:
+        for key, data in zip(keys, written):
+            pipeline.set(key, cache._cache._serializer.dumps(data), ex=ttl)
+        pipeline.execute()
+    return written
 
 
 def owners_changed(conversations):
@@ -122,23 +142,33 @@ def _redis(cache, ttl, *keys):
     return cache._cache.get_client(made[0], write=True), made
 
 
-def _next_version(cache, vkey, ttl, okey):
-    """``(version, owner)``: the turn's next version, its counter's TTL refreshed (a turn can wait
-    in the queue longer than the TTL), and the owner recorded at ``okey`` (``owners_changed``) or
-    None. On Django's Redis backend in one round trip: INCR creates a missing counter at 1, as
-    ``add(0)`` then ``incr`` do, and Django stores integers unpickled, so ``get`` reads it back;
-    through the cache API it takes five (``incr`` asks whether the key exists first). A
-    streaming turn publishes every ``PUBLISH_INTERVAL``, so with hundreds of turns in one
-    process these round trips are much of its work."""
-    raw = _redis(cache, ttl, vkey, okey)
+def _next_versions(cache, ttl, states):
+    """``[(version, owner)]`` for each of ``states``: its turn's next version, the counter's TTL
+    refreshed (a turn can wait in the queue longer than the TTL), and the owner recorded for its
+    conversation (``owners_changed``) or None. On Django's Redis backend in one round trip for
+    all of them: INCR creates a missing counter at 1, as ``add(0)`` then ``incr`` do, and Django
+    stores integers unpickled, so ``get`` reads it back; through the cache API it takes five a
+    state (``incr`` asks whether the key exists first). A streaming turn publishes every
+    ``PUBLISH_INTERVAL``, so with hundreds of turns in one process these round trips are much of
+    its work."""
+    keys = [key for data in states for key in (_version_key(data["id"]), owner_key(data.get("conversation")))]
+    raw = _redis(cache, ttl, *keys)
     if raw is not None:
-        client, (key, owner) = raw
+        client, made = raw
         with client.pipeline(transaction=False) as pipeline:
-            pipeline.incr(key)
-            pipeline.expire(key, ttl)
-            pipeline.get(owner)
-            version, _, owner = pipeline.execute()
-        return version, (None if owner is None else cache._cache._serializer.loads(owner))
+            for vkey, okey in zip(made[::2], made[1::2]):
+                pipeline.incr(vkey)
+                pipeline.expire(vkey, ttl)
+                pipeline.get(okey)
+            replies = pipeline.execute()
+        loads = cache._cache._serializer.loads
+        return [(version, None if owner is None else loads(owner))
+                for version, owner in zip(replies[::3], replies[2::3])]
+    return [_next_version(cache, ttl, vkey, okey) for vkey, okey in zip(keys[::2], keys[1::2])]
+
+
+def _next_version(cache, ttl, vkey, okey):
+    """``_next_versions`` for one state, through the cache API (a backend other than Redis)."""
     try:
         version = cache.incr(vkey)
     except ValueError:  # the first publish of this turn (or its counter expired)
@@ -269,6 +299,81 @@ class StopBoard:
 
 
 stop_board = StopBoard()
+
+
+class PublishBoard:
+    """The growing answers of the turns streaming in this process, written together by one thread
+    of it, once ``start()`` was called.
+
+    A streaming turn publishes its growing answer every ``PUBLISH_INTERVAL``. With hundreds of
+    turns streaming in one process (a ``ConcurrentWorker``), each publish's own two Redis round
+    trips, and the GIL its thread had to win back after each, held back every stream's words by
+    seconds. ``offer()`` only hands the state over; the board's thread writes all that was offered
+    meanwhile (the newest state of each turn) in two round trips (``_write``), and what is offered
+    while it writes goes in the next batch. ``publish()`` of a turn (its rows saved, its final
+    state) first takes back what that turn offered, or waits for it to land if it is being
+    written (at most ``WAIT`` seconds), so that an older growing answer never lands after it. Not
+    started, ``offer()`` publishes at once (one turn per work horse gains nothing from a board).
+    """
+
+    WAIT = 5.0
+
+    def __init__(self):
+        self._forget()
+        os.register_at_fork(after_in_child=self._forget)  # as StopBoard: no thread writes in a child
+
+    def _forget(self):
+        self._changed = threading.Condition()
+        self._offered = {}  # turn id -> the newest state it offered that is not being written yet
+        self._writing = set()  # the turn ids of the batch being written now
+        self._thread = None
+
+    def start(self):
+        """Write the growing answers from now on in one thread of this process (idempotent)."""
+        with self._changed:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="conversations-publish-board", daemon=True)
+                self._thread.start()
+
+    def offer(self, data):
+        """Publish ``data``, a turn's growing answer, soon (not started: now, as ``publish``, which
+        may raise ``RedisError``). Returns at once; a newer offer of the same turn replaces it."""
+        if self._thread is None:
+            return publish(data)
+        with self._changed:
+            self._offered[str(data["id"])] = data
+            self._changed.notify_all()
+        return None
+
+    def withdraw(self, turn_id):
+        """Drop the growing answer ``turn_id`` offered, and wait while one of it is being written."""
+        if self._thread is None:
+            return
+        turn_id = str(turn_id)
+        deadline = time.monotonic() + self.WAIT
+        with self._changed:
+            self._offered.pop(turn_id, None)
+            while turn_id in self._writing and (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(left)
+
+    def _run(self):
+        while True:
+            with self._changed:
+                while not self._offered:
+                    self._changed.wait()
+                batch, self._offered = self._offered, {}
+                self._writing = set(batch)
+            try:
+                _write(list(batch.values()))
+            except Exception:  # noqa: BLE001 - e.g. Redis down: each turn's next growing answer replaces these
+                logger.warning("Could not publish the growing answers of %d turns", len(batch), exc_info=True)
+            finally:
+                with self._changed:
+                    self._writing = set()
+                    self._changed.notify_all()
+
+
+publish_board = PublishBoard()
 
 
 def message_dict(message):

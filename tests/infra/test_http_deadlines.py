@@ -185,6 +185,48 @@ def test_parallel_calls_each_end_at_their_own_limit():
         assert call.records[0]["timeout"] == pytest.approx(limit, abs=0.05)
 
 
+def test_many_attempts_in_flight_share_two_watchdog_threads_and_each_ends_at_its_own_limit():
+    """A ``ConcurrentWorker`` has hundreds of calls in flight: their watchdogs are served by two
+    threads of the process, not one each, and every one still fires at its own limit; a Stop
+    reaches only the attempt whose turn was stopped."""
+    limits = [0.3 + 0.02 * n for n in range(40)]
+    stop = threading.Event()
+    fired_at = {}
+    with contextlib.ExitStack() as stack:
+        before = threading.active_count()
+        started = time.monotonic()
+        watchdogs = [stack.enter_context(Watchdog(limit, cancelled=lambda: False)) for limit in limits]
+        stopped = stack.enter_context(Watchdog(30, cancelled=stop.is_set))
+        threads = threading.active_count() - before
+        stop.set()
+        deadline = started + max(limits) + SLACK
+        while len(fired_at) < len(limits) + 1 and time.monotonic() < deadline:
+            for watchdog in watchdogs + [stopped]:
+                if watchdog.fired and watchdog not in fired_at:
+                    fired_at[watchdog] = time.monotonic() - started
+            time.sleep(0.005)
+
+    assert threads <= 2  # none at all once the process's two run
+    assert all(watchdog.expired for watchdog in watchdogs) and stopped.cancelled and not stopped.expired
+    late = [(limit, round(fired_at[w], 3)) for limit, w in zip(limits, watchdogs)
+            if not limit - 0.01 <= fired_at[w] <= limit + 0.25]
+    assert late == []
+    assert fired_at[stopped] < 0.5
+
+
+def test_a_watchdog_whose_attempt_is_over_never_shuts_its_sockets():
+    """A kept-alive connection goes back to the pool when its attempt ends: a limit passing later
+    must not shut it under the next attempt."""
+    with SilentListener() as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
+        with Watchdog(0.1) as watchdog:
+            watchdog.watch(sock)
+        time.sleep(0.3)
+        sock.settimeout(0.2)
+        with pytest.raises(socket.timeout):  # still open: a shut socket would read b"" at once
+            sock.recv(1)
+    assert not watchdog.fired
+
+
 def test_budget_below_the_connect_timeout_bounds_the_connect():
     with full_accept_queue() as url:
         call = Call(budget=1.0, CALL_TIMEOUT=60, CONNECT_TIMEOUT=10).post(url)
