@@ -109,7 +109,7 @@ def _write(states):
         if owner is not None:
             data["owner"] = owner
         written.append(data)
-    raw = _redis(cache, ttl, *(state_key(data["id"]) for data in written)) if len(written) > 1 else None
+    raw = _redis(cache, ttl, *(state_key(data["id"]) for data in written))
     if raw is None:
         for data in written:
             cache.set(state_key(data["id"]), data, timeout=ttl)
@@ -225,7 +225,31 @@ def _stop_from(found, turn_id):
     return Stop.HANDOFF if found.get(handoff_key(turn_id)) else None
 
 
-class StopBoard:
+class _Board:
+    """What both boards share: one thread of this process serves the board once ``start()`` was
+    called (its ``_run``), under ``_lock``. A process forked from one whose board runs (a work
+    horse of a test's or a pool's parent) has no such thread: it starts without a board (each
+    board's methods then do their work themselves)."""
+
+    thread_name = ""
+
+    def __init__(self):
+        self._forget()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self):
+        """Set the board's state as new (and not started); a subclass adds its own to it."""
+        self._thread = None
+
+    def start(self):
+        """Serve the board from now on in one thread of this process (idempotent)."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+                self._thread.start()
+
+
+class StopBoard(_Board):
     """The stop flags of every turn whose call is in flight in this process, read for all of them
     in one round trip every ``POLL`` seconds by one thread, once ``start()`` was called.
 
@@ -239,24 +263,12 @@ class StopBoard:
 
     POLL = 0.1
     IDLE = 2.0
-
-    def __init__(self):
-        self._forget()
-        # A process forked from one whose board runs (a work horse of a test's or a pool's parent)
-        # has no thread refreshing it: it starts without a board, reading each flag itself.
-        os.register_at_fork(after_in_child=self._forget)
+    thread_name = "conversations-stop-board"
 
     def _forget(self):
+        super()._forget()
         self._lock = threading.Lock()
         self._flags = {}  # turn id -> [its Stop or None, when last asked (time.monotonic)]
-        self._thread = None
-
-    def start(self):
-        """Read the flags from now on in one thread of this process (idempotent)."""
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="conversations-stop-board", daemon=True)
-                self._thread.start()
 
     def stop_requested(self, turn_id):
         """The ``Stop`` asked of ``turn_id``'s job, as ``stop_requested`` (at most ``POLL`` old)."""
@@ -301,7 +313,7 @@ class StopBoard:
 stop_board = StopBoard()
 
 
-class PublishBoard:
+class PublishBoard(_Board):
     """The growing answers of the turns streaming in this process, written together by one thread
     of it, once ``start()`` was called.
 
@@ -317,32 +329,22 @@ class PublishBoard:
     """
 
     WAIT = 5.0
-
-    def __init__(self):
-        self._forget()
-        os.register_at_fork(after_in_child=self._forget)  # as StopBoard: no thread writes in a child
+    thread_name = "conversations-publish-board"
 
     def _forget(self):
-        self._changed = threading.Condition()
+        super()._forget()
+        self._lock = threading.Condition()
         self._offered = {}  # turn id -> the newest state it offered that is not being written yet
         self._writing = set()  # the turn ids of the batch being written now
-        self._thread = None
-
-    def start(self):
-        """Write the growing answers from now on in one thread of this process (idempotent)."""
-        with self._changed:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="conversations-publish-board", daemon=True)
-                self._thread.start()
 
     def offer(self, data):
         """Publish ``data``, a turn's growing answer, soon (not started: now, as ``publish``, which
         may raise ``RedisError``). Returns at once; a newer offer of the same turn replaces it."""
         if self._thread is None:
             return publish(data)
-        with self._changed:
+        with self._lock:
             self._offered[str(data["id"])] = data
-            self._changed.notify_all()
+            self._lock.notify_all()
         return None
 
     def withdraw(self, turn_id):
@@ -351,16 +353,16 @@ class PublishBoard:
             return
         turn_id = str(turn_id)
         deadline = time.monotonic() + self.WAIT
-        with self._changed:
+        with self._lock:
             self._offered.pop(turn_id, None)
             while turn_id in self._writing and (left := deadline - time.monotonic()) > 0:
-                self._changed.wait(left)
+                self._lock.wait(left)
 
     def _run(self):
         while True:
-            with self._changed:
+            with self._lock:
                 while not self._offered:
-                    self._changed.wait()
+                    self._lock.wait()
                 batch, self._offered = self._offered, {}
                 self._writing = set(batch)
             try:
@@ -368,9 +370,9 @@ class PublishBoard:
             except Exception:  # noqa: BLE001 - e.g. Redis down: each turn's next growing answer replaces these
                 logger.warning("Could not publish the growing answers of %d turns", len(batch), exc_info=True)
             finally:
-                with self._changed:
+                with self._lock:
                     self._writing = set()
-                    self._changed.notify_all()
+                    self._lock.notify_all()
 
 
 publish_board = PublishBoard()

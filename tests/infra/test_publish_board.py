@@ -30,6 +30,16 @@ def held_writes(monkeypatch):
     return batches, writing, release
 
 
+def held_board(held_writes, turn_id, text):
+    """A started board whose thread is writing ``turn_id``'s growing answer ``text``, held there."""
+    _, writing, _ = held_writes
+    board = PublishBoard()
+    board.start()
+    board.offer(growing(turn_id, text))
+    assert writing.wait(5)
+    return board
+
+
 def growing(turn_id, text):
     return {"id": turn_id, "conversation": None, "done": False,
             "messages": [{"id": None, "role": "assistant", "content": text, "streaming": True}]}
@@ -43,7 +53,7 @@ def written_text(turn_id):
 def wait_until_written(board):
     """The board has written everything offered to it (a withdraw waits for what is being written)."""
     for _ in range(200):
-        with board._changed:
+        with board._lock:
             if not board._offered and not board._writing:
                 return
         threading.Event().wait(0.01)
@@ -51,11 +61,8 @@ def wait_until_written(board):
 
 
 def test_what_many_turns_offer_meanwhile_is_written_in_one_batch_with_each_turns_newest_text(held_writes):
-    batches, writing, release = held_writes
-    board = PublishBoard()
-    board.start()
-    board.offer(growing(TURNS[0], "Hel"))
-    assert writing.wait(5)  # the board's thread writes the first offer, and is held there
+    batches, _, release = held_writes
+    board = held_board(held_writes, TURNS[0], "Hel")
     for turn_id in TURNS:
         board.offer(growing(turn_id, "Hello"))
     for turn_id in TURNS[:10]:
@@ -69,11 +76,8 @@ def test_what_many_turns_offer_meanwhile_is_written_in_one_batch_with_each_turns
 
 
 def test_a_publish_waits_for_its_turns_growing_answer_being_written_and_lands_after_it(held_writes):
-    batches, writing, release = held_writes
-    board = PublishBoard()
-    board.start()
-    board.offer(growing(TURNS[0], "Half an answ"))
-    assert writing.wait(5)
+    _, _, release = held_writes
+    board = held_board(held_writes, TURNS[0], "Half an answ")
     published = []
     final = threading.Thread(target=lambda: published.append(
         state.publish({**growing(TURNS[0], "Half an answer."), "done": True})), daemon=True)
@@ -91,11 +95,8 @@ def test_a_publish_waits_for_its_turns_growing_answer_being_written_and_lands_af
 
 
 def test_a_growing_answer_not_yet_written_is_dropped_by_a_newer_publish_of_its_turn(held_writes):
-    batches, writing, release = held_writes
-    board = PublishBoard()
-    board.start()
-    board.offer(growing(TURNS[1], "Another turn"))
-    assert writing.wait(5)
+    batches, _, release = held_writes
+    board = held_board(held_writes, TURNS[1], "Another turn")
     board.offer(growing(TURNS[0], "Half an answ"))  # waits behind the batch being written
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(state, "publish_board", board)
@@ -109,7 +110,7 @@ def test_a_growing_answer_not_yet_written_is_dropped_by_a_newer_publish_of_its_t
 
 
 def test_a_board_not_started_publishes_each_growing_answer_at_once(held_writes):
-    batches, writing, release = held_writes
+    batches, _, release = held_writes
     release.set()
     board = PublishBoard()
     assert board.offer(growing(TURNS[0], "At once"))["version"] == 1
