@@ -1,7 +1,8 @@
 """Receivers: a visitor's recent anonymous conversations follow them into their account, a
-saved user's verified session hash is forgotten (see ``owners``), a page that fails because
-Redis is unreachable is logged where an operator looks, and staff are mailed when a visitor asks
-for a person.
+saved user's verified session hash is forgotten (see ``owners``), a staff member renamed,
+deactivated or deleted is what their visitors read next (``handoff.staff_changed``), a page
+that fails because Redis is unreachable is logged where an operator looks, and staff are mailed
+when a visitor asks for a person.
 
 The app's own signals, for a site to connect its chat tool or pager to:
 ``handoff_requested(sender=Conversation, conversation, how, reason)`` and
@@ -18,7 +19,7 @@ from django.core.mail import send_mail
 from django.core.signals import got_request_exception
 from django.db import transaction
 from django.db.models import Max, Q
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import post_delete, post_save, pre_delete
 from django.dispatch import receiver
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
@@ -130,6 +131,19 @@ def forget_verified_session(sender, instance, **kwargs):
         state.forget_auth_stamp(instance.pk)
     except RedisError:  # the stamp expires with STATE_TTL; saving a user must not fail for it
         pass
+
+
+@receiver(post_save, sender=settings.AUTH_USER_MODEL, dispatch_uid="conversations_staff_saved")
+@receiver(pre_delete, sender=settings.AUTH_USER_MODEL, dispatch_uid="conversations_staff_deleted")
+def republish_staff(sender, instance, update_fields=None, **kwargs):
+    """A staff member renamed, deactivated or deleted: the visitors whose handoff shows them read
+    it at their next poll (not a login's save of ``last_login``, which changes nothing they read)."""
+    if update_fields is not None and not set(update_fields) & handoff.staff_fields():
+        return
+    if kwargs.get("created") or kwargs.get("raw"):
+        return  # a new user appears in no conversation yet; a fixture's load publishes nothing
+    with transaction.atomic():  # a delete's own transaction: its publish comes after the commit
+        handoff.staff_changed(instance)
 
 
 @receiver(got_request_exception, dispatch_uid="conversations_log_redis_500")

@@ -18,7 +18,7 @@ import logging
 import string
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.dispatch import Signal
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -127,11 +127,14 @@ def state_from_db(conversation):
     rows = (conversation.messages.filter(turn__isnull=True).select_related("author").order_by("-id")
             [:STATE_MESSAGES])
     requested = conversation.handoff_requested_at
+    # Taken by a staff member who has left: no one answers, and the visitor reads it waiting again
+    # (anyone may answer it, ``may_answer``; past HANDOFF_WAIT the widget offers the way back).
+    answering = conversation.handoff == Handoff.TAKEN and not holder_gone(conversation)
     return {
         "conversation": str(conversation.id),
         "owner": state.owner_dict(conversation),
-        "state": conversation.handoff,
-        "by": staff_name(conversation.handoff_by) if conversation.handoff == Handoff.TAKEN else None,
+        "state": Handoff.WAITING if conversation.handoff == Handoff.TAKEN and not answering else conversation.handoff,
+        "by": staff_name(conversation.handoff_by) if answering else None,
         "requested_at": requested.timestamp() if requested else None,
         "messages": [message_json(m) for m in reversed(rows)],
         "version": conversation.handoff_version,
@@ -341,17 +344,40 @@ def close(conversation_id, user):
 
 
 def back_to_assistant(conversation_id):
-    """The visitor stops waiting for a person (none took it) and writes to the assistant again."""
+    """The visitor stops waiting for a person (none took it, or the one who did has left) and
+    writes to the assistant again."""
     with transaction.atomic():
-        changed = Conversation.objects.filter(pk=conversation_id, handoff=Handoff.WAITING).update(
-            handoff=Handoff.RETURNED)
+        conversation = _locked(conversation_id)
+        if conversation.handoff == Handoff.TAKEN and not holder_gone(conversation):
+            raise Refused(_("A person has joined: they will reply here."))
+        # Conditional on what was read: SQLite has no row lock, and a take may land in between.
+        changed = Conversation.objects.filter(
+            pk=conversation_id, handoff__in=Conversation.HELD, handoff=conversation.handoff,
+            handoff_by=conversation.handoff_by_id).update(handoff=Handoff.RETURNED)
         if not changed:
-            conversation = _locked(conversation_id)
-            if conversation.handoff == Handoff.TAKEN:
-                raise Refused(_("A person has joined: they will reply here."))
             raise Refused(_("This conversation is not waiting for a person."))
         _changed(conversation_id)
     return Conversation.objects.get(pk=conversation_id)
+
+
+def staff_fields():
+    """The user model's fields that change what a visitor reads of a staff member (their name,
+    ``staff_name``; whether they are still there, ``holder_gone``)."""
+    from django.contrib.auth import get_user_model
+
+    model = get_user_model()
+    return {model.USERNAME_FIELD, "first_name", "last_name", "is_active"}
+
+
+def staff_changed(user):
+    """Count a change of every handoff state that shows ``user`` (held by them, or with a message
+    of theirs), so that the visitor's next poll reads their new name or that they left; call it
+    in the transaction that saves or deletes the user (before a delete empties the references)."""
+    shown = (Conversation.objects.exclude(handoff=Handoff.NONE)
+             .filter(Q(handoff_by=user) | Q(messages__author=user, messages__turn__isnull=True))
+             .values_list("pk", flat=True).distinct())
+    for conversation_id in list(shown):
+        _changed(conversation_id)
 
 
 def owner_changed(conversation_ids):
@@ -400,4 +426,5 @@ def hands_over(row):
 __all__ = ["handoff_requested", "handoff_taken", "Refused", "NotOffered", "AlreadyAsked", "Held", "request", "keep",
            "take", "reply", "hand_back", "close", "back_to_assistant", "waiting", "hand_to_person", "HANDED_OVER",
            "ensure_with_assistant", "state_from_db", "public", "publish", "staff_name", "message_json", "holds",
-           "holder_gone", "may_take", "may_answer", "hands_over", "owner_changed"]
+           "holder_gone", "may_take", "may_answer", "hands_over", "owner_changed", "staff_changed",
+           "staff_fields"]

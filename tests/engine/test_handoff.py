@@ -689,3 +689,56 @@ def test_a_reply_that_takes_a_waiting_conversation_is_one_change_published_once(
     assert [c["user"] for c in taken.calls] == ["ana"]
     assert published == [before + 1]
     assert visitor.get(handoff_url(conversation)).json()["messages"][-1]["content"] == "Hello, Ana here."
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_visitor_whose_staff_member_left_reads_no_one_answering_and_may_go_back_to_the_assistant(
+        conversations_settings):
+    conversations_settings.update(HANDOFF_WAIT=0)
+    visitor, conversation = waiting_for_a_person()
+    ana = staff_member()
+    act(ana, conversation, "take")
+    act(ana, conversation, "reply", "Ana here, one moment.")
+    taken = visitor.get(handoff_url(conversation))
+    refused = api_post(visitor, f"/api/conversations/{conversation}/handoff/back/")
+
+    ana.user.is_active = False  # she left: her account deactivated from the admin
+    ana.user.save()
+    left = visitor.get(handoff_url(conversation), HTTP_IF_NONE_MATCH=taken["ETag"])
+    back = api_post(visitor, f"/api/conversations/{conversation}/handoff/back/")
+    turn = send(visitor, conversation, "Then the assistant, please.")
+
+    assert taken.json()["state"] == "taken" and taken.json()["by"] == "Ana from support"
+    assert refused.status_code == 409 and refused.json() == {"detail": "A person has joined: they will reply here."}
+    # No one answers any more: the visitor reads that, with the way back, and keeps what Ana wrote.
+    assert left.status_code == 200
+    assert left.json()["state"] == "waiting" and left.json()["by"] is None and left.json()["expired"] is True
+    assert left.json()["messages"][-1] == {**left.json()["messages"][-1], "content": "Ana here, one moment.",
+                                           "author": "Ana from support"}
+    assert back.status_code == 200 and back.json()["state"] == "returned"
+    assert turn.status_code == 202
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_staff_member_deleted_or_renamed_is_what_the_visitor_reads_at_the_next_poll():
+    visitor, conversation = waiting_for_a_person()
+    ana = staff_member()
+    act(ana, conversation, "take")
+    act(ana, conversation, "reply", "Ana here.")
+    before = visitor.get(handoff_url(conversation))
+
+    ana.user.first_name = "Anna"
+    ana.user.save()
+    renamed = visitor.get(handoff_url(conversation), HTTP_IF_NONE_MATCH=before["ETag"])
+    ana.user.save(update_fields=["last_login"])  # a login: nothing the visitor reads changed
+    same = visitor.get(handoff_url(conversation), HTTP_IF_NONE_MATCH=renamed["ETag"])
+    ana.user.delete()
+    deleted = visitor.get(handoff_url(conversation), HTTP_IF_NONE_MATCH=renamed["ETag"])
+
+    assert before.json()["by"] == "Ana from support"
+    assert renamed.status_code == 200
+    assert renamed.json()["by"] == "Anna from support" and renamed.json()["messages"][-1]["author"] == "Anna from support"
+    assert same.status_code == 304
+    assert deleted.status_code == 200
+    assert deleted.json()["state"] == "waiting" and deleted.json()["by"] is None
+    assert deleted.json()["messages"][-1]["author"] == "Our staff"
