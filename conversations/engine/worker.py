@@ -39,6 +39,46 @@ from .recovery import end_for_dead_job, resume_or_fail
 logger = logging.getLogger("conversations.worker")
 
 
+# The longest wait of one blocking dequeue (Redis's BLMOVE): a warm shutdown of an idle worker
+# takes at most this long to be noticed, since it never breaks into a dequeue (``_dequeue``).
+DEQUEUE_WAIT = 1
+
+
+def _dequeue(worker, dequeue, timeout, max_idle_time):
+    """RQ's ``dequeue`` (a worker's ``dequeue_job_and_maintain_ttl``), which a stop never breaks into:
+    raised there once Redis had moved a job out of the queue, the stop took that job with it,
+    neither queued nor running, until its visitor was told the assistant is not available. The
+    blocking wait for a job is made of waits of ``DEQUEUE_WAIT`` seconds instead, the stop flag looked
+    at between them (RQ returns None after ``max_idle_time``); None once stopped or idle too long.
+    A job dequeued after the stop came goes back to the head of its queue, untouched, for another
+    worker (a stop between this and ``execute_job`` has the job run and hand over there)."""
+    if timeout is None:  # burst: RQ's dequeue does not block
+        return _unless_stopped(worker, dequeue(None, max_idle_time))
+    idle_since = time.monotonic()
+    while not worker._stop_requested:
+        result = _unless_stopped(worker, dequeue(DEQUEUE_WAIT, max_idle_time=DEQUEUE_WAIT))
+        if result is not None or worker._stop_requested:
+            return result
+        if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
+            return None
+    return None
+
+
+def _unless_stopped(worker, result):
+    """``result`` (RQ's ``(job, queue)`` or None), or None once ``worker`` is stopping: then the job
+    is put back at the head of its queue as RQ's dequeue found it (out of its intermediate queue too,
+    in one transaction), not started nor counted anywhere."""
+    if result is None or not worker._stop_requested:
+        return result
+    job, queue = result
+    with worker.connection.pipeline() as pipeline:
+        pipeline.lrem(queue.intermediate_queue_key, 1, job.id)  # where RQ's BLMOVE put it (one queue)
+        queue.push_job_id(job.id, pipeline=pipeline, at_front=True)
+        pipeline.execute()
+    logger.info("Worker %s is stopping: job %s goes back to the head of its queue", worker.name, job.id)
+    return None
+
+
 class Worker(rq.Worker):
     """RQ's forking worker, warmed up before its first job, plus a final write for a turn whose
     work horse died abruptly."""
@@ -48,12 +88,23 @@ class Worker(rq.Worker):
         warm_up()
         return super().work(*args, **kwargs)
 
+    def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
+        return _dequeue(self, super().dequeue_job_and_maintain_ttl, timeout, max_idle_time)
+
     def execute_job(self, job, queue):
         """Called in the parent for each job, before it forks the work horse; returns what RQ's does."""
         # The parent may have opened database connections (see below); a forked child must
         # never share one with it.
         connections.close_all()
+        if self._stop_requested:  # dequeued as the SIGTERM came (``_dequeue``): it hands over too
+            _ask_to_hand_over(job.id)
         return super().execute_job(job, queue)
+
+    def _shutdown(self):
+        """RQ's warm shutdown, which never breaks into a dequeue (``_dequeue``): the loop stops
+        after the job running now, or within ``DEQUEUE_WAIT`` of an idle one."""
+        self._stop_requested = True
+        self.set_shutdown_requested_date()
 
     def handle_warm_shutdown_request(self):
         """Called by RQ in the parent on a warm shutdown (SIGTERM): ask the turn being run to hand
@@ -153,7 +204,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         self.threads, self.max_stuck = cfg["WORKER_THREADS"], cfg["WORKER_MAX_STUCK"]
         self._slots = {}  # job id -> _Slot, for every job not yet finished nor given up
         self._changed = threading.Condition()
-        self._interruptible = False  # the main thread waits (for a job, or a free thread): a stop may break in
+        self._interruptible = False  # the main thread waits for a free thread: a stop may break in
         self._done = threading.Event()  # set when the work loop ends: the heartbeat and watcher threads stop
         self._starting = threading.BoundedSemaphore(STARTING_AT_ONCE)
         self.abandoned_jobs = 0
@@ -192,8 +243,9 @@ class ConcurrentWorker(rq.worker.BaseWorker):
                 helper.join(WATCH_INTERVAL * 2)
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
-        """RQ's dequeue, once a thread is free. In burst mode an empty queue ends the loop only once
-        no turn runs any more: a running turn may still enqueue its continuation."""
+        """RQ's dequeue (``_dequeue``: a stop never breaks into it), once a thread is free. In burst
+        mode an empty queue ends the loop only once no turn runs any more: a running turn may still
+        enqueue its continuation."""
         while True:
             with self._changed:
                 self._interruptible = True
@@ -204,11 +256,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
                     self._interruptible = False
             if self._stop_requested:
                 return None
-            self._interruptible = True
-            try:
-                result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
-            finally:
-                self._interruptible = False
+            result = _dequeue(self, super().dequeue_job_and_maintain_ttl, timeout, max_idle_time)
             if result is not None or timeout is not None:
                 return result
             with self._changed:
@@ -300,8 +348,9 @@ class ConcurrentWorker(rq.worker.BaseWorker):
             _ask_to_hand_over(job.id)
 
     def _shutdown(self):
-        """RQ's warm shutdown: stop taking jobs. The main thread may be blocked waiting for a job
-        or a free thread; then it is broken out of that wait (nothing is lost there)."""
+        """RQ's warm shutdown: stop taking jobs. The main thread may be blocked waiting for a free
+        thread; then it is broken out of that wait (nothing is lost there; never out of a dequeue,
+        see ``dequeue_job_and_maintain_ttl``)."""
         self._stop_requested = True
         self.set_shutdown_requested_date()
         with self._changed:

@@ -11,6 +11,7 @@ import time
 
 import django_rq
 import pytest
+from rq.job import Job
 from django.core.cache import cache
 from django.db import connections
 
@@ -20,7 +21,7 @@ from conversations.core.sentences import crashed_message
 from conversations.engine.recovery import resume_or_fail
 from conversations.tools import tool
 from tests.support.fakes import FakeProvider, hang, openai_text, openai_tool_calls
-from tests.support.helpers import Poller, at_once, make_client, poll_until_done, start_turn
+from tests.support.helpers import Poller, at_once, make_client, make_worker, poll_until_done, run_worker, start_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -392,6 +393,43 @@ def test_a_continuation_is_run_before_turns_that_were_waiting(resuming):
     assert asked == ["Resume me", "New 0", "New 1"]
     assert set(Turn.objects.filter(pk__in=[resumed["id"], *(w["id"] for w in waiting)])
                .values_list("status", flat=True)) == {"completed"}
+
+
+@pytest.mark.parametrize("burst", [True, False], ids=["burst", "blocking"])
+def test_a_sigterm_while_redis_hands_over_a_job_loses_no_turn(resuming, worker_class, burst):
+    """SIGTERM inside RQ's dequeue, once Redis has moved the job out of the queue: raised there,
+    the stop took the job with it (neither queued nor running), and its visitor was told the
+    assistant is not available when QUEUE_WAIT ran out. Now the job goes back to the head of the
+    queue, and the next worker runs it from its start."""
+    resuming.add(openai_text("Answered."))
+    client = make_client()
+    body = start_turn(client, "Long one")
+    worker = make_worker(worker_class)
+
+    class Signalled(worker.queue_class):
+        @classmethod
+        def dequeue_any(cls, *args, **kwargs):
+            result = super().dequeue_any(*args, **kwargs)
+            if result is not None:
+                worker.request_stop(signal.SIGTERM, None)  # what RQ's signal handler runs, at this moment
+            return result
+
+    worker.queue_class = Signalled
+    if burst:
+        worker.work(burst=True)
+    else:
+        worker.work()  # returns once stopped: the dequeue waits in short blocking reads
+    connections.close_all()
+    queued = django_rq.get_queue("default").job_ids
+    elsewhere = run_worker(worker_class)
+
+    final = poll_until_done(client, body["poll_url"], timeout=10)
+    assert queued == [Turn.objects.get(pk=body["id"]).job_id]
+    assert (final["status"], final["messages"][-1]["content"]) == ("completed", "Answered.")
+    turn = Turn.objects.get(pk=body["id"])
+    assert turn.resumes == 0 and not CallRecord.objects.filter(turn=turn, kind="resume").exists()
+    assert django_rq.get_queue("default").intermediate_queue.get_job_ids() == []
+    assert Job.fetch(turn.job_id, connection=elsewhere.connection).worker_name == elsewhere.name
 
 
 def test_a_warm_shutdown_lets_the_call_finish_when_the_turn_cannot_be_handed_over(resuming, worker_process):
