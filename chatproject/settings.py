@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+import django
 
 from conversations.conf import DEFAULTS
 
@@ -138,6 +139,13 @@ SPECTACULAR_SETTINGS = {
     # The schema view itself is public (it describes public endpoints); Swagger UI only in DEBUG.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
 }
+
+# The demo's mail (HANDOFF_EMAILS) is printed on the console. Django 6.1 configures mail with
+# MAILERS (EMAIL_BACKEND is deprecated there); earlier versions with EMAIL_BACKEND.
+if django.VERSION >= (6, 1):
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"}}
+else:
+    EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 
 # Django refuses larger non-file bodies (the API's own limit, MAX_REQUEST_BYTES, is lower).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 256 * 1024
