@@ -127,14 +127,13 @@ def state_from_db(conversation):
     rows = (conversation.messages.filter(turn__isnull=True).select_related("author").order_by("-id")
             [:STATE_MESSAGES])
     requested = conversation.handoff_requested_at
-    # Taken by a staff member who has left: no one answers, and the visitor reads it waiting again
-    # (anyone may answer it, ``may_answer``; past HANDOFF_WAIT the widget offers the way back).
-    answering = conversation.handoff == Handoff.TAKEN and not holder_gone(conversation)
+    # Taken by a staff member who has left, it reads waiting again (``unanswered``).
+    waiting = unanswered(conversation)
     return {
         "conversation": str(conversation.id),
         "owner": state.owner_dict(conversation),
-        "state": Handoff.WAITING if conversation.handoff == Handoff.TAKEN and not answering else conversation.handoff,
-        "by": staff_name(conversation.handoff_by) if answering else None,
+        "state": Handoff.WAITING if waiting else conversation.handoff,
+        "by": staff_name(conversation.handoff_by) if conversation.handoff == Handoff.TAKEN and not waiting else None,
         "requested_at": requested.timestamp() if requested else None,
         "messages": [message_json(m) for m in reversed(rows)],
         "version": conversation.handoff_version,
@@ -203,20 +202,25 @@ def holder_gone(conversation):
     return conversation.handoff == Handoff.TAKEN and (holder is None or not getattr(holder, "is_active", True))
 
 
+def unanswered(conversation):
+    """Whether ``conversation`` waits for a person with no one answering it: no one took it yet,
+    or the staff member who did is gone. Anyone with the permission may answer it then, its
+    visitor reads it waiting, and may go back to the assistant."""
+    return conversation.handoff == Handoff.WAITING or holder_gone(conversation)
+
+
 def may_take(conversation, user):
-    """Whether ``user`` may take ``conversation`` now (``take``): it waits for a person, or the
-    staff member who took it is gone, or ``user`` is a superuser, who may take it over from a
-    colleague."""
+    """Whether ``user`` may take ``conversation`` now (``take``): no one answers it (``unanswered``),
+    or ``user`` is a superuser, who may take it over from a colleague."""
     if holds(conversation, user):
         return False
-    return (conversation.handoff == Handoff.WAITING or holder_gone(conversation)
-            or (conversation.handoff == Handoff.TAKEN and getattr(user, "is_superuser", False)))
+    return unanswered(conversation) or (conversation.handoff == Handoff.TAKEN and getattr(user, "is_superuser", False))
 
 
 def may_answer(conversation, user):
-    """Whether ``user`` may reply to, hand back or close ``conversation`` now: it waits for a
-    person or its staff member is gone (a reply takes it), or they hold it."""
-    return conversation.handoff == Handoff.WAITING or holder_gone(conversation) or holds(conversation, user)
+    """Whether ``user`` may reply to, hand back or close ``conversation`` now: no one answers it
+    (a reply takes it), or they hold it."""
+    return unanswered(conversation) or holds(conversation, user)
 
 
 def _refusal(conversation, user=None):
@@ -348,13 +352,13 @@ def back_to_assistant(conversation_id):
     writes to the assistant again."""
     with transaction.atomic():
         conversation = _locked(conversation_id)
-        if conversation.handoff == Handoff.TAKEN and not holder_gone(conversation):
-            raise Refused(_("A person has joined: they will reply here."))
+        if not unanswered(conversation):
+            if conversation.handoff == Handoff.TAKEN:
+                raise Refused(_("A person has joined: they will reply here."))
+            raise Refused(_("This conversation is not waiting for a person."))
         # Conditional on what was read: SQLite has no row lock, and a take may land in between.
-        changed = Conversation.objects.filter(
-            pk=conversation_id, handoff__in=Conversation.HELD, handoff=conversation.handoff,
-            handoff_by=conversation.handoff_by_id).update(handoff=Handoff.RETURNED)
-        if not changed:
+        if not Conversation.objects.filter(pk=conversation_id, handoff=conversation.handoff,
+                                           handoff_by=conversation.handoff_by_id).update(handoff=Handoff.RETURNED):
             raise Refused(_("This conversation is not waiting for a person."))
         _changed(conversation_id)
     return Conversation.objects.get(pk=conversation_id)
@@ -426,5 +430,5 @@ def hands_over(row):
 __all__ = ["handoff_requested", "handoff_taken", "Refused", "NotOffered", "AlreadyAsked", "Held", "request", "keep",
            "take", "reply", "hand_back", "close", "back_to_assistant", "waiting", "hand_to_person", "HANDED_OVER",
            "ensure_with_assistant", "state_from_db", "public", "publish", "staff_name", "message_json", "holds",
-           "holder_gone", "may_take", "may_answer", "hands_over", "owner_changed", "staff_changed",
+           "holder_gone", "unanswered", "may_take", "may_answer", "hands_over", "owner_changed", "staff_changed",
            "staff_fields"]

@@ -57,7 +57,7 @@ def _dequeue(worker, dequeue, timeout, max_idle_time):
     idle_since = time.monotonic()
     while not worker._stop_requested:
         result = _unless_stopped(worker, dequeue(DEQUEUE_WAIT, max_idle_time=DEQUEUE_WAIT))
-        if result is not None or worker._stop_requested:
+        if result is not None:
             return result
         if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
             return None

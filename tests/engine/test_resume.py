@@ -11,9 +11,9 @@ import time
 
 import django_rq
 import pytest
-from rq.job import Job
 from django.core.cache import cache
 from django.db import connections
+from rq.job import Job
 
 from conversations.engine import recovery
 from conversations.models import CallRecord, Message, Turn
