@@ -171,7 +171,7 @@ def test_two_staff_members_cannot_both_take_it(received):
 
     pages = [r.content.decode() for r in results]
     winners = [page for page in pages if "You are answering this conversation." in page]
-    losers = [page for page in pages if "is already answering this conversation; nothing was sent." in page]
+    losers = [page for page in pages if "is already answering this conversation." in page]
     assert len(winners) == 1 and len(losers) == 1
     row = Conversation.objects.get(pk=conversation)
     assert row.handoff == "taken" and row.handoff_by.username in losers[0]
@@ -179,7 +179,7 @@ def test_two_staff_members_cannot_both_take_it(received):
     # The one who did not take it cannot reply; what they wrote stays on their page.
     loser = ben if row.handoff_by.username == "ana" else ana
     page = act(loser, conversation, "reply", "I can help!").content.decode()
-    assert "nothing was sent" in page and "I can help!" in page
+    assert "Nothing was sent" in page and "I can help!" in page
     assert not Message.objects.filter(role="staff").exists()
     # The visitor's poll says who joined.
     assert visitor.get(handoff_url(conversation)).json()["by"] == f"{row.handoff_by.first_name} from support"
@@ -369,7 +369,7 @@ def test_a_conversation_whose_staff_member_left_is_taken_by_another_and_a_superu
 
     # While Ana is here, the conversation is hers.
     refused = act(ben, conversation, "take").content.decode()
-    assert "Ana is already answering this conversation; nothing was sent." in refused
+    assert "Nothing was sent: ana is already answering this conversation." in refused
     # Ana is deactivated: Ben takes it, and the visitor reads him.
     ana.user.is_active = False
     ana.user.save()
@@ -392,13 +392,13 @@ def test_a_conversation_whose_staff_member_left_is_taken_by_another_and_a_superu
     page = dora.get(answer_page(conversation)).content.decode()
     assert "carl is answering this conversation: only they may reply." in page and 'value="take"' in page
     refused = act(dora, conversation, "reply", "Dora here.").content.decode()
-    assert "Carl is already answering this conversation; nothing was sent." in refused
+    assert "Nothing was sent: carl is already answering this conversation." in refused
     taken = dora.post(answer_page(conversation), {"action": "take", "holder": str(carl.user.pk)}, follow=True)
     assert "You are answering this conversation." in taken.content.decode()
     assert visitor.get(handoff_url(conversation)).json()["by"] == "Dora from support"
     # Carl, not a superuser, cannot take it back.
     again = carl.post(answer_page(conversation), {"action": "take", "holder": str(boss.pk)}, follow=True)
-    assert "Dora is already answering this conversation; nothing was sent." in again.content.decode()
+    assert "Nothing was sent: dora is already answering this conversation." in again.content.decode()
 
 
 def died_in_the_tool(conversation, turn_id, *calls):
@@ -667,7 +667,7 @@ def test_a_take_that_waited_for_anothers_lock_sees_who_took_it():
     for thread in threads:
         thread.join(15)
 
-    assert outcome == ["ana is already answering this conversation; nothing was sent."]
+    assert outcome == ["Nothing was sent: ana is already answering this conversation."]
     assert Conversation.objects.get(pk=conversation).handoff_by == ana
 
 
