@@ -2,11 +2,15 @@
 staff answer from the admin's inbox (one at a time), the visitor's poll shows every reply, and
 handing back lets the assistant answer again, with the staff's words in its history."""
 
+import threading
+import time
+
 import django_rq
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core import mail
 from django.core.cache import cache
+from django.db import connections
 from django.db.models import F
 from django.test import Client
 from django.urls import reverse
@@ -742,3 +746,66 @@ def test_a_staff_member_deleted_or_renamed_is_what_the_visitor_reads_at_the_next
     assert deleted.status_code == 200
     assert deleted.json()["state"] == "waiting" and deleted.json()["by"] is None
     assert deleted.json()["messages"][-1]["author"] == "Our staff"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_colleague_cannot_hand_back_or_close_a_conversation_another_answers_by_posting_the_action():
+    visitor, conversation = waiting_for_a_person()
+    ana, ben = staff_member("ana", "Ana"), staff_member("ben", "Ben")
+    act(ana, conversation, "take")
+    # Ben's page offers neither; he posts them all the same.
+    for action in ("hand_back", "close"):
+        page = act(ben, conversation, action).content.decode()
+        assert "Nothing was sent: ana is already answering this conversation." in page
+    row = Conversation.objects.get(pk=conversation)
+    assert (row.handoff, row.handoff_by.username) == ("taken", "ana")
+    assert visitor.get(handoff_url(conversation)).json()["state"] == "taken"
+    assert send(visitor, conversation, "Still with me?").json()["handoff"] == "taken"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_asking_for_a_person_with_the_button_stops_the_running_turn_so_no_answer_lands_after_it(
+        worker, conversations_settings):
+    """The visitor presses "Talk to a person" while the assistant's turn runs (its model call
+    under way): the turn stops before its next step, and nothing of the assistant's reaches a
+    conversation staff now hold."""
+    conversations_settings.update(CREDENTIALS={"key": local_key("sk-test")})
+    pressed = threading.Event()
+
+    def model_answers_after_the_button(handler):
+        pressed.wait(20)
+        handler.send_json(200, openai_tool_calls(("current_time", {"city": "Tokyo"})))
+
+    with FakeProvider() as api:
+        api.add(model_answers_after_the_button, openai_text("The assistant's late answer."))
+        make_assistant(provider="openai", base_url=api.url, credential="key", tools=["current_time"])
+        visitor = make_client()
+        conversation = new_conversation(visitor)
+        turn = send(visitor, conversation, "What time is it in Tokyo?").json()
+
+        def press_the_button():
+            until(lambda: len(api.requests) == 1)
+            try:
+                assert api_post(visitor, handoff_url(conversation)).status_code == 202
+            finally:
+                pressed.set()
+                connections.close_all()
+
+        button = threading.Thread(target=press_the_button)
+        button.start()
+        worker()
+        button.join(20)
+        final = poll_until_done(visitor, turn["poll_url"])
+
+    assert final["status"] == "cancelled" and len(api.requests) == 1
+    assert not Message.objects.filter(conversation_id=conversation, role__in=["assistant", "tool"],
+                                      content__contains="late answer").exists()
+    assert not Message.objects.filter(conversation_id=conversation, role="tool").exists()
+    assert Conversation.objects.get(pk=conversation).handoff == "waiting"
+
+
+def until(condition, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
