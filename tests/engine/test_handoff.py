@@ -809,3 +809,24 @@ def until(condition, timeout=20):
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_handoff_mail_links_the_page_on_the_sites_address_where_no_sites_framework_names_it(
+        conversations_settings):
+    from django.apps import apps
+    from django.core.checks import Warning as CheckWarning
+
+    from conversations.checks import check_config
+
+    assert not apps.is_installed("django.contrib.sites")
+    conversations_settings.update(HANDOFF_EMAILS=["support@example.com"])
+    assert [m.id for m in check_config() if isinstance(m, CheckWarning)] == ["conversations.W046"]
+    conversations_settings.update(SITE_URL="https://help.example.org/")
+    assert "conversations.W046" not in [m.id for m in check_config()]
+    _visitor, conversation = waiting_for_a_person()
+
+    (sent,) = mail.outbox
+    assert f"Answer it: https://help.example.org{answer_page(conversation)}\n" in sent.body + "\n"
+    conversations_settings.update(SITE_URL="help.example.org")
+    assert [m.id for m in check_config() if "SITE_URL" in m.msg] == ["conversations.E044"]
