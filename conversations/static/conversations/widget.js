@@ -581,7 +581,9 @@
       if (!this.running || this.request || document.hidden) { return; }
       var headers = { "Accept": "application/json" };
       if (this.etag) { headers["If-None-Match"] = this.etag; }
-      this.request = fetch(this.url, { credentials: this.client.credentials, cache: "no-store", headers: headers })
+      // With the visitor token too: an embedded widget sends no cookie.
+      this.request = fetch(this.url, { credentials: this.client.credentials, cache: "no-store",
+                                       headers: this.client.authorize(headers) })
         .then(function (response) {
           if (response.status === 304) { return null; }
           if (!response.ok) { throw new Error("HTTP " + response.status); }
