@@ -134,10 +134,14 @@ class WaitingConversationAdmin(admin.ModelAdmin):
         """``live/``: the inbox's rows and how many wait with no one answering (the page's title)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        rows, count = self.inbox_rows(request), self.get_queryset(request).count()
+        rows, held = self.inbox_rows(request), self.get_queryset(request)
+        count = held.count()
         names = self.opts.verbose_name if count == 1 else self.opts.verbose_name_plural
-        return live_response(request, {"rows": rows, "count_text": f"{count} {names}",
-                                       "waiting": sum(1 for row in rows if row["unanswered"])})
+        # Every one no one answers, the ones past the first page too (the longest wait comes first).
+        unanswered = (held.filter(handoff=Conversation.Handoff.WAITING).count()
+                      + sum(1 for row in held.filter(handoff=Conversation.Handoff.TAKEN) if handoff.holder_gone(row)))
+        return live_response(request, {"rows": rows, "count": count, "count_text": f"{count} {names}",
+                                       "waiting": unanswered})
 
     @admin.display(description=gettext_lazy("waiting for"), ordering="handoff_requested_at")
     def waited(self, obj):

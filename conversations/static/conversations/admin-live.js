@@ -113,7 +113,7 @@
 
   function inbox(root, s) {
     var body = document.querySelector("#result_list tbody"), status = root.querySelector(".handoff-live-status");
-    var title = document.title, seen = {}, ring = sound();
+    var title = document.title, seen = {}, ring = sound(), waiting = null;
     Array.prototype.forEach.call(body.rows, function (tr) { seen[rowKey(tr)] = true; });
     poll(function () { return root.dataset.liveUrl; }, +root.dataset.interval, function (data) {
       var rows = {}, fresh = 0;
@@ -130,7 +130,9 @@
       document.title = data.waiting ? fmt(s.waiting_title, { count: data.waiting }) + " " + title : title;
       var count = document.querySelector("#changelist .paginator");
       if (count && !count.querySelector("a")) { count.textContent = data.count_text; }
-      if (fresh) { status.textContent = s.new_request; ring(); }
+      // A new request past the first page (the longest waits fill it) shows in the count alone.
+      if (fresh || (waiting !== null && data.waiting > waiting)) { status.textContent = s.new_request; ring(); }
+      waiting = data.waiting;
     }, status, s);
   }
 

@@ -69,9 +69,10 @@
   // normally takes a turn within a second, so longer means none is free (or none runs).
   var QUEUED_NOTICE = 4000;
   // A conversation handed to a person is polled from HANDOFF_FIRST_DELAY after each change,
-  // backing off to HANDOFF_MAX_DELAY: a staff reply shows within about that (docs/benchmarks.md).
+  // backing off to HANDOFF_MAX_DELAY: a staff reply shows within about that plus a request (p95
+  // goal 1.2 s), at under one request a second while nothing changes (docs/benchmarks.md).
   var HANDOFF_FIRST_DELAY = 500;
-  var HANDOFF_MAX_DELAY = 2000;
+  var HANDOFF_MAX_DELAY = 1000;
   var widgets = 0;
   var sourceLists = 0;       // ids of the sources lists (their headings label them)
 
