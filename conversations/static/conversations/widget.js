@@ -866,7 +866,13 @@
         sheet.rel = "stylesheet";
         sheet.href = cssUrl;
         frame.hidden = true;
-        sheet.onload = sheet.onerror = function () { frame.hidden = false; };
+        // A conversation restored while the frame was hidden could not scroll (nothing has a
+        // height then): once shown, the log starts at its newest message.
+        var self = this;
+        sheet.onload = sheet.onerror = function () {
+          frame.hidden = false;
+          if (self.log) { self.log.scrollTop = self.log.scrollHeight; }
+        };
         shadow.appendChild(sheet);
       }
       shadow.appendChild(frame);
