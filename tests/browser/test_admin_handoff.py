@@ -111,6 +111,12 @@ def test_a_new_request_appears_in_the_open_inbox_within_2_seconds_with_the_count
         expect(rows).to_have_count(1)
         expect(page).to_have_title(re.compile(r"^\(1 waiting\) Conversations waiting for a person"))
         assert audit(page, "#content") == []
+        # The sound is the staff member's choice, off until they tick it, and kept across reloads.
+        sound = page.get_by_label("Play a sound when a visitor asks for a person")
+        expect(sound).not_to_be_checked()
+        sound.press("Space")
+        page.reload()
+        expect(sound).to_be_checked()
 
         asked = time.monotonic()
         _visitor, conversation = visitor_asks(words="My order never came.")
