@@ -6,7 +6,9 @@ framework (``manage.py check``, ``runserver``, ``rqworker``); it returns a list 
 """
 
 import os
+import re
 
+from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
@@ -320,9 +322,18 @@ def _check_handoff(cfg):
         problems_found.append(f"HANDOFF_WAIT is {cfg['HANDOFF_WAIT']}: a visitor would be told no one is free at once")
     problems_found += [f"HANDOFF_EMAILS has {address!r}, which is not an e-mail address"
                        for address in cfg["HANDOFF_EMAILS"] if "@" not in str(address)]
-    return [Error(f"{problem}.", hint='For example "HANDOFF_STAFF_NAME": "{first_name} from support", '
-                  '"HANDOFF_WAIT": 300, "HANDOFF_EMAILS": ["support@example.com"].', id="conversations.E044")
-            for problem in problems_found]
+    if cfg["SITE_URL"] and not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", cfg["SITE_URL"]):
+        problems_found.append(f"SITE_URL {cfg['SITE_URL']!r} is not an http(s) address")
+    messages = [Error(f"{problem}.", hint='For example "HANDOFF_STAFF_NAME": "{first_name} from support", '
+                      '"HANDOFF_WAIT": 300, "HANDOFF_EMAILS": ["support@example.com"], '
+                      '"SITE_URL": "https://shop.example.com".', id="conversations.E044")
+                for problem in problems_found]
+    if cfg["HANDOFF_EMAILS"] and not cfg["SITE_URL"] and not apps.is_installed("django.contrib.sites"):
+        messages.append(Warning(
+            "The handoff mail's link to the answer page will be a path alone, which a mail program cannot open.",
+            hint='Set CONVERSATIONS["SITE_URL"] to the site\'s address ("https://shop.example.com"), or install '
+                 "django.contrib.sites.", id="conversations.W046"))
+    return messages
 
 
 def _check_widget_tokens(cfg):

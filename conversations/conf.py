@@ -160,6 +160,9 @@ DEFAULTS = {
     "HANDOFF_WAIT": 300,
     "HANDOFF_EMAILS": [],
     "HANDOFF_STAFF_NAME": "{first_name} from support",
+    # The site's address ("https://shop.example.com"), for links in mail sent from a worker, which
+    # has no request to take the host from; "" takes it from django.contrib.sites where installed.
+    "SITE_URL": "",
 }
 
 _LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS", "HANDOFF_EMAILS"}

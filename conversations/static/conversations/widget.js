@@ -69,9 +69,10 @@
   // normally takes a turn within a second, so longer means none is free (or none runs).
   var QUEUED_NOTICE = 4000;
   // A conversation handed to a person is polled from HANDOFF_FIRST_DELAY after each change,
-  // backing off to HANDOFF_MAX_DELAY: a staff reply shows within about that (docs/benchmarks.md).
+  // backing off to HANDOFF_MAX_DELAY: a staff reply shows within about that plus a request (p95
+  // goal 1.2 s), at under one request a second while nothing changes (docs/benchmarks.md).
   var HANDOFF_FIRST_DELAY = 500;
-  var HANDOFF_MAX_DELAY = 2000;
+  var HANDOFF_MAX_DELAY = 1000;
   var widgets = 0;
   var sourceLists = 0;       // ids of the sources lists (their headings label them)
 
@@ -581,7 +582,9 @@
       if (!this.running || this.request || document.hidden) { return; }
       var headers = { "Accept": "application/json" };
       if (this.etag) { headers["If-None-Match"] = this.etag; }
-      this.request = fetch(this.url, { credentials: this.client.credentials, cache: "no-store", headers: headers })
+      // With the visitor token too: an embedded widget sends no cookie.
+      this.request = fetch(this.url, { credentials: this.client.credentials, cache: "no-store",
+                                       headers: this.client.authorize(headers) })
         .then(function (response) {
           if (response.status === 304) { return null; }
           if (!response.ok) { throw new Error("HTTP " + response.status); }
@@ -863,7 +866,13 @@
         sheet.rel = "stylesheet";
         sheet.href = cssUrl;
         frame.hidden = true;
-        sheet.onload = sheet.onerror = function () { frame.hidden = false; };
+        // A conversation restored while the frame was hidden could not scroll (nothing has a
+        // height then): once shown, the log starts at its newest message.
+        var self = this;
+        sheet.onload = sheet.onerror = function () {
+          frame.hidden = false;
+          if (self.log) { self.log.scrollTop = self.log.scrollHeight; }
+        };
         shadow.appendChild(sheet);
       }
       shadow.appendChild(frame);
