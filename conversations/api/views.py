@@ -287,4 +287,4 @@ class TurnCancelView(ConversationAPIView):
         conversation = owned_conversation(request, conversation_id)
         turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)
         # Running, with Redis unreachable, the request to stop cannot reach it: RedisDownMixin's 503.
-        return Response(turn_summary(lifecycle.stop(turn)), status=status.HTTP_202_ACCEPTED)
+        return Response(turn_summary(lifecycle.stop(turn, end_orphaned=True)), status=status.HTTP_202_ACCEPTED)
