@@ -19,9 +19,10 @@ the turns. Three parts:
   the worker's PSS at rest and at its peak, per turn in flight; the peak of PostgreSQL
   connections from that worker process (``pg_stat_activity``).
 - ``kill``: ``--kill`` (50) turns in flight in one ``ConcurrentWorker`` process, SIGKILLed
-  while streaming their answers (``--kill-words``, 10 s), once a second process has started. Widget-like pollers (one poll
-  a second per turn, through gunicorn) find each turn's job dead once the killed worker's key
-  has expired, and continue it on the second process. All must complete.
+  while streaming their answers (``--kill-words``, 10 s), once a second process has started. The second
+  process's reaper finds the killed one's lease expired (``infra.lease``, 2 s) and continues each
+  turn there, while widget-like pollers (one poll a second per turn, through gunicorn) follow
+  them. All must complete.
 """
 
 import argparse
