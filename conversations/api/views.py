@@ -274,7 +274,8 @@ class TurnListView(ConversationAPIView):
 
 
 class TurnCancelView(ConversationAPIView):
-    """``POST``: stop a turn. A queued turn ends at once; a running one stops before its next call."""
+    """``POST``: stop a turn. A queued turn ends at once, and a running one whose worker is found dead;
+    a running one stops before its next call."""
 
     @extend_schema(parameters=[CONVERSATION_ID, TURN_ID],
                    request=None, responses={202: serializers.TurnSummarySerializer, 403: CSRF_OR_SIGN_IN,
