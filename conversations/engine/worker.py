@@ -81,6 +81,17 @@ def _unless_stopped(worker, result):
     return None
 
 
+def _unsubscribe(worker):
+    """RQ's ``unsubscribe`` (its teardown's last step) with a bounded wait: redis-py's pubsub thread,
+    once unsubscribed, may sit in a wait of RQ's ``sleep_time`` (60 s) for a subscription, and its
+    ``stop()`` joined it with no timeout, so a process shutting down (a SIGTERM, a lost lease) hung up
+    to a minute. The thread is a daemon: it is not waited for past a second."""
+    if worker.pubsub_thread:
+        worker.pubsub.unsubscribe()
+        worker.pubsub_thread.stop(timeout=1)
+        worker.pubsub.close()
+
+
 class Worker(rq.Worker):
     """RQ's forking worker, warmed up before its first job, plus a final write for a turn whose
     work horse died abruptly."""
@@ -92,6 +103,9 @@ class Worker(rq.Worker):
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
         return _dequeue(self, super().dequeue_job_and_maintain_ttl, timeout, max_idle_time)
+
+    def unsubscribe(self):
+        _unsubscribe(self)
 
     def execute_job(self, job, queue):
         """Called in the parent for each job, before it forks the work horse; returns what RQ's does."""
@@ -389,6 +403,9 @@ class ConcurrentWorker(rq.worker.BaseWorker):
                 except Exception:  # noqa: BLE001 - it then expires, and a reaper finds nothing to do
                     logger.warning("Worker %s: could not give its lease up", self.name, exc_info=True)
         super().teardown()
+
+    def unsubscribe(self):
+        _unsubscribe(self)
 
     def _hold_lease(self):
         """The lease thread: renews this process's lease every ``lease.BEAT`` and does nothing else.
