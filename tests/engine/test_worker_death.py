@@ -31,10 +31,8 @@ NOTICED_WITHIN = lease.TTL + REAP_INTERVAL + 4
 def slow_look_up(query: str) -> str:
     """A read-only tool that runs until the test lets it answer (``test:answer``)."""
     cache.set("test:tool-started", True)
-    try:
-        cache.incr("test:look-ups")
-    except ValueError:
-        cache.set("test:look-ups", 1)
+    cache.add("test:look-ups", 0)
+    cache.incr("test:look-ups")
     deadline = time.monotonic() + 20
     while not cache.get("test:answer") and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -81,12 +79,18 @@ def streaming_now(data):
     return bool(data["messages"]) and data["messages"][-1].get("streaming") and len(data["messages"][-1]["content"]) > 20
 
 
-def test_sigkill_mid_stream_the_turn_goes_on_in_another_process_within_seconds(fake, worker_process,
-                                                                                conversations_settings):
+@pytest.fixture
+def streaming_in_victim(fake, worker_process, conversations_settings):
+    """``(client, victim, posted)``: a long answer streaming in the victim, whose continuation
+    answers "Finished elsewhere."; another process running."""
     conversations_settings.update(STREAM=True)
     fake.add(long_stream(), streaming(openai_stream("Finished elsewhere.")))
     client = make_client()
-    victim, posted = holding(worker_process, client, "Tell me a long story", streaming_now)
+    return (client, *holding(worker_process, client, "Tell me a long story", streaming_now))
+
+
+def test_sigkill_mid_stream_the_turn_goes_on_in_another_process_within_seconds(streaming_in_victim):
+    client, victim, posted = streaming_in_victim
 
     assert killed_then_resumed_in(victim, client, posted) < NOTICED_WITHIN
     final = poll_until_done(client, posted["poll_url"], timeout=30)
@@ -142,12 +146,8 @@ def test_stop_while_the_worker_is_dead_ends_the_turn_cancelled_and_nothing_runs_
     assert client.get(posted["poll_url"]).json()["status"] == "cancelled"
 
 
-def test_a_process_frozen_past_its_lease_wakes_to_find_its_turn_taken_and_writes_nothing(fake, worker_process,
-                                                                                          conversations_settings):
-    conversations_settings.update(STREAM=True)
-    fake.add(long_stream(), streaming(openai_stream("Finished elsewhere.")))
-    client = make_client()
-    victim, posted = holding(worker_process, client, "Tell me a long story", streaming_now)
+def test_a_process_frozen_past_its_lease_wakes_to_find_its_turn_taken_and_writes_nothing(streaming_in_victim):
+    client, victim, posted = streaming_in_victim
     os.kill(victim.pid, signal.SIGSTOP)  # a long freeze: the host stalled, a debugger attached
     try:
         final = poll_until_done(client, posted["poll_url"], timeout=30)
