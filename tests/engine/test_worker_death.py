@@ -39,11 +39,21 @@ def slow_look_up(query: str) -> str:
     return f"found {query}"
 
 
+@tool
+def crunch(seconds: float) -> str:
+    """A CPU-bound tool in pure Python: it holds the GIL as much as the interpreter lets it."""
+    cache.set("test:tool-started", True)
+    deadline, count = time.monotonic() + seconds, 0
+    while time.monotonic() < deadline:
+        count += sum(range(1000))
+    return "crunched"
+
+
 @pytest.fixture
 def fake(conversations_settings):
     with FakeProvider() as provider:
         conversations_settings.update(PROVIDER="openai", BASE_URL=provider.url, API_KEY="k", MODEL="m",
-                                      TOOLS=[f"{__name__}.slow_look_up"], MAX_RESUMES=2, JOB_TIMEOUT=40,
+                                      TOOLS=[f"{__name__}.slow_look_up", f"{__name__}.crunch"], MAX_RESUMES=2, JOB_TIMEOUT=40,
                                       DEADLINE_MARGIN=4, CALL_TIMEOUT=30, TOOL_TIMEOUT=25, STREAM=False,
                                       MAX_ATTEMPTS=1)
         yield provider
@@ -161,3 +171,17 @@ def test_a_process_frozen_past_its_lease_wakes_to_find_its_turn_taken_and_writes
     assert list(Message.objects.filter(turn_id=posted["id"]).values_list("id", "content")) == rows
     turn = Turn.objects.get(pk=posted["id"])
     assert (turn.status, turn.resumes) == ("completed", 1)
+
+
+def test_a_process_busy_with_a_cpu_bound_tool_past_its_lease_is_not_taken_for_dead(fake, worker_process):
+    """Slow is not dead: a tool spinning on the CPU three lease lives long, with another process
+    looking for dead ones all along, and the turn still ends in its own process, run once."""
+    fake.add(openai_tool_calls(("call_1", "crunch", {"seconds": 3 * lease.TTL})), openai_text("Done."))
+    client = make_client()
+    victim, posted = holding(worker_process, client, "Crunch", lambda data: cache.get("test:tool-started"))
+
+    final = poll_until_done(client, posted["poll_url"], timeout=40)
+    assert (final["status"], final["messages"][-1]["content"]) == ("completed", "Done.")
+    turn = Turn.objects.get(pk=posted["id"])
+    assert turn.resumes == 0 and not CallRecord.objects.filter(turn=turn, kind="resume").exists()
+    assert len(fake.requests) == 2 and victim.poll() is None
