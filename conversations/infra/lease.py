@@ -30,14 +30,15 @@ _held = threading.Condition()
 _until = None  # time.monotonic() until which this process's lease is surely alive; None: it holds none
 
 
-def fence(timeout=10):
+def fence(timeout=TTL):
     """Whether this process may write for its turns: at once True in a process that holds no lease
     (the web server, a work horse), else once its lease is known to be alive. A process frozen past
     its lease (SIGSTOP) wakes with every thread at once; a write waits here until the lease thread
     has renewed the lease (True) or learnt it was lost (False), so that nothing written after the
-    freeze lands over what the turn's continuation wrote meanwhile. After ``timeout`` seconds
-    without an answer from Redis it is True: the database's own check (the turn's job) still holds,
-    and a turn must not fall silent because Redis was slow."""
+    freeze lands over what the turn's continuation wrote meanwhile (the lease thread learns it in
+    one round trip once it runs). After ``timeout`` seconds without an answer it is True: the
+    database's own check (the turn's job) still holds, and a process whose lease thread is merely
+    late (a loaded host) must not hold every publish of its turns back for longer."""
     deadline = time.monotonic() + timeout
     with _held:
         while not lost.is_set() and _until is not None and time.monotonic() >= _until:
