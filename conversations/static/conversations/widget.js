@@ -35,6 +35,7 @@
     stopping: "Stopping…",
     stopped: "You stopped this answer.",
     reconnecting: "Connection lost. Reconnecting…",
+    resuming: "Reconnecting…",
     timed_out: "The assistant did not finish in time. Please try again.",
     failed: "Something went wrong and the assistant could not answer. Please try again.",
     incomplete: "This answer is incomplete.",
@@ -421,6 +422,7 @@
         } else {
           turn.version = state.version;
           turn.streaming = self.events.changed(turn, state);
+          turn.resuming = Boolean(state.resuming);  // its worker died: another takes the answer over
           if (state.done) { self.end(turn, state); return; }
           turn.delay = FIRST_DELAY;
         }
@@ -1125,6 +1127,7 @@
     progress(turn) {
       var s = this.strings;
       if (this.status === "stopping") { return s.stopping; }
+      if (turn.resuming) { return s.resuming; }
       if (turn.streaming) { return s.writing; }
       if (this.status === "waiting" && Date.now() - turn.since >= QUEUED_NOTICE) { return s.waiting; }
       return s.thinking;
