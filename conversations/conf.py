@@ -84,6 +84,10 @@ DEFAULTS = {
     "QUEUE": "default",
     "TOOLS": [],
     "TOOL_RESULT_MAX_CHARS": 4000,
+    # The search_site tool leaves out passages that matched a question less than this (0 to 1:
+    # the share of the question's words, weighed by their rarity on the site, that a passage
+    # holds), so that a question the site does not answer gets no passage to quote.
+    "SEARCH_FLOOR": 0.5,
     "HISTORY_MAX_CHARS": 24000,
     # The longest answer one model call may write, in tokens (required by Anthropic's API).
     "MAX_TOKENS": 1024,

@@ -5,6 +5,7 @@ parameter: no SQL is ever built from what a visitor typed."""
 
 from dataclasses import asdict, dataclass
 from functools import reduce
+import math
 import operator
 import re
 
@@ -16,20 +17,25 @@ from django.db.models.expressions import RawSQL
 
 from .models import Passage
 from .registry import sources
-from .text import fts5_query, pg_config, query_words
+from .text import content_words, fts5_query, matched_share, pg_config
 
 FTS_TABLE = "conversations_passage_fts"
 # Ranked candidates read per round while filtering for the visitor, and at most this many in all:
-# a visitor who may see little of what matches gets fewer hits, never an unbounded scan.
-BATCH = 50
+# a visitor who may see little of what matches gets fewer hits, never an unbounded scan. Each
+# round is ordered again by how well its passages matched (``Hit.match``).
+BATCH = 100
 MAX_CANDIDATES = 400
 MAX_LIMIT = 10
+# The title's weight against the text's (1) in the database's ranking, chosen by bench.knowledge_quality.
+TITLE_WEIGHT = 2.0
 
 
 @dataclass
 class Hit:
-    """One passage found: where it comes from, its title, URL and text, and its relevance (higher
-    is better; comparable only within one search)."""
+    """One passage found: where it comes from, its title, URL and text, how well it matched
+    (``match``, 0 to 1: the share of the question's words, each weighed by its rarity on the
+    site, that the passage holds; comparable between searches) and the database's own rank
+    (``score``, higher is better, comparable only within one search)."""
 
     source: str
     object_pk: str
@@ -37,6 +43,7 @@ class Hit:
     url: str
     text: str
     score: float
+    match: float = 0.0
 
     def as_dict(self):
         return asdict(self)
@@ -47,27 +54,126 @@ def _has_fts5(connection):
         return FTS_TABLE in connection.introspection.table_names(cursor)
 
 
-def ranked(query, names, offset, count):
-    """``[(passage id, score)]`` of the passages of sources ``names`` matching ``query``, best first."""
-    using = router.db_for_read(Passage)
-    connection = connections[using]
+class Engine:
+    """The full-text search of one database: ``ranked`` candidates, and for the relevance of
+    each, ``frequency`` (passages holding a word) and ``holding`` (which of some passages hold
+    it). This one is the plain ``icontains`` search of databases without full-text search."""
+
+    def __init__(self, connection, names):
+        self.connection, self.names = connection, names
+        self.passages = Passage.objects.using(connection.alias).filter(source__in=names)
+
+    def terms(self, words):
+        """``{word: term}``: the words worth searching for, each with the term it is searched as."""
+        return {word: word for word in words}
+
+    def ranked(self, terms, offset, count):
+        """``[(passage id, score)]`` of the passages holding any of ``terms``, best first."""
+        matching = reduce(operator.or_, [Q(title__icontains=term) | Q(text__icontains=term) for term in terms])
+        return [(pk, 0.0) for pk in self.passages.filter(matching).order_by("id").values_list("id", flat=True)[
+            offset:offset + count]]
+
+    def _holding(self, term):
+        return self.passages.filter(Q(title__icontains=term) | Q(text__icontains=term))
+
+    def frequency(self, term):
+        return self._holding(term).count()
+
+    def holding(self, term, pks):
+        return set(self._holding(term).filter(pk__in=pks).values_list("pk", flat=True))
+
+
+class Fts5(Engine):
+    """SQLite's FTS5 table (migrations 0010 and 0013), ranked by ``bm25``."""
+
+    def _query(self, sql, params):
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+
+    def _sources(self):
+        return "p.source IN (" + ", ".join(["%s"] * len(self.names)) + ")"
+
+    def ranked(self, terms, offset, count):
+        # bm25: lower is better.
+        rows = self._query(
+            f"SELECT p.id, bm25({FTS_TABLE}, {TITLE_WEIGHT}, 1.0) AS rank FROM {FTS_TABLE} JOIN "
+            f"conversations_passage p ON p.id = {FTS_TABLE}.rowid WHERE {FTS_TABLE} MATCH %s AND {self._sources()} "
+            "ORDER BY rank, p.id LIMIT %s OFFSET %s", [fts5_query(terms), *self.names, count, offset])
+        return [(pk, -rank) for pk, rank in rows]
+
+    def frequency(self, term):
+        return self._query(f"SELECT count(*) FROM {FTS_TABLE} JOIN conversations_passage p ON p.id = "
+                           f"{FTS_TABLE}.rowid WHERE {FTS_TABLE} MATCH %s AND {self._sources()}",
+                           [fts5_query([term]), *self.names])[0][0]
+
+    def holding(self, term, pks):
+        marks = ", ".join(["%s"] * len(pks))
+        return {pk for pk, in self._query(f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH %s AND rowid IN "
+                                          f"({marks})", [fts5_query([term]), *pks])}
+
+
+class PostgresSearch(Engine):
+    """PostgreSQL's text search on the stored document of migration 0010, ranked by ``ts_rank``."""
+
+    def __init__(self, connection, names):
+        super().__init__(connection, names)
+        self.config = document_config(connection)
+
+    def terms(self, words):
+        # The configuration's own stop words and stems: "exporting" and "export" are one term,
+        # and a word it drops would otherwise count as a word no passage holds.
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT word, plainto_tsquery(%s::regconfig, word)::text FROM unnest(%s::text[]) word",
+                           [self.config, list(words)])
+            found = dict(cursor.fetchall())
+        terms, seen = {}, set()
+        for word in words:
+            if found.get(word) and found[word] not in seen:
+                seen.add(found[word])
+                terms[word] = word
+        return terms
+
+    def _document(self):
+        from django.contrib.postgres.search import SearchVectorField
+
+        # The generated column of migration 0010 (PostgreSQL only, so not a field of the model).
+        return RawSQL(f'"{Passage._meta.db_table}"."search_document"', [], output_field=SearchVectorField())
+
+    def _holding(self, term):
+        from django.contrib.postgres.search import SearchQuery
+
+        return self.passages.annotate(document=self._document()).filter(
+            document=SearchQuery(term, search_type="plain", config=self.config))
+
+    def ranked(self, terms, offset, count):
+        return list(ranked_queryset(terms, self.passages)[offset:offset + count])
+
+
+def engine(names):
+    """The search ``Engine`` of the passages' database, for sources ``names``."""
+    connection = connections[router.db_for_read(Passage)]
     if connection.vendor == "sqlite" and _has_fts5(connection):
-        match = fts5_query(query)
-        marks = ", ".join(["%s"] * len(names))
-        # bm25: lower is better; the title weighs four times the text.
-        sql = (f"SELECT p.id, bm25({FTS_TABLE}, 4.0, 1.0) AS rank FROM {FTS_TABLE} JOIN conversations_passage p "
-               f"ON p.id = {FTS_TABLE}.rowid WHERE {FTS_TABLE} MATCH %s AND p.source IN ({marks}) "
-               "ORDER BY rank, p.id LIMIT %s OFFSET %s")
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [match, *names, count, offset])
-            return [(pk, -rank) for pk, rank in cursor.fetchall()]
-    words = query_words(query)
-    passages = Passage.objects.using(using).filter(source__in=names)
+        return Fts5(connection, names)
     if connection.vendor == "postgresql":
-        return list(ranked_queryset(query, passages)[offset:offset + count])
-    matching = reduce(operator.or_, [Q(title__icontains=word) | Q(text__icontains=word) for word in words])
-    return [(pk, 0.0) for pk in passages.filter(matching).order_by("id").values_list("id", flat=True)[
-        offset:offset + count]]
+        return PostgresSearch(connection, names)
+    return Engine(connection, names)
+
+
+def rarities(engine, terms):
+    """``{term: weight}``: rarer terms weigh more (inverse document frequency); a term no passage
+    holds weighs most, so a question about something the site never mentions matches little."""
+    total = engine.passages.count()
+    return {term: math.log((total + 1) / (engine.frequency(term) + 0.5)) for term in terms}
+
+
+def matches(engine, weights, pks):
+    """``{passage id: how well it matched}`` for ``pks`` (``matched_share``)."""
+    held = {pk: set() for pk in pks}
+    for term in weights:
+        for pk in engine.holding(term, pks):
+            held[pk].add(term)
+    return {pk: matched_share(weights, terms) for pk, terms in held.items()}
 
 
 _CONFIGS = {}  # database alias -> the text search configuration of its stored document
@@ -91,19 +197,19 @@ def document_config(connection):
     return _CONFIGS[connection.alias]
 
 
-def ranked_queryset(query, passages=None):
-    """PostgreSQL: ``(id, rank)`` of the passages matching any word of ``query``, best first."""
+def ranked_queryset(terms, passages=None):
+    """PostgreSQL: ``(id, rank)`` of the passages matching any of ``terms``, best first."""
     # Optional dependency: django.contrib.postgres imports psycopg, which only PostgreSQL sites have.
     from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVectorField
 
     passages = Passage.objects.all() if passages is None else passages
     config = document_config(connections[passages.db])
-    # The generated column of migration 0010 (PostgreSQL only, so not a field of the model),
-    # indexed with GIN; each word is a separate plain query, OR-ed.
+    # The generated column of migration 0010, indexed with GIN; each term a separate plain query, OR-ed.
     document = RawSQL(f'"{Passage._meta.db_table}"."search_document"', [], output_field=SearchVectorField())
-    wanted = reduce(operator.or_, [SearchQuery(word, search_type="plain", config=config)
-                                   for word in query_words(query)])
-    return (passages.annotate(document=document, rank=SearchRank(document, wanted)).filter(document=wanted)
+    wanted = reduce(operator.or_, [SearchQuery(term, search_type="plain", config=config) for term in terms])
+    # Weights of D, C, B (the text) and A (the title): the title TITLE_WEIGHT times the text.
+    rank = SearchRank(document, wanted, weights=[0.1, 0.1, 1 / TITLE_WEIGHT, 1.0])
+    return (passages.annotate(document=document, rank=rank).filter(document=wanted)
             .order_by("-rank", "id").values_list("id", "rank"))
 
 
@@ -116,22 +222,32 @@ def allowed_pks(source, pks, user):
     return {str(pk) for pk in queryset.values_list("pk", flat=True)}
 
 
-def search(query, *, user=None, names=None, limit=5):
+def search(query, *, user=None, names=None, limit=5, floor=0.0):
     """The passages best matching ``query`` that ``user`` (None: an anonymous visitor) may see,
     from the sources ``names`` (None or empty: every registered one), at most ``limit`` (≤ 10),
-    best first, one per object. Returns ``[Hit]``."""
+    one per object, none that matched less than ``floor`` (0 to 1, ``Hit.match``), the best
+    matched first. Returns ``[Hit]``."""
     registered = sources()
     chosen = [name for name in (names or registered) if name in registered]
     limit = max(1, min(int(limit), MAX_LIMIT))
-    if not chosen or not query_words(query):
+    words = content_words(query, settings.LANGUAGE_CODE)
+    if not chosen or not words:
+        return []
+    found = engine(chosen)
+    terms = list(found.terms(words))
+    if not terms:
         return []
     user = AnonymousUser() if user is None else user
-    hits, seen, offset = [], set(), 0
+    weights, hits, seen, offset = None, [], set(), 0
     while len(hits) < limit and offset < MAX_CANDIDATES:
-        batch = ranked(query, chosen, offset, BATCH)
-        offset += BATCH
+        batch = found.ranked(terms, offset, BATCH)
+        offset, fetched = offset + BATCH, len(batch)
         if not batch:
             break
+        weights = rarities(found, terms) if weights is None else weights
+        matched = matches(found, weights, [pk for pk, _score in batch])
+        batch = sorted(((pk, score) for pk, score in batch if matched[pk] >= floor),
+                       key=lambda pair: (-matched[pair[0]], -pair[1]))
         rows = Passage.objects.in_bulk([pk for pk, _score in batch])
         wanted = {}
         for pk, _score in batch:
@@ -144,9 +260,9 @@ def search(query, *, user=None, names=None, limit=5):
             if row is None or (row.source, row.object_pk) in seen or row.object_pk not in allowed[row.source]:
                 continue
             seen.add((row.source, row.object_pk))
-            hits.append(Hit(row.source, row.object_pk, row.title, row.url, row.text, float(score)))
+            hits.append(Hit(row.source, row.object_pk, row.title, row.url, row.text, float(score), matched[pk]))
             if len(hits) == limit:
                 break
-        if len(batch) < BATCH:
+        if fetched < BATCH:
             break
     return hits

@@ -107,11 +107,57 @@ def query_words(query):
     return words
 
 
-def fts5_query(query):
-    """An FTS5 MATCH expression for ``query``: each word a quoted phrase token, joined by OR, so
-    no character a visitor types is ever FTS5 syntax (``"``, ``*``, ``NEAR``, ``:``, ``^``…). The
-    ranking (bm25) rewards passages holding more, and rarer, of the words. "" for no words."""
-    return " OR ".join('"' + word.replace('"', '""') + '"' for word in query_words(query))
+# Words that say nothing about what a question is about, per language (LANGUAGE_CODE's prefix):
+# left out of a query so that "when", "my" and "can" neither rank a passage nor count towards how
+# well it matched. PostgreSQL's configurations drop their own; SQLite's tokenizers have none.
+STOP_WORDS = {
+    "en": set("""a about above after again against all am an and any are as at be because been before being
+        below between both but by can could did do does doing down during each few for from further get got had
+        has have having he her here hers herself him himself his how i if in into is it its itself just me
+        more most my myself no nor not now of off on once only or other our ours ourselves out over own same
+        she should so some such than that the their theirs them themselves then there these they this those
+        through to too under until up very was we were what when where which while who whom why will with
+        would you your yours yourself yourselves anything something thing things any still want need please
+        help hi hello tell know ok okay also much many""".split()),
+    "es": set("""a al algo ante con contra cual cuando de del desde donde durante e el ella ellas ellos en
+        entre era es esa ese eso esta este esto estoy fue ha hay la las le les lo los me mi mis muy ni no nos
+        o os para pero por que qué quien se sea ser si sin sobre su sus también te tengo ti tu tus un una uno
+        unos y ya yo cómo como puedo""".split()),
+}
+
+
+def content_words(query, language_code):
+    """``query_words(query)`` without the stop words of ``language_code``'s language; all of them
+    when every word is one (a question of only common words still searches for something)."""
+    words = query_words(query)
+    stop = STOP_WORDS.get((language_code or "").lower().split("-")[0], set())
+    return [word for word in words if word not in stop] or words
+
+
+def fts5_terms(words):
+    """Each of ``words`` as an FTS5 MATCH phrase token, so that no character a visitor types is
+    ever FTS5 syntax (``"``, ``*``, ``NEAR``, ``:``, ``^``…)."""
+    return ['"' + word.replace('"', '""') + '"' for word in words]
+
+
+def fts5_query(words):
+    """An FTS5 MATCH expression for any of ``words`` (OR): the ranking (bm25) rewards passages
+    holding more, and rarer, of them. "" for no words."""
+    return " OR ".join(fts5_terms(words))
+
+
+def fts5_tokenizer(language_code):
+    """The FTS5 tokenizer for a site in ``language_code``: Unicode words with diacritics removed,
+    stemmed by FTS5's own Porter stemmer for English (the only stemmer FTS5 has)."""
+    plain = "unicode61 remove_diacritics 2"
+    return f"porter {plain}" if (language_code or "").lower().split("-")[0] == "en" else plain
+
+
+def matched_share(weights, matched):
+    """How well a passage matched a query, from 0 to 1: the share of the query's words' weight
+    (``weights``: word → its rarity) that the passage holds (``matched``: a set of words)."""
+    total = sum(weights.values())
+    return sum(weight for word, weight in weights.items() if word in matched) / total if total else 0.0
 
 
 # LANGUAGE_CODE prefix → PostgreSQL's text search configuration of that language.

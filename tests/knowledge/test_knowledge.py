@@ -110,7 +110,7 @@ def test_an_article_changed_after_the_turn_started_is_never_found_by_an_anonymou
     assert state["status"] == "completed"
     assert found_in(state) == []
     assert "Saturday" not in json.dumps(state)
-    assert "found nothing" in state["messages"][-1]["content"]
+    assert state["messages"][-1]["content"] == "I could not find that on this site."
 
 
 def test_a_members_only_article_is_found_for_a_member_and_nobody_else(worker):
