@@ -17,7 +17,8 @@ from django.db.models.expressions import RawSQL
 
 from .models import Passage
 from .registry import sources
-from .text import content_words, fts5_query, matched_share, pg_config
+from ..conf import get_config
+from .text import fts5_query, pg_config, query_terms
 
 FTS_TABLE = "conversations_passage_fts"
 # Ranked candidates read per round while filtering for the visitor, and at most this many in all:
@@ -27,15 +28,15 @@ BATCH = 100
 MAX_CANDIDATES = 400
 MAX_LIMIT = 10
 # The title's weight against the text's (1) in the database's ranking, chosen by bench.knowledge_quality.
-TITLE_WEIGHT = 2.0
+TITLE_WEIGHT = 4.0
 
 
 @dataclass
 class Hit:
     """One passage found: where it comes from, its title, URL and text, how well it matched
-    (``match``, 0 to 1: the share of the question's words, each weighed by its rarity on the
-    site, that the passage holds; comparable between searches) and the database's own rank
-    (``score``, higher is better, comparable only within one search)."""
+    (``match``: the question's words the passage holds, each counted by its rarity among the
+    passages, 1 for a word only one passage holds; comparable between searches) and the
+    database's own rank (``score``, higher is better, comparable only within one search)."""
 
     source: str
     object_pk: str
@@ -63,18 +64,23 @@ class Engine:
         self.connection, self.names = connection, names
         self.passages = Passage.objects.using(connection.alias).filter(source__in=names)
 
-    def terms(self, words):
-        """``{word: term}``: the words worth searching for, each with the term it is searched as."""
-        return {word: word for word in words}
+    def terms(self, terms):
+        """Of ``terms`` (``query_terms``: a tuple of a word or phrase and its alternatives per
+        thing asked), those worth searching for."""
+        return terms
 
     def ranked(self, terms, offset, count):
         """``[(passage id, score)]`` of the passages holding any of ``terms``, best first."""
-        matching = reduce(operator.or_, [Q(title__icontains=term) | Q(text__icontains=term) for term in terms])
+        matching = reduce(operator.or_, [self._holds(term) for term in terms])
         return [(pk, 0.0) for pk in self.passages.filter(matching).order_by("id").values_list("id", flat=True)[
             offset:offset + count]]
 
+    @staticmethod
+    def _holds(term):
+        return reduce(operator.or_, [Q(title__icontains=each) | Q(text__icontains=each) for each in term])
+
     def _holding(self, term):
-        return self.passages.filter(Q(title__icontains=term) | Q(text__icontains=term))
+        return self.passages.filter(self._holds(term))
 
     def frequency(self, term):
         return self._holding(term).count()
@@ -120,19 +126,27 @@ class PostgresSearch(Engine):
         super().__init__(connection, names)
         self.config = document_config(connection)
 
-    def terms(self, words):
+    def terms(self, terms):
         # The configuration's own stop words and stems: "exporting" and "export" are one term,
         # and a word it drops would otherwise count as a word no passage holds.
+        every = sorted({each for term in terms for each in term})
         with self.connection.cursor() as cursor:
             cursor.execute("SELECT word, plainto_tsquery(%s::regconfig, word)::text FROM unnest(%s::text[]) word",
-                           [self.config, list(words)])
-            found = dict(cursor.fetchall())
-        terms, seen = {}, set()
-        for word in words:
-            if found.get(word) and found[word] not in seen:
-                seen.add(found[word])
-                terms[word] = word
-        return terms
+                           [self.config, every])
+            lexemes = dict(cursor.fetchall())
+        kept, seen = [], set()
+        for term in terms:
+            alternatives = tuple(each for each in term if lexemes.get(each))
+            if alternatives and lexemes[alternatives[0]] not in seen:
+                seen.add(lexemes[alternatives[0]])
+                kept.append(alternatives)
+        return kept
+
+    def query(self, term):
+        """The ``SearchQuery`` of a passage holding any of ``term``'s alternatives."""
+        from django.contrib.postgres.search import SearchQuery
+
+        return reduce(operator.or_, [SearchQuery(each, search_type="plain", config=self.config) for each in term])
 
     def _document(self):
         from django.contrib.postgres.search import SearchVectorField
@@ -141,13 +155,21 @@ class PostgresSearch(Engine):
         return RawSQL(f'"{Passage._meta.db_table}"."search_document"', [], output_field=SearchVectorField())
 
     def _holding(self, term):
-        from django.contrib.postgres.search import SearchQuery
+        return self.passages.annotate(document=self._document()).filter(document=self.query(term))
 
-        return self.passages.annotate(document=self._document()).filter(
-            document=SearchQuery(term, search_type="plain", config=self.config))
+    def ranked_queryset(self, terms):
+        """``(id, rank)`` of the passages holding any of ``terms``, best first, found through the
+        GIN index on the stored document."""
+        from django.contrib.postgres.search import SearchRank
+
+        wanted = reduce(operator.or_, [self.query(term) for term in terms])
+        # Weights of D, C, B (the text) and A (the title): the title TITLE_WEIGHT times the text.
+        rank = SearchRank(self._document(), wanted, weights=[0.1, 0.1, 1 / TITLE_WEIGHT, 1.0])
+        return (self.passages.annotate(document=self._document(), rank=rank).filter(document=wanted)
+                .order_by("-rank", "id").values_list("id", "rank"))
 
     def ranked(self, terms, offset, count):
-        return list(ranked_queryset(terms, self.passages)[offset:offset + count])
+        return list(self.ranked_queryset(terms)[offset:offset + count])
 
 
 def engine(names):
@@ -161,19 +183,21 @@ def engine(names):
 
 
 def rarities(engine, terms):
-    """``{term: weight}``: rarer terms weigh more (inverse document frequency); a term no passage
-    holds weighs most, so a question about something the site never mentions matches little."""
+    """``{term: weight}``: how much finding each term in a passage says, by its rarity among the
+    passages (inverse document frequency), in units of a term only one passage holds (1). A term
+    most passages hold weighs next to nothing."""
     total = engine.passages.count()
-    return {term: math.log((total + 1) / (engine.frequency(term) + 0.5)) for term in terms}
+    unit = math.log((total + 1) / 1.5)
+    return {term: max(0.0, math.log((total + 1) / (engine.frequency(term) + 0.5)) / unit) for term in terms}
 
 
 def matches(engine, weights, pks):
-    """``{passage id: how well it matched}`` for ``pks`` (``matched_share``)."""
-    held = {pk: set() for pk in pks}
-    for term in weights:
+    """``{passage id: how well it matched}`` for ``pks``: the weights of the terms it holds, added."""
+    held = dict.fromkeys(pks, 0.0)
+    for term, weight in weights.items():
         for pk in engine.holding(term, pks):
-            held[pk].add(term)
-    return {pk: matched_share(weights, terms) for pk, terms in held.items()}
+            held[pk] += weight
+    return held
 
 
 _CONFIGS = {}  # database alias -> the text search configuration of its stored document
@@ -197,22 +221,6 @@ def document_config(connection):
     return _CONFIGS[connection.alias]
 
 
-def ranked_queryset(terms, passages=None):
-    """PostgreSQL: ``(id, rank)`` of the passages matching any of ``terms``, best first."""
-    # Optional dependency: django.contrib.postgres imports psycopg, which only PostgreSQL sites have.
-    from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVectorField
-
-    passages = Passage.objects.all() if passages is None else passages
-    config = document_config(connections[passages.db])
-    # The generated column of migration 0010, indexed with GIN; each term a separate plain query, OR-ed.
-    document = RawSQL(f'"{Passage._meta.db_table}"."search_document"', [], output_field=SearchVectorField())
-    wanted = reduce(operator.or_, [SearchQuery(term, search_type="plain", config=config) for term in terms])
-    # Weights of D, C, B (the text) and A (the title): the title TITLE_WEIGHT times the text.
-    rank = SearchRank(document, wanted, weights=[0.1, 0.1, 1 / TITLE_WEIGHT, 1.0])
-    return (passages.annotate(document=document, rank=rank).filter(document=wanted)
-            .order_by("-rank", "id").values_list("id", "rank"))
-
-
 def allowed_pks(source, pks, user):
     """Which of ``pks`` (strings) of ``source``'s model ``user`` may open now, as strings."""
     model = source.model_class()
@@ -225,16 +233,16 @@ def allowed_pks(source, pks, user):
 def search(query, *, user=None, names=None, limit=5, floor=0.0):
     """The passages best matching ``query`` that ``user`` (None: an anonymous visitor) may see,
     from the sources ``names`` (None or empty: every registered one), at most ``limit`` (≤ 10),
-    one per object, none that matched less than ``floor`` (0 to 1, ``Hit.match``), the best
-    matched first. Returns ``[Hit]``."""
+    one per object, none that matched less than ``floor`` (``Hit.match``) unless it holds every
+    word of the question, the best matched first. Returns ``[Hit]``."""
     registered = sources()
     chosen = [name for name in (names or registered) if name in registered]
     limit = max(1, min(int(limit), MAX_LIMIT))
-    words = content_words(query, settings.LANGUAGE_CODE)
-    if not chosen or not words:
+    terms = query_terms(query, settings.LANGUAGE_CODE, get_config()["SEARCH_SYNONYMS"])
+    if not chosen or not terms:
         return []
     found = engine(chosen)
-    terms = list(found.terms(words))
+    terms = found.terms(terms)
     if not terms:
         return []
     user = AnonymousUser() if user is None else user
@@ -245,8 +253,10 @@ def search(query, *, user=None, names=None, limit=5, floor=0.0):
         if not batch:
             break
         weights = rarities(found, terms) if weights is None else weights
+        # A passage holding every word of the question is never left out, however common they are.
+        bar = min(floor, sum(weights.values()) * (1 - 1e-9))
         matched = matches(found, weights, [pk for pk, _score in batch])
-        batch = sorted(((pk, score) for pk, score in batch if matched[pk] >= floor),
+        batch = sorted(((pk, score) for pk, score in batch if matched[pk] >= bar),
                        key=lambda pair: (-matched[pair[0]], -pair[1]))
         rows = Passage.objects.in_bulk([pk for pk, _score in batch])
         wanted = {}

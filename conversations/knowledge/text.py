@@ -126,38 +126,79 @@ STOP_WORDS = {
 }
 
 
+# Words and two-word phrases visitors use for what help pages say in other words, per language:
+# each is searched for as itself or any of its alternatives. A site adds its own with the
+# SEARCH_SYNONYMS setting.
+SYNONYMS = {
+    "en": {
+        "send back": ["return"], "give back": ["return"], "bring back": ["return"], "take back": ["return"],
+        "money back": ["refund"], "set up": ["setup", "start"], "stopped working": ["fault", "repair"],
+        "get rid": ["delete", "close"], "sign in": ["log in", "login"], "log in": ["sign in", "login"],
+        "wash": ["clean"], "dirty": ["clean"], "maintenance": ["care", "clean"], "maintain": ["care", "clean"],
+        "broke": ["fault", "repair"], "broken": ["fault", "repair"], "fix": ["repair"], "faulty": ["fault", "repair"],
+        "guarantee": ["warranty"], "guaranteed": ["warranty"], "warranty": ["guarantee"],
+        "begin": ["start"], "unbox": ["start", "first"], "deliver": ["delivery", "shipping"],
+        "delivery": ["shipping"], "shipping": ["delivery"], "package": ["parcel"], "parcel": ["package"],
+        "receipt": ["invoice"], "voucher": ["gift card"], "promo": ["discount"], "coupon": ["discount"],
+        "login": ["password", "sign in"], "bike": ["bicycle"], "profile": ["account"], "store": ["shop"],
+        "phone": ["call"], "cancel": ["close"], "abroad": ["international"],
+    },
+}
+
+
 def content_words(query, language_code):
     """``query_words(query)`` without the stop words of ``language_code``'s language; all of them
     when every word is one (a question of only common words still searches for something)."""
     words = query_words(query)
-    stop = STOP_WORDS.get((language_code or "").lower().split("-")[0], set())
+    stop = STOP_WORDS.get(_language(language_code), set())
     return [word for word in words if word not in stop] or words
 
 
-def fts5_terms(words):
-    """Each of ``words`` as an FTS5 MATCH phrase token, so that no character a visitor types is
-    ever FTS5 syntax (``"``, ``*``, ``NEAR``, ``:``, ``^``…)."""
-    return ['"' + word.replace('"', '""') + '"' for word in words]
+def _language(language_code):
+    return (language_code or "").lower().split("-")[0]
 
 
-def fts5_query(words):
-    """An FTS5 MATCH expression for any of ``words`` (OR): the ranking (bm25) rewards passages
-    holding more, and rarer, of them. "" for no words."""
-    return " OR ".join(fts5_terms(words))
+def query_terms(query, language_code, synonyms=None):
+    """What to search for: ``[(word or phrase, *alternatives)]``, one tuple per thing the
+    visitor asked about, in order. Two-word phrases of ``SYNONYMS`` (and of ``synonyms``, the
+    site's own: ``{word or phrase: [alternatives]}``) are read first, then each content word."""
+    known = {**SYNONYMS.get(_language(language_code), {}),
+             **{key.lower(): [each.lower() for each in value] for key, value in (synonyms or {}).items()}}
+    words = query_words(query)
+    content = set(content_words(query, language_code))
+    terms, skip = [], False
+    for word, following in zip(words, words[1:] + [""]):
+        if skip:
+            skip = False
+            continue
+        pair = f"{word} {following}"
+        if following and pair in known:
+            terms.append((pair, *known[pair]))
+            skip = True
+        elif word in content:
+            terms.append((word, *known.get(word, [])))
+    return terms
+
+
+def fts5_phrase(text):
+    """``text`` as one FTS5 phrase (its words one after the other), so that no character a
+    visitor types is ever FTS5 syntax (``"``, ``*``, ``NEAR``, ``:``, ``^``…)."""
+    return '"' + text.replace('"', '""') + '"'
+
+
+def fts5_query(terms):
+    """An FTS5 MATCH expression for any of ``terms`` (words, or tuples of a word or phrase and
+    its alternatives), OR-ed: the ranking (bm25) rewards passages holding more, and rarer, of
+    them. "" for none."""
+    return " OR ".join(fts5_phrase(each) for term in terms
+                       for each in ((term,) if isinstance(term, str) else term))
 
 
 def fts5_tokenizer(language_code):
     """The FTS5 tokenizer for a site in ``language_code``: Unicode words with diacritics removed,
     stemmed by FTS5's own Porter stemmer for English (the only stemmer FTS5 has)."""
     plain = "unicode61 remove_diacritics 2"
-    return f"porter {plain}" if (language_code or "").lower().split("-")[0] == "en" else plain
-
-
-def matched_share(weights, matched):
-    """How well a passage matched a query, from 0 to 1: the share of the query's words' weight
-    (``weights``: word → its rarity) that the passage holds (``matched``: a set of words)."""
-    total = sum(weights.values())
-    return sum(weight for word, weight in weights.items() if word in matched) / total if total else 0.0
+    return f"porter {plain}" if _language(language_code) == "en" else plain
 
 
 # LANGUAGE_CODE prefix → PostgreSQL's text search configuration of that language.
@@ -168,7 +209,7 @@ PG_CONFIGS = {"da": "danish", "de": "german", "en": "english", "es": "spanish", 
 
 def pg_config(language_code):
     """PostgreSQL's text search configuration for a site in ``language_code`` ("simple": none)."""
-    return PG_CONFIGS.get((language_code or "").lower().split("-")[0], "simple")
+    return PG_CONFIGS.get(_language(language_code), "simple")
 
 
 def excerpt(text, limit):

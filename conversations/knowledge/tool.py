@@ -49,8 +49,8 @@ def result_text(query, hits, max_chars):
 @tool(idempotent=True)  # read-only
 def search_site(context, query: str, limit: int = 5) -> str:
     """Search this site's own pages (help articles and the like) for a question; returns the best
-    passages with their titles, URLs and how well each matched (0 to 1). Passages that match too
-    little are left out: no result means the site does not answer it. Quote them and give the
+    passages with their titles, URLs and how well each matched (its rare words in common with the
+    question, counted by rarity). Passages that match too little are left out: no result means the site does not answer it. Quote them and give the
     URL of what you used."""
     config = get_config()
     hits = search(query, user=context.user if context is not None else None,

@@ -1,7 +1,7 @@
 """The knowledge index's text rules, with nothing running: HTML to text, passages, safe FTS5 queries."""
 
 from conversations.knowledge.text import (MAX_QUERY_WORDS, content_words, excerpt, fts5_query, html_to_text, pg_config,
-                                          query_words, split_passages)
+                                          query_terms, query_words, split_passages)
 
 
 def test_html_becomes_text_with_paragraphs_and_without_scripts():
@@ -34,6 +34,14 @@ def test_a_question_is_searched_for_its_content_words_in_the_sites_language():
     assert content_words("¿Cómo puedo devolver mi batidora?", "es") == ["devolver", "batidora"]
     assert content_words("Can I?", "en") == ["can", "i"]  # only common words: searched as they are
     assert content_words("When can I?", "xx") == ["when", "can", "i"]  # a language with no list
+
+
+def test_a_visitors_words_and_phrases_are_searched_with_their_synonyms():
+    assert query_terms("Until when can I send back my Larkspur blender?", "en") == [
+        ("send back", "return"), ("larkspur",), ("blender",)]
+    assert query_terms("How do I set up the telly?", "en", {"telly": ["television", "TV"]}) == [
+        ("set up", "setup", "start"), ("telly", "television", "tv")]
+    assert fts5_query(query_terms('send back "x*"', "en")) == '"send back" OR "return" OR "x"'
 
 
 def test_the_site_language_chooses_the_postgresql_configuration():

@@ -26,7 +26,7 @@ from conversations.assistants import problems
 from conversations.knowledge import index
 from conversations.knowledge.index import status
 from conversations.knowledge.models import Passage, StaleObject
-from conversations.knowledge.search import ranked_queryset, search
+from conversations.knowledge.search import engine, search
 from conversations.models import Assistant, CallRecord
 from tests.support.helpers import api_post, logged_in_client, make_client, poll_until_done, start_turn
 
@@ -409,7 +409,8 @@ def test_the_search_index_is_the_databases_own():
             # The search's expression is the index's: with sequential scans off, the plan uses it.
             cursor.execute("SET enable_seqscan = off")
             try:
-                sql, params = ranked_queryset("violin lessons").query.sql_with_params()
+                terms = [("violin",), ("lessons",)]
+                sql, params = engine(["help"]).ranked_queryset(terms).query.sql_with_params()
                 cursor.execute(f"EXPLAIN {sql}", params)
                 assert "conv_passage_search" in " ".join(row[0] for row in cursor.fetchall())
             finally:
