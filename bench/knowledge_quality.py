@@ -5,7 +5,7 @@ site has no answer? On ``bench.knowledge_set``'s help centre.
 
 On a migrated database with the demo's articles replaced by the set's (all published):
 
-1. for each answerable question, the rank of its article among ``search()``'s first five hits
+1. for each answerable question (and apart, for ``HELD_OUT``, written after the synonyms), the rank of its article among ``search()``'s first five hits
    as an anonymous visitor: the share ranked first, the mean reciprocal rank (0 when absent),
    the share in the first five, and the share with no hit at or above the relevance floor (the
    floor is ``SEARCH_FLOOR``; code without a floor counts every hit);
@@ -26,7 +26,7 @@ import statistics
 import time
 
 from bench.common import Stack, machine, table
-from bench.knowledge_set import ANSWERABLE, ARTICLES, PRODUCTS, UNANSWERABLE
+from bench.knowledge_set import ANSWERABLE, ARTICLES, HELD_OUT, PRODUCTS, UNANSWERABLE
 
 
 def floor():
@@ -35,12 +35,12 @@ def floor():
     return get_config().get("SEARCH_FLOOR")
 
 
-def answers(search, slugs):
+def answers(search, slugs, answerable=ANSWERABLE):
     """``(answerable, unanswerable)``: for each question, its article's slug (None for an
     unanswerable one) and ``[(slug, match)]`` of the first five hits (match None for code without one)."""
     def found(question):
         return [(slugs.get(hit.object_pk), getattr(hit, "match", None)) for hit in search(question, limit=5)]
-    return [(slug, found(question)) for question, slug in ANSWERABLE], [found(q) for q in UNANSWERABLE]
+    return [(slug, found(question)) for question, slug in answerable], [found(q) for q in UNANSWERABLE]
 
 
 def quality(results, cut):
@@ -103,7 +103,9 @@ def main():
         cut = floor()
         slugs = {str(pk): slug for pk, slug in Article.objects.values_list("pk", "slug")}
         alone = answers(search, slugs)
-        rows = [("the set's articles alone", len(slugs), quality(alone, cut))]
+        rows = [("the set's articles alone", len(slugs), quality(alone, cut)),
+                (f"the same, {len(HELD_OUT)} held-out questions", len(slugs),
+                 quality(answers(search, slugs, HELD_OUT), cut))]
         sweep = [(each, quality(alone, each)) for each in (0.5, 1.0, 1.25, 1.5, 1.75, 2.0)] if cut else []
         wrong = misses(alone, cut) if args.misses else []
 

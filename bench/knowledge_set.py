@@ -237,3 +237,29 @@ UNANSWERABLE = [
     "Is there a price match guarantee?",
     "How do I connect my television to the wifi?",
 ]
+
+# Written after the built-in synonyms (conversations.knowledge.text.SYNONYMS), which were
+# chosen while looking at the questions above: these show how much of their gain carries over
+# to questions the list was not written for. Reported apart, never tuned on.
+HELD_OUT = [
+    ("Can I still return the Gannet pressure cooker after three weeks?", "gannet-returns"),
+    ("What's the refund policy for the Wren toaster if I don't like it?", "wren-returns"),
+    ("Is there a restocking charge if I return a used Heron coffee grinder?", "heron-returns"),
+    ("How do I descale my Tern kettle?", "tern-care"),
+    ("How often should the Kestrel air purifier filter be changed?", "kestrel-care"),
+    ("How do I get hair out of the Osprey vacuum cleaner brush?", "osprey-care"),
+    ("Does the Finch electric toothbrush have a timer?", "finch-care"),
+    ("The Plover hair dryer keeps shutting off by itself", "plover-care"),
+    ("How long will the Dunlin desk lamp LEDs last?", "dunlin-care"),
+    ("When do I replace the Bittern water filter jug cartridge?", "bittern-care"),
+    ("The Curlew stand mixer makes a grinding noise and won't turn, is it under warranty?", "curlew-warranty"),
+    ("Who pays the postage when my Swift e-bike needs repairing?", "swift-warranty"),
+    ("What should I do on day one with my Avocet espresso machine?", "avocet-setup"),
+    ("How much water goes in the Lapwing rice cooker?", "lapwing-setup"),
+    ("Which speed should I knead bread at on the Curlew stand mixer?", "curlew-care"),
+    ("Is it safe to open the Gannet pressure cooker right away?", "gannet-care"),
+    ("Do you accept American Express?", "payment-methods"),
+    ("Can I combine a coupon with sale items?", "discount-codes"),
+    ("Which countries do you deliver to?", "international-shipping"),
+    ("My reset link doesn't work anymore", "reset-password"),
+]
