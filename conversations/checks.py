@@ -36,6 +36,9 @@ def check_config(app_configs=None, **kwargs):
     except ValueError as exc:
         return [Error(str(exc), hint="Use a number for timeouts and limits.", id="conversations.E000")]
     errors = _check_keys() + clock_errors(cfg)
+    if isinstance(cfg["SEARCH_FLOOR"], bool) or not isinstance(cfg["SEARCH_FLOOR"], (int, float)):
+        errors.append(Error(f"CONVERSATIONS['SEARCH_FLOOR'] = {cfg['SEARCH_FLOOR']!r} is not a number.",
+                            hint="Use a number: 1.5 by default, 0 to keep every hit.", id="conversations.E000"))
     job = cfg["JOB_TIMEOUT"]
     queue = getattr(settings, "RQ_QUEUES", {}).get(cfg["QUEUE"])
     if queue is None:

@@ -163,7 +163,8 @@ def query_terms(query, language_code, synonyms=None):
     visitor asked about, in order. Two-word phrases of ``SYNONYMS`` (and of ``synonyms``, the
     site's own: ``{word or phrase: [alternatives]}``) are read first, then each content word."""
     known = {**SYNONYMS.get(_language(language_code), {}),
-             **{key.lower(): [each.lower() for each in value] for key, value in (synonyms or {}).items()}}
+             **{str(key).lower(): [str(each).lower() for each in ([value] if isinstance(value, str) else value)]
+                for key, value in (synonyms or {}).items()}}
     words = query_words(query)
     content = set(content_words(query, language_code))
     terms, skip = [], False
