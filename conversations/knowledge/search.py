@@ -62,7 +62,9 @@ class Engine:
 
     def __init__(self, connection, names):
         self.connection, self.names = connection, names
-        self.passages = Passage.objects.using(connection.alias).filter(source__in=names)
+        # Rarity is counted among all the site's passages, whichever sources a search may read.
+        self.everything = Passage.objects.using(connection.alias)
+        self.passages = self.everything.filter(source__in=names)
 
     def terms(self, terms):
         """Of ``terms`` (``query_terms``: a tuple of a word or phrase and its alternatives per
@@ -79,14 +81,16 @@ class Engine:
     def _holds(term):
         return reduce(operator.or_, [Q(title__icontains=each) | Q(text__icontains=each) for each in term])
 
-    def _holding(self, term):
-        return self.passages.filter(self._holds(term))
+    def _holding(self, term, passages):
+        return passages.filter(self._holds(term))
 
     def frequency(self, term):
-        return self._holding(term).count()
+        """How many of all the site's passages hold ``term``."""
+        return self._holding(term, self.everything).count()
 
     def holding(self, term, pks):
-        return set(self._holding(term).filter(pk__in=pks).values_list("pk", flat=True))
+        """Which of the passages ``pks`` hold ``term``."""
+        return set(self._holding(term, self.everything).filter(pk__in=pks).values_list("pk", flat=True))
 
 
 class Fts5(Engine):
@@ -109,9 +113,9 @@ class Fts5(Engine):
         return [(pk, -rank) for pk, rank in rows]
 
     def frequency(self, term):
-        return self._query(f"SELECT count(*) FROM {FTS_TABLE} JOIN conversations_passage p ON p.id = "
-                           f"{FTS_TABLE}.rowid WHERE {FTS_TABLE} MATCH %s AND {self._sources()}",
-                           [fts5_query([term]), *self.names])[0][0]
+        # The FTS5 table alone: joined to the passages' table (for their source), SQLite probed
+        # the index once per passage, seconds among 10,000 articles instead of a millisecond.
+        return self._query(f"SELECT count(*) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH %s", [fts5_query([term])])[0][0]
 
     def holding(self, term, pks):
         marks = ", ".join(["%s"] * len(pks))
@@ -154,8 +158,8 @@ class PostgresSearch(Engine):
         # The generated column of migration 0010 (PostgreSQL only, so not a field of the model).
         return RawSQL(f'"{Passage._meta.db_table}"."search_document"', [], output_field=SearchVectorField())
 
-    def _holding(self, term):
-        return self.passages.annotate(document=self._document()).filter(document=self.query(term))
+    def _holding(self, term, passages):
+        return passages.annotate(document=self._document()).filter(document=self.query(term))
 
     def ranked_queryset(self, terms):
         """``(id, rank)`` of the passages holding any of ``terms``, best first, found through the
@@ -186,7 +190,7 @@ def rarities(engine, terms):
     """``{term: weight}``: how much finding each term in a passage says, by its rarity among the
     passages (inverse document frequency), in units of a term only one passage holds (1). A term
     most passages hold weighs next to nothing."""
-    total = engine.passages.count()
+    total = engine.everything.count()
     unit = math.log((total + 1) / 1.5)
     return {term: max(0.0, math.log((total + 1) / (engine.frequency(term) + 0.5)) / unit) for term in terms}
 
@@ -258,6 +262,8 @@ def search(query, *, user=None, names=None, limit=5, floor=0.0):
         matched = matches(found, weights, [pk for pk, _score in batch])
         batch = sorted(((pk, score) for pk, score in batch if matched[pk] >= bar),
                        key=lambda pair: (-matched[pair[0]], -pair[1]))
+        if not batch:  # the database ranks the rest lower still: none of them is likely to reach the floor
+            break
         rows = Passage.objects.in_bulk([pk for pk, _score in batch])
         wanted = {}
         for pk, _score in batch:
