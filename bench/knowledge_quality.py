@@ -22,10 +22,10 @@ both are measured on the same set, machine and run.
 
 import argparse
 import random
-import statistics
 import time
 
 from bench.common import Stack, machine, table
+from bench.knowledge import percentiles
 from bench.knowledge_set import ANSWERABLE, ARTICLES, HELD_OUT, PRODUCTS, UNANSWERABLE
 
 
@@ -71,11 +71,6 @@ def misses(results, cut, limit=40):
             out.append(f"  {question!r}: wanted {slug}, got {hits[:3]}")
     return out[:limit] + [f"  unanswerable {q!r}: {hits[:2]}" for q, hits in zip(UNANSWERABLE, results[1])
                           if hits and (cut is None or hits[0][1] is None or hits[0][1] >= cut)]
-
-
-def percentiles(samples):
-    cuts = statistics.quantiles(samples, n=20)
-    return statistics.median(samples) * 1000, cuts[18] * 1000
 
 
 def main():
