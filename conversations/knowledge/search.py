@@ -12,7 +12,7 @@ import re
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.db import connections, router
-from django.db.models import Q
+from django.db.models import BooleanField, Case, Count, Q, Value, When
 from django.db.models.expressions import RawSQL
 
 from .models import Passage
@@ -91,6 +91,14 @@ class Engine:
     def holding(self, term, pks):
         """Which of the passages ``pks`` hold ``term``."""
         return set(self._holding(term, self.everything).filter(pk__in=pks).values_list("pk", flat=True))
+
+    def frequencies(self, terms):
+        """``{term: how many of all the site's passages hold it}``."""
+        return {term: self.frequency(term) for term in terms}
+
+    def holdings(self, terms, pks):
+        """``{term: which of the passages pks hold it}``."""
+        return {term: self.holding(term, pks) for term in terms}
 
 
 class Fts5(Engine):
@@ -175,6 +183,22 @@ class PostgresSearch(Engine):
     def ranked(self, terms, offset, count):
         return list(self.ranked_queryset(terms)[offset:offset + count])
 
+    # All the terms in one statement each (one scan of the GIN index for their union, each term
+    # then tested on its rows): a statement per term cost a scan per term, p95 285 ms among
+    # 10,000 articles.
+    def frequencies(self, terms):
+        queries = [self.query(term) for term in terms]
+        counts = (self.everything.annotate(document=self._document()).filter(document=reduce(operator.or_, queries))
+                  .aggregate(**{f"t{n}": Count("id", filter=Q(document=query)) for n, query in enumerate(queries)}))
+        return {term: counts[f"t{n}"] for n, term in enumerate(terms)}
+
+    def holdings(self, terms, pks):
+        flags = {f"t{n}": Case(When(document=self.query(term), then=Value(True)), default=Value(False),
+                               output_field=BooleanField()) for n, term in enumerate(terms)}
+        rows = (self.everything.filter(pk__in=pks).annotate(document=self._document()).annotate(**flags)
+                .values_list("pk", *flags))
+        return {term: {row[0] for row in rows if row[n + 1]} for n, term in enumerate(terms)}
+
 
 def engine(names):
     """The search ``Engine`` of the passages' database, for sources ``names``."""
@@ -192,15 +216,16 @@ def rarities(engine, terms):
     most passages hold weighs next to nothing."""
     total = engine.everything.count()
     unit = math.log((total + 1) / 1.5)
-    return {term: max(0.0, math.log((total + 1) / (engine.frequency(term) + 0.5)) / unit) for term in terms}
+    counts = engine.frequencies(terms)
+    return {term: max(0.0, math.log((total + 1) / (counts[term] + 0.5)) / unit) for term in terms}
 
 
 def matches(engine, weights, pks):
     """``{passage id: how well it matched}`` for ``pks``: the weights of the terms it holds, added."""
     held = dict.fromkeys(pks, 0.0)
-    for term, weight in weights.items():
-        for pk in engine.holding(term, pks):
-            held[pk] += weight
+    for term, holding in engine.holdings(list(weights), pks).items():
+        for pk in holding:
+            held[pk] += weights[term]
     return held
 
 

@@ -409,8 +409,9 @@ def test_the_search_index_is_the_databases_own():
             # The search's expression is the index's: with sequential scans off, the plan uses it.
             cursor.execute("SET enable_seqscan = off")
             try:
-                terms = [("violin",), ("lessons",)]
-                sql, params = engine(["help"]).ranked_queryset(terms).query.sql_with_params()
+                # How many passages hold a word: counted for every word of every search.
+                found = engine(["help"])
+                sql, params = found._holding(("violin",), found.everything).query.sql_with_params()
                 cursor.execute(f"EXPLAIN {sql}", params)
                 assert "conv_passage_search" in " ".join(row[0] for row in cursor.fetchall())
             finally:
