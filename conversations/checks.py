@@ -7,6 +7,7 @@ framework (``manage.py check``, ``runserver``, ``rqworker``); it returns a list 
 
 import os
 import re
+import sys
 
 from django.apps import apps
 from django.conf import settings
@@ -25,6 +26,8 @@ from .tools import load_tools
 from .core.pricing import price_problem
 from .assistants import chain_problems, problems
 from .models import Assistant
+from .knowledge.index import never_built
+from .knowledge.models import IndexedObject
 from .knowledge.registry import sources as knowledge_sources
 
 
@@ -35,6 +38,9 @@ def check_config(app_configs=None, **kwargs):
     except ValueError as exc:
         return [Error(str(exc), hint="Use a number for timeouts and limits.", id="conversations.E000")]
     errors = _check_keys() + clock_errors(cfg)
+    if isinstance(cfg["SEARCH_FLOOR"], bool) or not isinstance(cfg["SEARCH_FLOOR"], (int, float)):
+        errors.append(Error(f"CONVERSATIONS['SEARCH_FLOOR'] = {cfg['SEARCH_FLOOR']!r} is not a number.",
+                            hint="Use a number: 1.5 by default, 0 to keep every hit.", id="conversations.E000"))
     job = cfg["JOB_TIMEOUT"]
     queue = getattr(settings, "RQ_QUEUES", {}).get(cfg["QUEUE"])
     if queue is None:
@@ -405,6 +411,40 @@ def check_knowledge(app_configs=None, **kwargs):
     not exist, or giving no URL: errors, since a search of them could only fail."""
     return [Error(message, hint=hint, id=check_id)
             for source in knowledge_sources().values() for check_id, message, hint in source.problems()]
+
+
+@register(Tags.database)
+def check_knowledge_built(app_configs=None, databases=None, **kwargs):
+    """Knowledge sources whose objects are published but none is indexed (``conversations.W054``):
+    rows that existed before the registration, or came by ``loaddata``, a data migration or
+    ``bulk_create``, none of which indexes. A database check, like ``check_assistants``; it is
+    also shown at the end of ``migrate`` (``report_after_migrate``)."""
+    from django.db import DatabaseError, connections, router
+
+    messages = []
+    for alias in databases or []:
+        if router.db_for_read(IndexedObject) != alias:
+            continue
+        try:
+            if IndexedObject._meta.db_table not in connections[alias].introspection.table_names():
+                continue
+            unbuilt = [source.name for source in knowledge_sources().values() if never_built(source)]
+        except DatabaseError:
+            continue
+        messages += [Warning(f"Knowledge source {name!r} has published objects but none is indexed: search_site "
+                             "finds nothing in it.",
+                             hint=f"Run manage.py rebuild_knowledge {name} (rows created by loaddata, a data "
+                                  "migration or bulk_create are indexed only by it).", id="conversations.W054")
+                     for name in unbuilt]
+    return messages
+
+
+def report_after_migrate(using, verbosity=1, **kwargs):
+    """post_migrate: print ``check_knowledge_built``'s warnings once the database is migrated,
+    since ``migrate`` runs the database checks before it migrates, when nothing is there yet."""
+    if verbosity:
+        for message in check_knowledge_built(databases=[using]):
+            sys.stderr.write(f"{message}\n")
 
 
 # -- check --deploy: Redis answers -----------------------------------------------------------
