@@ -112,9 +112,9 @@ class _Server(ThreadingHTTPServer):
 
 class FakeProvider:
     """The server; use as a context manager. ``url`` is its base URL (``http://127.0.0.1:PORT/v1``);
-    ``host``, another loopback address (127.0.0.2), stands for another machine."""
+    ``host``, another loopback address (127.0.0.2), stands for another machine; ``port`` 0 takes a free one."""
 
-    def __init__(self, default=None, host="127.0.0.1"):
+    def __init__(self, default=None, host="127.0.0.1", port=0):
         self.default = default
         self._script = deque()
         self._lock = threading.Lock()
@@ -122,7 +122,7 @@ class FakeProvider:
         self.sent_at = []  # when each streamed event left (tests/support/fake_stream.py)
         self.closed_at = None  # when the client closed a streamed reply's connection
         self.stop_event = threading.Event()
-        self.server = _Server((host, 0), _Handler)
+        self.server = _Server((host, port), _Handler)
         self.server.fake = self
         self.port = self.server.server_address[1]
         self.url = f"http://{host}:{self.port}/v1"
