@@ -647,3 +647,64 @@ def test_a_max_age_shorter_than_a_tokens_lifetime_stops_the_checks(conversations
     assert found == [("conversations.E045", "WIDGET_TOKEN_MAX_AGE (600s) is shorter than WIDGET_TOKEN_TTL (900s): "
                                             "the first token of a chain would outlive the time its chain may be "
                                             "renewed for.")]
+
+
+@pytest.mark.parametrize("lookalike", [PAGE + ".evil.net", PAGE + ":8443", PAGE + "-evil.net"])
+def test_an_origin_that_only_begins_with_an_allowed_one_gets_no_token_and_no_cors(lookalike):
+    """An allowed origin is matched whole: a page whose origin merely starts with it is another site."""
+    Assistant.objects.create(slug="sales", name="Sales", system_prompt="Sell.", allowed_origins=[PAGE])
+    preflight = Client().options("/api/conversations/", HTTP_ORIGIN=lookalike,
+                                 HTTP_ACCESS_CONTROL_REQUEST_METHOD="POST")
+
+    assert Page(origin=lookalike).mint().status_code == 403
+    assert Page(origin=lookalike).mint(assistant="sales").status_code == 403
+    assert "Access-Control-Allow-Origin" not in preflight
+    assert not Conversation.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_user_the_host_site_deactivated_can_no_longer_chat_read_or_renew_with_their_token():
+    """(A poll answered from the cache trusts the token without a query, until it expires.)"""
+    user = signed_in_user()
+    page = Page()
+    assert page.mint(identity=visitors.sign_identity(user.pk, SECRET)).status_code == 200
+    turn = started(page)
+    user.is_active = False
+    user.save()
+
+    answers = [page.post("/api/conversations/"), page.get(f"/api/conversations/{turn['conversation']}/"),
+               page.post(f"/api/conversations/{turn['conversation']}/turns/", {"content": "Still there?"}),
+               page.renew()]
+
+    assert [answer.status_code for answer in answers] == [401, 401, 401, 401]
+    assert answers[-1].json() == {"detail": "Your sign-in could not be verified. Please reload the page."}
+    assert Conversation.objects.count() == 1 and Turn.objects.count() == 1
+
+
+def test_a_token_for_an_assistant_starts_no_conversation_with_the_sites_default():
+    """The default assistant has origins of its own (``ALLOWED_ORIGINS``): a token for another one
+    is not a way in."""
+    Assistant.objects.create(slug="sales", name="Sales", system_prompt="Sell.", allowed_origins=[PAGE])
+    page = Page()
+    assert page.mint(assistant="sales").status_code == 200
+
+    response = page.post("/api/conversations/", {})
+
+    assert response.status_code == 401
+    assert response.json() == {"detail": "This chat's access was given for another assistant. Please reload the "
+                                         "page."}
+    assert not Conversation.objects.exists()
+
+
+def test_a_token_for_an_assistant_switched_off_since_is_not_renewed():
+    sales = Assistant.objects.create(slug="sales", name="Sales", system_prompt="Sell.", allowed_origins=[PAGE])
+    page = Page()
+    assert page.mint(assistant="sales").status_code == 200
+    sales.active = False
+    sales.save()
+
+    renewal = page.renew()
+
+    assert renewal.status_code == 404
+    assert renewal.json() == {"detail": "This assistant is not available."}
+    assert "token" not in renewal.json()

@@ -224,3 +224,16 @@ def test_the_http_layer_refuses_a_key_for_a_url_it_does_not_read_as_plain(two_ho
         http.post_json(backslashed(hostile, own) + "/chat/completions", {"messages": []},
                        {"Authorization": f"Bearer {key}"})
     assert failed.value.code == "key_not_bound" and hostile.requests == [] and own.requests == []
+
+
+def test_a_key_is_not_sent_to_an_origin_that_only_begins_with_the_one_it_is_bound_to(site):
+    """A binding is matched whole: ``http://127.0.0.1`` (port 80) is not ``http://127.0.0.1:PORT``,
+    as ``https://gw.example.com`` is not ``https://gw.example.com.attacker.net``."""
+    from conversations.conf import get_config
+
+    own, hostile = site
+    key = BoundKey("sk-bound-to-port-80", ["http://127.0.0.1"])
+    http = BudgetedHTTP(Budget(5), {**get_config(), "API_KEY": key}, recorder=lambda **f: None)
+    with pytest.raises(CallFailed) as failed:
+        http.post_json(hostile.url + "/chat/completions", {"messages": []}, {"Authorization": f"Bearer {key}"})
+    assert failed.value.code == "key_not_bound" and hostile.requests == []
