@@ -165,9 +165,12 @@ def embed_origin_allowed(target, patterns):
 def calls_url(provider, base_url=""):
     """The URL calls of ``provider`` (a name in ``PROVIDER``) go to: ``base_url``, or when it is
     empty the provider's default; "" when the provider cannot be loaded or calls nothing
-    (``demo``). The one rule for it: the key bindings, the checks and ``provider_health`` agree."""
+    (``demo``), or is not one the site allows (``provider_problem``: nothing else is imported).
+    The one rule for it: the key bindings, the checks and ``provider_health`` agree."""
     if base_url:
         return base_url
+    if provider_problem(provider, get_config()):
+        return ""
     try:
         # By its dotted path, not through conversations.providers: they call through the HTTP
         # layer, which applies the rules of this module.

@@ -172,3 +172,18 @@ def test_the_documented_gateway_azure_and_local_model_setups_pass_check_and_save
                                         "credential": credential})
         assert saved.status_code == 302, (slug, saved.context["adminform"].form.errors)
     assert Assistant.objects.count() == 4
+
+
+@pytest.mark.django_db
+def test_a_provider_not_listed_is_not_imported_when_a_credential_is_chosen_for_it(admin_client, conversations_settings):
+    """Binding a credential asks where the provider calls by default: the answer for a provider the
+    site did not list is "nowhere", without importing it, for an assistant's own and its fallbacks'."""
+    conversations_settings.update(CREDENTIALS={"vendor-key": "sk-vendor-key-0003"})
+    probe = "tabnanny"  # a module nothing here has imported
+    sys.modules.pop(probe, None)
+    chain = json.dumps([{"provider": f"{probe}.NannyNag", "credential": "vendor-key"}])
+    for changes in [{"provider": f"{probe}.NannyNag", "credential": "vendor-key"}, {"fallbacks": chain}]:
+        page = refusal(admin_client.post(ADD, {**FIELDS, **changes}))
+        assert f"provider “{probe}.NannyNag” is not one this site allows" in page
+        assert probe not in sys.modules
+    assert not Assistant.objects.exists()
