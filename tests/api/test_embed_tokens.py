@@ -708,3 +708,16 @@ def test_a_token_for_an_assistant_switched_off_since_is_not_renewed():
     assert renewal.status_code == 404
     assert renewal.json() == {"detail": "This assistant is not available."}
     assert "token" not in renewal.json()
+
+
+@pytest.mark.parametrize("spelling", ["0{}", "+{}", "{} ", " {}", "{}.0", "{}\n"])
+def test_a_signed_identity_names_a_user_in_one_spelling_only(spelling):
+    """``06`` is not user 6: another spelling would be another owner and another replay record for
+    the same user."""
+    user = signed_in_user()
+
+    response = Page().mint(identity=visitors.sign_identity(spelling.format(user.pk), SECRET))
+
+    assert response.status_code == 401
+    assert response.json() == {"detail": "Your sign-in could not be verified. Please reload the page."}
+    assert Page().mint(identity=visitors.sign_identity(str(user.pk), SECRET)).status_code == 200
