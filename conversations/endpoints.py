@@ -355,14 +355,35 @@ def address_allowed(address, rule):
     """Whether an endpoint under ``rule`` (``endpoint_rule``) may connect to IP ``address``: a
     public one, unless the rule allows any. Private, loopback, link-local (the cloud metadata
     service, 169.254.169.254), shared, reserved and multicast addresses are not public; an
-    IPv4 address written as IPv6 (``::ffff:127.0.0.1``) counts as itself."""
+    IPv6 address that carries an IPv4 one counts as that address (``carried_ipv4``); the
+    deprecated site-local ``fec0::/10`` is not public."""
     if rule == "any":
         return True
     if rule != "public":
         return False
     ip = ipaddress.ip_address(str(address).split("%", 1)[0])
-    ip = getattr(ip, "ipv4_mapped", None) or ip
-    return ip.is_global and not ip.is_multicast
+    ip = carried_ipv4(ip) or ip
+    return ip.is_global and not ip.is_multicast and not getattr(ip, "is_site_local", False)
+
+
+# IPv6 prefixes whose last 32 bits are an IPv4 address a gateway forwards to: NAT64's well-known
+# and local-use prefixes (RFC 6052, RFC 8215) and the deprecated IPv4-compatible form (::a.b.c.d).
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def carried_ipv4(ip):
+    """The IPv4 address an IPv6 address ``ip`` carries (mapped ``::ffff:a.b.c.d``, 6to4
+    ``2002::/16``, NAT64, IPv4-compatible, Teredo's client), or None."""
+    if ip.version != 6:
+        return None
+    if ip.ipv4_mapped or ip.sixtofour:
+        return ip.ipv4_mapped or ip.sixtofour
+    if ip.teredo:
+        return ip.teredo[1]
+    if any(ip in network for network in _NAT64) or (ip in _IPV4_COMPATIBLE and int(ip) > 1):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
 
 
 def plain_url_problem(url):
