@@ -721,3 +721,18 @@ def test_a_signed_identity_names_a_user_in_one_spelling_only(spelling):
     assert response.status_code == 401
     assert response.json() == {"detail": "Your sign-in could not be verified. Please reload the page."}
     assert Page().mint(identity=visitors.sign_identity(str(user.pk), SECRET)).status_code == 200
+
+
+def test_an_origin_taken_off_the_list_is_not_kept_in_a_browsers_preflight_cache(conversations_settings):
+    """SECURITY.md: the browser stops sending from an origin taken off the list within 20 seconds,
+    10 for the answers (the origins' cache) and 10 for the preflight it keeps."""
+    def preflight():
+        return Client().options("/api/conversations/", HTTP_ORIGIN=PAGE, HTTP_ACCESS_CONTROL_REQUEST_METHOD="POST",
+                                HTTP_ACCESS_CONTROL_REQUEST_HEADERS="authorization,content-type")
+
+    allowed = preflight()
+    conversations_settings.update(ALLOWED_ORIGINS=[])
+    removed = preflight()
+
+    assert allowed["Access-Control-Allow-Origin"] == PAGE and 0 < int(allowed["Access-Control-Max-Age"]) <= 10
+    assert "Access-Control-Allow-Origin" not in removed and "Access-Control-Max-Age" not in removed
