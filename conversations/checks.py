@@ -89,7 +89,7 @@ def _check_provider(cfg):
                       hint="Use 'demo', 'openai', 'anthropic' or the dotted path of a BaseProvider subclass.",
                       id="conversations.E010")]
     if cfg["BASE_URL"] and plain_url_problem(cfg["BASE_URL"]):
-        return [Error(f"BASE_URL {_host(cfg['BASE_URL'])} is not a plain URL: no turn can be sent to it.",
+        return [Error("BASE_URL is not a plain URL: no turn can be sent to it.",
                       hint="Write it as scheme://host[:port]/path, without a user name, backslash, space, control "
                            "character or percent-encoding before the path (a gateway's credentials go in "
                            "API_KEY).", id="conversations.E016")]
