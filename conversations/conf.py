@@ -158,6 +158,9 @@ DEFAULTS = {
     # again; addresses mailed at each request, through Django's mail settings (empty: none); how a
     # staff member is named to the visitor ({first_name}, {last_name}, {username}).
     "HANDOFF_WAIT": 300,
+    # Messages a visitor may write into one conversation while staff hold it (no turn counts them
+    # against MAX_TURNS_PER_CONVERSATION or the token budget); each is MAX_MESSAGE_LENGTH at most. 0 = no limit.
+    "HANDOFF_MAX_MESSAGES": 50,
     "HANDOFF_EMAILS": [],
     "HANDOFF_STAFF_NAME": "{first_name} from support",
 }

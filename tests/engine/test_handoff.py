@@ -742,3 +742,21 @@ def test_a_staff_member_deleted_or_renamed_is_what_the_visitor_reads_at_the_next
     assert deleted.status_code == 200
     assert deleted.json()["state"] == "waiting" and deleted.json()["by"] is None
     assert deleted.json()["messages"][-1]["author"] == "Our staff"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_messages_written_while_staff_hold_a_conversation_have_their_own_cap_and_size_limit(conversations_settings):
+    """No turn starts for them, so the turn and token limits do not count them: their own do."""
+    conversations_settings.update(HANDOFF_MAX_MESSAGES=3, MAX_TURNS_PER_CONVERSATION=2)
+    visitor, conversation = waiting_for_a_person()
+
+    kept = [send(visitor, conversation, f"Message {n}") for n in range(1, 4)]
+    over = send(visitor, conversation, "Message 4")
+    too_long = send(visitor, conversation, "x" * 4001)
+
+    assert [r.status_code for r in kept] == [202, 202, 202]
+    assert over.status_code == 409
+    assert over.json() == {"detail": "This conversation has reached its limit of 3 messages to our staff. Please "
+                                     "wait for their reply, or start a new conversation."}
+    assert too_long.status_code == 400
+    assert list(Message.objects.values_list("content", flat=True)) == ["Message 1", "Message 2", "Message 3"]
