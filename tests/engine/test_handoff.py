@@ -760,3 +760,19 @@ def test_messages_written_while_staff_hold_a_conversation_have_their_own_cap_and
                                      "wait for their reply, or start a new conversation."}
     assert too_long.status_code == 400
     assert list(Message.objects.values_list("content", flat=True)) == ["Message 1", "Message 2", "Message 3"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_view_message_alone_reads_what_a_visitor_wrote_to_staff_as_the_permission_tables_say():
+    """SECURITY.md and docs/admin.md list it: the messages' pages hold every message, those written
+    to staff included, so view_message is given as view_turn is, to those who may read transcripts."""
+    visitor, conversation = waiting_for_a_person()
+    send(visitor, conversation, "My card number ends in 4242.")
+    reader = staff_member("reader", allowed=False)
+    reader.user.user_permissions.add(Permission.objects.get(codename="view_message"))
+
+    listed = reader.get("/admin/conversations/message/").content.decode()
+    inbox = reader.get(INBOX)
+
+    assert "My card number ends in 4242." in listed
+    assert inbox.status_code == 403  # answering, and the inbox, stay answer_handoff's
