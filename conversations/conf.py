@@ -149,6 +149,9 @@ DEFAULTS = {
     "WIDGET_TOKEN_MAX_AGE": 12 * 3600,
     # Visitor tokens minted per client address (a DRF rate; "" = off).
     "TOKEN_RATE_PER_IP": "30/min",
+    # Polls (of a turn, of a handoff) answered 404 per client address, past which its polls get 429
+    # before any lookup (a DRF rate; "" = off). A widget polling its own turn never misses.
+    "POLL_MISS_RATE_PER_IP": "120/min",
     # The secret a host site signs its signed-in user's id with (HMAC-SHA256; docs/widget.md), and
     # how long such a signature is good for, in seconds. "" refuses every signed identity.
     "IDENTITY_SECRET": "",
