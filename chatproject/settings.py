@@ -179,6 +179,9 @@ RQ_QUEUES = {
 # in a forked work horse instead (docs/deployment.md, "Choosing the worker class"). Either one
 # writes the final state of a turn whose worker died.
 RQ = {"WORKER_CLASS": os.environ.get("RQ_WORKER_CLASS", "conversations.worker.ConcurrentWorker")}
+# Error reports (the DEBUG page, mails to ADMINS) hide CREDENTIALS, whose keys Django's own filter
+# would show (it hides settings by name), and any known key in a frame's variables.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "conversations.redaction.ExceptionReporterFilter"
 
 LOGGING = {
     "version": 1,

@@ -32,7 +32,8 @@ from django.utils.translation import gettext as _
 from .conf import get_config
 from .endpoints import (
     CredentialError, bind_settings_key, credential_parts, credential_shape_problem, endpoint_origin,
-    endpoint_problem, is_embed_origin, origin_allowed, provider_problem, resolve_credential, unset_variable,
+    endpoint_problem, is_embed_origin, origin_allowed, plain_url_problem, provider_problem, resolve_credential,
+    unset_variable,
 )
 from .tools import load_tools
 from .core.rules import clock_errors, reserve_errors
@@ -246,6 +247,8 @@ def credential_problem(name, provider, base_url, site):
         key = resolve_credential(name, site, provider=provider)
     except CredentialError as exc:
         return exc.reason
+    if base_url and plain_url_problem(base_url):
+        return plain_url_problem(base_url)
     target = endpoint_origin(provider, base_url)
     if target and not origin_allowed(target, key.origins):  # no origin: a provider that calls nothing (demo)
         return _("its credential “%(name)s” may not be sent to %(origin)s: CREDENTIALS binds it to %(origins)s.") % {

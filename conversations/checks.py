@@ -8,6 +8,7 @@ framework (``manage.py check``, ``runserver``, ``rqworker``); it returns a list 
 import os
 import re
 import sys
+from urllib.parse import urlsplit
 
 from django.apps import apps
 from django.conf import settings
@@ -21,7 +22,8 @@ from .engine.handoff import staff_name_problem
 from .engine.worker import ConcurrentWorker, Worker
 from .providers import get_provider_class
 from .endpoints import (calls_url, credential_parts, credential_shape_problem, is_embed_origin, origin, origin_pattern,
-                        unset_variable)
+                        plain_url_problem, unset_variable)
+from .redaction import keys_shown_in_error_reports
 from .tools import load_tools
 from .core.pricing import price_problem
 from .assistants import chain_problems, problems
@@ -94,6 +96,11 @@ def _check_provider(cfg):
         return [Error(f"PROVIDER {cfg['PROVIDER']!r} cannot be used: {exc}",
                       hint="Use 'demo', 'openai', 'anthropic' or the dotted path of a BaseProvider subclass.",
                       id="conversations.E010")]
+    if cfg["BASE_URL"] and plain_url_problem(cfg["BASE_URL"]):
+        return [Error("BASE_URL is not a plain URL: no turn can be sent to it.",
+                      hint="Write it as scheme://host[:port]/path, without a user name, backslash, space, control "
+                           "character or percent-encoding before the path (a gateway's credentials go in "
+                           "API_KEY).", id="conversations.E016")]
     if cfg["PROVIDER"] not in ("demo",) and not cfg["API_KEY"] and not cfg["BASE_URL"]:
         return [Warning(f"PROVIDER is {cfg['PROVIDER']!r} but API_KEY is empty.",
                         hint="Set CONVERSATIONS_API_KEY (or BASE_URL for a local server that needs none).",
@@ -136,8 +143,15 @@ def _check_environment(cfg):
 
 def _host(url):
     """The origin of ``url`` (``scheme://host[:port]``), as the admin's endpoint sentences and
-    ``ALLOWED_ENDPOINTS`` write it: no user, password, path or query, where keys sometimes travel."""
-    return origin(url) or "an unreadable URL"
+    ``ALLOWED_ENDPOINTS`` write it: no user, password, path or query, where keys sometimes travel.
+    Read leniently (a URL no key may go to is still named by its host), for a message only."""
+    try:
+        parts = urlsplit(str(url))
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "an unreadable URL"
+    host = parts.hostname or ""
+    return origin(f"{parts.scheme}://{f'[{host}]' if ':' in host else host}{port}") or "an unreadable URL"
 
 
 def _check_fallbacks(cfg):
@@ -295,10 +309,27 @@ def _check_keys():
 # Ids E040… and W040…
 
 
+def _check_error_reports(cfg):
+    """Django's default filter hides settings by name: the bare keys of ``CREDENTIALS`` would be
+    in the DEBUG page and in every mail to ``ADMINS``."""
+    try:
+        shown = keys_shown_in_error_reports(import_string(settings.DEFAULT_EXCEPTION_REPORTER_FILTER), cfg)
+    except ImportError:
+        return []  # Django's own check names a filter that cannot be imported
+    if not shown:
+        return []
+    return [Warning(
+        f"Error reports (the DEBUG page, mails to ADMINS) would show {shown} of the site's API keys: "
+        "DEFAULT_EXCEPTION_REPORTER_FILTER hides settings by name, and CREDENTIALS holds keys under names of "
+        "your choosing.",
+        hint='Set DEFAULT_EXCEPTION_REPORTER_FILTER = "conversations.redaction.ExceptionReporterFilter" (or a '
+             "filter of your own that hides CREDENTIALS).", id="conversations.W042")]
+
+
 def _check_credentials(cfg):
     """A credential is a key or ``env:VARIABLE``; one whose variable is unset here is probably
     unset on the workers too (where it is read), so every turn of an assistant naming it fails."""
-    messages = []
+    messages = _check_error_reports(cfg)
     for name, entry in cfg["CREDENTIALS"].items():
         problem = credential_shape_problem(entry)
         if problem:

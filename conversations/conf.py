@@ -157,6 +157,9 @@ DEFAULTS = {
     "WIDGET_TOKEN_MAX_AGE": 12 * 3600,
     # Visitor tokens minted per client address (a DRF rate; "" = off).
     "TOKEN_RATE_PER_IP": "30/min",
+    # Polls (of a turn, of a handoff) answered 404 per client address, past which its polls get 429
+    # before any lookup (a DRF rate; "" = off). A widget polling its own turn never misses.
+    "POLL_MISS_RATE_PER_IP": "120/min",
     # The secret a host site signs its signed-in user's id with (HMAC-SHA256; docs/widget.md), and
     # how long such a signature is good for, in seconds. "" refuses every signed identity.
     "IDENTITY_SECRET": "",
@@ -166,6 +169,9 @@ DEFAULTS = {
     # again; addresses mailed at each request, through Django's mail settings (empty: none); how a
     # staff member is named to the visitor ({first_name}, {last_name}, {username}).
     "HANDOFF_WAIT": 300,
+    # Messages a visitor may write into one conversation while staff hold it (no turn counts them
+    # against MAX_TURNS_PER_CONVERSATION or the token budget); each is MAX_MESSAGE_LENGTH at most. 0 = no limit.
+    "HANDOFF_MAX_MESSAGES": 50,
     "HANDOFF_EMAILS": [],
     "HANDOFF_STAFF_NAME": "{first_name} from support",
     # The site's address ("https://shop.example.com"), for links in mail sent from a worker, which

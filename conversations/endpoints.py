@@ -19,12 +19,20 @@ a ``FALLBACKS`` entry's ``API_KEY`` to that entry's. The job hands each provider
 ``BoundKey`` (the key and its origins), and the HTTP layer checks the origin of every request
 right before sending it (``check_key``): a key is never put into a request for an origin it
 is not bound to, whatever the admin says.
+
+**A URL is read once.** ``locate`` is the one parse of a URL that keys and endpoints are checked
+against: a plain ``scheme://host[:port]/path[?query]`` that urllib3 (which ``requests`` connects
+with) reads the same way, or nothing; providers rebuild the request URL from its parts.
 """
 
 import ipaddress
 import os
 import re
+from typing import NamedTuple, Optional
 from urllib.parse import urlsplit
+
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
 
 from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
@@ -35,19 +43,77 @@ ENV_PREFIX = "env:"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-def origin(url):
-    """``scheme://host[:port]`` of ``url``, lower-cased, without a default port; "" for none (a
-    header or setting anyone may write: a bracket without its pair, a port out of range)."""
+# A plain URL in the strict RFC 3986 sense: a scheme, a host (a name of ASCII letters, digits,
+# "-" and "_", an IPv4 address, or an IPv6 one in brackets without a zone), a port of digits, then
+# a path and a query of URI characters only. No user information, backslash, space, control
+# character or percent-encoding before the path: each is a place where two parsers may read two
+# different hosts out of one string (urlsplit reads "a\\@b" as host b, urllib3 as host a).
+_PLAIN_URL = re.compile(
+    r"(?P<scheme>[a-z][a-z0-9+.-]*)://"
+    r"(?P<host>\[[0-9a-f:.]+\]|[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\.?)"
+    r"(?::(?P<port>[0-9]{1,5}))?"
+    r"(?P<path>/(?:[a-z0-9._~!$&'()*+,;=:@/-]|%[0-9a-f]{2})*)?"
+    r"(?P<query>\?(?:[a-z0-9._~!$&'()*+,;=:@/?-]|%[0-9a-f]{2})*)?",
+    re.IGNORECASE)
+
+
+class Location(NamedTuple):
+    """Where a URL goes, as the HTTP client connects: ``scheme`` and ``host`` lower-cased (an IPv6
+    host in brackets), ``port`` (None: the scheme's default), ``path`` and ``query`` (with its ``?``)."""
+
+    scheme: str
+    host: str
+    port: Optional[int]
+    path: str
+    query: str
+
+    @property
+    def origin(self):
+        """``scheme://host[:port]``, without the scheme's default port."""
+        default = self.port is None or self.port == _DEFAULT_PORTS.get(self.scheme)
+        return f"{self.scheme}://{self.host}" + ("" if default else f":{self.port}")
+
+    @property
+    def url(self):
+        """The URL rebuilt from its parts: what a request is sent to."""
+        port = "" if self.port is None else f":{self.port}"
+        return f"{self.scheme}://{self.host}{port}{self.path}{self.query}"
+
+
+def locate(url):
+    """The ``Location`` of ``url``, or None when it is not a plain URL (``_PLAIN_URL``) or when
+    urllib3, which ``requests`` connects with, would read another scheme, host or port out of it.
+    The one parse of a URL that a key or an endpoint is checked against: whatever it refuses is
+    never sent anywhere with a key, and whatever it accepts is where the socket goes."""
+    text = url if isinstance(url, str) else ""
+    match = _PLAIN_URL.fullmatch(text)
+    if not match:
+        return None
+    port = int(match["port"]) if match["port"] is not None else None
+    if port is not None and not 0 < port < 65536:
+        return None
+    if match["host"].startswith("["):
+        try:
+            ipaddress.IPv6Address(match["host"][1:-1])
+        except ValueError:
+            return None
+    location = Location(match["scheme"].lower(), match["host"].lower(), port, match["path"] or "",
+                        match["query"] or "")
     try:
-        parts = urlsplit(str(url or "").strip())  # ValueError: "Invalid IPv6 URL"
-        port = parts.port
-    except ValueError:
-        return ""
-    if not parts.scheme or not parts.hostname:
-        return ""
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    scheme = parts.scheme.lower()
-    return f"{scheme}://{host}" + (f":{port}" if port and port != _DEFAULT_PORTS.get(scheme) else "")
+        client = parse_url(text)
+    except LocationParseError:
+        return None
+    if ((client.scheme or "").lower(), (client.host or "").lower(), client.port) != location[:3]:
+        return None
+    return location
+
+
+def origin(url):
+    """``scheme://host[:port]`` of ``url``, lower-cased, without a default port; "" for none: a URL
+    that is not plain (``locate``), such as a header or setting anyone may write (a bracket
+    without its pair, a port out of range, a backslash or user information before the host)."""
+    location = locate(url)
+    return location.origin if location else ""
 
 
 # An origin pattern: a scheme, a host that may hold "*" (any characters), and "*" or a number as port.
@@ -99,9 +165,12 @@ def embed_origin_allowed(target, patterns):
 def calls_url(provider, base_url=""):
     """The URL calls of ``provider`` (a name in ``PROVIDER``) go to: ``base_url``, or when it is
     empty the provider's default; "" when the provider cannot be loaded or calls nothing
-    (``demo``). The one rule for it: the key bindings, the checks and ``provider_health`` agree."""
+    (``demo``), or is not one the site allows (``provider_problem``: nothing else is imported).
+    The one rule for it: the key bindings, the checks and ``provider_health`` agree."""
     if base_url:
         return base_url
+    if provider_problem(provider, get_config()):
+        return ""
     try:
         # By its dotted path, not through conversations.providers: they call through the HTTP
         # layer, which applies the rules of this module.
@@ -286,24 +355,56 @@ def address_allowed(address, rule):
     """Whether an endpoint under ``rule`` (``endpoint_rule``) may connect to IP ``address``: a
     public one, unless the rule allows any. Private, loopback, link-local (the cloud metadata
     service, 169.254.169.254), shared, reserved and multicast addresses are not public; an
-    IPv4 address written as IPv6 (``::ffff:127.0.0.1``) counts as itself."""
+    IPv6 address that carries an IPv4 one counts as that address (``carried_ipv4``); the
+    deprecated site-local ``fec0::/10`` is not public."""
     if rule == "any":
         return True
     if rule != "public":
         return False
     ip = ipaddress.ip_address(str(address).split("%", 1)[0])
-    ip = getattr(ip, "ipv4_mapped", None) or ip
-    return ip.is_global and not ip.is_multicast
+    ip = carried_ipv4(ip) or ip
+    return ip.is_global and not ip.is_multicast and not getattr(ip, "is_site_local", False)
+
+
+# IPv6 prefixes whose last 32 bits are an IPv4 address a gateway forwards to: NAT64's well-known
+# and local-use prefixes (RFC 6052, RFC 8215) and the deprecated IPv4-compatible form (::a.b.c.d).
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def carried_ipv4(ip):
+    """The IPv4 address an IPv6 address ``ip`` carries (mapped ``::ffff:a.b.c.d``, 6to4
+    ``2002::/16``, NAT64, IPv4-compatible, Teredo's client), or None."""
+    if ip.version != 6:
+        return None
+    if ip.ipv4_mapped or ip.sixtofour:
+        return ip.ipv4_mapped or ip.sixtofour
+    if ip.teredo:
+        return ip.teredo[1]
+    if any(ip in network for network in _NAT64) or (ip in _IPV4_COMPATIBLE and int(ip) > 1):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
+def plain_url_problem(url):
+    """Why ``url`` cannot be an endpoint that a key may go to, or None: it is not a plain URL
+    (``locate``), so the HTTP client might connect to another host than the one it names."""
+    if locate(url):
+        return None
+    return _("its endpoint “%(url)s” is not a plain URL of the form scheme://host[:port]/path: no user name, "
+             "backslash, space, control character or percent-encoding may come before the path.") % {"url": url}
 
 
 def endpoint_problem(url, cfg):
-    """Why an endpoint may not be set in the admin, or None: its origin is not allowed, or it
-    is an address (written as such) that its rule does not allow."""
+    """Why an endpoint may not be set in the admin, or None: it is not a plain URL, its origin is
+    not allowed, or it is an address (written as such) that its rule does not allow."""
+    if plain_url_problem(url):
+        return plain_url_problem(url)
     rule = endpoint_rule(url, cfg)
     if rule is None:
         return _("its endpoint %(origin)s is not one this site allows (a vendor's, the site's own, or one in "
-                 "ALLOWED_ENDPOINTS).") % {"origin": origin(url) or url}
-    host = urlsplit(url).hostname or ""
+                 "ALLOWED_ENDPOINTS).") % {"origin": origin(url)}
+    host = locate(url).host.strip("[]")
     try:
         ipaddress.ip_address(host)
     except ValueError:

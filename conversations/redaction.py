@@ -10,6 +10,8 @@ arguments) keeps its words and loses only the known keys (``hide_keys``).
 
 import re
 
+from django.views.debug import SafeExceptionReporterFilter
+
 from .conf import get_config
 from .endpoints import credential_values
 
@@ -42,3 +44,35 @@ def redact(text, *secrets, limit=300):
     ``hide_keys``, anything key-like too, shortened to ``limit`` characters."""
     text = _SECRETISH.sub(MARKER, hide_keys(text, *secrets))
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class ExceptionReporterFilter(SafeExceptionReporterFilter):
+    """Django's filter for error reports (the DEBUG page, the mails to ``ADMINS``), which hides
+    settings whose names look secret (``API_KEY``, ``IDENTITY_SECRET``), hiding the site's keys
+    too where their names do not: ``CREDENTIALS`` maps names the site chose to bare keys, so the
+    whole setting is hidden, and a frame's variable holding a known key (a string, or a
+    configuration dict) is cleansed as a setting is. Set ``DEFAULT_EXCEPTION_REPORTER_FILTER =
+    "conversations.redaction.ExceptionReporterFilter"``; check conversations.W042 warns while the
+    site's filter would show a key."""
+
+    hidden_settings = re.compile(SafeExceptionReporterFilter.hidden_settings.pattern + "|CREDENTIAL", flags=re.I)
+
+    def cleanse_special_types(self, request, value):
+        """A frame variable as the report shows it: a dict cleansed like a setting, a string with a
+        known key in it with the key hidden."""
+        value = super().cleanse_special_types(request, value)
+        if isinstance(value, dict):
+            return self.cleanse_setting("", value)
+        if isinstance(value, str):
+            try:
+                return hide_keys(value)
+            except Exception:  # noqa: BLE001 - a broken configuration must not break the error report
+                return value
+        return value
+
+
+def keys_shown_in_error_reports(filter_class, cfg=None):
+    """How many of the site's known keys an error report made with ``filter_class`` (an
+    ``ExceptionReporterFilter`` class) would show among the settings."""
+    shown = repr(filter_class().get_safe_settings())
+    return sum(1 for key in known_keys(cfg) if len(key) >= 4 and key in shown)

@@ -2,6 +2,8 @@
 of date, and a box to try a query as a kind of visitor (anonymous, or a chosen user) and see
 what the assistant's search_site would find for them. Passages are facts of the index: read-only."""
 
+from urllib.parse import urljoin, urlsplit
+
 from django import forms
 from django.contrib import admin
 from django.contrib.auth import get_user_model
@@ -10,6 +12,7 @@ from django.template.response import TemplateResponse
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import get_config
+from ..endpoints import origin
 from ..knowledge.index import out_of_date, status
 from ..knowledge.search import search
 from ..models import Passage
@@ -31,11 +34,17 @@ class TryQueryForm(forms.Form):
         return user
 
 
-def link_or_none(url):
-    """``url`` when it is safe to link (a path on this site or http(s)), else None: shown as text."""
-    if url.startswith("/") and not url.startswith("//"):
-        return url
-    return url if url.lower().startswith(("http://", "https://")) else None
+def link_or_none(url, site):
+    """``url`` resolved on ``site`` (this site's origin) when it is a page of this site over
+    http(s), as the widget links a source; else None (the title is shown as text). A backslash,
+    whitespace or a control character is never linked: a browser reads ``/\\host/`` as
+    ``//host/``, another site, where a parser here would read a path."""
+    text = str(url or "")
+    if any(char == "\\" or char.isspace() or not char.isprintable() for char in text):
+        return None
+    absolute = urljoin(site + "/", text)
+    parts = urlsplit(absolute)
+    return absolute if parts.scheme in ("http", "https") and origin(f"{parts.scheme}://{parts.netloc}") == site else None
 
 
 @admin.register(Passage)
@@ -66,7 +75,8 @@ class PassageAdmin(admin.ModelAdmin):
         hits = None
         if form.is_valid():
             floor = float(get_config()["SEARCH_FLOOR"])
-            hits = [{**hit.as_dict(), "link": link_or_none(hit.url), "under_floor": hit.match < floor}
+            site = origin(request.build_absolute_uri("/"))
+            hits = [{**hit.as_dict(), "link": link_or_none(hit.url, site), "under_floor": hit.match < floor}
                     for hit in search(form.cleaned_data["query"], user=form.cleaned_data["visitor"], limit=10)]
         rows = [{**row, "out_of_date": out_of_date(row)} for row in status()]
         context = {**self.admin_site.each_context(request), "opts": self.opts, "rows": rows, "form": form,

@@ -133,12 +133,15 @@ def verified_visitor(request):
 
 
 def visitor_user(visitor):
-    """The user a token names (active), or ``AnonymousUser``; 401 when that user is gone or inactive."""
+    """The user a token names (active), or ``AnonymousUser``; 401 when that user is gone or inactive,
+    or named otherwise than as the user model writes its key (``06``, ``+6`` or ``6 `` for user 6:
+    one user, one spelling, so one identity, one owner and one replay record)."""
     if visitor.user_id is None:
         return AnonymousUser()
     model = get_user_model()
     try:
-        user = model._default_manager.filter(pk=visitor.user_id).first()
+        pk = model._meta.pk.to_python(visitor.user_id)
+        user = model._default_manager.filter(pk=pk).first() if str(pk) == str(visitor.user_id) else None
     except (TypeError, ValueError, ValidationError):  # not an id of this user model's (ValidationError: a UUID pk)
         user = None
     if user is None or not getattr(user, "is_active", True):

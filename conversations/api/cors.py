@@ -26,10 +26,13 @@ ALLOWED_METHODS = "GET, POST, OPTIONS"
 # What the widget sends: its token, its JSON, the ETag of the state it has, a retry's key.
 ALLOWED_HEADERS = "Authorization, Content-Type, If-None-Match, Idempotency-Key"
 EXPOSED_HEADERS = "ETag, Retry-After"
-PREFLIGHT_MAX_AGE = 600
 # Seconds the assistants' origins are kept in each process: a poll from an embedded widget then
 # costs no SQL. A change in the admin clears them at once in the process that saved it.
 ORIGINS_TTL = 10
+# Seconds a browser may reuse a preflight's answer, sending requests without asking again: no
+# longer than the origins are kept, so that an origin taken off the list stops being sent
+# from within 2 × ORIGINS_TTL (the price: one preflight per ORIGINS_TTL from a polling widget).
+PREFLIGHT_MAX_AGE = ORIGINS_TTL
 
 _memo = {}  # "origins": (good until, patterns); one for the process, its threads share it
 

@@ -15,9 +15,9 @@ from ..engine import handoff
 from ..infra import state
 from ..owners import owner_matches, owner_token, request_visitor
 from .base import Conflict, ConversationAPIView, owned_conversation
-from .schema import (CONVERSATION_ID, CSRF_OR_SIGN_IN, ERROR, NOT_FOUND, NOT_JSON, RETRY_AFTER, SIGN_IN, TOO_LARGE,
+from .schema import (CONVERSATION_ID, POLL_MISSES, CSRF_OR_SIGN_IN, ERROR, NOT_FOUND, NOT_JSON, RETRY_AFTER, SIGN_IN, TOO_LARGE,
                      UNAVAILABLE)
-from .throttling import TurnIPThrottle, TurnOwnerThrottle
+from .throttling import PollMissLimit, TurnIPThrottle, TurnOwnerThrottle
 
 HANDOFF_STATE = OpenApiResponse(OpenApiTypes.OBJECT, description=(
     '{"conversation", "state": ""|"waiting"|"taken"|"returned"|"closed", "by": the staff member\'s name '
@@ -46,7 +46,7 @@ def answer(request, data):
     return response
 
 
-class HandoffView(ConversationAPIView):
+class HandoffView(PollMissLimit, ConversationAPIView):
     """``GET``: the conversation's handoff state. ``POST``: ask for a person (the widget's button)."""
 
     def get_throttles(self):
@@ -57,7 +57,7 @@ class HandoffView(ConversationAPIView):
     @extend_schema(parameters=[CONVERSATION_ID, OpenApiParameter(
                        "If-None-Match", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False)],
                    responses={200: HANDOFF_STATE, 304: OpenApiResponse(description="Unchanged since the ETag."),
-                              403: SIGN_IN, 404: NOT_FOUND, 503: UNAVAILABLE},
+                              403: SIGN_IN, 404: NOT_FOUND, 429: POLL_MISSES, 503: UNAVAILABLE},
                    summary="Poll a conversation handed to a person")
     def get(self, request, conversation_id):
         if conversation_id is None:

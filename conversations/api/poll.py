@@ -26,10 +26,11 @@ from .cors import CorsMixin
 from .permissions import LoginNotRequiredMixin, may_chat, sign_in_message
 from .sessions import UNAVAILABLE_ERRORS, check_session_store
 from .base import RedisDownMixin, owned_conversation, public_state
-from .schema import CONVERSATION_ID, NOT_FOUND, SIGN_IN, TURN_ID, UNAVAILABLE
+from .schema import CONVERSATION_ID, NOT_FOUND, POLL_MISSES, SIGN_IN, TURN_ID, UNAVAILABLE
+from .throttling import PollMissLimit
 
 
-class TurnDetailView(CorsMixin, LoginNotRequiredMixin, RedisDownMixin, APIView):
+class TurnDetailView(PollMissLimit, CorsMixin, LoginNotRequiredMixin, RedisDownMixin, APIView):
     """The poll view. A state in the cache is served with no SQL query (ownership is in the state);
     a missing or stale one is rebuilt from the database, and a turn whose job died is ended.
 
@@ -129,7 +130,7 @@ class TurnDetailView(CorsMixin, LoginNotRequiredMixin, RedisDownMixin, APIView):
                                      description="The ETag of the state the client already has.")],
         responses={200: serializers.TurnStateSerializer,
                    304: OpenApiResponse(description="The state has not changed since the ETag sent."),
-                   403: SIGN_IN, 404: NOT_FOUND, 503: UNAVAILABLE},
+                   403: SIGN_IN, 404: NOT_FOUND, 429: POLL_MISSES, 503: UNAVAILABLE},
         summary="Poll a turn until done is true",
     )
     def get(self, request, conversation_id, turn_id):

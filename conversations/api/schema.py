@@ -11,6 +11,9 @@ ERROR = serializers.ErrorSerializer
 
 NOT_FOUND = OpenApiResponse(ERROR, description="Not found, or not yours (the API never says which).")
 
+POLL_MISSES = OpenApiResponse(ERROR, description="This client address's polls were answered 404 too often "
+                                                 "(POLL_MISS_RATE_PER_IP); Retry-After says when to try again.")
+
 
 TOO_LARGE = OpenApiResponse(ERROR, description="The body is larger than MAX_REQUEST_BYTES; it was not read.")
 

@@ -18,6 +18,8 @@ counts an IPv6 address by its network (``IPV6_PREFIX``).
 
 import ipaddress
 
+from django.utils.translation import gettext_lazy
+from rest_framework.exceptions import Throttled
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
 
@@ -130,3 +132,50 @@ class TokenIPThrottle(AddressThrottle):
 
     scope = "conversations_tokens_ip"
     config_key = "TOKEN_RATE_PER_IP"
+
+
+class PollMissThrottle(AddressThrottle):
+    """The polls of one client address that missed (404: no such turn or conversation, or not
+    the caller's), within ``POLL_MISS_RATE_PER_IP``. A miss costs lookups a hit served from the
+    cache does not, so an address past the rate is refused (429) before them; only misses count
+    (``record_miss``), so a widget polling its own turn every half second is never refused."""
+
+    scope = "conversations_poll_misses_ip"
+    config_key = "POLL_MISS_RATE_PER_IP"
+
+    def allow_request(self, request, view):
+        """Whether the address has missed fewer times than the rate allows in its window (records nothing)."""
+        if self.rate is None:
+            return True
+        self.key = self.get_cache_key(request, view)
+        self.history = self.cache.get(self.key, [])
+        self.now = self.timer()
+        while self.history and self.history[-1] <= self.now - self.duration:
+            self.history.pop()
+        return len(self.history) < self.num_requests
+
+    def record_miss(self, request, view):
+        """Count a poll of this address answered 404."""
+        if self.allow_request(request, view) and self.rate is not None:
+            self.history.insert(0, self.now)
+            self.cache.set(self.key, self.history, self.duration)
+
+
+class PollMissLimit:
+    """For a view widgets poll: an address past ``PollMissThrottle`` refused first (429 with a
+    sentence and ``Retry-After``), and each 404 the view answers counted."""
+
+    poll_miss_message = gettext_lazy("Too many requests from your address asked for chats that are not there. "
+                                     "Please wait a moment and reload the page.")
+
+    def check_throttles(self, request):
+        throttle = PollMissThrottle()
+        if not throttle.allow_request(request, self):
+            wait = throttle.wait()
+            raise Throttled(max(1, round(wait)) if wait is not None else None, detail=str(self.poll_miss_message))
+        super().check_throttles(request)
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        if response.status_code == 404:
+            PollMissThrottle().record_miss(request, self)
+        return super().finalize_response(request, response, *args, **kwargs)

@@ -287,6 +287,10 @@ def keep(conversation, content, idempotency_key=""):
             return found, False
     if conversation.handoff not in Conversation.HELD:
         raise _refusal(conversation)
+    limit = get_config()["HANDOFF_MAX_MESSAGES"]
+    if limit and conversation.messages.filter(turn__isnull=True, role=Message.Role.USER).count() >= limit:
+        raise Refused(_("This conversation has reached its limit of %(limit)d messages to our staff. Please wait "
+                        "for their reply, or start a new conversation.") % {"limit": limit})
     message = Message.objects.create(conversation=conversation, turn=None, role=Message.Role.USER, content=content)
     if idempotency_key:
         state.remember_kept(conversation.pk, idempotency_key, message.pk)

@@ -12,10 +12,10 @@ import inspect
 import json
 import logging
 import re
-from urllib.parse import urlsplit, urlunsplit
 
 from django.utils.translation import gettext_lazy as _
 
+from ..endpoints import locate
 from ..infra.http import CallCancelled, CallFailed, PartialReply
 from ..redaction import redact
 from ..core.streaming import ReplyLimit
@@ -149,9 +149,15 @@ class BaseProvider:
 
     def endpoint(self, path_for):
         """``BASE_URL`` (else ``default_base_url``) with its path, without a trailing slash, given to
-        ``path_for(path)`` for the API's own; the query is kept (Azure's ``api-version``)."""
-        parts = urlsplit(self.config.get("BASE_URL") or self.default_base_url)
-        return urlunsplit((parts.scheme, parts.netloc, path_for(parts.path.rstrip("/")), parts.query, ""))
+        ``path_for(path)`` for the API's own; the query is kept (Azure's ``api-version``). Rebuilt
+        from the parts ``endpoints.locate`` reads, the parse keys are checked against; a URL it
+        does not read as plain is refused here (``endpoint_refused``), whatever gave it."""
+        base = self.config.get("BASE_URL") or self.default_base_url
+        location = locate(base)
+        if location is None:
+            raise ProviderError(ErrorCode.ENDPOINT_REFUSED, f"{self.name}: its endpoint is not a plain URL "
+                                                            "scheme://host[:port]/path: not sent")
+        return location._replace(path=path_for(location.path.rstrip("/"))).url
 
     def complete(self, messages, tools, on_text=None):
         """Called once per model round-trip with ``messages`` (``ChatMessage`` list, the history

@@ -666,3 +666,92 @@ def test_an_embedded_widget_is_offered_a_person_and_follows_the_handoff_with_its
     assert asked.status_code == 202 and asked.json()["state"] == "waiting"
     assert polled.status_code == 200 and polled.json()["state"] == "waiting" and again.status_code == 304
     assert polled["Access-Control-Allow-Origin"] == PAGE and not polled.cookies
+
+
+@pytest.mark.parametrize("lookalike", [PAGE + ".evil.net", PAGE + ":8443", PAGE + "-evil.net"])
+def test_an_origin_that_only_begins_with_an_allowed_one_gets_no_token_and_no_cors(lookalike):
+    """An allowed origin is matched whole: a page whose origin merely starts with it is another site."""
+    Assistant.objects.create(slug="sales", name="Sales", system_prompt="Sell.", allowed_origins=[PAGE])
+    preflight = Client().options("/api/conversations/", HTTP_ORIGIN=lookalike,
+                                 HTTP_ACCESS_CONTROL_REQUEST_METHOD="POST")
+
+    assert Page(origin=lookalike).mint().status_code == 403
+    assert Page(origin=lookalike).mint(assistant="sales").status_code == 403
+    assert "Access-Control-Allow-Origin" not in preflight
+    assert not Conversation.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_user_the_host_site_deactivated_can_no_longer_chat_read_or_renew_with_their_token():
+    """(A poll answered from the cache trusts the token without a query, until it expires.)"""
+    user = signed_in_user()
+    page = Page()
+    assert page.mint(identity=visitors.sign_identity(user.pk, SECRET)).status_code == 200
+    turn = started(page)
+    user.is_active = False
+    user.save()
+
+    answers = [page.post("/api/conversations/"), page.get(f"/api/conversations/{turn['conversation']}/"),
+               page.post(f"/api/conversations/{turn['conversation']}/turns/", {"content": "Still there?"}),
+               page.renew()]
+
+    assert [answer.status_code for answer in answers] == [401, 401, 401, 401]
+    assert answers[-1].json() == {"detail": "Your sign-in could not be verified. Please reload the page."}
+    assert Conversation.objects.count() == 1 and Turn.objects.count() == 1
+
+
+def test_a_token_for_an_assistant_starts_no_conversation_with_the_sites_default():
+    """The default assistant has origins of its own (``ALLOWED_ORIGINS``): a token for another one
+    is not a way in."""
+    Assistant.objects.create(slug="sales", name="Sales", system_prompt="Sell.", allowed_origins=[PAGE])
+    page = Page()
+    assert page.mint(assistant="sales").status_code == 200
+
+    response = page.post("/api/conversations/", {})
+
+    assert response.status_code == 401
+    assert response.json() == {"detail": "This chat's access was given for another assistant. Please reload the "
+                                         "page."}
+    assert not Conversation.objects.exists()
+
+
+def test_a_token_for_an_assistant_switched_off_since_is_not_renewed():
+    sales = Assistant.objects.create(slug="sales", name="Sales", system_prompt="Sell.", allowed_origins=[PAGE])
+    page = Page()
+    assert page.mint(assistant="sales").status_code == 200
+    sales.active = False
+    sales.save()
+
+    renewal = page.renew()
+
+    assert renewal.status_code == 404
+    assert renewal.json() == {"detail": "This assistant is not available."}
+    assert "token" not in renewal.json()
+
+
+@pytest.mark.parametrize("spelling", ["0{}", "+{}", "{} ", " {}", "{}.0", "{}\n"])
+def test_a_signed_identity_names_a_user_in_one_spelling_only(spelling):
+    """``06`` is not user 6: another spelling would be another owner and another replay record for
+    the same user."""
+    user = signed_in_user()
+
+    response = Page().mint(identity=visitors.sign_identity(spelling.format(user.pk), SECRET))
+
+    assert response.status_code == 401
+    assert response.json() == {"detail": "Your sign-in could not be verified. Please reload the page."}
+    assert Page().mint(identity=visitors.sign_identity(str(user.pk), SECRET)).status_code == 200
+
+
+def test_an_origin_taken_off_the_list_is_not_kept_in_a_browsers_preflight_cache(conversations_settings):
+    """SECURITY.md: the browser stops sending from an origin taken off the list within 20 seconds,
+    10 for the answers (the origins' cache) and 10 for the preflight it keeps."""
+    def preflight():
+        return Client().options("/api/conversations/", HTTP_ORIGIN=PAGE, HTTP_ACCESS_CONTROL_REQUEST_METHOD="POST",
+                                HTTP_ACCESS_CONTROL_REQUEST_HEADERS="authorization,content-type")
+
+    allowed = preflight()
+    conversations_settings.update(ALLOWED_ORIGINS=[])
+    removed = preflight()
+
+    assert allowed["Access-Control-Allow-Origin"] == PAGE and 0 < int(allowed["Access-Control-Max-Age"]) <= 10
+    assert "Access-Control-Allow-Origin" not in removed and "Access-Control-Max-Age" not in removed

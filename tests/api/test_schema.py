@@ -46,13 +46,13 @@ def test_the_schema_lists_every_endpoint_and_only_the_api(schema):
 def test_the_schema_documents_every_answer(schema):
     assert statuses(schema, TURNS, "post") == {"200", "202", "400", "403", "404", "409", "413", "415", "422",
                                                     "429", "503"}
-    assert statuses(schema, POLL, "get") == {"200", "304", "403", "404", "503"}
+    assert statuses(schema, POLL, "get") == {"200", "304", "403", "404", "429", "503"}
     assert statuses(schema, CANCEL, "post") == {"202", "403", "404", "413", "415", "503"}
     assert statuses(schema, CONVERSATION, "get") == {"200", "403", "404", "503"}
     assert statuses(schema, "/api/conversations/", "post") == {"201", "400", "403", "413", "415", "429", "503"}
     assert statuses(schema, "/api/conversations/", "get") == {"200", "403", "503"}
     assert statuses(schema, RATING, "post") == {"200", "201", "400", "403", "404", "409", "413", "415", "429", "503"}
-    assert statuses(schema, HANDOFF, "get") == {"200", "304", "403", "404", "503"}
+    assert statuses(schema, HANDOFF, "get") == {"200", "304", "403", "404", "429", "503"}
     assert statuses(schema, HANDOFF, "post") == {"202", "403", "404", "409", "413", "415", "429", "503"}
     assert statuses(schema, BACK, "post") == {"200", "403", "404", "409", "413", "415", "503"}
     throttled = schema["paths"][TURNS]["post"]["responses"]["429"]

@@ -830,3 +830,36 @@ def test_the_handoff_mail_links_the_page_on_the_sites_address_where_no_sites_fra
     assert f"Answer it: https://help.example.org{answer_page(conversation)}\n" in sent.body + "\n"
     conversations_settings.update(SITE_URL="help.example.org")
     assert [m.id for m in check_config() if "SITE_URL" in m.msg] == ["conversations.E044"]
+
+
+def test_messages_written_while_staff_hold_a_conversation_have_their_own_cap_and_size_limit(conversations_settings):
+    """No turn starts for them, so the turn and token limits do not count them: their own do."""
+    conversations_settings.update(HANDOFF_MAX_MESSAGES=3, MAX_TURNS_PER_CONVERSATION=2)
+    visitor, conversation = waiting_for_a_person()
+
+    kept = [send(visitor, conversation, f"Message {n}") for n in range(1, 4)]
+    over = send(visitor, conversation, "Message 4")
+    too_long = send(visitor, conversation, "x" * 4001)
+
+    assert [r.status_code for r in kept] == [202, 202, 202]
+    assert over.status_code == 409
+    assert over.json() == {"detail": "This conversation has reached its limit of 3 messages to our staff. Please "
+                                     "wait for their reply, or start a new conversation."}
+    assert too_long.status_code == 400
+    assert list(Message.objects.values_list("content", flat=True)) == ["Message 1", "Message 2", "Message 3"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_view_message_alone_reads_what_a_visitor_wrote_to_staff_as_the_permission_tables_say():
+    """SECURITY.md and docs/admin.md list it: the messages' pages hold every message, those written
+    to staff included, so view_message is given as view_turn is, to those who may read transcripts."""
+    visitor, conversation = waiting_for_a_person()
+    send(visitor, conversation, "My card number ends in 4242.")
+    reader = staff_member("reader", allowed=False)
+    reader.user.user_permissions.add(Permission.objects.get(codename="view_message"))
+
+    listed = reader.get("/admin/conversations/message/").content.decode()
+    inbox = reader.get(INBOX)
+
+    assert "My card number ends in 4242." in listed
+    assert inbox.status_code == 403  # answering, and the inbox, stay answer_handoff's

@@ -5,6 +5,7 @@ search. Run on SQLite (FTS5) and PostgreSQL (text search, GIN index) alike."""
 
 import json
 import logging
+import re
 import threading
 import time
 
@@ -441,3 +442,20 @@ def test_the_sources_page_is_for_staff_who_may_view_passages(client):
     staff = get_user_model().objects.create_user("editor", password="pw-123456789", is_staff=True)
     client.force_login(staff)
     assert client.get("/admin/conversations/passage/", {"query": "lessons"}).status_code == 403
+
+
+def test_the_try_a_query_box_links_only_pages_of_this_site(admin_client, extra_source):
+    """As the widget does: ``/\\host/`` is another site to a browser, never a link here."""
+    extra_source("auth.User", name="people", title="username", body="username", url=lambda user: user.first_name)
+    urls = {"backslash": "/\\evil.example/login", "tab": "/\t/evil.example/", "scheme": "javascript:alert(1)",
+            "elsewhere": "https://evil.example/help/", "relative": "/help/pilots/",
+            "absolute": "http://testserver/help/crew/"}
+    for name, url in urls.items():
+        get_user_model().objects.create_user(f"pilot {name}", first_name=url)
+
+    page = admin_client.get("/admin/conversations/passage/", {"query": "pilot", "visitor": ""}).content.decode()
+
+    links = re.findall(r'<a href="([^"]*)" rel="noopener noreferrer">pilot (\w+)</a>', page)
+    assert sorted(links) == [("http://testserver/help/crew/", "absolute"),
+                             ("http://testserver/help/pilots/", "relative")]
+    assert all(f"pilot {name}" in page for name in urls)

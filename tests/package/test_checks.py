@@ -336,3 +336,12 @@ def test_environment_variables_the_settings_read_raise_no_warning(conversations_
     monkeypatch.setenv("CONVERSATIONS_BASE_URL", "http://gateway.internal:4000/v1")
     conversations_settings.update(PROVIDER="openai", BASE_URL="http://gateway.internal:4000/v1", API_KEY="sk-x")
     assert [m for m in check_config() if m.id == "conversations.W008"] == []
+
+
+def test_a_base_url_two_parsers_read_differently_is_refused_at_start_up(conversations_settings):
+    conversations_settings.update(PROVIDER="openai", API_KEY="sk-x",
+                                  BASE_URL="https://attacker.example\\@gw.example.com/v1")
+    assert [e for e in check_config() if e.id == "conversations.E016"] == [Error(
+        "BASE_URL is not a plain URL: no turn can be sent to it.",
+        hint="Write it as scheme://host[:port]/path, without a user name, backslash, space, control character or "
+             "percent-encoding before the path (a gateway's credentials go in API_KEY).", id="conversations.E016")]

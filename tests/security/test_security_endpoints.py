@@ -172,3 +172,40 @@ def test_the_documented_gateway_azure_and_local_model_setups_pass_check_and_save
                                         "credential": credential})
         assert saved.status_code == 302, (slug, saved.context["adminform"].form.errors)
     assert Assistant.objects.count() == 4
+
+
+@pytest.mark.django_db
+def test_a_provider_not_listed_is_not_imported_when_a_credential_is_chosen_for_it(admin_client, conversations_settings):
+    """Binding a credential asks where the provider calls by default: the answer for a provider the
+    site did not list is "nowhere", without importing it, for an assistant's own and its fallbacks'."""
+    conversations_settings.update(CREDENTIALS={"vendor-key": "sk-vendor-key-0003"})
+    probe = "tabnanny"  # a module nothing here has imported
+    sys.modules.pop(probe, None)
+    chain = json.dumps([{"provider": f"{probe}.NannyNag", "credential": "vendor-key"}])
+    for changes in [{"provider": f"{probe}.NannyNag", "credential": "vendor-key"}, {"fallbacks": chain}]:
+        page = refusal(admin_client.post(ADD, {**FIELDS, **changes}))
+        assert f"provider “{probe}.NannyNag” is not one this site allows" in page
+        assert probe not in sys.modules
+    assert not Assistant.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("url", [
+    "http://[64:ff9b::7f00:1]/v1", "http://[64:ff9b::a9fe:a9fe]/latest", "http://[64:ff9b:1::a00:5]/v1",
+    "http://[2002:7f00:1::]/v1", "http://[2002:a9fe:a9fe::]/", "http://[::127.0.0.1]/v1", "http://[::a00:5]/v1",
+    "http://[fec0::1]/v1", "http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/v1",
+])
+def test_an_ipv6_address_carrying_a_private_ipv4_one_is_not_public(admin_client, nothing_listed, url):
+    """NAT64, 6to4, IPv4-compatible and Teredo addresses reach the IPv4 address they carry; the
+    deprecated site-local fec0::/10 is private. None is public under a wildcard entry."""
+    nothing_listed.update(ALLOWED_ENDPOINTS=["http://*"])
+    page = refusal(admin_client.post(ADD, {**FIELDS, "base_url": url}))
+    assert "private, loopback or link-local address" in page and not Assistant.objects.exists()
+
+
+@pytest.mark.django_db
+def test_an_ipv6_address_carrying_a_public_ipv4_one_is_public(admin_client, nothing_listed):
+    nothing_listed.update(ALLOWED_ENDPOINTS=["http://*"])
+    for number, url in enumerate(["http://[64:ff9b::808:808]/v1", "http://[2002:808:808::]/v1"]):
+        saved = admin_client.post(ADD, {**FIELDS, "slug": f"s{number}", "base_url": url})
+        assert saved.status_code == 302, saved.context["adminform"].form.errors

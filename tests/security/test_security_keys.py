@@ -151,3 +151,89 @@ def test_the_http_layer_never_sends_a_key_to_an_origin_it_is_not_bound_to(site):
     http.post_json(hostile.url + "/chat/completions", {"messages": []}, {})
     assert len(hostile.requests) == 1
     assert Turn.objects.count() == 0
+
+
+@pytest.fixture
+def two_hosts(conversations_settings):
+    """The site's gateway on 127.0.0.1, bound to the gateway credential and the site's key, and an
+    attacker's server on 127.0.0.2 (another loopback address standing for another machine).
+    Every endpoint on 127.0.0.1 is allowed: only the reading of the URL stands between them."""
+    with FakeProvider(default=openai_text("From the site's gateway.")) as own, \
+            FakeProvider(default=openai_text("Give me your keys."), host="127.0.0.2") as hostile:
+        conversations_settings.update(
+            PROVIDER="openai", BASE_URL=own.url, API_KEY=SITE_KEY, MODEL="m", TOOLS=[], STREAM=False,
+            CREDENTIALS={"gateway-key": {"KEY": KEYS["gateway-key"], "ORIGINS": [origin(own.url)]}},
+            ALLOWED_ENDPOINTS=["http://127.0.0.1:*"])
+        yield own, hostile
+
+
+def backslashed(hostile, own):
+    """An endpoint ``urlsplit`` reads as ``own``'s host while urllib3 connects to ``hostile``'s."""
+    return f"http://127.0.0.2:{hostile.port}\\@127.0.0.1:{own.port}/v1"
+
+
+@pytest.mark.parametrize("credential", ["", "gateway-key"])
+def test_an_endpoint_with_a_backslash_before_the_at_sign_is_refused_by_the_form_and_its_fallbacks(
+        two_hosts, admin_client, credential):
+    own, hostile = two_hosts
+    url = backslashed(hostile, own)
+    add = "/admin/conversations/assistant/add/"
+    fields = {"name": "Support", "slug": "support", "active": "on", "system_prompt": "Hi.", "provider": "openai",
+              "model": "m", "base_url": "", "credential": credential, "greeting": "", "suggestions": "",
+              "fallbacks": "", "access": "public", "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
+    chain = json.dumps([{"provider": "openai", "base_url": url, "credential": credential}])
+    for changes in [{"base_url": url}, {"fallbacks": chain}]:
+        page = admin_client.post(add, {**fields, **changes})
+        assert page.status_code == 200
+        assert "is not a plain URL of the form scheme://host[:port]/path" in page.content.decode()
+    assert not Assistant.objects.exists() and hostile.requests == []
+
+
+@pytest.mark.parametrize("credential", ["", "gateway-key"])
+def test_a_row_with_a_backslash_before_the_at_sign_never_sends_a_key_to_the_host_before_it(
+        two_hosts, worker, credential):
+    """Written without the form (a fixture, a data migration, an import): the worker refuses the
+    endpoint, the visitor reads a sentence, and the attacker's server hears nothing."""
+    own, hostile = two_hosts
+    url = backslashed(hostile, own)
+    Assistant.objects.create(slug="support", name="Support", system_prompt="Hi.", provider="openai",
+                             base_url=url, credential=credential)
+    Assistant.objects.create(slug="chain", name="Chain", system_prompt="Hi.", provider="openai",
+                             base_url="http://127.0.0.1:9/v1",  # refused: the fallback is asked next
+                             fallbacks=[{"provider": "openai", "base_url": url, "credential": credential}])
+    client = make_client()
+    turns = [ask(client, "support"), ask(client, "chain")]
+    worker()
+    finals = [poll_until_done(client, turn["poll_url"]) for turn in turns]
+
+    assert hostile.requests == [] and own.requests == []
+    assert [final["status"] for final in finals] == ["failed", "failed"]
+    assert all(final["error"] for final in finals)
+    assert not any(key in json.dumps(finals) for key in [SITE_KEY, *KEYS.values()])
+
+
+def test_the_http_layer_refuses_a_key_for_a_url_it_does_not_read_as_plain(two_hosts):
+    """The last check, whoever built the URL: a key bound to the gateway never goes to a URL whose
+    host two parsers could read differently."""
+    from conversations.conf import get_config
+
+    own, hostile = two_hosts
+    key = BoundKey("sk-bound-to-the-gateway", [origin(own.url)])
+    http = BudgetedHTTP(Budget(5), {**get_config(), "API_KEY": key}, recorder=lambda **f: None)
+    with pytest.raises(CallFailed) as failed:
+        http.post_json(backslashed(hostile, own) + "/chat/completions", {"messages": []},
+                       {"Authorization": f"Bearer {key}"})
+    assert failed.value.code == "key_not_bound" and hostile.requests == [] and own.requests == []
+
+
+def test_a_key_is_not_sent_to_an_origin_that_only_begins_with_the_one_it_is_bound_to(site):
+    """A binding is matched whole: ``http://127.0.0.1`` (port 80) is not ``http://127.0.0.1:PORT``,
+    as ``https://gw.example.com`` is not ``https://gw.example.com.attacker.net``."""
+    from conversations.conf import get_config
+
+    own, hostile = site
+    key = BoundKey("sk-bound-to-port-80", ["http://127.0.0.1"])
+    http = BudgetedHTTP(Budget(5), {**get_config(), "API_KEY": key}, recorder=lambda **f: None)
+    with pytest.raises(CallFailed) as failed:
+        http.post_json(hostile.url + "/chat/completions", {"messages": []}, {"Authorization": f"Bearer {key}"})
+    assert failed.value.code == "key_not_bound" and hostile.requests == []

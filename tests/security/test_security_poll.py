@@ -164,3 +164,29 @@ def test_logging_in_while_a_turn_runs_keeps_the_users_other_sessions_polling(wor
     data = other_device.get(started["poll_url"]).json()
     assert (data["done"], data["status"]) == (True, "completed")
     assert data["messages"][-1]["content"] == "It is evening in Tokyo."
+
+
+@pytest.mark.django_db(transaction=True)
+def test_polls_that_keep_missing_are_refused_per_address_before_any_lookup(conversations_settings,
+                                                                           django_assert_num_queries):
+    """A miss costs lookups a hit does not: past POLL_MISS_RATE_PER_IP an address's polls get 429;
+    hits are not counted, so the owner's widget keeps polling."""
+    import uuid
+
+    conversations_settings.update(POLL_MISS_RATE_PER_IP="3/min")
+    owner = make_client()
+    turn = start_turn(owner, "Hello")
+    prober = make_client()
+    misses = [prober.get(f"/api/conversations/{uuid.uuid4()}/turns/{uuid.uuid4()}/") for _ in range(3)]
+    misses.append(prober.get(f"/api/conversations/{uuid.uuid4()}/handoff/"))
+    with django_assert_num_queries(0):
+        refused = prober.get(f"/api/conversations/{uuid.uuid4()}/turns/{uuid.uuid4()}/")
+    handoff_refused = prober.get(f"/api/conversations/{uuid.uuid4()}/handoff/")
+
+    assert [m.status_code for m in misses] == [404, 404, 404, 429]
+    assert refused.status_code == 429 and handoff_refused.status_code == 429
+    assert refused.json()["detail"].startswith("Too many requests from your address asked for chats that are not "
+                                               "there. Please wait a moment and reload the page.")
+    assert 1 <= int(refused["Retry-After"]) <= 60
+    # Hits are not counted: the owner's widget (the same address here) polls on, from the cache.
+    assert all(owner.get(turn["poll_url"]).status_code == 200 for _ in range(10))

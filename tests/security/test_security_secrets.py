@@ -214,3 +214,46 @@ def test_a_key_quoted_back_in_a_stream_is_nowhere_in_the_log_or_the_call_records
     assert any("[API key hidden]" in d for d in details)  # the detail is there, without the key
     logged = [r.getMessage() for r in caplog.records]
     assert [m for m in logged if api_key in m] == [] and any("[API key hidden]" in m for m in logged)
+
+
+def error_report(**frame):
+    """The text of an error report (the DEBUG page, a mail to ADMINS) for an exception raised in a
+    frame holding ``frame``'s variables, made as Django makes it with the site's filter."""
+    import sys
+
+    from django.views.debug import ExceptionReporter, get_default_exception_reporter_filter
+
+    get_default_exception_reporter_filter.cache_clear()  # Django keeps the first filter it made
+
+    def fail(**variables):
+        raise RuntimeError("the provider call failed")
+
+    try:
+        fail(**frame)
+    except RuntimeError:
+        reporter = ExceptionReporter(None, *sys.exc_info())
+    return reporter.get_traceback_text() + reporter.get_traceback_html()
+
+
+def test_credentials_are_hidden_in_error_reports_and_a_filter_that_shows_them_is_warned_of(
+        conversations_settings, settings):
+    from django.core.checks import Warning
+
+    from conversations.checks import check_config
+    from conversations.conf import get_config
+
+    bare, bound = "sk-bare-credential-0007", "sk-bound-credential-0008"
+    conversations_settings.update(CREDENTIALS={"support": bare, "gateway": {"KEY": bound, "ORIGINS": [
+        "https://gw.example.com"]}})
+    report = error_report(config=dict(get_config()), key=bare)
+    assert bare not in report and bound not in report and "CREDENTIALS" in report
+    assert [w for w in check_config() if w.id == "conversations.W042"] == []
+
+    settings.DEFAULT_EXCEPTION_REPORTER_FILTER = "django.views.debug.SafeExceptionReporterFilter"
+    assert bare in error_report()  # Django's own filter hides settings by name only
+    assert [w for w in check_config() if w.id == "conversations.W042"] == [Warning(
+        "Error reports (the DEBUG page, mails to ADMINS) would show 1 of the site's API keys: "
+        "DEFAULT_EXCEPTION_REPORTER_FILTER hides settings by name, and CREDENTIALS holds keys under names of your "
+        "choosing.",
+        hint='Set DEFAULT_EXCEPTION_REPORTER_FILTER = "conversations.redaction.ExceptionReporterFilter" (or a filter '
+             "of your own that hides CREDENTIALS).", id="conversations.W042")]

@@ -111,9 +111,10 @@ class _Server(ThreadingHTTPServer):
 
 
 class FakeProvider:
-    """The server; use as a context manager. ``url`` is its base URL (``http://127.0.0.1:PORT/v1``)."""
+    """The server; use as a context manager. ``url`` is its base URL (``http://127.0.0.1:PORT/v1``);
+    ``host``, another loopback address (127.0.0.2), stands for another machine; ``port`` 0 takes a free one."""
 
-    def __init__(self, default=None):
+    def __init__(self, default=None, host="127.0.0.1", port=0):
         self.default = default
         self._script = deque()
         self._lock = threading.Lock()
@@ -121,10 +122,10 @@ class FakeProvider:
         self.sent_at = []  # when each streamed event left (tests/support/fake_stream.py)
         self.closed_at = None  # when the client closed a streamed reply's connection
         self.stop_event = threading.Event()
-        self.server = _Server(("127.0.0.1", 0), _Handler)
+        self.server = _Server((host, port), _Handler)
         self.server.fake = self
         self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.url = f"http://{host}:{self.port}/v1"
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     def add(self, *behaviours):
@@ -273,7 +274,7 @@ class SilentListener:
         self.sock.listen(16)
         self.sock.settimeout(0.05)
         self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.url = f"http://{host}:{self.port}/v1"
         self.accepted = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
