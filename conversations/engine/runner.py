@@ -384,15 +384,15 @@ class TurnRunner:
                 if time.monotonic() - published_at >= cfg["PUBLISH_INTERVAL"]:
                     self.publish()
                     published_at, unpublished = time.monotonic(), False
-        except _Superseded:
-            unpublished = False  # what it saved is the other job's to show now
-            raise
             if extra:
                 # Error results for the model only (no rows): a history read back later answers
                 # the same calls with ``history.interrupted_message()``.
                 self.record_not_run(extra, f"over the limit of {cfg['MAX_TOOL_CALLS_PER_STEP']} tool calls per reply")
                 history += [ChatMessage(role="tool", content=too_many_calls_message(cfg["MAX_TOOL_CALLS_PER_STEP"]),
                                         tool_call_id=call.id, name=call.name, is_error=True) for call in extra]
+        except _Superseded:
+            unpublished = False  # what it saved is the other job's to show now
+            raise
         finally:
             if unpublished:
                 self.publish()

@@ -832,6 +832,7 @@ def test_the_handoff_mail_links_the_page_on_the_sites_address_where_no_sites_fra
     assert [m.id for m in check_config() if "SITE_URL" in m.msg] == ["conversations.E044"]
 
 
+@pytest.mark.django_db(transaction=True)
 def test_messages_written_while_staff_hold_a_conversation_have_their_own_cap_and_size_limit(conversations_settings):
     """No turn starts for them, so the turn and token limits do not count them: their own do."""
     conversations_settings.update(HANDOFF_MAX_MESSAGES=3, MAX_TURNS_PER_CONVERSATION=2)
