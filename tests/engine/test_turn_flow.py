@@ -165,3 +165,30 @@ def test_stopping_a_running_turn_while_redis_is_down_answers_503(cache_down_db_s
     assert response.status_code == 503
     assert response.json()["detail"] == "The assistant is unavailable right now. Please try again in a minute."
     assert Turn.objects.get(pk=turn["id"]).cancel_requested is True
+
+
+def test_each_round_trip_publishes_one_state_and_the_answer_comes_with_the_final_one(any_worker,
+                                                                                   conversations_settings):
+    """Three round trips (a model call asking for a tool, the tool, the model's answer): the widget
+    gets the running state, one state per round trip, and the answer already in the final
+    ``done`` state, not first in a state of its own; the answer's row is in the database."""
+    with FakeProvider() as fake:
+        fake.add(openai_tool_calls(("search_faq", {"query": "refunds"})), openai_text("Refunds take 30 days."))
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="sk-test-key", MODEL="gpt-test")
+        client = make_client()
+        turn = start_turn(client, "How do refunds work?")
+        with Poller(client, turn["poll_url"]) as poller:
+            any_worker()
+        final = poller.final
+
+    assert final["done"] is True and final["status"] == "completed"
+    assert [m["role"] for m in final["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert final["messages"][-1]["content"] == "Refunds take 30 days."
+    # queued (the POST), running, the model's tool call, the tool's result, the final state with the answer
+    assert final["version"] == 5, [(s["version"], s["status"], s["done"], len(s["messages"])) for s in poller.states]
+    assert not any(s["messages"][-1]["content"] == "Refunds take 30 days." for s in poller.states if not s["done"])
+    saved = Turn.objects.get(pk=turn["id"])
+    assert saved.model_calls == 2 and saved.tool_calls == 1 and saved.provider == "openai"
+    assert list(saved.messages.order_by("id").values_list("role", "content"))[-1] == ("assistant",
+                                                                                       "Refunds take 30 days.")
+    assert final["messages"][-1]["id"] == saved.messages.order_by("id").last().id
