@@ -13,6 +13,7 @@ A SIGKILLed process writes nothing; its turns are noticed by their heartbeats st
 (``infra.queue.job_problem``, from the poll view and ``repair_turns``) and continued elsewhere.
 """
 
+import inspect
 import logging
 import os
 import signal
@@ -79,6 +80,25 @@ def _unless_stopped(worker, result):
     return None
 
 
+def _unsubscribe(worker):
+    """RQ's ``unsubscribe`` (called as a worker leaves: a warm shutdown, the end of a burst), in an
+    order that lets the thread reading the worker's pubsub channel end at once. That thread reads
+    for up to 60 s at a time (RQ's ``sleep_time``) and looks at its stop flag only between reads;
+    RQ sends UNSUBSCRIBE before it sets the flag, so a thread woken by the reply could go back to
+    a 60 s read, which redis-py 8's ``stop()`` then waits for: a worker took up to a minute to
+    leave. The flag is set first here, without waiting (redis-py 5–7's ``stop()`` never waits)."""
+    thread = worker.pubsub_thread
+    if thread is None:
+        return
+    if "timeout" in inspect.signature(thread.stop).parameters:
+        thread.stop(timeout=0)
+    else:
+        thread.stop()
+    worker.pubsub.unsubscribe()  # its reply ends the read under way
+    thread.join(timeout=1)
+    worker.pubsub.close()
+
+
 class Worker(rq.Worker):
     """RQ's forking worker, warmed up before its first job, plus a final write for a turn whose
     work horse died abruptly."""
@@ -90,6 +110,9 @@ class Worker(rq.Worker):
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
         return _dequeue(self, super().dequeue_job_and_maintain_ttl, timeout, max_idle_time)
+
+    def unsubscribe(self):
+        _unsubscribe(self)
 
     def execute_job(self, job, queue):
         """Called in the parent for each job, before it forks the work horse; returns what RQ's does."""
@@ -357,6 +380,9 @@ class ConcurrentWorker(rq.worker.BaseWorker):
             self._changed.notify_all()
         if self._interruptible:
             raise StopRequested()
+
+    def unsubscribe(self):
+        _unsubscribe(self)
 
     def teardown(self):
         """Wait for the turns still running (each hands over at its next step), then leave RQ's registry."""
