@@ -39,7 +39,7 @@ from ..core.history import chat_message, message_size, trim_history, unfinished_
 from ..tools import ToolContext, interrupted_result, load_tools, run_tool, too_many_calls_message
 from ..core.types import ChatMessage, ErrorCode, Finish, Outcome, ToolResult, record_call
 from .handoff import hands_over
-from .lifecycle import unended
+from .lifecycle import claim, unended
 from .recovery import can_hand_over, continue_turn
 
 logger = logging.getLogger("conversations.runner")
@@ -247,27 +247,28 @@ class TurnRunner:
         return messages + [chat_message(m) for m in self.earlier] + [chat_message(m) for m in self.rows]
 
     def start(self):
-        """Mark the turn running with its clocks (row, then a first ``done: false`` state)."""
-        turn = self.turn
-        turn.status = Turn.Status.RUNNING
-        turn.started_at = timezone.now()
-        turn.job_timeout = self.clock.job_timeout
-        turn.deadline_margin = self.clock.margin
-        turn.deadline_at = turn.started_at + timezone.timedelta(seconds=self.budget.seconds)
+        """Claim the turn (``lifecycle.claim``: marked running with its clocks in one UPDATE, if it is
+        still queued), then publish a first ``done: false`` state. Returns whether it was claimed
+        (False: it was stopped or ended while it waited; nothing is written)."""
+        now = timezone.now()
         first = self.provider.first
-        turn.provider = first.name
-        turn.model = getattr(first, "model", "") or ""
-        turn.save(update_fields=["status", "started_at", "job_timeout", "deadline_margin", "deadline_at",
-                                 "provider", "model", "assistant_version"])
+        if not claim(self.turn, started_at=now, job_timeout=self.clock.job_timeout, deadline_margin=self.clock.margin,
+                     deadline_at=now + timezone.timedelta(seconds=self.budget.seconds), provider=first.name,
+                     model=getattr(first, "model", "") or "", assistant_version=self.turn.assistant_version):
+            return False
         self.publish()
+        return True
 
     def run(self, *, resuming=False):
         """Run the loop to its end and write the final state. Returns the turn. ``resuming``: this
         job continues a turn another job began (``recovery``), from its saved transcript."""
         if resuming:
             self.publish()  # running again; the widget keeps what it showed
-        else:
-            self.start()
+        elif not self.start():
+            for http in self.https:
+                http.close()
+            self.turn.refresh_from_db()
+            return self.turn
         try:
             status, error = self.loop(resuming=resuming)
             if status is None:  # handed over to another worker: it writes the final state
