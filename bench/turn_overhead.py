@@ -61,13 +61,15 @@ def job_started(queue, job_id):
     return job.started_at.replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
-def run_turn(base, provider, queue):
-    """One real turn; returns its timings in seconds (see ``PHASES``)."""
+def run_turn(base, provider, queue, meter):
+    """One real turn, its visitor's session and conversation made first (untimed, outside
+    ``meter``); returns its timings in seconds."""
     from conversations.infra import state
     from conversations.models import Turn
 
     session = visitor(base)
     conversation = session.post(base + "/api/conversations/", json={}).json()["id"]
+    meter.start()
     started = time.time()
     response = session.post(f"{base}/api/conversations/{conversation}/turns/",
                             json={"content": "What time is it in Tokyo, and how do refunds work?"})
@@ -96,7 +98,7 @@ def run_turn(base, provider, queue):
             "rows and states": ended - running - model - tools}
 
 
-def run_bare(queue, provider, number, base, on):
+def run_bare(queue, provider, number, base, on, meter):
     """One naive job (``bench.bare``): a POST to the naive view, which enqueues it on the queue
     named ``on``. Its conversation and turn rows are made first, untimed, as the turn's
     conversation is."""
@@ -105,6 +107,7 @@ def run_bare(queue, provider, number, base, on):
     conversation = Conversation.objects.create()
     turn = Turn.objects.create(conversation=conversation, status=Turn.Status.COMPLETED)
     key = RESULT_KEY.format(number)
+    meter.start()
     started = time.time()
     response = requests.post(base + "/bench/bare-job/", json={
         "url": provider.url, "key": key, "conversation": str(conversation.pk), "turn": str(turn.pk),
@@ -131,15 +134,27 @@ PLAIN = [("naive job, bare RQ (rq.SimpleWorker)", "rq.SimpleWorker", "simple"),
          ("naive job, stock django-rq worker (rq.Worker)", "rq.Worker", "bare")]
 
 
+class CpuMeter:
+    """The CPU seconds the ``web`` and ``worker`` processes (and their children) use from
+    ``start()`` (called by a run when its timed part begins) until ``stop()``."""
+
+    def __init__(self, web, worker):
+        self.web, self.worker = web, worker
+
+    def start(self):
+        self.before = cpu_seconds(self.web), cpu_seconds(self.worker)
+
+    def stop(self):
+        return {"cpu web": cpu_seconds(self.web) - self.before[0], "cpu worker": cpu_seconds(self.worker) - self.before[1]}
+
+
 def measured(run, queue, web, worker):
-    """``run()``'s timings, with the CPU seconds the ``web`` and ``worker`` processes (and their
-    children) used from its start until every worker was idle again."""
-    web_before, worker_before = cpu_seconds(web), cpu_seconds(worker)
-    result = run()
+    """``run(meter)``'s timings, with the CPU its web and worker processes used from the start of
+    its timed part until every worker was idle again."""
+    meter = CpuMeter(web, worker)
+    result = run(meter)
     wait_idle(queue)
-    result["cpu web"] = cpu_seconds(web) - web_before
-    result["cpu worker"] = cpu_seconds(worker) - worker_before
-    return result
+    return {**result, **meter.stop()}
 
 
 def main():
@@ -163,20 +178,23 @@ def main():
                 base = stack.gunicorn(2, env=env)
                 web = stack.processes[-1].pid
                 worker = stack.spawn(*manage, queue_name, env=env).pid
-                kinds[f"turn, {name}"] = (lambda number, base=base: run_turn(base, provider, queue), web, worker)
+                kinds[f"turn, {name}"] = (lambda number, meter, base=base: run_turn(base, provider, queue, meter), web,
+                                          worker)
                 kinds[f"naive job, {name}"] = (
-                    lambda number, base=base, on=queue_name: run_bare(queue, provider, number, base, on), web, worker)
+                    lambda number, meter, base=base, on=queue_name: run_bare(queue, provider, number, base, on, meter),
+                    web, worker)
             # RQ's own workers take the naive job from the last gunicorn started above.
             for label, path, queue_name in PLAIN:
                 worker = stack.spawn(*manage, queue_name, "--worker-class", path, env={"RQ_WORKER_CLASS": path}).pid
-                kinds[label] = (lambda number, base=base, on=queue_name: run_bare(queue, provider, number, base, on),
-                                web, worker)
+                kinds[label] = (lambda number, meter, base=base, on=queue_name:
+                                run_bare(queue, provider, number, base, on, meter), web, worker)
             stack.wait_for_workers(len(CLASSES) + len(PLAIN))
             results = {label: [] for label in kinds}
             for number in range(args.turns + 3):
                 for index, (label, (run, web, worker)) in enumerate(kinds.items()):
                     wait_idle(queue)
-                    result = measured(lambda: run(len(kinds) * number + index), queue, web, worker)  # noqa: B023
+                    result = measured(lambda meter: run(len(kinds) * number + index, meter),  # noqa: B023
+                                      queue, web, worker)
                     if number >= 3:  # the first rounds warm up imports, connections, caches
                         results[label].append(result)
 
