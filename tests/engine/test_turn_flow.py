@@ -210,3 +210,28 @@ def test_a_worker_leaves_within_seconds_of_its_last_turn(worker_class, conversat
             took = time.monotonic() - started
             assert client.get(turn["poll_url"]).json()["messages"][-1]["content"] == f"Answer {number}."
             assert took < 10, f"exit {number} took {took:.1f}s"
+
+
+def test_an_idle_worker_process_starts_a_turn_at_once_and_leaves_at_once_when_stopped(worker_process, worker_class):
+    """A real ``manage.py rqworker`` of each class, idle in its blocking dequeue: a turn posted
+    now starts within moments (no polling interval, no slot hand-off waits), and SIGTERM (a
+    deploy's warm shutdown) ends the idle process in seconds."""
+    from rq import Worker as RQWorker
+    from rq.job import Job
+
+    from conversations.infra.queue import get_queue
+    from tests.support.helpers import poll_until_done, wait_for
+
+    [process] = worker_process(worker_class=worker_class)
+    wait_for(lambda: RQWorker.count(queue=get_queue()) == 1, what="the worker to register")
+    time.sleep(1.5)  # past its first dequeue: waiting in Redis for a job
+    client = make_client()
+    turn = start_turn(client, "Hello?")
+    assert poll_until_done(client, turn["poll_url"], timeout=20)["status"] == "completed"
+
+    job = Job.fetch(Turn.objects.get(pk=turn["id"]).job_id, connection=get_queue().connection)
+    assert (job.started_at - job.enqueued_at).total_seconds() < 0.5  # a few ms unloaded; slack for a busy machine
+    stopped = time.monotonic()
+    process.terminate()
+    process.wait(timeout=90)
+    assert time.monotonic() - stopped < 8
