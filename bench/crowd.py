@@ -19,9 +19,10 @@ the turns. Three parts:
   the worker's PSS at rest and at its peak, per turn in flight; the peak of PostgreSQL
   connections from that worker process (``pg_stat_activity``).
 - ``kill``: ``--kill`` (50) turns in flight in one ``ConcurrentWorker`` process, SIGKILLed
-  while streaming their answers (``--kill-words``, 10 s), once a second process has started. Widget-like pollers (one poll
-  a second per turn, through gunicorn) find each turn's job dead once the killed worker's key
-  has expired, and continue it on the second process. All must complete.
+  while streaming their answers (``--kill-words``, 10 s), once a second process has started. The second
+  process's reaper finds the killed one's lease expired (``infra.lease``, 2 s) and continues each
+  turn there, while widget-like pollers (one poll a second per turn, through gunicorn) follow
+  them. All must complete.
 """
 
 import argparse
@@ -454,7 +455,7 @@ def many(stack, base, args):
 
 
 def kill(stack, base, args):
-    from conversations.models import Turn
+    from conversations.models import CallRecord, Turn
 
     stack.env["CONVERSATIONS_MAX_RESUMES"] = "2"
     victim = start_workers(stack, 1, CONCURRENT, WORKER_THREADS=args.kill)
@@ -508,12 +509,15 @@ def kill(stack, base, args):
     states = list(finished.values())
     resumed = Turn.objects.filter(pk__in=turn_ids, resumes=1).count()
     last = max(s["updated_at"] for s in states) - killed if states else float("nan")
+    # When each turn was continued: its resume record's offset from the turn's start.
+    continued = [(record.turn.started_at.timestamp() + record.started_offset) - killed for record in
+                 CallRecord.objects.filter(turn_id__in=turn_ids, kind=CallRecord.Kind.RESUME).select_related("turn")]
     print(f"\n{args.kill} streamed turns ({args.kill_words * WORD_INTERVAL:.1f}s answers) in one ConcurrentWorker, "
           f"SIGKILLed while streaming them; another process running; STALE_AFTER {stack.env['CONVERSATIONS_STALE_AFTER']}s\n")
     table(["turns", "running when killed", "completed", "continued once (resumes = 1)", "not done",
-           "last done after the kill s"],
+           "last continued after the kill s", "last done after the kill s"],
           [[len(turn_ids), held, sum(s["status"] == "completed" for s in states), resumed,
-            len(turn_ids) - len(states), f"{last:.1f}"]])
+            len(turn_ids) - len(states), f"{max(continued, default=float('nan')):.1f}", f"{last:.1f}"]])
 
 
 def main():

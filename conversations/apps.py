@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 from django.utils.translation import gettext_lazy as _
 
 
@@ -12,3 +13,5 @@ class ConversationsConfig(AppConfig):
         from .knowledge import index  # the app registry is ready: the index may follow the site's saves
 
         index.connect()
+        # Once, after all the apps' migrations: a site's data migration may run after this app's.
+        post_migrate.connect(checks.report_after_migrate, sender=self, dispatch_uid="conversations_knowledge_built")

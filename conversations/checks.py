@@ -6,7 +6,10 @@ framework (``manage.py check``, ``runserver``, ``rqworker``); it returns a list 
 """
 
 import os
+import re
+import sys
 
+from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
@@ -23,6 +26,8 @@ from .tools import load_tools
 from .core.pricing import price_problem
 from .assistants import chain_problems, problems
 from .models import Assistant
+from .knowledge.index import never_built
+from .knowledge.models import IndexedObject
 from .knowledge.registry import sources as knowledge_sources
 
 
@@ -33,6 +38,9 @@ def check_config(app_configs=None, **kwargs):
     except ValueError as exc:
         return [Error(str(exc), hint="Use a number for timeouts and limits.", id="conversations.E000")]
     errors = _check_keys() + clock_errors(cfg)
+    if isinstance(cfg["SEARCH_FLOOR"], bool) or not isinstance(cfg["SEARCH_FLOOR"], (int, float)):
+        errors.append(Error(f"CONVERSATIONS['SEARCH_FLOOR'] = {cfg['SEARCH_FLOOR']!r} is not a number.",
+                            hint="Use a number: 1.5 by default, 0 to keep every hit.", id="conversations.E000"))
     job = cfg["JOB_TIMEOUT"]
     queue = getattr(settings, "RQ_QUEUES", {}).get(cfg["QUEUE"])
     if queue is None:
@@ -320,9 +328,18 @@ def _check_handoff(cfg):
         problems_found.append(f"HANDOFF_WAIT is {cfg['HANDOFF_WAIT']}: a visitor would be told no one is free at once")
     problems_found += [f"HANDOFF_EMAILS has {address!r}, which is not an e-mail address"
                        for address in cfg["HANDOFF_EMAILS"] if "@" not in str(address)]
-    return [Error(f"{problem}.", hint='For example "HANDOFF_STAFF_NAME": "{first_name} from support", '
-                  '"HANDOFF_WAIT": 300, "HANDOFF_EMAILS": ["support@example.com"].', id="conversations.E044")
-            for problem in problems_found]
+    if cfg["SITE_URL"] and not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", cfg["SITE_URL"]):
+        problems_found.append(f"SITE_URL {cfg['SITE_URL']!r} is not an http(s) address")
+    messages = [Error(f"{problem}.", hint='For example "HANDOFF_STAFF_NAME": "{first_name} from support", '
+                      '"HANDOFF_WAIT": 300, "HANDOFF_EMAILS": ["support@example.com"], '
+                      '"SITE_URL": "https://shop.example.com".', id="conversations.E044")
+                for problem in problems_found]
+    if cfg["HANDOFF_EMAILS"] and not cfg["SITE_URL"] and not apps.is_installed("django.contrib.sites"):
+        messages.append(Warning(
+            "The handoff mail's link to the answer page will be a path alone, which a mail program cannot open.",
+            hint='Set CONVERSATIONS["SITE_URL"] to the site\'s address ("https://shop.example.com"), or install '
+                 "django.contrib.sites.", id="conversations.W046"))
+    return messages
 
 
 def _check_widget_tokens(cfg):
@@ -394,6 +411,40 @@ def check_knowledge(app_configs=None, **kwargs):
     not exist, or giving no URL: errors, since a search of them could only fail."""
     return [Error(message, hint=hint, id=check_id)
             for source in knowledge_sources().values() for check_id, message, hint in source.problems()]
+
+
+@register(Tags.database)
+def check_knowledge_built(app_configs=None, databases=None, **kwargs):
+    """Knowledge sources whose objects are published but none is indexed (``conversations.W054``):
+    rows that existed before the registration, or came by ``loaddata``, a data migration or
+    ``bulk_create``, none of which indexes. A database check, like ``check_assistants``; it is
+    also shown at the end of ``migrate`` (``report_after_migrate``)."""
+    from django.db import DatabaseError, connections, router
+
+    messages = []
+    for alias in databases or []:
+        if router.db_for_read(IndexedObject) != alias:
+            continue
+        try:
+            if IndexedObject._meta.db_table not in connections[alias].introspection.table_names():
+                continue
+            unbuilt = [source.name for source in knowledge_sources().values() if never_built(source)]
+        except DatabaseError:
+            continue
+        messages += [Warning(f"Knowledge source {name!r} has published objects but none is indexed: search_site "
+                             "finds nothing in it.",
+                             hint=f"Run manage.py rebuild_knowledge {name} (rows created by loaddata, a data "
+                                  "migration or bulk_create are indexed only by it).", id="conversations.W054")
+                     for name in unbuilt]
+    return messages
+
+
+def report_after_migrate(using, verbosity=1, **kwargs):
+    """post_migrate: print ``check_knowledge_built``'s warnings once the database is migrated,
+    since ``migrate`` runs the database checks before it migrates, when nothing is there yet."""
+    if verbosity:
+        for message in check_knowledge_built(databases=[using]):
+            sys.stderr.write(f"{message}\n")
 
 
 # -- check --deploy: Redis answers -----------------------------------------------------------

@@ -84,6 +84,14 @@ DEFAULTS = {
     "QUEUE": "default",
     "TOOLS": [],
     "TOOL_RESULT_MAX_CHARS": 4000,
+    # The search_site tool leaves out passages that matched a question less than this: the
+    # question's words a passage holds, each counted by its rarity among the passages (1 for a
+    # word only one passage holds), so that a question the site does not answer gets no passage
+    # to quote. 1.5: chosen by bench.knowledge_quality (docs/benchmarks.md).
+    "SEARCH_FLOOR": 1.5,
+    # The site's own synonyms for search_site, added to the built-in ones of its language:
+    # {"word" or "two words": ["alternative", ...]}, e.g. {"telly": ["television"]}.
+    "SEARCH_SYNONYMS": {},
     "HISTORY_MAX_CHARS": 24000,
     # The longest answer one model call may write, in tokens (required by Anthropic's API).
     "MAX_TOKENS": 1024,
@@ -160,10 +168,13 @@ DEFAULTS = {
     "HANDOFF_WAIT": 300,
     "HANDOFF_EMAILS": [],
     "HANDOFF_STAFF_NAME": "{first_name} from support",
+    # The site's address ("https://shop.example.com"), for links in mail sent from a worker, which
+    # has no request to take the host from; "" takes it from django.contrib.sites where installed.
+    "SITE_URL": "",
 }
 
 _LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS", "HANDOFF_EMAILS"}
-_DICT_KEYS = {"CREDENTIALS", "PRICES"}
+_DICT_KEYS = {"CREDENTIALS", "PRICES", "SEARCH_SYNONYMS"}
 
 
 def _frozen(value):

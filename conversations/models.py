@@ -10,7 +10,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .core.types import Outcome
 from .assistants import problems
-from .knowledge.models import Passage, StaleObject  # noqa: F401  (the app's models: the knowledge index)
+from .knowledge.models import IndexedObject, Passage, StaleObject  # noqa: F401  (the app's models: the knowledge index)
 
 
 class Assistant(models.Model):

@@ -40,8 +40,12 @@ __all__ = ["handoff_requested", "handoff_taken"]
 
 
 def site_url(path):
-    """``path`` as a full URL on the site of ``django.contrib.sites`` (https), where a site installed
-    it; else ``path`` as it is: a mail sent from a worker has no request to take the host from."""
+    """``path`` as a full URL: on ``SITE_URL`` when set, else on the current site of
+    ``django.contrib.sites`` (https) where a site installed it, else ``path`` as it is (then
+    ``conversations.W046`` says so): a mail sent from a worker has no request to take the host from."""
+    base = get_config()["SITE_URL"]
+    if base:
+        return base.rstrip("/") + path
     if not django_apps.is_installed("django.contrib.sites"):
         return path
     from django.contrib.sites.models import Site  # an optional app: importable only where installed

@@ -9,6 +9,7 @@ from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.utils.translation import gettext_lazy as _
 
+from ..conf import get_config
 from ..knowledge.index import out_of_date, status
 from ..knowledge.search import search
 from ..models import Passage
@@ -64,7 +65,8 @@ class PassageAdmin(admin.ModelAdmin):
         form = TryQueryForm(request.GET if "query" in request.GET else None)
         hits = None
         if form.is_valid():
-            hits = [{**hit.as_dict(), "link": link_or_none(hit.url)}
+            floor = float(get_config()["SEARCH_FLOOR"])
+            hits = [{**hit.as_dict(), "link": link_or_none(hit.url), "under_floor": hit.match < floor}
                     for hit in search(form.cleaned_data["query"], user=form.cleaned_data["visitor"], limit=10)]
         rows = [{**row, "out_of_date": out_of_date(row)} for row in status()]
         context = {**self.admin_site.each_context(request), "opts": self.opts, "rows": rows, "form": form,

@@ -82,6 +82,8 @@ def widget_settings(request, assistant):
         "max_length": cfg["MAX_MESSAGE_LENGTH"],
         "give_up_margin": WIDGET_GIVE_UP_MARGIN,
         "comment_max_length": Turn._meta.get_field("rating_comment").max_length,
+        # The "Talk to a person" button, where the assistant offers it, as the tag's data-handoff.
+        "handoff": "button" if assistant is not None and assistant.offers_handoff("button") else "",
     }
 
 

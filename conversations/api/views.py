@@ -274,7 +274,8 @@ class TurnListView(ConversationAPIView):
 
 
 class TurnCancelView(ConversationAPIView):
-    """``POST``: stop a turn. A queued turn ends at once; a running one stops before its next call."""
+    """``POST``: stop a turn. A queued turn ends at once, and a running one whose worker is found dead;
+    a running one stops before its next call."""
 
     @extend_schema(parameters=[CONVERSATION_ID, TURN_ID],
                    request=None, responses={202: serializers.TurnSummarySerializer, 403: CSRF_OR_SIGN_IN,
@@ -287,4 +288,4 @@ class TurnCancelView(ConversationAPIView):
         conversation = owned_conversation(request, conversation_id)
         turn = get_object_or_404(conversation.turns.select_related("conversation"), pk=turn_id)
         # Running, with Redis unreachable, the request to stop cannot reach it: RedisDownMixin's 503.
-        return Response(turn_summary(lifecycle.stop(turn)), status=status.HTTP_202_ACCEPTED)
+        return Response(turn_summary(lifecycle.stop(turn, end_orphaned=True)), status=status.HTTP_202_ACCEPTED)

@@ -140,10 +140,21 @@ def state_from_db(conversation):
     }
 
 
+def _past_wait(requested_at, now):
+    """Whether a request made at ``requested_at`` (a timestamp) has waited past ``HANDOFF_WAIT`` by ``now``."""
+    return requested_at is not None and now - requested_at > get_config()["HANDOFF_WAIT"]
+
+
 def expired(data, now):
     """Whether the visitor has waited longer than ``HANDOFF_WAIT`` without anyone taking it."""
-    return (data["state"] == Handoff.WAITING and data["requested_at"] is not None
-            and now - data["requested_at"] > get_config()["HANDOFF_WAIT"])
+    return data["state"] == Handoff.WAITING and _past_wait(data["requested_at"], now)
+
+
+def told_no_one_free(conversation, now):
+    """Whether ``conversation``'s visitor reads, as of ``now`` (a timestamp), that no one is free
+    (``expired``): staff see it on the answer page."""
+    requested = conversation.handoff_requested_at
+    return unanswered(conversation) and requested is not None and _past_wait(requested.timestamp(), now)
 
 
 def public(data, now):
@@ -229,7 +240,8 @@ def _refusal(conversation, user=None):
         return Refused(closed_message() if user is None else _("This conversation is closed; nothing was sent."))
     if conversation.handoff == Handoff.TAKEN and user is not None and conversation.handoff_by_id != user.pk:
         other = conversation.handoff_by.get_username() if conversation.handoff_by else _("someone else")
-        return Refused(_("%(name)s is already answering this conversation; nothing was sent.") % {"name": other})
+        # Not the sentence's first word: the admin capitalises a message's first letter, and a login's is its own.
+        return Refused(_("Nothing was sent: %(name)s is already answering this conversation.") % {"name": other})
     if conversation.handoff in (Handoff.NONE, Handoff.RETURNED):
         return Refused(_("This conversation is back with the assistant; nothing was sent."))
     return AlreadyAsked(_("A person has already been asked for: they will reply here."))
@@ -430,5 +442,5 @@ def hands_over(row):
 __all__ = ["handoff_requested", "handoff_taken", "Refused", "NotOffered", "AlreadyAsked", "Held", "request", "keep",
            "take", "reply", "hand_back", "close", "back_to_assistant", "waiting", "hand_to_person", "HANDED_OVER",
            "ensure_with_assistant", "state_from_db", "public", "publish", "staff_name", "message_json", "holds",
-           "holder_gone", "unanswered", "may_take", "may_answer", "hands_over", "owner_changed", "staff_changed",
+           "holder_gone", "unanswered", "told_no_one_free", "may_take", "may_answer", "hands_over", "owner_changed", "staff_changed",
            "staff_fields"]

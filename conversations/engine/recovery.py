@@ -16,7 +16,7 @@ import math
 
 from django.utils import timezone
 
-from ..infra import queue, state
+from ..infra import lease, queue, state
 from ..conf import get_config
 from ..core.types import Outcome
 from ..models import CallRecord, Turn
@@ -88,6 +88,23 @@ def resume_or_fail(turn, cause, *, dead_job_id=None):
     if turn.status == Turn.Status.RUNNING and continue_turn(turn, cause, from_job_id=dead):
         return state.read(turn.id)
     return end_for_dead_job(turn, crashed_message(), dead_job_id=dead)
+
+
+def reap(connection, worker_name):
+    """Continue (or end) every turn that dead worker ``worker_name`` held, then forget the worker
+    (``lease.reaped``). Returns how many turns this call continued or ended; a turn another caller
+    acted on first is left to it. Call only once ``lease.declare_dead`` said it is dead."""
+    acted = 0
+    for job_id in queue.jobs_of(worker_name, connection):
+        turn_id = queue.turn_id_from_job_id(job_id)
+        turn = Turn.objects.select_related("conversation").filter(pk=turn_id).first() if turn_id else None
+        if turn is not None and resume_or_fail(turn, "its worker process died", dead_job_id=job_id) is not None:
+            acted += 1
+    lease.reaped(connection, worker_name)
+    if acted:
+        logger.error("Worker %s died: %d of its turns continued or ended", worker_name, acted,
+                     extra={"worker": worker_name, "turns": acted})
+    return acted
 
 
 def end_for_dead_job(turn, sentence, *, dead_job_id):

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from .. import assistants
 from ..core import pricing
-from ..infra import dbconn, state
+from ..infra import dbconn, lease, state
 from ..infra.state import Stop
 from ..infra.breaker import owner_key
 from ..core.budget import BudgetExhausted
@@ -100,10 +100,15 @@ class TurnRunner:
 
     def save_step(self, turn_fields, **message_fields):
         """Save one round-trip in one transaction (one commit): its call records, the turn's
-        counters (``turn_fields``) and its new transcript row. Returns the ``Message``."""
+        counters (``turn_fields``) and its new transcript row. Returns the ``Message``; raises
+        ``_Superseded`` (nothing saved) when the turn is no longer this job's: another job continued
+        it while this one was frozen or taken for dead (the first writer wins)."""
+        if not lease.fence():
+            raise _Superseded()
         with transaction.atomic():
             self.save_records()
-            self.turn.save(update_fields=turn_fields)
+            if not unended(self.turn.pk, job_id=self.job_id).update(**{f: getattr(self.turn, f) for f in turn_fields}):
+                raise _Superseded()
             row = Message.objects.create(conversation_id=self.turn.conversation_id, turn=self.turn, **message_fields)
         self.rows.append(row)
         return row
@@ -219,6 +224,8 @@ class TurnRunner:
         """Whether a call in flight must be shut (checked by its watchdog): on a Stop, or when the
         worker shuts down and the turn can be handed over (else the call is let finish here).
         From ``state.stop_board``: in a ``ConcurrentWorker`` one read serves every turn in flight."""
+        if lease.lost.is_set():  # this process was taken for dead: its turns go on elsewhere
+            return True
         asked = state.stop_board.stop_requested(self.turn.id)
         return asked == Stop.CANCEL or (asked == Stop.HANDOFF and can_hand_over(self.turn, self.config))
 
@@ -273,6 +280,10 @@ class TurnRunner:
             status, error = self.loop(resuming=resuming)
             if status is None:  # handed over to another worker: it writes the final state
                 return self.turn
+        except _Superseded:
+            logger.warning("Turn %s is run by another job now: job %s stops without writing", self.turn.id,
+                           self.job_id)
+            return self.turn
         except BudgetExhausted:
             status, error = Turn.Status.INCOMPLETE, deadline_message()
         except ProviderError as exc:
@@ -317,6 +328,8 @@ class TurnRunner:
                 reply = self.call_model(trim_history(history, cfg["HISTORY_MAX_CHARS"]), tools)
             except CallCancelled as stop:
                 self.streamed = None
+                if lease.lost.is_set():
+                    raise _Superseded() from None
                 asked = state.stop_requested(self.turn.id) or Stop.CANCEL
                 if asked == Stop.CANCEL and stop.reply is not None and stop.reply.text:
                     self.save_reply(stop.reply)  # what the visitor saw stays
@@ -385,6 +398,9 @@ class TurnRunner:
                 if time.monotonic() - published_at >= cfg["PUBLISH_INTERVAL"]:
                     self.publish()
                     published_at, unpublished = time.monotonic(), False
+        except _Superseded:
+            unpublished = False  # what it saved is the other job's to show now
+            raise
             if extra:
                 # Error results for the model only (no rows): a history read back later answers
                 # the same calls with ``history.interrupted_message()``.
@@ -434,6 +450,8 @@ class TurnRunner:
         """``(status, error)`` for a stop request (``state.stop_requested``): ``cancelled``; or, for a
         worker shutting down, ``(None, None)`` once another job continues the turn (``recovery``).
         None to go on: nothing was asked, or the turn cannot be handed over."""
+        if lease.lost.is_set():
+            raise _Superseded()
         if not asked:
             return None
         if asked == Stop.CANCEL:
@@ -556,4 +574,5 @@ class TurnRunner:
 
 
 class _Superseded(Exception):
-    """The final write found its turn ended, or continued by another job: nothing of it is kept."""
+    """A write found its turn ended, or continued by another job (or this process lost its lease):
+    nothing of it is kept, and the job stops quietly."""

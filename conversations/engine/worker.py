@@ -9,8 +9,9 @@ ended ``failed``. On a warm shutdown the running turn hands over at its next ste
 
 ``ConcurrentWorker`` runs many turns at once in threads of one process instead
 (``"conversations.worker.ConcurrentWorker"``): a turn waits on a socket nearly all its time.
-A SIGKILLed process writes nothing; its turns are noticed by their heartbeats stopping
-(``infra.queue.job_problem``, from the poll view and ``repair_turns``) and continued elsewhere.
+A SIGKILLed process writes nothing; it holds a lease of a few seconds (``infra.lease``), renewed
+by a thread of its own, and once the lease has expired the other processes' reapers (within
+``REAP_INTERVAL``), the poll view and a Stop continue or end its turns (``recovery.reap``).
 """
 
 import inspect
@@ -20,6 +21,7 @@ import signal
 import threading
 import time
 
+import redis
 import rq
 import rq.utils
 import rq.worker
@@ -30,12 +32,12 @@ from rq.timeouts import TimerDeathPenalty
 from ..cache import wait_for_connections
 from ..conf import get_config
 from ..core.sentences import timeout_message
-from ..infra import dbconn, state
+from ..infra import dbconn, lease, state
 from ..infra.queue import turn_id_from_job_id
 from ..models import Turn
 from ..tools import ABANDONED_THREAD_PREFIX
 from .job import warm_up
-from .recovery import end_for_dead_job, resume_or_fail
+from .recovery import end_for_dead_job, reap, resume_or_fail
 
 logger = logging.getLogger("conversations.worker")
 
@@ -81,20 +83,21 @@ def _unless_stopped(worker, result):
 
 
 def _unsubscribe(worker):
-    """RQ's ``unsubscribe`` (called as a worker leaves: a warm shutdown, the end of a burst), in an
-    order that lets the thread reading the worker's pubsub channel end at once. That thread reads
-    for up to 60 s at a time (RQ's ``sleep_time``) and looks at its stop flag only between reads;
-    RQ sends UNSUBSCRIBE before it sets the flag, so a thread woken by the reply could go back to
-    a 60 s read, which redis-py 8's ``stop()`` then waits for: a worker took up to a minute to
-    leave. The flag is set first here, without waiting (redis-py 5–7's ``stop()`` never waits)."""
+    """RQ's ``unsubscribe`` (called by its teardown), in an order that never waits on the thread
+    listening on the worker's channel. RQ sends UNSUBSCRIBE, then stops that thread; redis-py 8.2's
+    ``stop()`` joins it, and a thread that had read the reply first went back to waiting for a
+    message for RQ's 60 s, so a worker's exit (a warm shutdown, the end of a burst) took a minute
+    now and then on a loaded host. Here the thread is told to stop first, without waiting; the
+    reply then wakes it and it ends."""
     thread = worker.pubsub_thread
     if thread is None:
         return
+    worker.log.info("Worker %s: unsubscribing from channel %s", worker.name, worker.pubsub_channel_name)
     if "timeout" in inspect.signature(thread.stop).parameters:
-        thread.stop(timeout=0)
+        thread.stop(timeout=0)  # redis-py 8.2 and newer: clear the flag, do not join yet
     else:
-        thread.stop()
-    worker.pubsub.unsubscribe()  # its reply ends the read under way
+        thread.stop()  # older redis-py: stop() only clears the flag
+    worker.pubsub.unsubscribe()
     thread.join(timeout=1)
     worker.pubsub.close()
 
@@ -170,6 +173,9 @@ WATCH_INTERVAL = 1.0
 # WORKER_KEY_TTL: a SIGKILLed process's key is gone within that, and with it every turn it held
 # counts as dead (``infra.queue.job_problem``) instead of after RQ's 90 s of missed job heartbeats.
 WORKER_BEAT, WORKER_KEY_TTL = 5, 20
+# How often each process looks for dead ones (an expired lease, ``infra.lease``) to reap: a SIGKILLed
+# process's turns are continued lease.TTL to lease.TTL + REAP_INTERVAL after its last renewal.
+REAP_INTERVAL = 0.5
 # How many turns of one process may be starting at once (from RQ's start of the job to their
 # first wait on a provider or a tool). A start is CPU work (RQ's bookkeeping, the rows, the first
 # state: tens of milliseconds), and under one GIL a thread reading a stream waits its turn behind
@@ -229,6 +235,8 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         self._changed = threading.Condition()
         self._interruptible = False  # the main thread waits for a free thread: a stop may break in
         self._done = threading.Event()  # set when the work loop ends: the heartbeat and watcher threads stop
+        self._leaving = threading.Event()  # set once the lease is given up: the lease thread stops renewing it
+        self._lease_lock = threading.Lock()  # a renewal never lands after the lease was given up
         self._starting = threading.BoundedSemaphore(STARTING_AT_ONCE)
         self.abandoned_jobs = 0
 
@@ -253,14 +261,24 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         warm_up()
         state.stop_board.start()
         state.publish_board.start()
+        lease.lost.clear()
+        self._leaving.clear()
+        # A client of its own: the renewal never waits for one of the pool its turns share.
+        pool = self.connection.connection_pool
+        self._lease_connection = redis.Redis(connection_pool=redis.ConnectionPool(
+            connection_class=pool.connection_class, **pool.connection_kwargs))
+        lease.renew(self._lease_connection, self.name)  # held before its first job
         helpers = [threading.Thread(target=self._keep_alive, name="conversations-heartbeat", daemon=True),
-                   threading.Thread(target=self._watch, name="conversations-watcher", daemon=True)]
+                   threading.Thread(target=self._watch, name="conversations-watcher", daemon=True),
+                   threading.Thread(target=self._hold_lease, name="conversations-lease", daemon=True),
+                   threading.Thread(target=self._reap, name="conversations-reaper", daemon=True)]
         self._done.clear()
         for helper in helpers:
             helper.start()
         try:
             return super().work(*args, **kwargs)
         finally:
+            self._leaving.set()
             self._done.set()
             for helper in helpers:
                 helper.join(WATCH_INTERVAL * 2)
@@ -381,15 +399,60 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         if self._interruptible:
             raise StopRequested()
 
-    def unsubscribe(self):
-        _unsubscribe(self)
-
     def teardown(self):
-        """Wait for the turns still running (each hands over at its next step), then leave RQ's registry."""
+        """Wait for the turns still running (each hands over at its next step), then give the lease
+        up and leave RQ's registry."""
         with self._changed:
             while self._slots:
                 self._changed.wait(WATCH_INTERVAL)
+        with self._lease_lock:
+            self._leaving.set()
+            if not lease.lost.is_set():
+                try:
+                    lease.release(self.connection, self.name)
+                except Exception:  # noqa: BLE001 - it then expires, and a reaper finds nothing to do
+                    logger.warning("Worker %s: could not give its lease up", self.name, exc_info=True)
         super().teardown()
+
+    def unsubscribe(self):
+        _unsubscribe(self)
+
+    def _hold_lease(self):
+        """The lease thread: renews this process's lease every ``lease.BEAT`` and does nothing else.
+        Once the lease was lost (the process was frozen past ``lease.TTL`` and taken for dead), every
+        turn it runs stops without writing (they go on in other jobs) and the process shuts down, to
+        be restarted by its supervisor under a new name."""
+        while True:
+            try:
+                with self._lease_lock:
+                    if self._leaving.is_set():
+                        return
+                    renewed = lease.renew(self._lease_connection, self.name)  # False: lease.lost is set
+                if not renewed:
+                    logger.error("Worker %s was taken for dead (its lease expired): its turns go on elsewhere; "
+                                 "it stops them and shuts down", self.name)
+                    os.kill(os.getpid(), signal.SIGTERM)  # RQ's warm shutdown, run by the main thread
+                    return
+            except Exception:  # noqa: BLE001 - it must outlive a Redis hiccup (past TTL, the process is taken for dead)
+                logger.warning("Worker %s: could not renew its lease", self.name, exc_info=True)
+            if self._leaving.wait(lease.BEAT):
+                return
+
+    def _reap(self):
+        """The reaper thread: every ``REAP_INTERVAL``, the turns of each other process whose lease
+        expired are continued or ended (by one reaper: the others skip it)."""
+        connection = self.connection
+        while not self._done.wait(REAP_INTERVAL):
+            try:
+                others = [name for name in lease.holders(connection) if name != self.name]
+                for name in lease.expired(connection, others) if others else ():
+                    if lease.declare_dead(connection, name) and lease.claim_reaping(connection, name):
+                        try:
+                            reap(connection, name)
+                        finally:
+                            connections.close_all()  # this thread's own
+            except Exception:  # noqa: BLE001 - the reaper must outlive a Redis or database hiccup
+                logger.exception("Worker %s: could not look for dead workers", self.name)
 
     def heartbeat(self, timeout=None, pipeline=None):
         """RQ's worker heartbeat, with a key that outlives the process by WORKER_KEY_TTL at most."""
@@ -490,7 +553,8 @@ def stuck_threads():
 
 def _ask_to_hand_over(job_id):
     turn_id = turn_id_from_job_id(job_id)
-    if turn_id is not None:
+    # A process taken for dead no longer speaks for its turns: another job runs them now.
+    if turn_id is not None and not lease.lost.is_set():
         try:
             state.request_handoff(turn_id)
         except Exception:  # noqa: BLE001 - then the turn simply finishes here, as before

@@ -11,11 +11,12 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
+from rq.registry import StartedJobRegistry
 from rq.worker import Worker
 
 from ..cache import wait_for_connections
 from ..conf import get_config
-from . import state
+from . import lease, state
 
 logger = logging.getLogger("conversations.jobs")
 
@@ -122,10 +123,28 @@ def job_problem(turn, connection=None):
             return "job overran its timeout"
         if heartbeat and (timezone.now() - _aware(heartbeat)).total_seconds() > HEARTBEAT_GRACE:
             return "job stopped heartbeating"
-        # A living worker keeps its key; a ConcurrentWorker's expires within seconds of its death.
-        if job.worker_name and not connection.exists(f"{Worker.redis_worker_namespace_prefix}{job.worker_name}"):
+        if job.worker_name and worker_gone(connection, job.worker_name):
             return "its worker is gone"
     return None
+
+
+def worker_gone(connection, name):
+    """Whether RQ worker ``name`` is dead: its lease expired (a ``ConcurrentWorker``, within
+    ``lease.TTL`` of its death; it is declared dead by this look), or, for a worker that holds no
+    lease, its worker key is gone."""
+    dead = lease.declare_dead(connection, name)
+    if dead is not None:
+        return dead
+    return not connection.exists(f"{Worker.redis_worker_namespace_prefix}{name}")
+
+
+def jobs_of(worker_name, connection=None):
+    """The ids of the turns' jobs that RQ's started registry says worker ``worker_name`` runs."""
+    queue = get_queue()
+    connection = connection or queue.connection
+    ids = StartedJobRegistry(queue.name, connection=connection).get_job_ids(cleanup=False)
+    return [job.id for job in Job.fetch_many(ids, connection=connection)
+            if job is not None and job.worker_name == worker_name]
 
 
 def _aware(value):

@@ -23,6 +23,7 @@ from django.core.cache.backends.redis import RedisCache
 
 from ..conf import get_config
 from ..owners import auth_stamp_key
+from . import lease
 
 logger = logging.getLogger("conversations.state")
 
@@ -102,6 +103,9 @@ def _write(states):
     """Write each of ``states`` (of different turns) with its turn's next version and recorded
     owner; return the written dicts. On Django's Redis backend in two round trips however many
     there are: the versions and owners (``_next_versions``), then the states."""
+    if not lease.fence():  # this process was taken for dead: another job publishes these turns now
+        logger.warning("Not published: this worker lost its lease (turns %s)", ", ".join(str(d["id"]) for d in states))
+        return [{**data, "version": None, "updated_at": time.time()} for data in states]
     cache, ttl = _cache(), get_config()["STATE_TTL"]
     written = []
     for data, (version, owner) in zip(states, _next_versions(cache, ttl, states)):

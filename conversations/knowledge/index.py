@@ -3,13 +3,15 @@ and its passages removed when it is deleted or unpublished, after the transactio
 failure to index is logged and marked (``StaleObject``), never raised into the site's save;
 ``rebuild`` and ``status`` are the management commands' work."""
 
+import hashlib
+import json
 import logging
 
 from django.db import Error, connections, router, transaction
 from django.db.models import Max
 from django.db.models.signals import post_delete, post_save
 
-from .models import Passage, StaleObject
+from .models import IndexedObject, Passage, StaleObject
 from .registry import follow, source_for_model, sources
 from .text import html_to_text, normalize, split_passages
 
@@ -27,6 +29,12 @@ def passages_of(source, obj):
     url = source.read(obj, "url")[:URL_CHARS]
     return [Passage(source=source.name, object_pk=str(obj.pk), title=title, url=url, text=piece, position=number)
             for number, piece in enumerate(split_passages(text))]
+
+
+def digest(rows):
+    """The hash of what an object gives the index (its passages' title, URL and texts, in order)."""
+    content = json.dumps([[row.title, row.url, row.text] for row in rows], ensure_ascii=False)
+    return hashlib.sha256(content.encode()).hexdigest()
 
 
 def lock_object(using, source_name, pk):
@@ -52,6 +60,11 @@ def index_object(source, obj):
         Passage.objects.filter(source=source.name, object_pk=str(obj.pk)).delete()
         Passage.objects.bulk_create(rows)
         StaleObject.objects.filter(source=source.name, object_pk=str(obj.pk)).delete()
+        if published:
+            IndexedObject.objects.update_or_create(source=source.name, object_pk=str(obj.pk),
+                                                   defaults={"digest": digest(rows)})
+        else:
+            IndexedObject.objects.filter(source=source.name, object_pk=str(obj.pk)).delete()
     return len(rows)
 
 
@@ -62,6 +75,7 @@ def remove_object(source_name, pk):
         lock_object(using, source_name, pk)
         Passage.objects.filter(source=source_name, object_pk=str(pk)).delete()
         StaleObject.objects.filter(source=source_name, object_pk=str(pk)).delete()
+        IndexedObject.objects.filter(source=source_name, object_pk=str(pk)).delete()
 
 
 def mark_stale(source_name, pk, reason):
@@ -152,13 +166,14 @@ def rebuild(name=None):
         model = source.model_class()
         if model is None:  # the check reports it; its passages are stale by definition
             Passage.objects.filter(source=source.name).delete()
+            IndexedObject.objects.filter(source=source.name).delete()
             counts[source.name] = 0
             continue
         total, seen = 0, set()
         for obj in model._default_manager.filter(source.published_filter()).order_by("pk").iterator(chunk_size=500):
             total += index_object(source, obj)
             seen.add(str(obj.pk))
-        indexed = set(Passage.objects.filter(source=source.name).values_list("object_pk", flat=True).distinct())
+        indexed = indexed_pks(source.name)
         for pk in indexed - seen:
             remove_object(source.name, pk)
         StaleObject.objects.filter(source=source.name).exclude(object_pk__in=seen).delete()
@@ -166,37 +181,57 @@ def rebuild(name=None):
     if name is None or name not in registered:
         gone = Passage.objects.exclude(source__in=list(registered)) if name is None else Passage.objects.filter(
             source=name)
+        objects = (IndexedObject.objects.exclude(source__in=list(registered)) if name is None
+                   else IndexedObject.objects.filter(source=name))
         dropped = set(gone.values_list("source", flat=True).distinct())
         gone.delete()
+        objects.delete()
         StaleObject.objects.filter(source__in=dropped | ({name} if name else set())).delete()
         counts.update({each: 0 for each in dropped})
     return counts
 
 
+def indexed_pks(name):
+    """The pks (strings) of the objects of source ``name`` that the index holds anything of."""
+    return (set(IndexedObject.objects.filter(source=name).values_list("object_pk", flat=True))
+            | set(Passage.objects.filter(source=name).values_list("object_pk", flat=True).distinct()))
+
+
+def changed_pks(source, published, digests):
+    """The pks of the ``published`` objects of ``source`` indexed (``digests``: pk → hash) with
+    other content than they would give the index now: changed by a bulk ``update()``, ``loaddata``
+    or a migration, which send no signal, or indexed before hashes were kept (no hash)."""
+    changed = []
+    for obj in published.order_by("pk").iterator(chunk_size=500):
+        pk = str(obj.pk)
+        if pk in digests and digests[pk] != digest(passages_of(source, obj)):
+            changed.append(pk)
+    return changed
+
+
 def status():
     """What is out of date, per source: ``[{"name", "model", "registered", "objects", "indexed",
     "passages", "last_update", "missing", "changed", "orphans", "stale"}]``, sources with
-    passages but no registration included (``registered`` False: a rebuild drops them)."""
+    passages but no registration included (``registered`` False: a rebuild drops them). An object
+    is found changed by its content (``IndexedObject.digest``), whatever changed it."""
     rows = []
     registered = sources()
     for source in registered.values():
         model = source.model_class()
         passages = Passage.objects.filter(source=source.name)
-        indexed_at = dict(passages.values_list("object_pk").annotate(at=Max("updated")))
+        kept = IndexedObject.objects.filter(source=source.name)
+        digests = dict(kept.values_list("object_pk", "digest"))
+        digests.update({pk: "" for pk in set(passages.values_list("object_pk", flat=True)) - set(digests)})
         row = {"name": source.name, "model": source.model, "registered": True, "passages": passages.count(),
-               "indexed": len(indexed_at), "last_update": max(indexed_at.values(), default=None),
+               "indexed": len(digests), "last_update": kept.aggregate(at=Max("indexed_at"))["at"],
                "stale": sorted(StaleObject.objects.filter(source=source.name).values_list("object_pk", flat=True))}
         if model is None:
-            row.update(objects=None, missing=[], changed=[], orphans=sorted(indexed_at))
+            row.update(objects=None, missing=[], changed=[], orphans=sorted(digests))
         else:
             published = model._default_manager.filter(source.published_filter())
             pks = {str(pk) for pk in published.values_list("pk", flat=True)}
-            changed = []
-            if source.updated:
-                changed = sorted(str(pk) for pk, at in published.values_list("pk", source.updated)
-                                 if str(pk) in indexed_at and at and at > indexed_at[str(pk)])
-            row.update(objects=len(pks), missing=sorted(pks - set(indexed_at)), changed=changed,
-                       orphans=sorted(set(indexed_at) - pks))
+            row.update(objects=len(pks), missing=sorted(pks - set(digests)),
+                       changed=changed_pks(source, published, digests), orphans=sorted(set(digests) - pks))
         rows.append(row)
     for name in Passage.objects.exclude(source__in=list(registered)).values_list("source", flat=True).distinct():
         passages = Passage.objects.filter(source=name)
@@ -205,6 +240,17 @@ def status():
                      "last_update": passages.aggregate(at=Max("updated"))["at"], "missing": [], "changed": [],
                      "orphans": [], "stale": []})
     return rows
+
+
+def never_built(source):
+    """Whether ``source`` has published objects and the index holds nothing of it: registered
+    after its rows existed (an existing table, ``loaddata``, a data migration, ``bulk_create``),
+    which no save has indexed."""
+    model = source.model_class()
+    if model is None or IndexedObject.objects.filter(source=source.name).exists() or Passage.objects.filter(
+            source=source.name).exists():
+        return False
+    return model._default_manager.filter(source.published_filter()).exists()
 
 
 def out_of_date(row):

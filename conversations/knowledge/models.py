@@ -47,3 +47,24 @@ class StaleObject(models.Model):
 
     def __str__(self):
         return f"{self.source}:{self.object_pk}"
+
+
+class IndexedObject(models.Model):
+    """One object as it was indexed: a hash of what it gave the index (its title, URL and
+    passages), so that ``knowledge_status`` finds what changed by comparing it with what the
+    object would give now, whatever changed it (a save, a bulk ``update()``, ``loaddata``, a
+    migration)."""
+
+    source = models.CharField(max_length=100)
+    object_pk = models.CharField(max_length=64)
+    digest = models.CharField(max_length=64)
+    indexed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        app_label = "conversations"
+        verbose_name = _("indexed object")
+        verbose_name_plural = _("indexed objects")
+        constraints = [models.UniqueConstraint(fields=["source", "object_pk"], name="conv_indexed_object_unique")]
+
+    def __str__(self):
+        return f"{self.source}:{self.object_pk}"

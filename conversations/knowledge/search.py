@@ -5,31 +5,38 @@ parameter: no SQL is ever built from what a visitor typed."""
 
 from dataclasses import asdict, dataclass
 from functools import reduce
+import math
 import operator
 import re
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.db import connections, router
-from django.db.models import Q
+from django.db.models import BooleanField, Case, Count, Q, Value, When
 from django.db.models.expressions import RawSQL
 
 from .models import Passage
 from .registry import sources
-from .text import fts5_query, pg_config, query_words
+from ..conf import get_config
+from .text import fts5_query, pg_config, query_terms
 
 FTS_TABLE = "conversations_passage_fts"
 # Ranked candidates read per round while filtering for the visitor, and at most this many in all:
-# a visitor who may see little of what matches gets fewer hits, never an unbounded scan.
-BATCH = 50
+# a visitor who may see little of what matches gets fewer hits, never an unbounded scan. Each
+# round is ordered again by how well its passages matched (``Hit.match``).
+BATCH = 100
 MAX_CANDIDATES = 400
 MAX_LIMIT = 10
+# The title's weight against the text's (1) in the database's ranking, chosen by bench.knowledge_quality.
+TITLE_WEIGHT = 4.0
 
 
 @dataclass
 class Hit:
-    """One passage found: where it comes from, its title, URL and text, and its relevance (higher
-    is better; comparable only within one search)."""
+    """One passage found: where it comes from, its title, URL and text, how well it matched
+    (``match``: the question's words the passage holds, each counted by its rarity among the
+    passages, 1 for a word only one passage holds; comparable between searches) and the
+    database's own rank (``score``, higher is better, comparable only within one search)."""
 
     source: str
     object_pk: str
@@ -37,6 +44,7 @@ class Hit:
     url: str
     text: str
     score: float
+    match: float = 0.0
 
     def as_dict(self):
         return asdict(self)
@@ -47,27 +55,178 @@ def _has_fts5(connection):
         return FTS_TABLE in connection.introspection.table_names(cursor)
 
 
-def ranked(query, names, offset, count):
-    """``[(passage id, score)]`` of the passages of sources ``names`` matching ``query``, best first."""
-    using = router.db_for_read(Passage)
-    connection = connections[using]
+class Engine:
+    """The full-text search of one database: ``ranked`` candidates, and for the relevance of
+    each, ``frequency`` (passages holding a word) and ``holding`` (which of some passages hold
+    it). This one is the plain ``icontains`` search of databases without full-text search."""
+
+    def __init__(self, connection, names):
+        self.connection, self.names = connection, names
+        # Rarity is counted among all the site's passages, whichever sources a search may read.
+        self.everything = Passage.objects.using(connection.alias)
+        self.passages = self.everything.filter(source__in=names)
+
+    def terms(self, terms):
+        """Of ``terms`` (``query_terms``: a tuple of a word or phrase and its alternatives per
+        thing asked), those worth searching for."""
+        return terms
+
+    def ranked(self, terms, offset, count):
+        """``[(passage id, score)]`` of the passages holding any of ``terms``, best first."""
+        matching = reduce(operator.or_, [self._holds(term) for term in terms])
+        return [(pk, 0.0) for pk in self.passages.filter(matching).order_by("id").values_list("id", flat=True)[
+            offset:offset + count]]
+
+    @staticmethod
+    def _holds(term):
+        return reduce(operator.or_, [Q(title__icontains=each) | Q(text__icontains=each) for each in term])
+
+    def _holding(self, term, passages):
+        return passages.filter(self._holds(term))
+
+    def frequency(self, term):
+        """How many of all the site's passages hold ``term``."""
+        return self._holding(term, self.everything).count()
+
+    def holding(self, term, pks):
+        """Which of the passages ``pks`` hold ``term``."""
+        return set(self._holding(term, self.everything).filter(pk__in=pks).values_list("pk", flat=True))
+
+    def frequencies(self, terms):
+        """``{term: how many of all the site's passages hold it}``."""
+        return {term: self.frequency(term) for term in terms}
+
+    def holdings(self, terms, pks):
+        """``{term: which of the passages pks hold it}``."""
+        return {term: self.holding(term, pks) for term in terms}
+
+
+class Fts5(Engine):
+    """SQLite's FTS5 table (migrations 0010 and 0013), ranked by ``bm25``."""
+
+    def _query(self, sql, params):
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+
+    def _sources(self):
+        return "p.source IN (" + ", ".join(["%s"] * len(self.names)) + ")"
+
+    def ranked(self, terms, offset, count):
+        # bm25: lower is better.
+        rows = self._query(
+            f"SELECT p.id, bm25({FTS_TABLE}, {TITLE_WEIGHT}, 1.0) AS rank FROM {FTS_TABLE} JOIN "
+            f"conversations_passage p ON p.id = {FTS_TABLE}.rowid WHERE {FTS_TABLE} MATCH %s AND {self._sources()} "
+            "ORDER BY rank, p.id LIMIT %s OFFSET %s", [fts5_query(terms), *self.names, count, offset])
+        return [(pk, -rank) for pk, rank in rows]
+
+    def frequency(self, term):
+        # The FTS5 table alone: joined to the passages' table (for their source), SQLite probed
+        # the index once per passage, seconds among 10,000 articles instead of a millisecond.
+        return self._query(f"SELECT count(*) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH %s", [fts5_query([term])])[0][0]
+
+    def holding(self, term, pks):
+        marks = ", ".join(["%s"] * len(pks))
+        return {pk for pk, in self._query(f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH %s AND rowid IN "
+                                          f"({marks})", [fts5_query([term]), *pks])}
+
+
+class PostgresSearch(Engine):
+    """PostgreSQL's text search on the stored document of migration 0010, ranked by ``ts_rank``."""
+
+    def __init__(self, connection, names):
+        super().__init__(connection, names)
+        self.config = document_config(connection)
+
+    def terms(self, terms):
+        # The configuration's own stop words and stems: "exporting" and "export" are one term,
+        # and a word it drops would otherwise count as a word no passage holds.
+        every = sorted({each for term in terms for each in term})
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT word, plainto_tsquery(%s::regconfig, word)::text FROM unnest(%s::text[]) word",
+                           [self.config, every])
+            lexemes = dict(cursor.fetchall())
+        kept, seen = [], set()
+        for term in terms:
+            alternatives = tuple(each for each in term if lexemes.get(each))
+            if alternatives and lexemes[alternatives[0]] not in seen:
+                seen.add(lexemes[alternatives[0]])
+                kept.append(alternatives)
+        return kept
+
+    def query(self, term):
+        """The ``SearchQuery`` of a passage holding any of ``term``'s alternatives."""
+        from django.contrib.postgres.search import SearchQuery
+
+        return reduce(operator.or_, [SearchQuery(each, search_type="plain", config=self.config) for each in term])
+
+    def _document(self):
+        from django.contrib.postgres.search import SearchVectorField
+
+        # The generated column of migration 0010 (PostgreSQL only, so not a field of the model).
+        return RawSQL(f'"{Passage._meta.db_table}"."search_document"', [], output_field=SearchVectorField())
+
+    def _holding(self, term, passages):
+        return passages.annotate(document=self._document()).filter(document=self.query(term))
+
+    def ranked_queryset(self, terms):
+        """``(id, rank)`` of the passages holding any of ``terms``, best first, found through the
+        GIN index on the stored document."""
+        from django.contrib.postgres.search import SearchRank
+
+        wanted = reduce(operator.or_, [self.query(term) for term in terms])
+        # Weights of D, C, B (the text) and A (the title): the title TITLE_WEIGHT times the text.
+        rank = SearchRank(self._document(), wanted, weights=[0.1, 0.1, 1 / TITLE_WEIGHT, 1.0])
+        return (self.passages.annotate(document=self._document(), rank=rank).filter(document=wanted)
+                .order_by("-rank", "id").values_list("id", "rank"))
+
+    def ranked(self, terms, offset, count):
+        return list(self.ranked_queryset(terms)[offset:offset + count])
+
+    # All the terms in one statement each (one scan of the GIN index for their union, each term
+    # then tested on its rows): a statement per term cost a scan per term, p95 285 ms among
+    # 10,000 articles.
+    def frequencies(self, terms):
+        queries = [self.query(term) for term in terms]
+        counts = (self.everything.annotate(document=self._document()).filter(document=reduce(operator.or_, queries))
+                  .aggregate(**{f"t{n}": Count("id", filter=Q(document=query)) for n, query in enumerate(queries)}))
+        return {term: counts[f"t{n}"] for n, term in enumerate(terms)}
+
+    def holdings(self, terms, pks):
+        flags = {f"t{n}": Case(When(document=self.query(term), then=Value(True)), default=Value(False),
+                               output_field=BooleanField()) for n, term in enumerate(terms)}
+        rows = (self.everything.filter(pk__in=pks).annotate(document=self._document()).annotate(**flags)
+                .values_list("pk", *flags))
+        return {term: {row[0] for row in rows if row[n + 1]} for n, term in enumerate(terms)}
+
+
+def engine(names):
+    """The search ``Engine`` of the passages' database, for sources ``names``."""
+    connection = connections[router.db_for_read(Passage)]
     if connection.vendor == "sqlite" and _has_fts5(connection):
-        match = fts5_query(query)
-        marks = ", ".join(["%s"] * len(names))
-        # bm25: lower is better; the title weighs four times the text.
-        sql = (f"SELECT p.id, bm25({FTS_TABLE}, 4.0, 1.0) AS rank FROM {FTS_TABLE} JOIN conversations_passage p "
-               f"ON p.id = {FTS_TABLE}.rowid WHERE {FTS_TABLE} MATCH %s AND p.source IN ({marks}) "
-               "ORDER BY rank, p.id LIMIT %s OFFSET %s")
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [match, *names, count, offset])
-            return [(pk, -rank) for pk, rank in cursor.fetchall()]
-    words = query_words(query)
-    passages = Passage.objects.using(using).filter(source__in=names)
+        return Fts5(connection, names)
     if connection.vendor == "postgresql":
-        return list(ranked_queryset(query, passages)[offset:offset + count])
-    matching = reduce(operator.or_, [Q(title__icontains=word) | Q(text__icontains=word) for word in words])
-    return [(pk, 0.0) for pk in passages.filter(matching).order_by("id").values_list("id", flat=True)[
-        offset:offset + count]]
+        return PostgresSearch(connection, names)
+    return Engine(connection, names)
+
+
+def rarities(engine, terms):
+    """``{term: weight}``: how much finding each term in a passage says, by its rarity among the
+    passages (inverse document frequency), in units of a term only one passage holds (1). A term
+    most passages hold weighs next to nothing."""
+    total = engine.everything.count()
+    unit = math.log((total + 1) / 1.5)
+    counts = engine.frequencies(terms)
+    return {term: max(0.0, math.log((total + 1) / (counts[term] + 0.5)) / unit) for term in terms}
+
+
+def matches(engine, weights, pks):
+    """``{passage id: how well it matched}`` for ``pks``: the weights of the terms it holds, added."""
+    held = dict.fromkeys(pks, 0.0)
+    for term, holding in engine.holdings(list(weights), pks).items():
+        for pk in holding:
+            held[pk] += weights[term]
+    return held
 
 
 _CONFIGS = {}  # database alias -> the text search configuration of its stored document
@@ -91,22 +250,6 @@ def document_config(connection):
     return _CONFIGS[connection.alias]
 
 
-def ranked_queryset(query, passages=None):
-    """PostgreSQL: ``(id, rank)`` of the passages matching any word of ``query``, best first."""
-    # Optional dependency: django.contrib.postgres imports psycopg, which only PostgreSQL sites have.
-    from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVectorField
-
-    passages = Passage.objects.all() if passages is None else passages
-    config = document_config(connections[passages.db])
-    # The generated column of migration 0010 (PostgreSQL only, so not a field of the model),
-    # indexed with GIN; each word is a separate plain query, OR-ed.
-    document = RawSQL(f'"{Passage._meta.db_table}"."search_document"', [], output_field=SearchVectorField())
-    wanted = reduce(operator.or_, [SearchQuery(word, search_type="plain", config=config)
-                                   for word in query_words(query)])
-    return (passages.annotate(document=document, rank=SearchRank(document, wanted)).filter(document=wanted)
-            .order_by("-rank", "id").values_list("id", "rank"))
-
-
 def allowed_pks(source, pks, user):
     """Which of ``pks`` (strings) of ``source``'s model ``user`` may open now, as strings."""
     model = source.model_class()
@@ -116,21 +259,35 @@ def allowed_pks(source, pks, user):
     return {str(pk) for pk in queryset.values_list("pk", flat=True)}
 
 
-def search(query, *, user=None, names=None, limit=5):
+def search(query, *, user=None, names=None, limit=5, floor=0.0):
     """The passages best matching ``query`` that ``user`` (None: an anonymous visitor) may see,
     from the sources ``names`` (None or empty: every registered one), at most ``limit`` (≤ 10),
-    best first, one per object. Returns ``[Hit]``."""
+    one per object, none that matched less than ``floor`` (``Hit.match``) unless it holds every
+    word of the question, the best matched first. Returns ``[Hit]``."""
     registered = sources()
     chosen = [name for name in (names or registered) if name in registered]
     limit = max(1, min(int(limit), MAX_LIMIT))
-    if not chosen or not query_words(query):
+    terms = query_terms(query, settings.LANGUAGE_CODE, get_config()["SEARCH_SYNONYMS"])
+    if not chosen or not terms:
+        return []
+    found = engine(chosen)
+    terms = found.terms(terms)
+    if not terms:
         return []
     user = AnonymousUser() if user is None else user
-    hits, seen, offset = [], set(), 0
+    weights, hits, seen, offset = None, [], set(), 0
     while len(hits) < limit and offset < MAX_CANDIDATES:
-        batch = ranked(query, chosen, offset, BATCH)
-        offset += BATCH
+        batch = found.ranked(terms, offset, BATCH)
+        offset, fetched = offset + BATCH, len(batch)
         if not batch:
+            break
+        weights = rarities(found, terms) if weights is None else weights
+        # A passage holding every word of the question is never left out, however common they are.
+        bar = min(floor, sum(weights.values()) * (1 - 1e-9))
+        matched = matches(found, weights, [pk for pk, _score in batch])
+        batch = sorted(((pk, score) for pk, score in batch if matched[pk] >= bar),
+                       key=lambda pair: (-matched[pair[0]], -pair[1]))
+        if not batch:  # the database ranks the rest lower still: none of them is likely to reach the floor
             break
         rows = Passage.objects.in_bulk([pk for pk, _score in batch])
         wanted = {}
@@ -144,9 +301,9 @@ def search(query, *, user=None, names=None, limit=5):
             if row is None or (row.source, row.object_pk) in seen or row.object_pk not in allowed[row.source]:
                 continue
             seen.add((row.source, row.object_pk))
-            hits.append(Hit(row.source, row.object_pk, row.title, row.url, row.text, float(score)))
+            hits.append(Hit(row.source, row.object_pk, row.title, row.url, row.text, float(score), matched[pk]))
             if len(hits) == limit:
                 break
-        if len(batch) < BATCH:
+        if fetched < BATCH:
             break
     return hits

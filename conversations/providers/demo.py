@@ -1,10 +1,10 @@
 """The offline demo model: no key, no network, deterministic.
 
 It recognises questions its tools can serve (the demo site's ``current_time`` and
-``search_faq``, and the built-in ``search_site``: asked when the FAQ has nothing, or when it is
-the only search), asks for those tools, several at once when a question asks several things,
-and answers from their results, errors included, quoting the best page ``search_site`` found
-with its link; otherwise it says what it is and what it can
+``search_faq``, and the built-in ``search_site``: the site's pages first, the FAQ when they have
+nothing, once per turn), asks for those tools, several at once when a question asks several
+things, and answers from their results, errors included, quoting the best page ``search_site``
+found with its link, or saying it could not find that on this site; otherwise it says what it is and what it can
 do — naming only the questions its tools can answer, and saying so when the site gives it none.
 It takes ``DEMO_DELAY`` seconds per reply (never past the turn's budget) so the widget shows
 each step land, and streams its answers word by word over that time, as a real model would
@@ -109,14 +109,14 @@ class DemoProvider(BaseProvider):
                 break
             results.insert(0, message)
         usage = Usage(input_tokens=sum(len(m.content) for m in messages) // 4, output_tokens=0)
+        step = sum(1 for m in messages if m.role == "assistant") + 1
         if results:
-            step = sum(1 for m in messages if m.role == "assistant") + 1
-            more = self.search_further(question, results, available, messages, step)
+            this_turn = self.this_turn(messages)
+            more = self.search_further(question, this_turn, available, step)
             if more:
                 return ModelReply(text="", tool_calls=more, finish=Finish.TOOL_CALLS, usage=usage)
-            reply = self.answer_from(results)
+            reply = self.answer_from([m for m in this_turn if m.role == "tool"])
         else:
-            step = sum(1 for m in messages if m.role == "assistant") + 1
             calls = self.plan(question, available, step)
             if calls:
                 usage.output_tokens = sum(len(str(c.arguments)) for c in calls) // 4
@@ -124,6 +124,12 @@ class DemoProvider(BaseProvider):
             reply = self.about_me(question, available)
         usage.output_tokens = len(reply) // 4
         return ModelReply(text=reply, finish=Finish.STOP, usage=usage)
+
+    @staticmethod
+    def this_turn(messages):
+        """The messages after the visitor's last one: what this turn has done so far."""
+        last = max((number for number, m in enumerate(messages) if m.role == "user"), default=-1)
+        return messages[last + 1:]
 
     def plan(self, question, available, step=1):
         """The tool calls a question asks for (possibly several), or [] to answer directly."""
@@ -138,20 +144,33 @@ class DemoProvider(BaseProvider):
             for city in self.places(question)[:MAX_CITIES]:
                 call("current_time", city=city)
         faq_part = self._faq_part(question)
-        if "search_faq" in available and FAQ_WORDS.search(question) and (faq_part or not calls):
+        asks = FAQ_WORDS.search(question) or "?" in question
+        # The site's pages first: their search leaves out what matches too little, where one
+        # word in common ("long", "when") is enough for an FAQ entry to come back.
+        if "search_site" in available and asks and (faq_part or not calls):
+            call("search_site", query=(faq_part or question)[:200])
+        elif "search_faq" in available and FAQ_WORDS.search(question) and (faq_part or not calls):
             call("search_faq", query=(faq_part or question)[:200])
-        elif "search_site" in available and (FAQ_WORDS.search(question) or "?" in question) and not calls:
-            call("search_site", query=question[:200])
         return calls
 
+    def search_further(self, question, this_turn, available, step):
+        """The FAQ is searched when the site's pages had nothing for this turn's question (once
+        per turn: ``this_turn`` holds only the messages since the visitor's): ``[ToolCall]`` or []."""
+        asked = {m.name for m in this_turn if m.role == "tool"}
+        if "search_faq" not in available or "search_faq" in asked or "search_site" not in asked:
+            return []
+        if any(m.role == "tool" and m.name == "search_site" and self.found_on_site(m.content) for m in this_turn):
+            return []
+        query = (self._faq_part(question) or question)[:200]
+        return [ToolCall(id=f"demo_{step}_1", name="search_faq", arguments={"query": query})]
+
     @staticmethod
-    def search_further(question, results, available, messages, step):
-        """The site's own pages are searched when the FAQ had nothing (once per turn): ``[ToolCall]`` or []."""
-        if "search_site" not in available or any(m.role == "tool" and m.name == "search_site" for m in messages):
+    def found_on_site(content):
+        """The results of a ``search_site`` result (none when it is not one)."""
+        try:
+            return json.loads(content).get("results") or []
+        except (ValueError, AttributeError):
             return []
-        if not any(r.name == "search_faq" and r.content.startswith("No FAQ entry") for r in results):
-            return []
-        return [ToolCall(id=f"demo_{step}_1", name="search_site", arguments={"query": question[:200]})]
 
     @staticmethod
     def places(question):
@@ -183,7 +202,10 @@ class DemoProvider(BaseProvider):
             elif result.name == "current_time":
                 lines.append(f"It is {result.content}.")
             elif result.name == "search_site":
-                lines.append(DemoProvider.quote_best(result.content))
+                faq_answered = any(r.name == "search_faq" and not r.is_error and not r.content.startswith("No FAQ entry")
+                                   for r in results)
+                if DemoProvider.found_on_site(result.content) or not faq_answered:
+                    lines.append(DemoProvider.quote_best(result.content))
             elif result.name == "search_faq":
                 if result.content.startswith("No FAQ entry") and any(r.name == "search_site" for r in results):
                     continue
@@ -199,12 +221,9 @@ class DemoProvider(BaseProvider):
     @staticmethod
     def quote_best(content):
         """The best passage ``search_site`` found, quoted with its title and link."""
-        try:
-            found = json.loads(content).get("results") or []
-        except (ValueError, AttributeError):
-            found = []
+        found = DemoProvider.found_on_site(content)
         if not found:
-            return "I searched this site's pages but found nothing on that."
+            return _("I could not find that on this site.")
         best = found[0]
         text = best.get("text", "")
         text = text if len(text) <= 400 else text[:400].rsplit(" ", 1)[0] + "…"

@@ -45,6 +45,8 @@ def widget_strings():
         "stopping": _("Stopping…"),
         "stopped": _("You stopped this answer."),
         "reconnecting": _("Connection lost. Reconnecting…"),
+        # Translators: the status line while the answer waits for another worker to take it over.
+        "resuming": _("Reconnecting…"),
         "timed_out": _("The assistant did not finish in time. Please try again."),
         "failed": _("Something went wrong and the assistant could not answer. Please try again."),
         "incomplete": _("This answer is incomplete."),

@@ -647,3 +647,22 @@ def test_a_max_age_shorter_than_a_tokens_lifetime_stops_the_checks(conversations
     assert found == [("conversations.E045", "WIDGET_TOKEN_MAX_AGE (600s) is shorter than WIDGET_TOKEN_TTL (900s): "
                                             "the first token of a chain would outlive the time its chain may be "
                                             "renewed for.")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_embedded_widget_is_offered_a_person_and_follows_the_handoff_with_its_token():
+    Assistant.objects.create(slug="support", name="Support", provider="demo", system_prompt="Help.",
+                             handoff=Assistant.HandoffWays.BUTTON)
+    Assistant.objects.create(slug="sales", name="Sales", provider="demo", system_prompt="Sell.")
+    assert Page().mint("sales").json()["widget"]["handoff"] == ""
+    page = Page()
+    assert page.mint("support").json()["widget"]["handoff"] == "button"
+    conversation = page.post("/api/conversations/", {"assistant": "support"}).json()["id"]
+
+    asked = page.post(f"/api/conversations/{conversation}/handoff/")
+    polled = page.get(f"/api/conversations/{conversation}/handoff/")
+    again = page.get(f"/api/conversations/{conversation}/handoff/", HTTP_IF_NONE_MATCH=polled["ETag"])
+
+    assert asked.status_code == 202 and asked.json()["state"] == "waiting"
+    assert polled.status_code == 200 and polled.json()["state"] == "waiting" and again.status_code == 304
+    assert polled["Access-Control-Allow-Origin"] == PAGE and not polled.cookies

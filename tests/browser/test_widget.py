@@ -214,6 +214,34 @@ def test_network_errors_show_reconnecting_and_the_turn_still_finishes(chat_page,
     assert Turn.objects.get().status == "completed"
 
 
+def test_a_turn_waiting_for_another_worker_shows_reconnecting_then_the_answer_goes_on(chat_page, worker_process):
+    """While the server says the turn is being taken over (``resuming``: its worker died), the
+    status line says so; once the new worker publishes, the answer goes on."""
+    worker_process(DEMO_DELAY=0.8)
+    chat = chat_page()
+    changed = []  # the states that changed while the turn ran, as the server sent them
+
+    def taken_over_for_a_while(route):
+        response = route.fetch()
+        state = response.json() if response.status == 200 else {"done": True}
+        if state["done"]:
+            route.fulfill(response=response)
+            return
+        changed.append(state)
+        if len(changed) > 2:  # the first two reach the widget "taken over" (their worker died), the rest as they are
+            route.fulfill(response=response)
+            return
+        route.fulfill(response=response, json={**state, "resuming": True, "version": -len(changed)})
+
+    chat.page.route("**/turns/*/", taken_over_for_a_while)
+    chat.open()
+    chat.send(QUESTION)
+    expect(chat.locator(".cvw-status")).to_have_text("Reconnecting…")
+    expect(chat.locator(".cvw-msg-assistant")).to_contain_text("in Tokyo")
+    expect(chat.locator(".cvw-status")).to_have_text("")
+    assert Turn.objects.get().status == "completed"
+
+
 def test_a_refused_message_stays_in_the_box_with_the_servers_reason(chat_page, conversations_settings):
     conversations_settings.update(MAX_MESSAGE_LENGTH=10)
     chat = chat_page().open()

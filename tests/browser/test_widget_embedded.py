@@ -244,3 +244,33 @@ def test_past_the_max_age_an_anonymous_visitors_widget_starts_a_new_chain_and_ke
     assert minted[refused + 1] == (False, 200), minted
     assert Conversation.objects.count() == 1 and Turn.objects.filter(status="completed").count() == 2
     assert sent and not [url for url, headers in sent if "cookie" in headers]
+
+
+def test_an_embedded_widget_offers_a_person_and_the_visitor_reads_the_staff_reply(
+        blocking_profile, host_site, live_server, conversations_settings):
+    """With a visitor token on another site, "Talk to a person" is offered where the assistant
+    offers it, as on the site's own pages, and staff's reply reaches the widget."""
+    from django.contrib.auth.models import User
+
+    from conversations.engine import handoff
+    from conversations.models import Assistant
+
+    api = live_server.url
+    conversations_settings.update(ALLOWED_ORIGINS=[host_site.origin])
+    Assistant.objects.create(slug="support", name="Support", provider="demo", system_prompt="You are Support.",
+                             handoff=Assistant.HandoffWays.BUTTON)
+    host_site.pages["/"] = embedding_page(api, probe=False).replace(
+        'data-api=', 'data-assistant="support" data-api=')
+    chat = Chat(blocking_profile.new_page(), api)
+    sent = api_requests(chat.page, api)
+    chat.page.goto(host_site.origin + "/")
+
+    chat.page.get_by_role("button", name="Talk to a person").click()
+    expect(chat.locator(".cvw-handoff")).to_contain_text("A person will reply here.")
+    conversation = Conversation.objects.get()
+    assert conversation.handoff == "waiting" and conversation.owner_token.startswith("v:")
+    ana = User.objects.create_user("ana", first_name="Ana", is_staff=True)
+    handoff.reply(conversation.pk, ana, "Hello from our team: how can I help?")
+    expect(chat.locator(".cvw-msg-staff")).to_contain_text("Hello from our team: how can I help?")
+    expect(chat.locator(".cvw-handoff")).to_contain_text("Ana from support joined the conversation.")
+    assert sent and not [url for url, headers in sent if "cookie" in headers]

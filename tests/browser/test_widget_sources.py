@@ -40,3 +40,16 @@ def test_the_articles_an_answer_was_found_in_are_links_under_it_and_come_back_af
     with chat.page.expect_popup() as opened:
         restored.get_by_role("link", name="Repairing a bicycle puncture").press("Enter")
     expect(opened.value.get_by_role("heading", name="Repairing a bicycle puncture")).to_be_visible()
+
+
+def test_a_question_the_site_does_not_answer_says_so_and_lists_no_source(chat_page, worker_process):
+    Article.objects.all().delete()  # the demo's own, from its data migration, until a test's flush
+    Article.objects.create(slug="bicycle-parking", title="Bicycle parking at our shops",
+                           body="<p>Every shop has covered bicycle racks at the entrance.</p>")
+    Article.objects.create(slug="refund-timing", title="When will I get my refund?",
+                           body="<p>Refunds reach your bank within ten working days.</p>")
+    worker_process(DEMO_DELAY=0.05, TOOLS=["conversations.knowledge.tool.search_site"])
+    chat = chat_page().open()
+    chat.send("When does the secret winter sale start?")
+    expect(chat.locator(".cvw-msg-assistant")).to_have_text("I could not find that on this site.")
+    expect(chat.page.get_by_role("list", name="Sources")).to_have_count(0)

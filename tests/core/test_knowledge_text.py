@@ -1,7 +1,7 @@
 """The knowledge index's text rules, with nothing running: HTML to text, passages, safe FTS5 queries."""
 
-from conversations.knowledge.text import (MAX_QUERY_WORDS, excerpt, fts5_query, html_to_text, pg_config,
-                                          query_words, split_passages)
+from conversations.knowledge.text import (MAX_QUERY_WORDS, content_words, excerpt, fts5_query, html_to_text, pg_config,
+                                          query_terms, query_words, split_passages)
 
 
 def test_html_becomes_text_with_paragraphs_and_without_scripts():
@@ -21,11 +21,27 @@ def test_passages_keep_to_their_size_on_paragraphs_then_sentences_then_spaces():
 
 
 def test_every_query_word_is_a_quoted_fts5_phrase_so_no_character_is_syntax():
-    assert fts5_query('refund* NEAR("x" y) title:^secret') == (
+    assert fts5_query(query_words('refund* NEAR("x" y) title:^secret')) == (
         '"refund" OR "near" OR "x" OR "y" OR "title" OR "secret"')
-    assert fts5_query('"""***:::') == ""
-    assert fts5_query("Доставка в Москву") == '"доставка" OR "в" OR "москву"'
+    assert fts5_query(query_words('"""***:::')) == ""
+    assert fts5_query(query_words("Доставка в Москву")) == '"доставка" OR "в" OR "москву"'
     assert len(query_words(" ".join(f"w{n}" for n in range(500)))) == MAX_QUERY_WORDS
+
+
+def test_a_question_is_searched_for_its_content_words_in_the_sites_language():
+    assert content_words("Until when can I send back my Larkspur blender?", "en-us") == [
+        "send", "back", "larkspur", "blender"]
+    assert content_words("¿Cómo puedo devolver mi batidora?", "es") == ["devolver", "batidora"]
+    assert content_words("Can I?", "en") == ["can", "i"]  # only common words: searched as they are
+    assert content_words("When can I?", "xx") == ["when", "can", "i"]  # a language with no list
+
+
+def test_a_visitors_words_and_phrases_are_searched_with_their_synonyms():
+    assert query_terms("Until when can I send back my Larkspur blender?", "en") == [
+        ("send back", "return"), ("larkspur",), ("blender",)]
+    assert query_terms("How do I set up the telly?", "en", {"telly": ["television", "TV"]}) == [
+        ("set up", "setup", "start"), ("telly", "television", "tv")]
+    assert fts5_query(query_terms('send back "x*"', "en")) == '"send back" OR "return" OR "x"'
 
 
 def test_the_site_language_chooses_the_postgresql_configuration():

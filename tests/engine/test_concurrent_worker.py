@@ -4,6 +4,7 @@ for all of them at once — a turn stuck past its job timeout, SIGTERM, SIGKILL 
 Real Redis, real RQ workers (in burst mode and as ``manage.py rqworker`` processes), a fake
 provider that proves the calls overlapped."""
 
+import io
 import os
 import signal
 import threading
@@ -11,6 +12,7 @@ import time
 
 import django_rq
 import pytest
+from django.core.management import call_command
 from django.db import connections
 from rq import Worker as RQWorker
 from rq.job import Job, JobStatus
@@ -18,6 +20,7 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 
 from conversations.core.sentences import timeout_message
 from conversations.engine.worker import WORKER_KEY_TTL, stuck_threads
+from conversations.infra import lease
 from conversations.models import CallRecord, Turn
 from conversations.providers.demo import DemoProvider
 from tests.support.fakes import FakeProvider, hang, openai_text, together
@@ -179,9 +182,9 @@ def test_sigterm_with_several_turns_in_flight_exits_in_seconds_and_hands_every_o
 
 def test_sigkill_of_a_process_holding_several_turns_continues_all_of_them_elsewhere(
         resuming, worker_process, conversations_settings):
-    """The process is SIGKILLed (the OOM killer): nobody writes anything for its turns. Its worker
-    key, refreshed every few seconds, expires WORKER_KEY_TTL after its death (simulated by
-    deleting it), and with it the poll view takes each of its turns for dead and continues it."""
+    """The process is SIGKILLed (the OOM killer): nobody writes anything for its turns. Its lease,
+    renewed several times a second, expires within ``lease.TTL`` of its death, and with no other
+    process to reap it, the poll view takes each of its turns for dead and continues it."""
     fake = resuming
     fake.add(hang, hang, hang, *[openai_text("Finished elsewhere.")] * 3)
     posted = [(client, start_turn(client, "Long one")) for client in (make_client() for _ in range(3))]
@@ -192,14 +195,17 @@ def test_sigkill_of_a_process_holding_several_turns_continues_all_of_them_elsewh
     assert sorted(StartedJobRegistry("default", connection=connection).get_job_ids()) == sorted(job_ids)
     (registered,) = RQWorker.all(connection=connection)  # one worker, holding all three, as `rq info` shows
     assert registered.get_state() == "busy" and 0 < connection.ttl(registered.key) <= WORKER_KEY_TTL
+    assert list(lease.holders(connection)) == [registered.name]
+    listed = worker_status()
+    assert f"{registered.name}  alive  last seen" in listed and "turns: 3" in listed
+    assert all(f"turn {body['id']}" in listed for _, body in posted)
     os.kill(process.pid, signal.SIGKILL)
     process.wait(5)
+    time.sleep(lease.TTL + 0.5)
+    assert f"{registered.name}  dead (lease expired)" in worker_status()  # as an operator sees it
 
     conversations_settings.update(STALE_AFTER=0)  # every state is stale now
-    for client, body in posted:  # within the key's life the turns are still believed to run
-        assert client.get(body["poll_url"]).json()["resuming"] is False
-    connection.delete(registered.key)
-    for client, body in posted:
+    for client, body in posted:  # the lease has expired: the poll view continues each turn
         assert client.get(body["poll_url"]).json()["resuming"] is True
     run_worker(CONCURRENT)
 
@@ -207,6 +213,12 @@ def test_sigkill_of_a_process_holding_several_turns_continues_all_of_them_elsewh
         final = poll_until_done(client, body["poll_url"], timeout=10)
         assert (final["status"], final["messages"][-1]["content"]) == ("completed", "Finished elsewhere.")
         assert Turn.objects.get(pk=body["id"]).resumes == 1
+
+
+def worker_status():
+    out = io.StringIO()
+    call_command("worker_status", stdout=out)
+    return out.getvalue()
 
 
 def test_rqworker_pool_runs_the_concurrent_worker_with_many_turns_in_each_process(

@@ -2,11 +2,15 @@
 staff answer from the admin's inbox (one at a time), the visitor's poll shows every reply, and
 handing back lets the assistant answer again, with the staff's words in its history."""
 
+import threading
+import time
+
 import django_rq
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core import mail
 from django.core.cache import cache
+from django.db import connections
 from django.db.models import F
 from django.test import Client
 from django.urls import reverse
@@ -171,7 +175,7 @@ def test_two_staff_members_cannot_both_take_it(received):
 
     pages = [r.content.decode() for r in results]
     winners = [page for page in pages if "You are answering this conversation." in page]
-    losers = [page for page in pages if "is already answering this conversation; nothing was sent." in page]
+    losers = [page for page in pages if "is already answering this conversation." in page]
     assert len(winners) == 1 and len(losers) == 1
     row = Conversation.objects.get(pk=conversation)
     assert row.handoff == "taken" and row.handoff_by.username in losers[0]
@@ -179,7 +183,7 @@ def test_two_staff_members_cannot_both_take_it(received):
     # The one who did not take it cannot reply; what they wrote stays on their page.
     loser = ben if row.handoff_by.username == "ana" else ana
     page = act(loser, conversation, "reply", "I can help!").content.decode()
-    assert "nothing was sent" in page and "I can help!" in page
+    assert "Nothing was sent" in page and "I can help!" in page
     assert not Message.objects.filter(role="staff").exists()
     # The visitor's poll says who joined.
     assert visitor.get(handoff_url(conversation)).json()["by"] == f"{row.handoff_by.first_name} from support"
@@ -369,7 +373,7 @@ def test_a_conversation_whose_staff_member_left_is_taken_by_another_and_a_superu
 
     # While Ana is here, the conversation is hers.
     refused = act(ben, conversation, "take").content.decode()
-    assert "Ana is already answering this conversation; nothing was sent." in refused
+    assert "Nothing was sent: ana is already answering this conversation." in refused
     # Ana is deactivated: Ben takes it, and the visitor reads him.
     ana.user.is_active = False
     ana.user.save()
@@ -392,13 +396,13 @@ def test_a_conversation_whose_staff_member_left_is_taken_by_another_and_a_superu
     page = dora.get(answer_page(conversation)).content.decode()
     assert "carl is answering this conversation: only they may reply." in page and 'value="take"' in page
     refused = act(dora, conversation, "reply", "Dora here.").content.decode()
-    assert "Carl is already answering this conversation; nothing was sent." in refused
+    assert "Nothing was sent: carl is already answering this conversation." in refused
     taken = dora.post(answer_page(conversation), {"action": "take", "holder": str(carl.user.pk)}, follow=True)
     assert "You are answering this conversation." in taken.content.decode()
     assert visitor.get(handoff_url(conversation)).json()["by"] == "Dora from support"
     # Carl, not a superuser, cannot take it back.
     again = carl.post(answer_page(conversation), {"action": "take", "holder": str(boss.pk)}, follow=True)
-    assert "Dora is already answering this conversation; nothing was sent." in again.content.decode()
+    assert "Nothing was sent: dora is already answering this conversation." in again.content.decode()
 
 
 def died_in_the_tool(conversation, turn_id, *calls):
@@ -667,7 +671,7 @@ def test_a_take_that_waited_for_anothers_lock_sees_who_took_it():
     for thread in threads:
         thread.join(15)
 
-    assert outcome == ["ana is already answering this conversation; nothing was sent."]
+    assert outcome == ["Nothing was sent: ana is already answering this conversation."]
     assert Conversation.objects.get(pk=conversation).handoff_by == ana
 
 
@@ -742,3 +746,87 @@ def test_a_staff_member_deleted_or_renamed_is_what_the_visitor_reads_at_the_next
     assert deleted.status_code == 200
     assert deleted.json()["state"] == "waiting" and deleted.json()["by"] is None
     assert deleted.json()["messages"][-1]["author"] == "Our staff"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_colleague_cannot_hand_back_or_close_a_conversation_another_answers_by_posting_the_action():
+    visitor, conversation = waiting_for_a_person()
+    ana, ben = staff_member("ana", "Ana"), staff_member("ben", "Ben")
+    act(ana, conversation, "take")
+    # Ben's page offers neither; he posts them all the same.
+    for action in ("hand_back", "close"):
+        page = act(ben, conversation, action).content.decode()
+        assert "Nothing was sent: ana is already answering this conversation." in page
+    row = Conversation.objects.get(pk=conversation)
+    assert (row.handoff, row.handoff_by.username) == ("taken", "ana")
+    assert visitor.get(handoff_url(conversation)).json()["state"] == "taken"
+    assert send(visitor, conversation, "Still with me?").json()["handoff"] == "taken"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_asking_for_a_person_with_the_button_stops_the_running_turn_so_no_answer_lands_after_it(
+        worker, conversations_settings):
+    """The visitor presses "Talk to a person" while the assistant's turn runs (its model call
+    under way): the turn stops before its next step, and nothing of the assistant's reaches a
+    conversation staff now hold."""
+    conversations_settings.update(CREDENTIALS={"key": local_key("sk-test")})
+    pressed = threading.Event()
+
+    def model_answers_after_the_button(handler):
+        pressed.wait(20)
+        handler.send_json(200, openai_tool_calls(("current_time", {"city": "Tokyo"})))
+
+    with FakeProvider() as api:
+        api.add(model_answers_after_the_button, openai_text("The assistant's late answer."))
+        make_assistant(provider="openai", base_url=api.url, credential="key", tools=["current_time"])
+        visitor = make_client()
+        conversation = new_conversation(visitor)
+        turn = send(visitor, conversation, "What time is it in Tokyo?").json()
+
+        def press_the_button():
+            until(lambda: len(api.requests) == 1)
+            try:
+                assert api_post(visitor, handoff_url(conversation)).status_code == 202
+            finally:
+                pressed.set()
+                connections.close_all()
+
+        button = threading.Thread(target=press_the_button)
+        button.start()
+        worker()
+        button.join(20)
+        final = poll_until_done(visitor, turn["poll_url"])
+
+    assert final["status"] == "cancelled" and len(api.requests) == 1
+    assert not Message.objects.filter(conversation_id=conversation, role__in=["assistant", "tool"],
+                                      content__contains="late answer").exists()
+    assert not Message.objects.filter(conversation_id=conversation, role="tool").exists()
+    assert Conversation.objects.get(pk=conversation).handoff == "waiting"
+
+
+def until(condition, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_handoff_mail_links_the_page_on_the_sites_address_where_no_sites_framework_names_it(
+        conversations_settings):
+    from django.apps import apps
+    from django.core.checks import Warning as CheckWarning
+
+    from conversations.checks import check_config
+
+    assert not apps.is_installed("django.contrib.sites")
+    conversations_settings.update(HANDOFF_EMAILS=["support@example.com"])
+    assert [m.id for m in check_config() if isinstance(m, CheckWarning)] == ["conversations.W046"]
+    conversations_settings.update(SITE_URL="https://help.example.org/")
+    assert "conversations.W046" not in [m.id for m in check_config()]
+    _visitor, conversation = waiting_for_a_person()
+
+    (sent,) = mail.outbox
+    assert f"Answer it: https://help.example.org{answer_page(conversation)}\n" in sent.body + "\n"
+    conversations_settings.update(SITE_URL="help.example.org")
+    assert [m.id for m in check_config() if "SITE_URL" in m.msg] == ["conversations.E044"]

@@ -26,7 +26,7 @@ from conversations.assistants import problems
 from conversations.knowledge import index
 from conversations.knowledge.index import status
 from conversations.knowledge.models import Passage, StaleObject
-from conversations.knowledge.search import ranked_queryset, search
+from conversations.knowledge.search import engine, search
 from conversations.models import Assistant, CallRecord
 from tests.support.helpers import api_post, logged_in_client, make_client, poll_until_done, start_turn
 
@@ -110,7 +110,7 @@ def test_an_article_changed_after_the_turn_started_is_never_found_by_an_anonymou
     assert state["status"] == "completed"
     assert found_in(state) == []
     assert "Saturday" not in json.dumps(state)
-    assert "found nothing" in state["messages"][-1]["content"]
+    assert state["messages"][-1]["content"] == "I could not find that on this site."
 
 
 def test_a_members_only_article_is_found_for_a_member_and_nobody_else(worker):
@@ -409,7 +409,9 @@ def test_the_search_index_is_the_databases_own():
             # The search's expression is the index's: with sequential scans off, the plan uses it.
             cursor.execute("SET enable_seqscan = off")
             try:
-                sql, params = ranked_queryset("violin lessons").query.sql_with_params()
+                # How many passages hold a word: counted for every word of every search.
+                found = engine(["help"])
+                sql, params = found._holding(("violin",), found.everything).query.sql_with_params()
                 cursor.execute(f"EXPLAIN {sql}", params)
                 assert "conv_passage_search" in " ".join(row[0] for row in cursor.fetchall())
             finally:

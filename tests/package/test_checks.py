@@ -115,6 +115,14 @@ def test_unparseable_number(conversations_settings, settings):
                                     hint="Use a number for timeouts and limits.", id="conversations.E000")]
 
 
+def test_a_relevance_floor_that_is_no_number(conversations_settings):
+    conversations_settings.update(SEARCH_FLOOR=[1])
+    assert check_config() == [Error("CONVERSATIONS['SEARCH_FLOOR'] = [1] is not a number.",
+                                    hint="Use a number: 1.5 by default, 0 to keep every hit.", id="conversations.E000")]
+    conversations_settings.update(SEARCH_FLOOR=0)
+    assert check_config() == []
+
+
 def test_connect_timeout_longer_than_the_call(conversations_settings):
     conversations_settings.update(CONNECT_TIMEOUT=10)
     assert check_config() == [Warning(

@@ -46,12 +46,16 @@ def test_a_question_for_both_tools_calls_both_and_answers_from_both():
     turn = run_turn_here("What time is it in London, and how long does shipping take?")
     rows = transcript(turn)
 
+    # The site's pages first (none is indexed here), then the FAQ.
     assert [(c["name"], c["arguments"]) for c in rows[1].tool_calls] == [
-        ("current_time", {"city": "London"}), ("search_faq", {"query": "how long does shipping take"})]
+        ("current_time", {"city": "London"}), ("search_site", {"query": "how long does shipping take"})]
+    assert [(c["name"], c["arguments"]) for c in rows[4].tool_calls] == [
+        ("search_faq", {"query": "how long does shipping take"})]
     answer = rows[-1].content
     assert "in London" in answer
     assert "Here is what the FAQ says:" in answer and "Orders ship within one working day" in answer
-    assert turn.status == "completed" and turn.tool_calls == 2 and turn.input_tokens > 0 and turn.output_tokens > 0
+    assert "could not find" not in answer
+    assert turn.status == "completed" and turn.tool_calls == 3 and turn.input_tokens > 0 and turn.output_tokens > 0
 
 
 @pytest.mark.django_db
@@ -68,11 +72,11 @@ def test_a_place_the_tool_does_not_know_gets_the_tools_error_explained():
 
 @pytest.mark.django_db
 def test_a_faq_question_without_an_entry_gets_a_helpful_answer(conversations_settings):
-    # The FAQ first, then the site's own pages (search_site), which have nothing on it either.
+    # The site's own pages (search_site) first, then the FAQ, which has nothing on it either.
     turn = run_turn_here("Why is the sky blue?")
     rows = transcript(turn)
-    assert [r.tool_name for r in rows if r.role == "tool"] == ["search_faq", "search_site"]
-    assert rows[-1].content.startswith("I searched this site's pages but found nothing on that.")
+    assert [r.tool_name for r in rows if r.role == "tool"] == ["search_site", "search_faq"]
+    assert rows[-1].content == "I could not find that on this site."
     conversations_settings.update(TOOLS=["chatproject.tools.current_time", "chatproject.tools.search_faq"])
     turn = run_turn_here("Why is the sky blue?")
     assert transcript(turn)[-1].content.startswith("I searched the FAQ but found nothing on that.")

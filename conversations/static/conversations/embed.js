@@ -84,7 +84,7 @@
           "key": data.key || (data.assistant ? "assistant-" + data.assistant : ""),
           "greeting": w.greeting, "suggestions": JSON.stringify(w.suggestions), "strings": JSON.stringify(w.strings),
           "job-timeout": w.job_timeout, "max-length": w.max_length, "give-up-margin": w.give_up_margin,
-          "comment-max-length": w.comment_max_length
+          "comment-max-length": w.comment_max_length, "handoff": w.handoff || ""
         };
         Object.keys(attributes).forEach(function (name) {
           if (attributes[name] !== "") { host.setAttribute("data-" + name, attributes[name]); }

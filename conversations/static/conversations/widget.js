@@ -35,6 +35,7 @@
     stopping: "Stopping…",
     stopped: "You stopped this answer.",
     reconnecting: "Connection lost. Reconnecting…",
+    resuming: "Reconnecting…",
     timed_out: "The assistant did not finish in time. Please try again.",
     failed: "Something went wrong and the assistant could not answer. Please try again.",
     incomplete: "This answer is incomplete.",
@@ -69,9 +70,10 @@
   // normally takes a turn within a second, so longer means none is free (or none runs).
   var QUEUED_NOTICE = 4000;
   // A conversation handed to a person is polled from HANDOFF_FIRST_DELAY after each change,
-  // backing off to HANDOFF_MAX_DELAY: a staff reply shows within about that (docs/benchmarks.md).
+  // backing off to HANDOFF_MAX_DELAY: a staff reply shows within about that plus a request (p95
+  // goal 1.2 s), at under one request a second while nothing changes (docs/benchmarks.md).
   var HANDOFF_FIRST_DELAY = 500;
-  var HANDOFF_MAX_DELAY = 2000;
+  var HANDOFF_MAX_DELAY = 1000;
   var widgets = 0;
   var sourceLists = 0;       // ids of the sources lists (their headings label them)
 
@@ -420,6 +422,7 @@
         } else {
           turn.version = state.version;
           turn.streaming = self.events.changed(turn, state);
+          turn.resuming = Boolean(state.resuming);  // its worker died: another takes the answer over
           if (state.done) { self.end(turn, state); return; }
           turn.delay = FIRST_DELAY;
         }
@@ -581,7 +584,9 @@
       if (!this.running || this.request || document.hidden) { return; }
       var headers = { "Accept": "application/json" };
       if (this.etag) { headers["If-None-Match"] = this.etag; }
-      this.request = fetch(this.url, { credentials: this.client.credentials, cache: "no-store", headers: headers })
+      // With the visitor token too: an embedded widget sends no cookie.
+      this.request = fetch(this.url, { credentials: this.client.credentials, cache: "no-store",
+                                       headers: this.client.authorize(headers) })
         .then(function (response) {
           if (response.status === 304) { return null; }
           if (!response.ok) { throw new Error("HTTP " + response.status); }
@@ -863,7 +868,13 @@
         sheet.rel = "stylesheet";
         sheet.href = cssUrl;
         frame.hidden = true;
-        sheet.onload = sheet.onerror = function () { frame.hidden = false; };
+        // A conversation restored while the frame was hidden could not scroll (nothing has a
+        // height then): once shown, the log starts at its newest message.
+        var self = this;
+        sheet.onload = sheet.onerror = function () {
+          frame.hidden = false;
+          if (self.log) { self.log.scrollTop = self.log.scrollHeight; }
+        };
         shadow.appendChild(sheet);
       }
       shadow.appendChild(frame);
@@ -1116,6 +1127,7 @@
     progress(turn) {
       var s = this.strings;
       if (this.status === "stopping") { return s.stopping; }
+      if (turn.resuming) { return s.resuming; }
       if (turn.streaming) { return s.writing; }
       if (this.status === "waiting" && Date.now() - turn.since >= QUEUED_NOTICE) { return s.waiting; }
       return s.thinking;

@@ -1,0 +1,148 @@
+"""The site's knowledge: does the search put the right article first, and say nothing when the
+site has no answer? On ``bench.knowledge_set``'s help centre.
+
+    .venv/bin/python -m bench.knowledge_quality [--database postgres|sqlite] [--articles 10000] [--queries 300]
+
+On a migrated database with the demo's articles replaced by the set's (all published):
+
+1. for each answerable question (and apart, for ``HELD_OUT``, written after the synonyms), the rank of its article among ``search()``'s first five hits
+   as an anonymous visitor: the share ranked first, the mean reciprocal rank (0 when absent),
+   the share in the first five, and the share with no hit at or above the relevance floor (the
+   floor is ``SEARCH_FLOOR``; code without a floor counts every hit);
+2. for each unanswerable question, whether any hit is at or above the floor;
+3. the same among ``--articles`` generated distractors (words drawn from the set's own
+   vocabulary without the products' names, titles included: pages on returns, cleaning and
+   warranties in general, none about one of the products), inserted with ``bulk_create`` and
+   indexed by ``rebuild()``;
+4. query latency there, p50 and p95 of ``--queries`` searches (the set's questions in turn).
+
+It runs unchanged on the code before the relevance floor (``Hit`` without ``match``), so that
+both are measured on the same set, machine and run.
+"""
+
+import argparse
+import random
+import time
+
+from bench.common import Stack, machine, table
+from bench.knowledge import percentiles
+from bench.knowledge_set import ANSWERABLE, ARTICLES, HELD_OUT, PRODUCTS, UNANSWERABLE
+
+
+def floor():
+    from conversations.conf import get_config
+
+    return get_config().get("SEARCH_FLOOR")
+
+
+def answers(search, slugs, answerable=ANSWERABLE):
+    """``(answerable, unanswerable)``: for each question, its article's slug (None for an
+    unanswerable one) and ``[(slug, match)]`` of the first five hits (match None for code without one)."""
+    def found(question):
+        return [(slugs.get(hit.object_pk), getattr(hit, "match", None)) for hit in search(question, limit=5)]
+    return [(slug, found(question)) for question, slug in answerable], [found(q) for q in UNANSWERABLE]
+
+
+def quality(results, cut):
+    """{"first", "mrr", "top5", "silent", "unanswered_hit"} as shares of the question sets, the
+    hits under the floor ``cut`` left out (None: every hit counts)."""
+    def kept(hits):
+        return [slug for slug, match in hits if cut is None or match is None or match >= cut]
+    answerable, unanswerable = results
+    first = reciprocal = top5 = silent = 0
+    for slug, hits in answerable:
+        found = kept(hits)
+        silent += not found
+        if slug in found:
+            rank = found.index(slug) + 1
+            first += rank == 1
+            top5 += 1
+            reciprocal += 1 / rank
+    total = len(answerable)
+    return {"first": first / total, "mrr": reciprocal / total, "top5": top5 / total, "silent": silent / total,
+            "unanswered_hit": sum(bool(kept(hits)) for hits in unanswerable) / len(unanswerable)}
+
+
+def misses(results, cut, limit=40):
+    """The answerable questions whose article is not first, with what was."""
+    out = []
+    for (question, _), (slug, hits) in zip(ANSWERABLE, results[0]):
+        if not hits or hits[0][0] != slug:
+            out.append(f"  {question!r}: wanted {slug}, got {hits[:3]}")
+    return out[:limit] + [f"  unanswerable {q!r}: {hits[:2]}" for q, hits in zip(UNANSWERABLE, results[1])
+                          if hits and (cut is None or hits[0][1] is None or hits[0][1] >= cut)]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database", default="postgres", help='"postgres", "sqlite" or a DATABASE_URL')
+    parser.add_argument("--articles", type=int, default=10000)
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--misses", action="store_true", help="list the questions whose article is not first")
+    args = parser.parse_args()
+
+    print(machine())
+    with Stack(database=args.database) as stack:
+        from django.db import connection
+
+        from chatproject.models import Article
+        from conversations.knowledge.index import rebuild
+        from conversations.knowledge.models import Passage
+        from conversations.knowledge.search import search
+        from conversations.knowledge.text import query_words
+
+        Article.objects.all().delete()
+        Article.objects.bulk_create([Article(slug=slug, title=title, body=f"<p>{body}</p>")
+                                     for slug, title, body in ARTICLES])
+        rebuild("help")
+        cut = floor()
+        slugs = {str(pk): slug for pk, slug in Article.objects.values_list("pk", "slug")}
+        alone = answers(search, slugs)
+        rows = [("the set's articles alone", len(slugs), quality(alone, cut)),
+                (f"the same, {len(HELD_OUT)} held-out questions", len(slugs),
+                 quality(answers(search, slugs, HELD_OUT), cut))]
+        sweep = [(each, quality(alone, each)) for each in (0.5, 1.0, 1.25, 1.5, 1.75, 2.0)] if cut else []
+        wrong = misses(alone, cut) if args.misses else []
+
+        rng = random.Random(39)
+        names = {word for name, *_ in PRODUCTS for word in query_words(name)}
+        vocabulary = sorted({w for p in Passage.objects.values_list("text", flat=True) for w in query_words(p)
+                             if not w.isdigit()} - names)
+        Article.objects.bulk_create([
+            Article(slug=f"generated-{n}", title=" ".join(rng.choices(vocabulary, k=4)).capitalize(),
+                    body="".join("<p>" + " ".join(rng.choices(vocabulary, k=60)) + ".</p>" for _ in range(4)))
+            for n in range(args.articles)], batch_size=1000)
+        rebuild("help")
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("ANALYZE conversations_passage")
+        total = Article.objects.count()
+        rows.append((f"among {args.articles:,} generated articles", total, quality(answers(search, slugs), cut)))
+
+        questions = [q for q, _ in ANSWERABLE] + UNANSWERABLE
+        timings = []
+        for n in range(args.queries):
+            started = time.perf_counter()
+            search(questions[n % len(questions)], limit=5)
+            timings.append(time.perf_counter() - started)
+        label = stack.database_label
+
+    print(f"\n{label}; {len(ANSWERABLE)} answerable questions over {len(ARTICLES)} articles, "
+          f"{len(UNANSWERABLE)} unanswerable; relevance floor: {cut if cut is not None else 'none'}\n")
+    table(["corpus", "articles", "right article first", "MRR", "in first five", "answerable: nothing shown",
+           "unanswerable: something shown"],
+          [[name, f"{count:,}", f"{q['first']:.1%}", f"{q['mrr']:.3f}", f"{q['top5']:.1%}", f"{q['silent']:.1%}",
+            f"{q['unanswered_hit']:.1%}"] for name, count, q in rows])
+    p50, p95 = percentiles(timings)
+    print(f"\nquery latency among {total:,} articles ({len(timings)} searches): p50 {p50:.1f} ms, p95 {p95:.1f} ms")
+    if sweep:
+        print("\nthe set's articles alone, by relevance floor:\n")
+        table(["floor", "right article first", "MRR", "answerable: nothing shown", "unanswerable: something shown"],
+              [[f"{each:.2f}", f"{q['first']:.1%}", f"{q['mrr']:.3f}", f"{q['silent']:.1%}",
+                f"{q['unanswered_hit']:.1%}"] for each, q in sweep])
+    if wrong:
+        print("\nnot first:\n" + "\n".join(wrong))
+
+
+if __name__ == "__main__":
+    main()
