@@ -112,12 +112,13 @@ class Stack:
         self.processes.append(process)
         return process
 
-    def gunicorn(self, workers):
-        """Serve the site with ``workers`` sync gunicorn workers; returns the base URL."""
+    def gunicorn(self, workers, *, env=None):
+        """Serve the site with ``workers`` sync gunicorn workers (their environment updated with
+        ``env``); returns the base URL. The master is ``self.processes[-1]`` right after."""
         port = free_port()
         self.spawn(PYTHON, "-m", "gunicorn", "chatproject.wsgi", "--bind", f"127.0.0.1:{port}",
                    "--workers", str(workers), "--worker-class", "sync", "--backlog", "2048",
-                   "--log-level", "warning")
+                   "--log-level", "warning", env=env)
         wait_for_port(port)
         base = f"http://127.0.0.1:{port}"
         import requests
@@ -196,6 +197,20 @@ def process_tree(*pids):
         found.append(current)
         todo.extend(children.get(current, []))
     return found
+
+
+def cpu_seconds(*pids):
+    """User + system CPU seconds of ``pids`` and all their descendants, the children they have
+    reaped included (a forking worker's work horses), from /proc; a process gone counts 0."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in process_tree(*pids):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+    return total / tick
 
 
 def memory_kib(pid):

@@ -33,6 +33,6 @@ if (DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BE
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them; Django refuses both
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 10}
 
-# bench.turn_overhead's naive baseline job, served by a stock django-rq worker (rq.Worker) of
-# its own, the way a simple app runs its jobs.
-RQ_QUEUES = {**RQ_QUEUES, "bare": next(iter(RQ_QUEUES.values()))}
+# bench.turn_overhead's queues, one per worker process it starts (each worker class of the app,
+# RQ's own forking and non-forking workers for the naive job), all on the same Redis.
+RQ_QUEUES = {**RQ_QUEUES, **{name: next(iter(RQ_QUEUES.values())) for name in ("default", "forking", "bare", "simple")}}

@@ -1,28 +1,32 @@
-"""Turn overhead: what a three-round-trip tool turn costs beyond the provider's own time,
-beside a bare RQ job that makes the same three HTTP calls.
+"""Turn overhead: what a three-round-trip tool turn costs beside a naive job making the same
+three HTTP calls, run by the same worker class, and what each costs in CPU.
 
     .venv/bin/python -m bench.turn_overhead [--turns 30] [--database postgres|sqlite|URL]
 
-All but the stock one run in the same ``manage.py rqworker`` (the demo's worker class), against the same instant
-OpenAI-compatible server, one at a time, in turn (each once the worker is idle again), so
-drift in the machine's load hits all:
+Each worker class the app ships (``ConcurrentWorker``, ``Worker``) runs in a ``manage.py rqworker``
+of its own, on a queue of its own, with a gunicorn (2 sync workers) of its own whose turns go to
+that queue. Against the same instant OpenAI-compatible server, one run at a time, each once every
+worker is idle again, in rounds that alternate all the kinds below (the first 3 rounds warm up and
+are not counted), so that drift in the machine's load hits all:
 
 - ``turn``: ``POST …/turns/`` through gunicorn (session, CSRF, rows, enqueue at commit) →
   job → model asks for ``current_time`` → tool runs → model asks for ``search_faq`` → tool
   runs → model answers → final write. Ends at the ``updated_at`` of the ``done: true`` state.
-- ``bare job, POSTed to a bare view`` (the baseline): a naive app's turn (``bench.bare``): a POST
+- ``naive job``: a naive app's turn (``bench.bare``), run by the same worker class: a POST
   through the same gunicorn to a view that saves the visitor's message and enqueues
   ``bench.bare.bare_job`` → job reads the conversation's messages → the same three POSTs with
   the same growing message lists through one ``requests`` session → saves the answer as a row →
   writes a state to the cache, then ``time.time()`` to Redis.
-- ``bare job, POSTed, in a stock django-rq worker``: the same POST and job, on a queue of its own
-  served by a second process, ``manage.py rqworker bare --worker-class rq.Worker`` without a
-  connection pool: RQ's own worker as django-rq runs it by default, a work horse forked per
-  job. This is what a naive django-rq app pays for a job.
-- ``bare job, enqueued in-process``: the same job, its message saved and the job enqueued by
-  this process (no web request).
+- ``naive job, bare RQ``: the same POST and job, served by RQ's own non-forking worker
+  (``manage.py rqworker simple --worker-class rq.SimpleWorker``): what the job costs with none of
+  this app's worker around it.
+- ``naive job, stock django-rq worker``: the same, served by ``rq.Worker`` (django-rq's default, a
+  work horse forked per job, no connection pool): what a naive django-rq app pays.
 
-Overhead = end - start - the time the provider spent answering (measured in the server).
+Overhead = end - start - the time the provider spent answering (measured in the server). CPU per
+run = the user + system time the web (that gunicorn, master and workers) and the worker process
+(its work horses included) used from the start of the run until every worker was idle again
+(the mean over the runs: the kernel counts in 10 ms ticks per process).
 """
 
 import argparse
@@ -31,10 +35,9 @@ import time
 
 import requests
 
-from bench.common import PYTHON, ROOT, ScriptedProvider, Stack, machine, median, percentile, table, visitor
+from bench.common import PYTHON, ROOT, ScriptedProvider, Stack, cpu_seconds, machine, median, percentile, table, visitor
 
 RESULT_KEY = "bench:bare:{}"
-STOCK = "bare job, POSTed, stock django-rq worker"
 
 
 def wait_idle(queue):
@@ -58,13 +61,15 @@ def job_started(queue, job_id):
     return job.started_at.replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
-def run_turn(base, provider, queue):
-    """One real turn; returns its timings in seconds (see ``PHASES``)."""
+def run_turn(base, provider, queue, meter):
+    """One real turn, its visitor's session and conversation made first (untimed, outside
+    ``meter``); returns its timings in seconds."""
     from conversations.infra import state
     from conversations.models import Turn
 
     session = visitor(base)
     conversation = session.post(base + "/api/conversations/", json={}).json()["id"]
+    meter.start()
     started = time.time()
     response = session.post(f"{base}/api/conversations/{conversation}/turns/",
                             json={"content": "What time is it in Tokyo, and how do refunds work?"})
@@ -93,37 +98,63 @@ def run_turn(base, provider, queue):
             "rows and states": ended - running - model - tools}
 
 
-def run_bare(queue, provider, number, base=None, on=None):
-    """One naive job (``bench.bare``), enqueued in-process, or (with ``base``) by a POST to the
-    naive view, enqueued on the queue named ``on`` (the turns' by default). Its conversation and turn rows are made first, untimed, as the turn's
+def run_bare(queue, provider, number, base, on, meter):
+    """One naive job (``bench.bare``): a POST to the naive view, which enqueues it on the queue
+    named ``on``. Its conversation and turn rows are made first, untimed, as the turn's
     conversation is."""
     from conversations.models import Conversation, Message, Turn
 
     conversation = Conversation.objects.create()
     turn = Turn.objects.create(conversation=conversation, status=Turn.Status.COMPLETED)
     key = RESULT_KEY.format(number)
-    content = "What time is it in Tokyo, and how do refunds work?"
+    meter.start()
     started = time.time()
-    if base is None:
-        Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER, content=content)
-        job_id = queue.enqueue("bench.bare.bare_job", provider.url, key, str(conversation.pk), str(turn.pk),
-                               job_timeout=120).id
-    else:
-        response = requests.post(base + "/bench/bare-job/", json={
-            "url": provider.url, "key": key, "conversation": str(conversation.pk), "turn": str(turn.pk),
-            "content": content, "queue": on})
-        assert response.status_code == 202, response.text
-        job_id = response.json()["job"]
+    response = requests.post(base + "/bench/bare-job/", json={
+        "url": provider.url, "key": key, "conversation": str(conversation.pk), "turn": str(turn.pk),
+        "content": "What time is it in Tokyo, and how do refunds work?", "queue": on})
+    assert response.status_code == 202, response.text
+    job_id = response.json()["job"]
     answered = time.time()
     deadline = time.monotonic() + 60
     while (value := queue.connection.get(key)) is None:
         if time.monotonic() > deadline:
-            raise RuntimeError("bare job not done after 60s")
+            raise RuntimeError("naive job not done after 60s")
         time.sleep(0.002)
     ended = float(value)
     assert Message.objects.filter(turn=turn, role=Message.Role.ASSISTANT).exists()
     return {"total": ended - started, "provider": provider.time_between(started, ended),
             "answered": answered - started, "job start": job_started(queue, job_id) - started}
+
+
+# The app's worker classes, each with its own queue (and gunicorn enqueueing its turns there).
+CLASSES = {"ConcurrentWorker": ("conversations.worker.ConcurrentWorker", "default"),
+           "Worker": ("conversations.worker.Worker", "forking")}
+# RQ's own workers for the naive job: (label, worker class, queue).
+PLAIN = [("naive job, bare RQ (rq.SimpleWorker)", "rq.SimpleWorker", "simple"),
+         ("naive job, stock django-rq worker (rq.Worker)", "rq.Worker", "bare")]
+
+
+class CpuMeter:
+    """The CPU seconds the ``web`` and ``worker`` processes (and their children) use from
+    ``start()`` (called by a run when its timed part begins) until ``stop()``."""
+
+    def __init__(self, web, worker):
+        self.web, self.worker = web, worker
+
+    def start(self):
+        self.before = cpu_seconds(self.web), cpu_seconds(self.worker)
+
+    def stop(self):
+        return {"cpu web": cpu_seconds(self.web) - self.before[0], "cpu worker": cpu_seconds(self.worker) - self.before[1]}
+
+
+def measured(run, queue, web, worker):
+    """``run(meter)``'s timings, with the CPU its web and worker processes used from the start of
+    its timed part until every worker was idle again."""
+    meter = CpuMeter(web, worker)
+    result = run(meter)
+    wait_idle(queue)
+    return {**result, **meter.stop()}
 
 
 def main():
@@ -138,66 +169,79 @@ def main():
         with Stack(database=args.database, conversations=conversations) as stack:
             from conversations.infra.queue import get_queue
 
-            base = stack.gunicorn(2)
-            stack.workers(1)
-            # A stock django-rq worker for the naive job, no pool (bench.settings), as a simple app runs it.
-            stack.spawn(PYTHON, str(ROOT / "manage.py"), "rqworker", "bare", "--worker-class", "rq.Worker",
-                        env={"RQ_WORKER_CLASS": "rq.Worker"})
+            manage = [PYTHON, str(ROOT / "manage.py"), "rqworker"]
             queue = get_queue()
-            stack.wait_for_workers(2)
-            results = {"turn": [], "bare job, POSTed to a bare view": [], STOCK: [],
-                       "bare job, enqueued in-process": []}
+            manage = [PYTHON, str(ROOT / "manage.py"), "rqworker"]
+            kinds = {}  # label -> (run(number), web pid, worker pid)
+            for name, (path, queue_name) in CLASSES.items():
+                env = {"RQ_WORKER_CLASS": path, "CONVERSATIONS_QUEUE": queue_name}
+                base = stack.gunicorn(2, env=env)
+                web = stack.processes[-1].pid
+                worker = stack.spawn(*manage, queue_name, env=env).pid
+                kinds[f"turn, {name}"] = (lambda number, meter, base=base: run_turn(base, provider, queue, meter), web,
+                                          worker)
+                kinds[f"naive job, {name}"] = (
+                    lambda number, meter, base=base, on=queue_name: run_bare(queue, provider, number, base, on, meter),
+                    web, worker)
+            # RQ's own workers take the naive job from the last gunicorn started above.
+            for label, path, queue_name in PLAIN:
+                worker = stack.spawn(*manage, queue_name, "--worker-class", path, env={"RQ_WORKER_CLASS": path}).pid
+                kinds[label] = (lambda number, meter, base=base, on=queue_name:
+                                run_bare(queue, provider, number, base, on, meter), web, worker)
+            stack.wait_for_workers(len(CLASSES) + len(PLAIN))
+            results = {label: [] for label in kinds}
             for number in range(args.turns + 3):
-                runs = []
-                for run in (lambda: run_turn(base, provider, queue),
-                            lambda: run_bare(queue, provider, 3 * number, base),
-                            lambda: run_bare(queue, provider, 3 * number + 1, base, on="bare"),
-                            lambda: run_bare(queue, provider, 3 * number + 2)):
+                for index, (label, (run, web, worker)) in enumerate(kinds.items()):
                     wait_idle(queue)
-                    runs.append(run())
-                if number >= 3:  # the first rounds warm up imports, connections, caches
-                    for name, run in zip(results, runs):
-                        results[name].append(run)
+                    result = measured(lambda meter: run(len(kinds) * number + index, meter),  # noqa: B023
+                                      queue, web, worker)
+                    if number >= 3:  # the first rounds warm up imports, connections, caches
+                        results[label].append(result)
 
+    report(args, stack, results)
+
+
+def report(args, stack, results):
     ms = lambda runs, key: f"{median([r[key] for r in runs]) * 1000:.1f}"  # noqa: E731
-    from django.conf import settings
-
-    print(f"\n{args.turns} runs of each kind, in turn; 1 rqworker ({settings.RQ['WORKER_CLASS']}) and 1 stock (rq.Worker), "
-          f"gunicorn 2 sync workers, {stack.database_label}; medians in ms\n")
+    mean_ms = lambda runs, key: f"{sum(r[key] for r in runs) / len(runs) * 1000:.1f}"  # noqa: E731
+    print(f"\n{args.turns} runs of each kind, alternated; gunicorn 2 sync workers per worker class, "
+          f"{stack.database_label}; medians in ms (CPU: means)\n")
     overhead = {name: [r["total"] - r["provider"] for r in runs] for name, runs in results.items()}
-    baseline = median(overhead["bare job, POSTed to a bare view"])
-    stock = median(overhead[STOCK])
+    bare = median(overhead[PLAIN[0][0]])
     rows = []
     for name, runs in results.items():
         for r in runs:
             r["after job start"] = r["total"] - r["job start"]
+            r["cpu"] = r["cpu web"] + r["cpu worker"]
+        worker_class = name.rsplit(", ", 1)[-1]
+        same = (f"{median(overhead[name]) / median(overhead[f'naive job, {worker_class}']):.2f}"
+                if worker_class in CLASSES else "-")
         rows.append([name, ms(runs, "total"), ms(runs, "job start"), ms(runs, "after job start"),
                      f"{median([r['provider'] for r in runs]) * 1000:.2f}", f"{median(overhead[name]) * 1000:.1f}",
-                     f"{percentile(overhead[name], 0.9) * 1000:.1f}", f"{median(overhead[name]) / baseline:.2f}",
-                     f"{median(overhead[name]) / stock:.2f}"])
+                     f"{percentile(overhead[name], 0.9) / median(overhead[name]):.2f}", same,
+                     f"{median(overhead[name]) / bare:.2f}", mean_ms(runs, "cpu web"), mean_ms(runs, "cpu worker"),
+                     mean_ms(runs, "cpu")])
     table(["path", "start to done", "until RQ starts the job", "job start to done", "in provider",
-           "overhead (median)", "overhead p90", "vs bare job (POSTed, same worker)", "vs bare job (stock worker)"],
-          rows)
+           "overhead (median)", "overhead p90/p50", "vs naive job, same worker class", "vs naive job, bare RQ",
+           "CPU web", "CPU worker", "CPU total"], rows)
 
-    print("\nWhere the time goes, from the start of the POST (medians in ms; the turn's phases come from its "
-          "row and call records)\n")
-    turns, bare, stocked = results["turn"], results["bare job, POSTed to a bare view"], results[STOCK]
-    for r in turns:
-        r["start to running"] = r["running"] - r["job start"]
-        r["job start"] -= r["answered"]
-    for r in bare + stocked:
-        r["job start"] -= r["answered"]
-    table(["phase", "turn", "bare job (POSTed, same worker)", "bare job (stock worker)"], [
-        ["POST answered (202)", ms(turns, "answered"), ms(bare, "answered"), ms(stocked, "answered")],
-        ["then until RQ starts the job (a fork included)", ms(turns, "job start"), ms(bare, "job start"),
-         ms(stocked, "job start")],
-        ["then DB connection, turn and transcript loaded, marked running", ms(turns, "start to running"), "-", "-"],
-        ["model calls (client side, provider included)", ms(turns, "model calls"), "-", "-"],
-        ["tools", ms(turns, "tools"), "-", "-"],
-        ["rows saved and states published (the rest)", ms(turns, "rows and states"), "-", "-"],
-        ["job start to done", ms(turns, "after job start"), ms(bare, "after job start"), ms(stocked, "after job start")],
-        ["start to done", ms(turns, "total"), ms(bare, "total"), ms(stocked, "total")],
-    ])
+    print("\nWhere a turn's time goes, from the start of the POST (medians in ms; from its row and call records)\n")
+    phases = []
+    for name in CLASSES:
+        turns = results[f"turn, {name}"]
+        for r in turns:
+            r["start to running"] = r["running"] - r["job start"]
+            r["queued"] = r["job start"] - r["answered"]
+        phases.append(turns)
+    table(["phase"] + [f"turn, {name}" for name in CLASSES], [
+        [label] + [ms(turns, key) for turns in phases] for label, key in [
+            ("POST answered (202)", "answered"),
+            ("then until RQ starts the job (a fork included)", "queued"),
+            ("then DB connection, turn and transcript loaded, marked running", "start to running"),
+            ("model calls (client side, provider included)", "model calls"),
+            ("tools", "tools"),
+            ("rows saved and states published (the rest)", "rows and states"),
+            ("start to done", "total")]])
 
 
 if __name__ == "__main__":

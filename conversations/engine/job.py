@@ -71,9 +71,8 @@ def perform_turn(turn_id):
         logger.warning("Turn %s started %.0fs after it was enqueued, past QUEUE_WAIT: not run", turn_id,
                        (timezone.now() - turn.enqueued_at).total_seconds())
         return turn.status
-    if not lifecycle.claim(turn):  # stopped or ended a moment ago, between the read above and now
-        turn.refresh_from_db()
-        return turn.status
+    # The runner claims it (``lifecycle.claim``) with its clocks in one UPDATE: a turn stopped or
+    # ended a moment ago, between the read above and now, is left as it is.
     return _run(turn, cfg, lambda cfg: clock, job_timeout=job_timeout)
 
 
@@ -88,7 +87,7 @@ def _continue(turn, cfg):
 
 
 def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None):
-    """Run claimed (or, ``resuming``, continued) ``turn`` with the clock ``clock_for(cfg)`` builds
+    """Run ``turn`` (claimed by its runner, or, ``resuming``, continued) with the clock ``clock_for(cfg)`` builds
     from its assistant's settings; whatever happens, end it with a final write. The one path
     both a first run and a continuation take, so neither can leave a turn ``running``."""
     turn_id = turn.id

@@ -250,14 +250,15 @@ def _publish_quietly(turn):
         logger.exception("Could not publish the end of turn %s", turn.id)
 
 
-def claim(turn):
-    """Called by the job before it runs ``turn``: mark it running, if it is still queued. Returns
-    whether the job may run it (False: it was stopped or ended while it waited, see ``end_unclaimed``)."""
-    now = timezone.now()
-    claimed = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(
-        status=Turn.Status.RUNNING, started_at=now)
+def claim(turn, **fields):
+    """Called by the job before it runs ``turn``: mark it running, with ``fields`` (more of its
+    columns: the runner's clocks) in the same UPDATE, if it is still queued. Returns whether the
+    job may run it (False: it was stopped or ended while it waited, see ``end_unclaimed``)."""
+    fields = {"status": Turn.Status.RUNNING, "started_at": timezone.now(), **fields}
+    claimed = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(**fields)
     if claimed:
-        turn.status, turn.started_at = Turn.Status.RUNNING, now
+        for name, value in fields.items():
+            setattr(turn, name, value)
     return bool(claimed)
 
 

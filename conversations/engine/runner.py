@@ -39,7 +39,7 @@ from ..core.history import chat_message, message_size, trim_history, unfinished_
 from ..tools import ToolContext, interrupted_result, load_tools, run_tool, too_many_calls_message
 from ..core.types import ChatMessage, ErrorCode, Finish, Outcome, ToolResult, record_call
 from .handoff import hands_over
-from .lifecycle import unended
+from .lifecycle import claim, unended
 from .recovery import can_hand_over, continue_turn
 
 logger = logging.getLogger("conversations.runner")
@@ -76,6 +76,7 @@ class TurnRunner:
         self.model_name = getattr(provider, "model", "") or provider.name
         self.earlier, self.rows = self.transcript()
         self.pending_records = []
+        self.last_reply = None  # the reply that ended the turn, until the final write saves it
         self.finished = False
         self.streamed = None  # the pieces of the reply streaming now, or None between calls
         self.streamed_at = 0.0  # when its growing text was last published (time.monotonic)
@@ -112,10 +113,10 @@ class TurnRunner:
         self.rows.append(row)
         return row
 
-    def publish(self, *, done=False):
-        """Publish the turn's state from its rows (naming the conversation's owner as the cache
-        knows it: see ``state.publish``)."""
-        data = state.state_from_db(self.turn, self.rows)
+    def publish(self, *, done=False, unsaved=None):
+        """Publish the turn's state from its rows, and ``unsaved`` (a ``Message`` not saved) after
+        them if given (naming the conversation's owner as the cache knows it: see ``state.publish``)."""
+        data = state.state_from_db(self.turn, self.rows if unsaved is None else [*self.rows, unsaved])
         data["done"] = done
         return self.publisher(data)
 
@@ -182,7 +183,13 @@ class TurnRunner:
                     remaining_before=self.budget.remaining(), detail=detail)
 
     def save_reply(self, reply):
-        """Count the call and save its reply as this round-trip's assistant message; returns the row.
+        """Count the call and save its reply as this round-trip's assistant message; returns the row."""
+        fields = self.count_reply(reply)
+        return self.save_step(fields, role=Message.Role.ASSISTANT, content=reply.text,
+                              tool_calls=[c.as_dict() for c in reply.tool_calls])
+
+    def count_reply(self, reply):
+        """Count the call of ``reply`` on the turn (not saved); returns the turn's fields it changed.
         Through a chain of providers, the turn records the one that answered."""
         self.count_model_call(reply)
         fields = ["model_calls", "input_tokens", "output_tokens", "usage_estimated"]
@@ -190,8 +197,17 @@ class TurnRunner:
         if (answered.name, getattr(answered, "model", "") or "") != (self.turn.provider, self.turn.model):
             self.turn.provider, self.turn.model = answered.name, getattr(answered, "model", "") or ""
             fields += ["provider", "model"]
-        return self.save_step(fields, role=Message.Role.ASSISTANT, content=reply.text,
-                              tool_calls=[c.as_dict() for c in reply.tool_calls])
+        return fields
+
+    def last_reply_row(self):
+        """The assistant message (unsaved) of the reply that ended the turn (``loop``), which the final
+        write saves in its own transaction: that round-trip costs one commit and one state, not two
+        of each. None when the turn ended another way."""
+        reply = self.last_reply
+        if reply is None:
+            return None
+        return Message(conversation_id=self.turn.conversation_id, turn=self.turn, role=Message.Role.ASSISTANT,
+                       content=reply.text, tool_calls=[c.as_dict() for c in reply.tool_calls])
 
     def save_streamed(self):
         """The text of a reply that was streaming when the turn ended another way (a job timeout,
@@ -238,27 +254,28 @@ class TurnRunner:
         return messages + [chat_message(m) for m in self.earlier] + [chat_message(m) for m in self.rows]
 
     def start(self):
-        """Mark the turn running with its clocks (row, then a first ``done: false`` state)."""
-        turn = self.turn
-        turn.status = Turn.Status.RUNNING
-        turn.started_at = timezone.now()
-        turn.job_timeout = self.clock.job_timeout
-        turn.deadline_margin = self.clock.margin
-        turn.deadline_at = turn.started_at + timezone.timedelta(seconds=self.budget.seconds)
+        """Claim the turn (``lifecycle.claim``: marked running with its clocks in one UPDATE, if it is
+        still queued), then publish a first ``done: false`` state. Returns whether it was claimed
+        (False: it was stopped or ended while it waited; nothing is written)."""
+        now = timezone.now()
         first = self.provider.first
-        turn.provider = first.name
-        turn.model = getattr(first, "model", "") or ""
-        turn.save(update_fields=["status", "started_at", "job_timeout", "deadline_margin", "deadline_at",
-                                 "provider", "model", "assistant_version"])
+        if not claim(self.turn, started_at=now, job_timeout=self.clock.job_timeout, deadline_margin=self.clock.margin,
+                     deadline_at=now + timezone.timedelta(seconds=self.budget.seconds), provider=first.name,
+                     model=getattr(first, "model", "") or "", assistant_version=self.turn.assistant_version):
+            return False
         self.publish()
+        return True
 
     def run(self, *, resuming=False):
         """Run the loop to its end and write the final state. Returns the turn. ``resuming``: this
         job continues a turn another job began (``recovery``), from its saved transcript."""
         if resuming:
             self.publish()  # running again; the widget keeps what it showed
-        else:
-            self.start()
+        elif not self.start():
+            for http in self.https:
+                http.close()
+            self.turn.refresh_from_db()
+            return self.turn
         try:
             status, error = self.loop(resuming=resuming)
             if status is None:  # handed over to another worker: it writes the final state
@@ -324,17 +341,14 @@ class TurnRunner:
                 continue  # the hand-over could not be made: ask again here
             if reply.empty:  # twice, or no time to ask again (call_model); counted already
                 return Turn.Status.FAILED, empty_reply_message()
+            ended = self.ends_turn(reply)
+            if ended:
+                self.count_reply(reply)
+                self.last_reply = reply  # saved and published by the final write (``last_reply_row``)
+                return ended
             row = self.save_reply(reply)
             history.append(chat_message(row))
             self.publish()
-            if reply.finish == Finish.CUT:
-                return Turn.Status.INCOMPLETE, cut_short_message()
-            if reply.finish == Finish.LENGTH:
-                return Turn.Status.INCOMPLETE, length_message()
-            if reply.finish == Finish.REFUSED:
-                return Turn.Status.INCOMPLETE, str(ProviderError(ErrorCode.REFUSED).message)
-            if not reply.tool_calls:
-                return Turn.Status.COMPLETED, None
             ended = self.run_calls(reply.tool_calls, history)
             if ended:
                 return ended
@@ -396,6 +410,19 @@ class TurnRunner:
         finally:
             if unpublished:
                 self.publish()
+        return None
+
+    @staticmethod
+    def ends_turn(reply):
+        """``(status, error)`` when ``reply`` is the turn's last (an answer, or a reply cut short), else None."""
+        if reply.finish == Finish.CUT:
+            return Turn.Status.INCOMPLETE, cut_short_message()
+        if reply.finish == Finish.LENGTH:
+            return Turn.Status.INCOMPLETE, length_message()
+        if reply.finish == Finish.REFUSED:
+            return Turn.Status.INCOMPLETE, str(ProviderError(ErrorCode.REFUSED).message)
+        if not reply.tool_calls:
+            return Turn.Status.COMPLETED, None
         return None
 
     def handed_over(self, left):
@@ -486,7 +513,7 @@ class TurnRunner:
     # -- the final write -----------------------------------------------------------------
 
     FINAL_FIELDS = ("status", "error", "finished_at", "margin_left", "model_calls", "tool_calls", "input_tokens",
-                    "output_tokens", "usage_estimated", "cost")
+                    "output_tokens", "usage_estimated", "cost", "provider", "model")
 
     def finish(self, status, error=None):
         """Write the final state: the database row first, then the cache (``done: true``).
@@ -508,12 +535,18 @@ class TurnRunner:
         try:
             with transaction.atomic():
                 self.save_records()
+                last = self.last_reply_row()
+                if last is not None:
+                    last.save()
                 shown = self.save_streamed()
                 turn.cost = pricing.turn_cost(turn.model, turn.input_tokens, turn.output_tokens, self.config["PRICES"])
                 # Only while the turn is still this job's to end: a thread given up past its job
                 # timeout comes back later, when the worker has ended the turn or another job runs it.
                 if not unended(turn.pk, job_id=self.job_id).update(**{f: getattr(turn, f) for f in self.FINAL_FIELDS}):
                     raise _Superseded()
+            if last is not None:
+                self.rows.append(last)
+                self.last_reply = None
             if shown is not None:
                 self.rows.append(shown)
                 self.streamed = None
@@ -527,7 +560,8 @@ class TurnRunner:
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             interrupted = exc
         try:
-            self.publish(done=True)
+            # An answer whose row could not be saved is still shown (the next final write saves it).
+            self.publish(done=True, unsaved=self.last_reply_row())
         except (RedisError, OSError):  # the row is saved; the poll view rebuilds the state from it
             logger.exception("Could not publish the final state of turn %s", turn.id)
         except BaseException as exc:  # noqa: BLE001 - re-raised below

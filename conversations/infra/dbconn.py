@@ -6,6 +6,7 @@ keep its connection meanwhile; a ``ConcurrentWorker`` running many turns in thre
 process must not (each thread would hold one, idle, and hundreds exceed PostgreSQL's
 ``max_connections``), so its threads ask for the connection to be closed before each wait. The
 next query opens one again, or takes one from Django's pool (PostgreSQL's ``"pool"`` option).
+SQLite's connections, which hold no server process, are kept.
 """
 
 import contextvars
@@ -25,13 +26,15 @@ def release_between_steps(on_wait=None):
 
 
 def release():
-    """Before a turn waits on a provider or a tool: close this thread's database connections,
-    if ``release_between_steps()`` was asked for in it; one inside a transaction is kept."""
+    """Before a turn waits on a provider or a tool: close this thread's connections to a database
+    server, if ``release_between_steps()`` was asked for in it; one inside a transaction is kept.
+    A SQLite connection is kept too: it holds no server process, only the file, and opening it
+    again cost more than the round-trip's own writes (the thread closes it when its job ends)."""
     if not _release.get():
         return
     on_wait = _on_wait.get()
     if on_wait is not None:
         on_wait()
     for connection in connections.all(initialized_only=True):
-        if not connection.in_atomic_block:
+        if not connection.in_atomic_block and connection.vendor != "sqlite":
             connection.close()

@@ -3,16 +3,19 @@ model call under the one model name the turn shows, and each tool run's outcome 
 happened to it, never from the words of its result."""
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from conversations.core.budget import TurnClock
 from conversations.conf import get_config
 from conversations.models import CallRecord, Conversation, Message, Turn
 from conversations.providers import BaseProvider
+from conversations.engine.job import perform_turn
 from conversations.engine.runner import TurnRunner, deadline_message
 from conversations.tools import tool
 from conversations.core.types import ModelReply, ToolCall
 from tests.support.helpers import FakeClock
-from tests.support.fakes import FakeProvider, openai_tool_calls
+from tests.support.fakes import FakeProvider, openai_text, openai_tool_calls
 
 pytestmark = pytest.mark.django_db
 
@@ -86,3 +89,26 @@ def test_model_attempts_and_skipped_calls_are_recorded_under_the_turns_model_nam
     assert (turn.status, turn.error, turn.model) == ("incomplete", deadline_message(), "gpt-4o-mini")
     calls = CallRecord.objects.filter(turn=turn, kind="model").order_by("started_offset", "id")
     assert [(c.name, c.outcome) for c in calls] == [("gpt-4o-mini", "ok"), ("gpt-4o-mini", "skipped")]
+
+
+
+@pytest.mark.django_db(transaction=True)  # the job closes the connection it found, as in a worker
+def test_a_turn_writes_its_row_once_per_round_trip(conversations_settings):
+    """A model call asking for a tool, the tool, the model's answer, run by the turn's job: the
+    turn's row is written when the job claims it (with its clocks), once per round-trip before
+    the last, and once by the final write, which saves the answer too: no write of its own for
+    marking it running nor for the last reply."""
+    with FakeProvider() as fake:
+        fake.add(openai_tool_calls(("search_faq", {"query": "refunds"})), openai_text("Refunds take 30 days."))
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="sk-test-key", MODEL="gpt-test")
+        turn = new_turn("How do refunds work?")
+        with CaptureQueriesContext(connection) as queries:
+            perform_turn(str(turn.pk))
+
+    writes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith('UPDATE "conversations_turn"')]
+    assert len(writes) == 4, writes
+    turn.refresh_from_db()
+    assert turn.status == "completed" and turn.model_calls == 2 and turn.tool_calls == 1
+    assert turn.started_at and turn.deadline_at and turn.provider == "openai" and turn.model == "gpt-test"
+    assert list(turn.messages.order_by("id").values_list("role", "content"))[-1] == ("assistant",
+                                                                                      "Refunds take 30 days.")

@@ -1,5 +1,7 @@
 """A visitor's turn end to end: API → RQ job in a real forking worker → cache state → poll view."""
 
+import time
+
 import django_rq
 import pytest
 from django.db import transaction
@@ -165,3 +167,55 @@ def test_stopping_a_running_turn_while_redis_is_down_answers_503(cache_down_db_s
     assert response.status_code == 503
     assert response.json()["detail"] == "The assistant is unavailable right now. Please try again in a minute."
     assert Turn.objects.get(pk=turn["id"]).cancel_requested is True
+
+
+def test_each_round_trip_publishes_one_state_and_the_answer_comes_with_the_final_one(any_worker,
+                                                                                   conversations_settings):
+    """Three round trips (a model call asking for a tool, the tool, the model's answer): the widget
+    gets the running state, one state per round trip, and the answer already in the final
+    ``done`` state, not first in a state of its own; the answer's row is in the database."""
+    with FakeProvider() as fake:
+        fake.add(openai_tool_calls(("search_faq", {"query": "refunds"})), openai_text("Refunds take 30 days."))
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="sk-test-key", MODEL="gpt-test")
+        client = make_client()
+        turn = start_turn(client, "How do refunds work?")
+        with Poller(client, turn["poll_url"]) as poller:
+            any_worker()
+        final = poller.final
+
+    assert final["done"] is True and final["status"] == "completed"
+    assert [m["role"] for m in final["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert final["messages"][-1]["content"] == "Refunds take 30 days."
+    # queued (the POST), running, the model's tool call, the tool's result, the final state with the answer
+    assert final["version"] == 5, [(s["version"], s["status"], s["done"], len(s["messages"])) for s in poller.states]
+    assert not any(s["messages"][-1]["content"] == "Refunds take 30 days." for s in poller.states if not s["done"])
+    saved = Turn.objects.get(pk=turn["id"])
+    assert saved.model_calls == 2 and saved.tool_calls == 1 and saved.provider == "openai"
+    assert list(saved.messages.order_by("id").values_list("role", "content"))[-1] == ("assistant",
+                                                                                       "Refunds take 30 days.")
+    assert final["messages"][-1]["id"] == saved.messages.order_by("id").last().id
+
+
+def test_an_idle_worker_process_starts_a_turn_at_once_and_leaves_at_once_when_stopped(worker_process, worker_class):
+    """A real ``manage.py rqworker`` of each class, idle in its blocking dequeue: a turn posted
+    now starts within moments (no polling interval, no slot hand-off waits), and SIGTERM (a
+    deploy's warm shutdown) ends the idle process in seconds."""
+    from rq import Worker as RQWorker
+    from rq.job import Job
+
+    from conversations.infra.queue import get_queue
+    from tests.support.helpers import poll_until_done, wait_for
+
+    [process] = worker_process(worker_class=worker_class)
+    wait_for(lambda: RQWorker.count(queue=get_queue()) == 1, what="the worker to register")
+    time.sleep(1.5)  # past its first dequeue: waiting in Redis for a job
+    client = make_client()
+    turn = start_turn(client, "Hello?")
+    assert poll_until_done(client, turn["poll_url"], timeout=20)["status"] == "completed"
+
+    job = Job.fetch(Turn.objects.get(pk=turn["id"]).job_id, connection=get_queue().connection)
+    assert (job.started_at - job.enqueued_at).total_seconds() < 0.5  # a few ms unloaded; slack for a busy machine
+    stopped = time.monotonic()
+    process.terminate()
+    process.wait(timeout=90)
+    assert time.monotonic() - stopped < 8

@@ -60,3 +60,18 @@ def test_every_check_id_is_documented_where_the_readme_and_deadlines_md_list_the
         last = last or first
         ids |= {f"conversations.{first[0]}{n:03d}" for n in range(int(first[1:]), int(last[1:]) + 1)}
     assert sorted(written ^ ids) == []
+
+
+def test_the_demo_sqlite_database_commits_without_waiting_for_the_disk(tmp_path):
+    """A turn commits after every round-trip: on the demo's SQLite database each commit goes to a
+    write-ahead log, synced only at checkpoints, not to a rollback journal synced twice per commit."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import django; django.setup(); from django.db import connection; c = connection.cursor(); "
+              "print(c.execute('PRAGMA journal_mode').fetchone()[0], c.execute('PRAGMA synchronous').fetchone()[0])")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "chatproject.settings",
+           "DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["wal", "1"]  # synchronous=NORMAL
