@@ -314,8 +314,9 @@ class TurnRunner:
             row = self.save_reply(reply)
             history.append(chat_message(row))
             self.publish()
-            if reply.finish == Finish.CUT:
-                return Turn.Status.INCOMPLETE, cut_short_message()
+            if reply.finish == Finish.CUT:  # an error event after some text reads as that error
+                return Turn.Status.INCOMPLETE, (str(ProviderError(reply.cut_code).message) if reply.cut_code
+                                                else cut_short_message())
             if reply.finish == Finish.LENGTH:
                 return Turn.Status.INCOMPLETE, length_message()
             if reply.finish == Finish.REFUSED:

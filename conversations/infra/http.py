@@ -81,13 +81,17 @@ class CallFailed(Exception):
 
 class PartialReply(Exception):
     """A streamed reply broke off after text had arrived: ``data`` is the reply so far, added up
-    by the stream's accumulator; ``outcome`` and ``detail`` say why it ended. Never retried:
+    by the stream's accumulator; ``outcome`` and ``detail`` say why it ended, and ``code`` the
+    ``ErrorCode`` of an error event that ended it ("" when the stream itself broke). Never retried:
     the visitor has seen that text, and another attempt would write a different one."""
 
-    def __init__(self, data, outcome, detail, finish=Finish.CUT):
+    def __init__(self, data, outcome, detail, finish=Finish.CUT, code=""):
         super().__init__(detail)
         self.data, self.outcome, self.detail = data, outcome, detail
-        self.finish = finish  # the ModelReply's: CUT (broke off), LENGTH (passed MAX_REPLY_CHARS)
+        self.code = code
+        # The ModelReply's: CUT (broke off, or an error event ended it), LENGTH (passed
+        # MAX_REPLY_CHARS), REFUSED (a content filter's error event).
+        self.finish = Finish.REFUSED if code == ErrorCode.REFUSED else finish
 
 
 class CallCancelled(Exception):
@@ -416,13 +420,15 @@ class BudgetedHTTP:
             else:
                 outcome, detail, code = Outcome.CONNECTION_ERROR, f"the stream broke off: {_describe(exc)}", ""
             failure = CallFailed(outcome, detail, status=200, code=code)
-            if isinstance(exc, StreamError) and exc.body is not None:  # an error event: the provider says which
+            event = isinstance(exc, StreamError) and exc.body is not None
+            if event:  # an error event: the provider says which
                 failure.body = json.dumps(exc.body)
                 named = classify(failure) if classify is not None else None
                 failure.code = named.code if named is not None else ErrorCode.BAD_RESPONSE
                 failure.detail = named.detail if named is not None else detail
             if received:  # the visitor has seen text: it is kept, and the record says what ended it
-                raise PartialReply(stream.reply(), outcome, failure.detail) from None
+                raise PartialReply(stream.reply(), outcome, failure.detail, code=failure.code if event else "") \
+                    from None
             # An error event naming an outage may be retried, like the same error as a status; a
             # malformed stream may not (the next would most likely be malformed too).
             failure.retryable = failure.code in (ErrorCode.UNAVAILABLE, ErrorCode.RATE_LIMITED, ErrorCode.TIMEOUT) \
