@@ -40,6 +40,7 @@ from ..tools import ToolContext, interrupted_result, load_tools, run_tool, too_m
 from ..core.types import ChatMessage, ErrorCode, Finish, Outcome, ToolResult, record_call
 from .handoff import hands_over
 from .lifecycle import unended
+from .limits import turn_address
 from .recovery import can_hand_over, continue_turn
 
 logger = logging.getLogger("conversations.runner")
@@ -69,7 +70,7 @@ class TurnRunner:
         if provider is None:
             provider, self.https = build_provider(config, self.budget, recorder=self.record,
                                                   cancelled=self.cancelled, turn_id=str(turn.id),
-                                                  owner=owner_key(turn.conversation))
+                                                  owner=owner_key(turn.conversation, turn_address(turn)))
         self.http = self.https[0] if self.https else None
         self.provider = provider
         # Every model call of the turn, attempted or skipped, is recorded under this one name.

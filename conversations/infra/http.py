@@ -182,16 +182,18 @@ class BudgetedHTTP:
     def close(self):
         self.session.close()
 
-    def post_json(self, url, payload, headers):
+    def post_json(self, url, payload, headers, classify=None):
         """POST ``payload`` as JSON; return a ``Response`` with the parsed body.
 
         Raises ``CallFailed`` for an error the retries could not get past (or that is not
-        retried: 4xx other than 408/429, a body that is not JSON), and ``BudgetExhausted``
-        when the next attempt could not have ``MIN_CALL_BUDGET`` seconds.
+        retried: 4xx other than 408/429, a body that is not JSON, a 5xx whose body
+        ``classify(failure)`` reads as the request's own error, such as a refusal a gateway
+        wraps in a 500), and ``BudgetExhausted`` when the next attempt could not have
+        ``MIN_CALL_BUDGET`` seconds.
         """
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
-        return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt))
+        return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt), classify)
 
     def post_stream(self, url, payload, headers, stream, on_text, classify=None):
         """POST ``payload`` (which asks for a stream) and read the server-sent events as they
@@ -211,9 +213,9 @@ class BudgetedHTTP:
         limit = self.config["MAX_REPLY_CHARS"] or None
         return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt,
                                                             stream=type(stream)(limit), on_text=on_text,
-                                                            classify=classify))
+                                                            classify=classify), classify)
 
-    def _retrying(self, attempt_once):
+    def _retrying(self, attempt_once, classify=None):
         """Call ``attempt_once(attempt)`` until it returns, retrying what may be retried while the
         budget allows (see ``post_json``)."""
         cfg = self.config
@@ -226,7 +228,7 @@ class BudgetedHTTP:
             try:
                 return attempt_once(attempt)
             except CallFailed as failure:
-                if not failure.retryable or attempt >= max_attempts:
+                if not failure.retryable or attempt >= max_attempts or _request_error(failure, classify):
                     raise
                 wait = parse_retry_after(failure.headers)
                 if wait is None:
@@ -431,11 +433,22 @@ class BudgetedHTTP:
                     from None
             # An error event naming an outage may be retried, like the same error as a status; a
             # malformed stream may not (the next would most likely be malformed too).
-            failure.retryable = failure.code in (ErrorCode.UNAVAILABLE, ErrorCode.RATE_LIMITED, ErrorCode.TIMEOUT) \
-                or not isinstance(exc, StreamError)
+            failure.retryable = failure.code in RETRIED_CODES or not isinstance(exc, StreamError)
             raise failure from None
         finally:
             reply.close()
+
+
+# The ProviderError codes of an outage, which another attempt may get past.
+RETRIED_CODES = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.RATE_LIMITED, ErrorCode.TIMEOUT})
+
+
+def _request_error(failure, classify):
+    """Whether an HTTP error of a retried status (a 5xx, 429, 408) is the request's own, as the
+    provider reads its body (``classify``): a gateway wraps an upstream's refusal in a 500."""
+    if classify is None or not failure.status or failure.code:
+        return False
+    return classify(failure).code not in RETRIED_CODES
 
 
 def _json_object(raw):

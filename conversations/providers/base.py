@@ -203,7 +203,7 @@ class BaseProvider:
                 response = self.http.post_stream(url, payload, headers, self.stream_class(), on_text,
                                                  classify=self.error_from_failure)
             else:
-                response = self.http.post_json(url, payload, headers)
+                response = self.http.post_json(url, payload, headers, classify=self.error_from_failure)
         except CallFailed as failure:
             error = self.error_from_failure(failure)
             logger.error("%s call failed (%s): %s", self.name, error.code, error.detail)

@@ -10,6 +10,7 @@ import pytest
 from conversations.models import CallRecord
 from tests.support.fake_gateway import (
     empty_stream, gateway_error, html_error, invalid_model, json_as_stream, rate_limited, withholds_headers,
+    wrapped_refusal,
 )
 from tests.support.fake_stream import anthropic_stream, openai_stream, streaming
 from tests.support.fake_wire import anthropic_error, anthropic_message, openai_error, run_turn_here
@@ -231,3 +232,19 @@ def test_a_gateways_own_408_is_a_time_out_and_retried(gateway):
 
     assert turn.status == "failed" and turn.error == "The AI service took too long to answer. Please try again."
     assert len(gateway.requests) == 2
+
+
+# -- a refusal the gateway wraps in an error of its own ----------------------------------------------
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream asked", "unstreamed"])
+def test_a_refusal_a_gateway_wraps_in_a_500_reads_as_a_refusal_and_is_not_asked_again(gateway,
+                                                                                    conversations_settings,
+                                                                                    streamed):
+    conversations_settings.update(STREAM=streamed)
+    gateway.add(wrapped_refusal(), streaming(STREAMS[gateway.wire](ANSWER)))
+    turn = run_turn_here("Something the filter refuses")
+
+    assert (turn.status, turn.error) == ("failed", "The assistant could not answer this request.")
+    assert len(gateway.requests) == 1  # not retried: the same request would be refused again
+    (detail,) = details(turn)
+    assert detail == "HTTP 500"
