@@ -123,6 +123,9 @@ def run_worker(worker_class=None):
     """Run every queued job in a real worker (burst mode), as production does: by default the
     forking one of RQ["WORKER_CLASS"], or ``worker_class``."""
     worker = make_worker(worker_class)
+    # No command channel: no test sends a burst worker commands, and RQ's listener thread, when the
+    # worker ends before the thread has read its subscription, waits 60 s for it at teardown.
+    worker.subscribe = lambda: None
     worker.work(burst=True)
     connections.close_all()  # a concurrent worker's threads had their own; this one is the test's
     return worker
@@ -152,10 +155,11 @@ def api_post(client, url, data=None, **extra):
                        HTTP_X_CSRFTOKEN=client.csrf, **extra)
 
 
-def start_turn(client, content="What time is it in Tokyo?"):
-    """Create a conversation and post one message; return the 202 body."""
-    conversation = api_post(client, "/api/conversations/").json()
-    response = api_post(client, f"/api/conversations/{conversation['id']}/turns/", {"content": content})
+def start_turn(client, content="What time is it in Tokyo?", **extra):
+    """Create a conversation and post one message (``extra``: request headers for both, such as
+    ``REMOTE_ADDR``); return the 202 body."""
+    conversation = api_post(client, "/api/conversations/", **extra).json()
+    response = api_post(client, f"/api/conversations/{conversation['id']}/turns/", {"content": content}, **extra)
     assert response.status_code == 202, response.content
     return response.json()
 
