@@ -18,7 +18,7 @@ from tests.support.fake_gateway import wrapped_refusal
 from tests.support.fake_stream import streaming
 from tests.support.fake_wire import run_turn_here
 from tests.support.fakes import FakeProvider, openai_text, unavailable
-from tests.support.helpers import api_post, at_once, make_client, poll_until_done, start_turn
+from tests.support.helpers import at_once, make_client, poll_until_done, start_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -113,7 +113,7 @@ def test_refusals_a_gateway_wraps_in_a_500_never_open_the_circuit_however_many_v
 def test_outages_seen_only_from_one_address_do_not_open_the_circuit_whatever_owners_it_makes(
         chain, worker, conversations_settings):
     primary, fallback = chain
-    # However slowly the loaded machine runs the worker (its teardown may take a minute).
+    # However slowly the loaded machine runs the worker.
     conversations_settings.update(BREAKER_WINDOW=600, BREAKER_COOLDOWN=600)
     visitors = [turn_from("203.0.113.9") for _ in range(6)]
     worker()
@@ -129,9 +129,7 @@ def test_outages_seen_only_from_one_address_do_not_open_the_circuit_whatever_own
 def turn_from(address, content="Hello?"):
     """A new anonymous visitor asking from ``address``: ``(their client, the 202 body)``."""
     visitor = make_client()
-    conversation = api_post(visitor, "/api/conversations/", REMOTE_ADDR=address).json()
-    return visitor, api_post(visitor, f"/api/conversations/{conversation['id']}/turns/", {"content": content},
-                             REMOTE_ADDR=address).json()
+    return visitor, start_turn(visitor, content, REMOTE_ADDR=address)
 
 
 def test_outage_events_in_a_stream_count_like_the_status_they_stand_for(chain, conversations_settings):

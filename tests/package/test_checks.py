@@ -328,3 +328,19 @@ def test_environment_variables_the_settings_read_raise_no_warning(conversations_
     monkeypatch.setenv("CONVERSATIONS_BASE_URL", "http://gateway.internal:4000/v1")
     conversations_settings.update(PROVIDER="openai", BASE_URL="http://gateway.internal:4000/v1", API_KEY="sk-x")
     assert [m for m in check_config() if m.id == "conversations.W008"] == []
+
+
+@pytest.mark.parametrize("job_timeout", [40, 39])
+def test_a_chain_whose_primary_could_never_be_called_is_refused(conversations_settings, job_timeout):
+    """The defaults but JOB_TIMEOUT, and one fallback: 40 - 20 - 15 leaves the primary 5 s, which
+    it never has once the job has begun (MIN_CALL_BUDGET 5): every turn would go to the fallback."""
+    conversations_settings.update(JOB_TIMEOUT=job_timeout, DEADLINE_MARGIN=20, FALLBACK_RESERVE=15, MIN_CALL_BUDGET=5,
+                                  CALL_TIMEOUT=60, TOOL_RESERVE=5, STATE_TTL=600, FALLBACKS=[{"PROVIDER": "demo"}])
+    left = job_timeout - 35
+    assert [e for e in check_config() if e.id == "conversations.E016"] == [Error(
+        f"JOB_TIMEOUT - DEADLINE_MARGIN - FALLBACK_RESERVE ({left}s) is not more than MIN_CALL_BUDGET (5s): the "
+        "primary provider could never be called, and every turn would go to its fallback.",
+        hint="Raise JOB_TIMEOUT above 40s, or lower FALLBACK_RESERVE or DEADLINE_MARGIN.", id="conversations.E016")]
+
+    conversations_settings.update(JOB_TIMEOUT=41)
+    assert check_config() == []
