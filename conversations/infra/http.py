@@ -47,6 +47,9 @@ logger = logging.getLogger("conversations.http")
 
 SKIPPED_MESSAGE = "Skipped call — job budget exhausted"
 
+# The longest detail a call's record keeps (CallRecord.detail).
+DETAIL_CHARS = 500
+
 # 529: Anthropic's "overloaded".
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
 
@@ -193,7 +196,7 @@ class BudgetedHTTP:
         """
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
-        return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt), classify)
+        return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt, classify=classify), classify)
 
     def post_stream(self, url, payload, headers, stream, on_text, classify=None):
         """POST ``payload`` (which asks for a stream) and read the server-sent events as they
@@ -319,11 +322,13 @@ class BudgetedHTTP:
                 outcome, detail = Outcome.HTTP_ERROR, f"HTTP {status} redirect, not followed"
                 raise CallFailed(outcome, detail, status=status)
             if status >= 400:
-                outcome, detail = Outcome.HTTP_ERROR, f"HTTP {status}"
-                raise CallFailed(
-                    outcome, detail, status=status, body=content.decode("utf-8", "replace")[:4000],
-                    headers=dict(reply.headers), retryable=status in RETRY_STATUSES,
-                )
+                outcome = Outcome.HTTP_ERROR
+                failure = CallFailed(outcome, f"HTTP {status}", status=status,
+                                     body=content.decode("utf-8", "replace")[:4000], headers=dict(reply.headers),
+                                     retryable=status in RETRY_STATUSES)
+                # The timeline's line is the log's: the provider's reading of the body, short and redacted.
+                detail = (classify(failure).detail if classify is not None else failure.detail)[:DETAIL_CHARS]
+                raise failure
             try:
                 data = json.loads(content)
                 if not isinstance(data, dict):

@@ -141,7 +141,7 @@ class OpenAIProvider(BaseProvider):
             return ProviderError(ErrorCode.RATE_LIMITED, detail)
         if kind in ("server_error", "service_unavailable") or code in ("server_error", "service_unavailable"):
             return ProviderError(ErrorCode.UNAVAILABLE, detail)
-        if kind == "invalid_request_error":  # as an error event in a stream, where the status says 200
+        if kind == "invalid_request_error" and status == 200:  # an error event in a stream: no status to go by
             return ProviderError(ErrorCode.BAD_REQUEST, detail)
         fallback = super().error_from_failure(failure)
         return ProviderError(fallback.code, detail)
