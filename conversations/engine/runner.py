@@ -70,7 +70,9 @@ class TurnRunner:
         if provider is None:
             provider, self.https = build_provider(config, self.budget, recorder=self.record,
                                                   cancelled=self.cancelled, turn_id=str(turn.id),
-                                                  owner=owner_key(turn.conversation, turn_address(turn)))
+                                                  # only a chain has breakers, which count by owner
+                                                  owner=owner_key(turn.conversation, turn_address(turn))
+                                                  if config["FALLBACKS"] else "")
         self.http = self.https[0] if self.https else None
         self.provider = provider
         # Every model call of the turn, attempted or skipped, is recorded under this one name.
