@@ -234,8 +234,10 @@ def problems(assistant, cfg=None):
         if error.is_serious():
             fields = [f for f, key in LIMITS.items() if getattr(assistant, f) is not None and key in error.msg]
             found.append((fields[0] if fields else None, error.msg))
-    if assistant.fallbacks:  # an inherited chain's reserve is the site's check (conversations.E014)
-        found += [("fallbacks", error.msg) for error in reserve_errors(clocks)]
+    # An inherited chain under the site's clocks is the site's check (conversations.E014, E017).
+    if assistant.fallbacks or (clocks["FALLBACKS"] and assistant.job_timeout is not None):
+        found += [("job_timeout" if error.id == "conversations.E017" and assistant.job_timeout is not None
+                   else "fallbacks", error.msg) for error in reserve_errors(clocks)]
     return found
 
 

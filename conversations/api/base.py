@@ -135,7 +135,12 @@ class ConversationAPIView(CorsMixin, LoginNotRequiredMixin, RedisDownMixin, APIV
         super().initial(request, *args, **kwargs)
 
     def throttled(self, request, wait):
-        """A 429 with the view's sentence, and ``Retry-After`` in whole seconds (at least 1)."""
+        """A 429 with the view's sentence alone (DRF would add its own, "Expected available in 60
+        seconds.", in another voice), and ``Retry-After`` in whole seconds (at least 1)."""
         wait = max(1, round(wait)) if wait is not None else None
         message = self.throttle_message
-        raise Throttled(wait, detail=None if message is None else str(message))  # DRF joins it to its own
+        if message is None:
+            raise Throttled(wait)
+        refusal = Throttled(detail=str(message))
+        refusal.wait = wait  # DRF's handler sends it as Retry-After
+        raise refusal

@@ -55,9 +55,10 @@ def estimate_tokens(characters):
 
 def turn_cost(model, input_tokens, output_tokens, prices):
     """The cost of ``input_tokens`` and ``output_tokens`` of ``model``, or None when the model has
-    no price or no token was counted (a provider that reports no usage)."""
+    no price or no token was counted (a provider that reports no usage, or a turn stopped or
+    failed before any reply): "free" (0) and "unknown" (None) stay apart."""
     price = price_of(model, prices)
-    if price is None or (input_tokens is None and output_tokens is None):
+    if price is None or not (input_tokens or output_tokens):
         return None
     cost = (Decimal(input_tokens or 0) * price[0] + Decimal(output_tokens or 0) * price[1]) / MILLION
     return cost.quantize(COST_PLACES)

@@ -76,13 +76,27 @@ def clock_errors(cfg):
 
 def reserve_errors(cfg):
     """With fallbacks, the reserve kept back for the next provider must let a call start
-    (conversations.E014): for the site's chain here, and for an assistant's own in ``problems``."""
-    if cfg["FALLBACKS"] and cfg["FALLBACK_RESERVE"] < cfg["MIN_CALL_BUDGET"]:
-        return [Error(
-            f"FALLBACK_RESERVE ({cfg['FALLBACK_RESERVE']}s) is smaller than MIN_CALL_BUDGET "
-            f"({cfg['MIN_CALL_BUDGET']}s): a provider that hangs would leave the next too little time to start.",
-            hint="Make FALLBACK_RESERVE at least MIN_CALL_BUDGET.", id="conversations.E014")]
-    return []
+    (conversations.E014), and what is left before it must let the primary's first call start
+    (conversations.E017): for the site's chain here, and for an assistant's chain and job timeout
+    in ``problems``."""
+    if not cfg["FALLBACKS"]:
+        return []
+    errors = []
+    reserve, min_call = cfg["FALLBACK_RESERVE"], cfg["MIN_CALL_BUDGET"]
+    if reserve < min_call:
+        errors.append(Error(
+            f"FALLBACK_RESERVE ({reserve}s) is smaller than MIN_CALL_BUDGET ({min_call}s): a provider that hangs "
+            "would leave the next too little time to start.",
+            hint="Make FALLBACK_RESERVE at least MIN_CALL_BUDGET.", id="conversations.E014"))
+    primary = cfg["JOB_TIMEOUT"] - cfg["DEADLINE_MARGIN"] - reserve
+    # Equal is not enough: the first call starts a moment after the job does.
+    if primary <= min_call:
+        errors.append(Error(
+            f"JOB_TIMEOUT - DEADLINE_MARGIN - FALLBACK_RESERVE ({primary}s) is not more than MIN_CALL_BUDGET "
+            f"({min_call}s): the primary provider could never be called, and every turn would go to its fallback.",
+            hint=f"Raise JOB_TIMEOUT above {cfg['DEADLINE_MARGIN'] + reserve + min_call}s, or lower "
+                 "FALLBACK_RESERVE or DEADLINE_MARGIN.", id="conversations.E017"))
+    return errors
 
 
 def rate_is_on(rate):

@@ -253,7 +253,7 @@ class AnthropicStream:
             self.message["usage"].update(body.get("usage") or {})
         elif kind == "message_stop":
             self.done = True
-        elif kind == "error":
+        elif kind == "error" or isinstance(body.get("error"), dict):  # also a gateway's, in OpenAI's shape
             raise StreamError("", "an error event in the stream", body=body)
         return ""
 

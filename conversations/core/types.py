@@ -102,7 +102,8 @@ class Finish(StrEnum):
     TOOL_CALLS = "tool_calls"  # run them and call again
     LENGTH = "length"  # cut off by the output limit
     REFUSED = "refused"  # a content filter or a refusal
-    CUT = "cut"  # a streamed reply that broke off: ``text`` is what had arrived, ``cut_reason`` why
+    CUT = "cut"  # a streamed reply that broke off: ``text`` is what had arrived, ``cut_reason`` why,
+    # ``cut_code`` the ErrorCode of the error event that ended it ("" when the connection broke)
 
 
 class ErrorCode(StrEnum):
@@ -137,6 +138,7 @@ class ModelReply:
     finish: Finish = Finish.STOP
     usage: Usage | None = None
     cut_reason: str = ""
+    cut_code: str = ""
 
     @property
     def empty(self):

@@ -21,7 +21,7 @@ from django.db.models import Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from redis.exceptions import LockError
+from redis.exceptions import LockError, RedisError
 
 from ..conf import get_config
 from ..owners import owned_by
@@ -154,16 +154,37 @@ class AddressTurns:
             "answer to finish."), retry_after=WAIT_FOR_ACTIVE)
 
     def add(self, turn):
-        """Count ``turn`` (just started) against the address until it ends."""
-        if not self.limit:
-            return
+        """Count ``turn`` (just started) against the address until it ends, and remember the
+        address for its jobs (``turn_address``)."""
         cfg = get_config()
         # The longest a turn can stay queued or running: its wait in the queue, then each of its jobs.
         lifetime = cfg["QUEUE_WAIT"] + (cfg["MAX_RESUMES"] + 1) * max(turn.job_timeout or 0, cfg["JOB_TIMEOUT"]) + 60
         pipe = self._redis.pipeline()
-        pipe.sadd(self._set_key(), str(turn.pk))
-        pipe.expire(self._set_key(), lifetime)
-        pipe.execute()
+        pipe.set(_turn_address_key(turn.pk), self.key, ex=lifetime)
+        if self.limit:
+            pipe.sadd(self._set_key(), str(turn.pk))
+            pipe.expire(self._set_key(), lifetime)
+        try:
+            pipe.execute()
+        except RedisError:
+            if self.limit:
+                raise  # as before: the limit cannot be kept without it
+            # Without a limit only the breakers read it, and count the turn by its owner instead.
+
+
+def _turn_address_key(turn_id):
+    return f"conversations:turn-address:{turn_id}"
+
+
+def turn_address(turn):
+    """The client address (``api.throttling.client_key``) that asked for ``turn``, kept in Redis
+    only for as long as the turn may run (``AddressTurns.add``); "" when it is not known (a turn
+    started otherwise, or Redis cannot be read). The breakers count failures by it."""
+    try:
+        value = get_queue().connection.get(_turn_address_key(turn.pk))
+    except RedisError:
+        return ""
+    return value.decode() if value else ""
 
 
 def check_daily_budget(conversation, now=None):

@@ -40,6 +40,7 @@ from ..tools import ToolContext, interrupted_result, load_tools, run_tool, too_m
 from ..core.types import ChatMessage, ErrorCode, Finish, Outcome, ToolResult, record_call
 from .handoff import hands_over
 from .lifecycle import claim, unended
+from .limits import turn_address
 from .recovery import can_hand_over, continue_turn
 
 logger = logging.getLogger("conversations.runner")
@@ -69,7 +70,9 @@ class TurnRunner:
         if provider is None:
             provider, self.https = build_provider(config, self.budget, recorder=self.record,
                                                   cancelled=self.cancelled, turn_id=str(turn.id),
-                                                  owner=owner_key(turn.conversation))
+                                                  # only a chain has breakers, which count by owner
+                                                  owner=owner_key(turn.conversation, turn_address(turn))
+                                                  if config["FALLBACKS"] else "")
         self.http = self.https[0] if self.https else None
         self.provider = provider
         # Every model call of the turn, attempted or skipped, is recorded under this one name.
@@ -415,8 +418,9 @@ class TurnRunner:
     @staticmethod
     def ends_turn(reply):
         """``(status, error)`` when ``reply`` is the turn's last (an answer, or a reply cut short), else None."""
-        if reply.finish == Finish.CUT:
-            return Turn.Status.INCOMPLETE, cut_short_message()
+        if reply.finish == Finish.CUT:  # an error event after some text reads as that error
+            return Turn.Status.INCOMPLETE, (str(ProviderError(reply.cut_code).message) if reply.cut_code
+                                            else cut_short_message())
         if reply.finish == Finish.LENGTH:
             return Turn.Status.INCOMPLETE, length_message()
         if reply.finish == Finish.REFUSED:

@@ -2,15 +2,18 @@
 
 After ``BREAKER_FAILURES`` failures of one provider (an outage: time-outs, refused
 connections, 408/429/5xx/529, and the same errors sent as an event in a stream) within
-``BREAKER_WINDOW`` seconds, coming from the turns of more than one owner, the provider is
+``BREAKER_WINDOW`` seconds, coming from the turns of more than one owner at more than one
+client address, the provider is
 *open*: skipped for ``BREAKER_COOLDOWN`` seconds, so one broken provider does not cost every
 turn its first attempt. Then it is *half-open*: exactly one call, by whichever worker asks
 first, may probe it; its success closes it, its failure opens it for another cool-down.
 
 The breaker is shared by every visitor, so no one visitor may open it: a request's own fault
-(a moderation refusal, a context too long, a bad key) never counts, failures from one owner
-alone never open it, and a call that began before the circuit opened cannot close it by
-succeeding; only the probe can. A success while closed forgets the failures so far.
+(a moderation refusal, a context too long, a bad key; a refusal a gateway wraps in a 500 too)
+never counts, failures from one owner alone never open it, nor from the many owners one client
+address can make (a new anonymous owner costs only a cookie), and a call that began before the
+circuit opened cannot close it by succeeding; only the probe can. A success while closed
+forgets the failures so far.
 
 State lives in the Redis of the turns' queue (the app needs it anyway), under
 ``conversations:breaker:<provider key>:…``. When Redis cannot be read the breaker lets every
@@ -29,11 +32,17 @@ logger = logging.getLogger("conversations.breaker")
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 
 
-def owner_key(conversation):
-    """Who a failure is counted for: the conversation's user or anonymous owner, hashed (the
-    token is a credential of sorts; Redis only needs to tell owners apart)."""
-    who = f"user:{conversation.user_id}" if conversation.user_id else f"token:{conversation.owner_token}"
-    return hashlib.sha256(who.encode()).hexdigest()[:16]
+def owner_key(conversation, address=""):
+    """Who a failure is counted for: ``"<owner>.<address>"``, the conversation's user or anonymous
+    owner and the client address (``api.throttling.client_key``) its turn was asked from, each
+    hashed (the token is a credential of sorts, the address personal data; Redis only needs to
+    tell them apart). A turn whose address is not known counts its owner as its address."""
+    who = _digest(f"user:{conversation.user_id}" if conversation.user_id else f"token:{conversation.owner_token}")
+    return f"{who}.{_digest(f'address:{address}') if address else who}"
+
+
+def _digest(text):
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def provider_key(config):
@@ -92,8 +101,9 @@ class CircuitBreaker:
 
     def failed(self, owner, probe=False):
         """The provider failed in a way that says it is down, in a turn of ``owner``
-        (``owner_key``); opens the breaker at the threshold, when more than one owner failed
-        within the window, or at once when the probe (``probe``) failed. Returns the state afterwards."""
+        (``owner_key``); opens the breaker at the threshold, when more than one owner from more
+        than one client address failed within the window, or at once when the probe (``probe``)
+        failed. Returns the state afterwards."""
         now = self.clock()
         try:
             if probe:  # a failed probe: another cool-down
@@ -104,8 +114,9 @@ class CircuitBreaker:
             pipe.zrange(self._key("failures"), 0, -1)
             pipe.expire(self._key("failures"), int(self.window) + 1)
             recent = pipe.execute()[2]
-            owners = {member.split(b":")[1] for member in recent}
-            if len(recent) >= self.failures and len(owners) > 1:
+            sources = [member.split(b":")[1].partition(b".") for member in recent]
+            owners, addresses = {who for who, _, _ in sources}, {where or who for who, _, where in sources}
+            if len(recent) >= self.failures and len(owners) > 1 and len(addresses) > 1:
                 return self._open(now)
             return CLOSED
         except RedisError:

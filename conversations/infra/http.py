@@ -47,6 +47,9 @@ logger = logging.getLogger("conversations.http")
 
 SKIPPED_MESSAGE = "Skipped call — job budget exhausted"
 
+# The longest detail a call's record keeps (CallRecord.detail).
+DETAIL_CHARS = 500
+
 # 529: Anthropic's "overloaded".
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
 
@@ -81,13 +84,17 @@ class CallFailed(Exception):
 
 class PartialReply(Exception):
     """A streamed reply broke off after text had arrived: ``data`` is the reply so far, added up
-    by the stream's accumulator; ``outcome`` and ``detail`` say why it ended. Never retried:
+    by the stream's accumulator; ``outcome`` and ``detail`` say why it ended, and ``code`` the
+    ``ErrorCode`` of an error event that ended it ("" when the stream itself broke). Never retried:
     the visitor has seen that text, and another attempt would write a different one."""
 
-    def __init__(self, data, outcome, detail, finish=Finish.CUT):
+    def __init__(self, data, outcome, detail, finish=Finish.CUT, code=""):
         super().__init__(detail)
         self.data, self.outcome, self.detail = data, outcome, detail
-        self.finish = finish  # the ModelReply's: CUT (broke off), LENGTH (passed MAX_REPLY_CHARS)
+        self.code = code
+        # The ModelReply's: CUT (broke off, or an error event ended it), LENGTH (passed
+        # MAX_REPLY_CHARS), REFUSED (a content filter's error event).
+        self.finish = Finish.REFUSED if code == ErrorCode.REFUSED else finish
 
 
 class CallCancelled(Exception):
@@ -178,16 +185,18 @@ class BudgetedHTTP:
     def close(self):
         self.session.close()
 
-    def post_json(self, url, payload, headers):
+    def post_json(self, url, payload, headers, classify=None):
         """POST ``payload`` as JSON; return a ``Response`` with the parsed body.
 
         Raises ``CallFailed`` for an error the retries could not get past (or that is not
-        retried: 4xx other than 408/429, a body that is not JSON), and ``BudgetExhausted``
-        when the next attempt could not have ``MIN_CALL_BUDGET`` seconds.
+        retried: 4xx other than 408/429, a body that is not JSON, a 5xx whose body
+        ``classify(failure)`` reads as the request's own error, such as a refusal a gateway
+        wraps in a 500), and ``BudgetExhausted`` when the next attempt could not have
+        ``MIN_CALL_BUDGET`` seconds.
         """
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
-        return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt))
+        return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt, classify=classify), classify)
 
     def post_stream(self, url, payload, headers, stream, on_text, classify=None):
         """POST ``payload`` (which asks for a stream) and read the server-sent events as they
@@ -207,9 +216,9 @@ class BudgetedHTTP:
         limit = self.config["MAX_REPLY_CHARS"] or None
         return self._retrying(lambda attempt: self._attempt(url, body, headers, attempt,
                                                             stream=type(stream)(limit), on_text=on_text,
-                                                            classify=classify))
+                                                            classify=classify), classify)
 
-    def _retrying(self, attempt_once):
+    def _retrying(self, attempt_once, classify=None):
         """Call ``attempt_once(attempt)`` until it returns, retrying what may be retried while the
         budget allows (see ``post_json``)."""
         cfg = self.config
@@ -222,7 +231,7 @@ class BudgetedHTTP:
             try:
                 return attempt_once(attempt)
             except CallFailed as failure:
-                if not failure.retryable or attempt >= max_attempts:
+                if not failure.retryable or attempt >= max_attempts or _request_error(failure, classify):
                     raise
                 wait = parse_retry_after(failure.headers)
                 if wait is None:
@@ -313,11 +322,13 @@ class BudgetedHTTP:
                 outcome, detail = Outcome.HTTP_ERROR, f"HTTP {status} redirect, not followed"
                 raise CallFailed(outcome, detail, status=status)
             if status >= 400:
-                outcome, detail = Outcome.HTTP_ERROR, f"HTTP {status}"
-                raise CallFailed(
-                    outcome, detail, status=status, body=content.decode("utf-8", "replace")[:4000],
-                    headers=dict(reply.headers), retryable=status in RETRY_STATUSES,
-                )
+                outcome = Outcome.HTTP_ERROR
+                failure = CallFailed(outcome, f"HTTP {status}", status=status,
+                                     body=content.decode("utf-8", "replace")[:4000], headers=dict(reply.headers),
+                                     retryable=status in RETRY_STATUSES)
+                # The timeline's line is the log's: the provider's reading of the body, short and redacted.
+                detail = (classify(failure).detail if classify is not None else failure.detail)[:DETAIL_CHARS]
+                raise failure
             try:
                 data = json.loads(content)
                 if not isinstance(data, dict):
@@ -416,20 +427,33 @@ class BudgetedHTTP:
             else:
                 outcome, detail, code = Outcome.CONNECTION_ERROR, f"the stream broke off: {_describe(exc)}", ""
             failure = CallFailed(outcome, detail, status=200, code=code)
-            if isinstance(exc, StreamError) and exc.body is not None:  # an error event: the provider says which
+            event = isinstance(exc, StreamError) and exc.body is not None
+            if event:  # an error event: the provider says which
                 failure.body = json.dumps(exc.body)
                 named = classify(failure) if classify is not None else None
                 failure.code = named.code if named is not None else ErrorCode.BAD_RESPONSE
                 failure.detail = named.detail if named is not None else detail
             if received:  # the visitor has seen text: it is kept, and the record says what ended it
-                raise PartialReply(stream.reply(), outcome, failure.detail) from None
+                raise PartialReply(stream.reply(), outcome, failure.detail, code=failure.code if event else "") \
+                    from None
             # An error event naming an outage may be retried, like the same error as a status; a
             # malformed stream may not (the next would most likely be malformed too).
-            failure.retryable = failure.code in (ErrorCode.UNAVAILABLE, ErrorCode.RATE_LIMITED, ErrorCode.TIMEOUT) \
-                or not isinstance(exc, StreamError)
+            failure.retryable = failure.code in RETRIED_CODES or not isinstance(exc, StreamError)
             raise failure from None
         finally:
             reply.close()
+
+
+# The ProviderError codes of an outage, which another attempt may get past.
+RETRIED_CODES = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.RATE_LIMITED, ErrorCode.TIMEOUT})
+
+
+def _request_error(failure, classify):
+    """Whether an HTTP error of a retried status (a 5xx, 429, 408) is the request's own, as the
+    provider reads its body (``classify``): a gateway wraps an upstream's refusal in a 500."""
+    if classify is None or not failure.status or failure.code:
+        return False
+    return classify(failure).code not in RETRIED_CODES
 
 
 def _json_object(raw):

@@ -9,7 +9,7 @@ user's.
 
 from ..core.streaming import AnthropicStream
 from ..core.types import ErrorCode, Finish, ModelReply, ToolCall, Usage
-from .base import BaseProvider, ProviderError, names_unknown_model, redact
+from .base import BaseProvider, ProviderError, names_refusal, names_unknown_model, redact
 
 API_VERSION = "2023-06-01"
 
@@ -138,6 +138,8 @@ class AnthropicProvider(BaseProvider):
             return ProviderError(ErrorCode.AUTH, detail)
         if kind == "permission_error" or status == 403:
             return ProviderError(ErrorCode.AUTH, detail)
+        if names_refusal(kind, text):  # also as a gateway's 500 quotes it
+            return ProviderError(ErrorCode.REFUSED, detail)
         if names_unknown_model(status, kind, text):
             return self.unknown_model(detail)
         if kind == "request_too_large" or status == 413 or "prompt is too long" in lowered \
@@ -151,5 +153,7 @@ class AnthropicProvider(BaseProvider):
             return ProviderError(ErrorCode.UNAVAILABLE, detail)
         if kind == "timeout_error":
             return ProviderError(ErrorCode.TIMEOUT, detail)
+        if kind == "invalid_request_error" and status == 200:  # an error event in a stream: no status to go by
+            return ProviderError(ErrorCode.BAD_REQUEST, detail)
         fallback = super().error_from_failure(failure)
         return ProviderError(fallback.code, detail)

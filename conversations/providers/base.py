@@ -86,6 +86,21 @@ def names_unknown_model(status, kind, text):
     return status == 400 and bool(_UNKNOWN_MODEL_TEXT.search(str(text)))
 
 
+# How a content filter's refusal is spelled: OpenAI's and Azure's codes, or in any message, the
+# vendors' words ("content management policy", "content filtering policy") and LiteLLM's
+# ``ContentPolicyViolationError``. A gateway wraps the upstream's refusal in an error of its own,
+# often a 500 (or code "500" inside a stream), quoting these words: they, not its status, say
+# it is this request's refusal and no outage.
+REFUSAL_CODES = frozenset({"content_filter", "content_policy_violation"})
+_REFUSAL_TEXT = re.compile(r"(?i)ContentPolicyViolation|\bcontent[ _]?(?:filter|policy|management polic)")
+
+
+def names_refusal(kind, text):
+    """Whether an error reply (its code or type ``kind``, its message ``text``) is a content
+    filter's refusal of this request, said directly or quoted by a gateway."""
+    return kind in REFUSAL_CODES or bool(_REFUSAL_TEXT.search(str(text)))
+
+
 def excerpt(body, *secrets, limit=200):
     """A short, redacted excerpt of an error body of any kind (an HTML error page's text, plain
     text, JSON of an unknown shape) for the operator's log; "" for an empty one."""
@@ -186,14 +201,15 @@ class BaseProvider:
         A failed call becomes the ``ProviderError`` from ``error_from_failure()``; a reply that
         ``parse`` cannot read (a missing key, a wrong type) becomes ``bad_response``. Both are
         logged for the operator, without the key. A stream that broke off after some text gives
-        that text as a ``Finish.CUT`` reply, without its unfinished tool calls.
+        that text as a ``Finish.CUT`` reply (``Finish.REFUSED`` when a content filter's error event
+        ended it), without its unfinished tool calls.
         """
         try:
             if self.streams(on_text):
                 response = self.http.post_stream(url, payload, headers, self.stream_class(), on_text,
                                                  classify=self.error_from_failure)
             else:
-                response = self.http.post_json(url, payload, headers)
+                response = self.http.post_json(url, payload, headers, classify=self.error_from_failure)
         except CallFailed as failure:
             error = self.error_from_failure(failure)
             logger.error("%s call failed (%s): %s", self.name, error.code, error.detail)
@@ -201,7 +217,8 @@ class BaseProvider:
         except PartialReply as cut:
             logger.error("%s stream cut short: %s", self.name, cut.detail)
             reply = self.parse_reply(parse, cut.data)
-            return dataclasses.replace(reply, tool_calls=[], finish=cut.finish, cut_reason=cut.detail)
+            return dataclasses.replace(reply, tool_calls=[], finish=cut.finish, cut_reason=cut.detail,
+                                       cut_code=cut.code)
         except CallCancelled as stop:
             stop.reply = self.parse_reply(parse, stop.data) if stop.data is not None else None
             raise
@@ -255,6 +272,8 @@ class BaseProvider:
         detail = f"HTTP {status}: {quoted}" if quoted else f"HTTP {status}"
         if status in (401, 403):
             return ProviderError(ErrorCode.AUTH, detail)
+        if names_refusal("", failure.body):
+            return ProviderError(ErrorCode.REFUSED, detail)
         if status == 404 or names_unknown_model(status, "", failure.body):
             return self.unknown_model(detail)
         if status == 413:

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from ..core.streaming import OpenAIStream
 from ..core.types import ErrorCode, Finish, ModelReply, ToolCall, Usage
-from .base import BaseProvider, ProviderError, names_unknown_model, redact
+from .base import BaseProvider, ProviderError, names_refusal, names_unknown_model, redact
 
 FINISH = {"stop": Finish.STOP, "tool_calls": Finish.TOOL_CALLS, "function_call": Finish.TOOL_CALLS,
           "length": Finish.LENGTH, "content_filter": Finish.REFUSED}
@@ -128,11 +128,10 @@ class OpenAIProvider(BaseProvider):
         if code == "context_length_exceeded" or "context length" in lowered or "context window" in lowered \
                 or "maximum context" in lowered or status == 413:
             return ProviderError(ErrorCode.CONTEXT_LENGTH, detail)
+        if names_refusal(code, text) or names_refusal(kind, ""):  # also as a gateway's 500 quotes it
+            return ProviderError(ErrorCode.REFUSED, detail)
         if names_unknown_model(status, code or kind, text):
             return self.unknown_model(detail)
-        if code in ("content_filter", "content_policy_violation") or kind == "content_filter" \
-                or "content management policy" in lowered:
-            return ProviderError(ErrorCode.REFUSED, detail)
         if code == "invalid_api_key" or status in (401, 403):
             return ProviderError(ErrorCode.AUTH, detail)
         if status == 400 and (error.get("param") in ("stream", "stream_options") or "stream" in lowered):
@@ -142,5 +141,7 @@ class OpenAIProvider(BaseProvider):
             return ProviderError(ErrorCode.RATE_LIMITED, detail)
         if kind in ("server_error", "service_unavailable") or code in ("server_error", "service_unavailable"):
             return ProviderError(ErrorCode.UNAVAILABLE, detail)
+        if kind == "invalid_request_error" and status == 200:  # an error event in a stream: no status to go by
+            return ProviderError(ErrorCode.BAD_REQUEST, detail)
         fallback = super().error_from_failure(failure)
         return ProviderError(fallback.code, detail)

@@ -100,7 +100,8 @@ def test_the_form_sets_who_may_chat_and_refuses_a_permission_that_does_not_exist
 def test_the_form_refuses_a_chain_naming_an_unknown_provider_or_credential_and_saves_a_good_one(
         admin_client, conversations_settings):
     conversations_settings.update(CREDENTIALS={"support-key": "sk-support-secret", "backup-key": "sk-backup-secret"},
-                                  ALLOWED_PROVIDERS=["no.such.Provider"])
+                                  ALLOWED_PROVIDERS=["no.such.Provider"],
+                                  FALLBACK_RESERVE=2)  # the suite's 10 s job leaves its primary room
     fields = {"name": "Support", "slug": "support", "active": "on", "system_prompt": "Be kind.", "provider": "demo",
               "model": "", "base_url": "", "credential": "", "greeting": "", "suggestions": "",
               "access": "public", "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
@@ -138,6 +139,7 @@ def test_the_form_refuses_a_chain_naming_an_unknown_provider_or_credential_and_s
 
 def test_the_site_check_and_the_form_refuse_a_bad_fallback_with_the_same_sentences(
         admin_client, conversations_settings):
+    conversations_settings.update(FALLBACK_RESERVE=2)  # the suite's 10 s job leaves its primary room
     # A key given as a bare string goes to its provider's own origin only, so it may not be sent to a
     # gateway; and the demo provider takes no model. The site's check passed both before: the first
     # chain hop of every turn then failed at the worker ("the key is bound to …: not sent").

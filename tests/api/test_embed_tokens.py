@@ -255,7 +255,9 @@ def test_token_minting_is_limited_per_address(conversations_settings):
     last = Page().mint()
 
     assert answers == [200, 200, 429]
-    assert last.json()["detail"].startswith("This chat was opened too many times from your address.")
+    # One voice: the app's sentence alone, the wait in Retry-After.
+    assert last.json() == {"detail": "This chat was opened too many times from your address. Please wait a moment "
+                                     "and reload the page."}
     assert int(last["Retry-After"]) >= 1
 
 

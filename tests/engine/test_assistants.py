@@ -395,6 +395,28 @@ def test_saving_refuses_a_chain_of_fallbacks_that_cannot_work(conversations_sett
         Assistant(slug="a", name="A", system_prompt="Hi", provider="demo", fallbacks=fallbacks).full_clean()
 
 
+@pytest.mark.django_db
+def test_an_assistant_whose_primary_could_never_be_called_before_its_fallback_is_refused(conversations_settings):
+    conversations_settings.update(JOB_TIMEOUT=60, DEADLINE_MARGIN=20, FALLBACK_RESERVE=15, MIN_CALL_BUDGET=5,
+                                  CALL_TIMEOUT=30, STATE_TTL=600)
+    sentence = ("JOB_TIMEOUT - DEADLINE_MARGIN - FALLBACK_RESERVE (5s) is not more than MIN_CALL_BUDGET (5s): the "
+                "primary provider could never be called, and every turn would go to its fallback.")
+
+    def refused(**fields):
+        assistant = Assistant(slug="a", name="A", system_prompt="Hi", provider="demo", **fields)
+        return pytest.raises(ValidationError, assistant.full_clean).value.message_dict
+
+    # Its own job timeout under the site's chain, and its own chain under its own job timeout.
+    conversations_settings.update(FALLBACKS=[{"PROVIDER": "demo"}])
+    assert refused(job_timeout=40) == {"job_timeout": [sentence]}
+    conversations_settings.update(FALLBACKS=[])
+    assert refused(job_timeout=40, fallbacks=[{"provider": "demo"}]) == {"job_timeout": [sentence]}
+    assert refused(fallbacks=[{"provider": "demo"}], call_timeout=30, job_timeout=40) == {"job_timeout": [sentence]}
+    Assistant(slug="a", name="A", system_prompt="Hi", provider="demo", job_timeout=41,
+              fallbacks=[{"provider": "demo"}]).full_clean()
+    Assistant(slug="b", name="B", system_prompt="Hi", provider="demo", job_timeout=40).full_clean()  # no chain
+
+
 NOT_SET_UP = "The assistant “Support” is not set up correctly, so it cannot answer right now."
 
 
@@ -547,8 +569,10 @@ def test_the_access_sentences_are_translated():
 
 
 @pytest.mark.django_db
-def test_the_sentences_about_a_chain_are_translated():
+def test_the_sentences_about_a_chain_are_translated(conversations_settings):
     from django.utils import translation
+
+    conversations_settings.update(FALLBACK_RESERVE=2)  # the suite's 10 s job leaves its primary room
 
     soporte = Assistant(slug="soporte", name="Soporte", system_prompt="Hola", provider="demo",
                         fallbacks=[{"provider": "openai", "credential": "nadie"}, {"provider": "demo", "clave": "x"}])

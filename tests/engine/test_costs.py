@@ -89,3 +89,19 @@ def test_a_priced_turn_whose_provider_reports_no_usage_is_charged_an_estimate_ne
     assert turn.usage_estimated and turn.input_tokens > 0 and turn.output_tokens > 0
     assert turn.cost == (turn.input_tokens * Decimal("1.00") + turn.output_tokens * Decimal("2.00")) \
         / 1_000_000
+
+
+def test_a_priced_turn_that_counted_no_tokens_has_no_cost_not_a_free_one(priced, worker):
+    """Failed before any answer, its provider reporting nothing used: its cost is unknown (no
+    cost), never 0.00, which the overview would count as a free turn."""
+    fake = priced
+    fake.add(openai_text("", prompt_tokens=0, completion_tokens=0), openai_text("", prompt_tokens=0,
+                                                                              completion_tokens=0))
+    client = make_client()
+    started = start_turn(client, "Anything?")
+    worker()
+
+    final = poll_until_done(client, started["poll_url"])
+    turn = Turn.objects.get(pk=started["id"])
+    assert final["status"] == "failed" and (turn.input_tokens, turn.output_tokens) == (0, 0)
+    assert turn.cost is None

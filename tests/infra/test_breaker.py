@@ -14,6 +14,7 @@ from conversations.conf import get_config
 from conversations.providers.chain import provider_health
 from conversations.infra.queue import get_queue
 from conversations.models import Conversation
+from tests.support.fake_gateway import wrapped_refusal
 from tests.support.fake_stream import streaming
 from tests.support.fake_wire import run_turn_here
 from tests.support.fakes import FakeProvider, openai_text, unavailable
@@ -91,6 +92,44 @@ def test_one_visitors_request_errors_in_a_stream_never_open_the_circuit_for_ever
     worker()
     final = poll_until_done(innocent, started["poll_url"])
     assert (final["status"], final["messages"][-1]["content"]) == ("completed", PRIMARY)
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream asked", "unstreamed"])
+def test_refusals_a_gateway_wraps_in_a_500_never_open_the_circuit_however_many_visitors_send_them(
+        chain, worker, conversations_settings, streamed):
+    primary, fallback = chain
+    conversations_settings.update(STREAM=streamed, MAX_ATTEMPTS=2)
+    primary.default = wrapped_refusal()
+    # Six anonymous visitors, each from an address of its own.
+    visitors = [turn_from(f"198.51.100.{number + 1}", "Refused") for number in range(6)]
+    worker()
+    for visitor, started in visitors:
+        final = poll_until_done(visitor, started["poll_url"])
+        assert (final["status"], final["error"]) == ("failed", "The assistant could not answer this request.")
+    assert primary_state() == {"state": "closed", "recent_failures": 0, "open_for": 0}
+    assert len(primary.requests) == 6 and fallback.requests == []
+
+
+def test_outages_seen_only_from_one_address_do_not_open_the_circuit_whatever_owners_it_makes(
+        chain, worker, conversations_settings):
+    primary, fallback = chain
+    # However slowly the loaded machine runs the worker.
+    conversations_settings.update(BREAKER_WINDOW=600, BREAKER_COOLDOWN=600)
+    visitors = [turn_from("203.0.113.9") for _ in range(6)]
+    worker()
+    for visitor, started in visitors:
+        assert poll_until_done(visitor, started["poll_url"])["status"] == "completed"  # by the fallback
+    assert primary_state() == {"state": "closed", "recent_failures": 6, "open_for": 0}
+
+    turn_from("192.0.2.44")  # the same provider down for a visitor elsewhere: now it is an outage
+    worker()
+    assert primary_state()["state"] == "open"
+
+
+def turn_from(address, content="Hello?"):
+    """A new anonymous visitor asking from ``address``: ``(their client, the 202 body)``."""
+    visitor = make_client()
+    return visitor, start_turn(visitor, content, REMOTE_ADDR=address)
 
 
 def test_outage_events_in_a_stream_count_like_the_status_they_stand_for(chain, conversations_settings):

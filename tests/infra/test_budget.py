@@ -45,7 +45,7 @@ class ScriptedHTTP(BudgetedHTTP):
         self.sleeps.append(seconds)
         self.clock.advance(seconds)
 
-    def _attempt(self, url, body, headers, attempt):
+    def _attempt(self, url, body, headers, attempt, classify=None):
         self.limits.append(self.budget.call_timeout(self.config["CALL_TIMEOUT"]))
         seconds, failure = self.script.pop(0)
         self.clock.advance(seconds)

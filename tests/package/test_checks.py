@@ -345,3 +345,19 @@ def test_a_base_url_two_parsers_read_differently_is_refused_at_start_up(conversa
         "BASE_URL is not a plain URL: no turn can be sent to it.",
         hint="Write it as scheme://host[:port]/path, without a user name, backslash, space, control character or "
              "percent-encoding before the path (a gateway's credentials go in API_KEY).", id="conversations.E016")]
+
+
+@pytest.mark.parametrize("job_timeout", [40, 39])
+def test_a_chain_whose_primary_could_never_be_called_is_refused(conversations_settings, job_timeout):
+    """The defaults but JOB_TIMEOUT, and one fallback: 40 - 20 - 15 leaves the primary 5 s, which
+    it never has once the job has begun (MIN_CALL_BUDGET 5): every turn would go to the fallback."""
+    conversations_settings.update(JOB_TIMEOUT=job_timeout, DEADLINE_MARGIN=20, FALLBACK_RESERVE=15, MIN_CALL_BUDGET=5,
+                                  CALL_TIMEOUT=60, TOOL_RESERVE=5, STATE_TTL=600, FALLBACKS=[{"PROVIDER": "demo"}])
+    left = job_timeout - 35
+    assert [e for e in check_config() if e.id == "conversations.E017"] == [Error(
+        f"JOB_TIMEOUT - DEADLINE_MARGIN - FALLBACK_RESERVE ({left}s) is not more than MIN_CALL_BUDGET (5s): the "
+        "primary provider could never be called, and every turn would go to its fallback.",
+        hint="Raise JOB_TIMEOUT above 40s, or lower FALLBACK_RESERVE or DEADLINE_MARGIN.", id="conversations.E017")]
+
+    conversations_settings.update(JOB_TIMEOUT=41)
+    assert check_config() == []

@@ -3,6 +3,7 @@ real Redis and real forking workers: the turn is answered by the next provider w
 is down, within the turn's clocks, and a provider that keeps failing is skipped by every
 worker until it has cooled down."""
 
+import itertools
 import re
 import time
 
@@ -38,9 +39,17 @@ def chain(conversations_settings):
         yield primary, fallback
 
 
+def visitor_address():
+    """An address of its own for each visitor: failures from one address never open a circuit."""
+    return f"198.51.100.{next(ADDRESSES)}"
+
+
+ADDRESSES = itertools.count(1)
+
+
 def run_one(worker, content="Hello?"):
     client = make_client()
-    started = start_turn(client, content)
+    started = start_turn(client, content, REMOTE_ADDR=visitor_address())
     began = time.monotonic()
     worker()
     final = poll_until_done(client, started["poll_url"])
@@ -194,7 +203,7 @@ def test_several_workers_share_one_breaker(chain, worker_process, conversations_
     clients = []
     for number in range(6):
         client = make_client()
-        clients.append((client, start_turn(client, f"Turn {number}")))
+        clients.append((client, start_turn(client, f"Turn {number}", REMOTE_ADDR=visitor_address())))
         poll_until_done(client, clients[-1][1]["poll_url"], timeout=30)
     # Three failures opened it for every worker: the last three turns never reached the primary.
     assert len(primary.requests) == 3

@@ -10,6 +10,7 @@ import pytest
 from conversations.models import CallRecord
 from tests.support.fake_gateway import (
     empty_stream, gateway_error, html_error, invalid_model, json_as_stream, rate_limited, withholds_headers,
+    wrapped_refusal,
 )
 from tests.support.fake_stream import anthropic_stream, openai_stream, streaming
 from tests.support.fake_wire import anthropic_error, anthropic_message, openai_error, run_turn_here
@@ -231,3 +232,40 @@ def test_a_gateways_own_408_is_a_time_out_and_retried(gateway):
 
     assert turn.status == "failed" and turn.error == "The AI service took too long to answer. Please try again."
     assert len(gateway.requests) == 2
+
+
+# -- a refusal the gateway wraps in an error of its own ----------------------------------------------
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream asked", "unstreamed"])
+def test_a_refusal_a_gateway_wraps_in_a_500_reads_as_a_refusal_and_is_not_asked_again(gateway,
+                                                                                    conversations_settings,
+                                                                                    streamed):
+    conversations_settings.update(STREAM=streamed)
+    gateway.add(wrapped_refusal(), streaming(STREAMS[gateway.wire](ANSWER)))
+    turn = run_turn_here("Something the filter refuses")
+
+    assert (turn.status, turn.error) == ("failed", "The assistant could not answer this request.")
+    assert len(gateway.requests) == 1  # not retried: the same request would be refused again
+    (detail,) = details(turn)
+    assert detail.startswith("HTTP 500") and "litellm.ContentPolicyViolationError" in detail
+
+
+# -- the timeline says what the log says ---------------------------------------------------------------
+
+@pytest.mark.parametrize("case, reply, words", [
+    ("an unknown model at the gateway", lambda: invalid_model("m"), "Invalid model name passed in model=m"),
+    ("an upstream's 429 through the gateway", lambda: rate_limited(0), "OpenAIException - Rate limit reached"),
+    ("a proxy's HTML 500", lambda: html_error(500), "HTTP 500: 500 Internal Server Error Internal Server Error nginx"),
+    ("a body echoing the key", lambda: gateway_error(500, f"upstream said no to {SECRET}"), "[API key hidden]"),
+])
+def test_the_timeline_carries_the_same_short_redacted_excerpt_as_the_log(gateway, conversations_settings, caplog,
+                                                                        case, reply, words):
+    conversations_settings.update(MAX_ATTEMPTS=1)
+    gateway.add(reply())
+    turn = run_turn_here("How do refunds work?")
+
+    assert turn.status == "failed"
+    (detail,) = details(turn)
+    (line,) = [r.getMessage() for r in caplog.records if "call failed" in r.getMessage()]
+    assert words in detail and line.endswith(detail)  # the operator reads one account of it
+    assert SECRET not in detail and len(detail) <= 500

@@ -2,6 +2,7 @@
 it is written, every way a stream can go wrong still ends the turn with the text received so
 far and a sentence (within the call's limit), and Stop shuts the call in flight."""
 
+import json
 import threading
 import time
 
@@ -71,7 +72,6 @@ def test_the_request_asks_for_a_stream_and_the_answer_is_read_from_it(wire):
     ("ends early", "end", 0),         # the body ends without [DONE] / message_stop
     ("resets", "reset", 0),           # the connection is reset part-way
     ("malformed", "end", 1),          # an event that is not JSON
-    ("error event", "end", 2),        # an error event in the middle (Anthropic's overloaded_error)
 ])
 def test_a_stream_that_breaks_off_keeps_the_text_received_and_says_it_was_cut_short(wire, fault, then, after):
     events, fake = wire
@@ -79,9 +79,6 @@ def test_a_stream_that_breaks_off_keeps_the_text_received_and_says_it_was_cut_sh
     broken = events(pieces=pieces, done=False)[:-2]  # up to the text, without finish and usage
     if after == 1:
         broken.append(b"data: {not json\n\n")
-    elif after == 2:
-        broken.append(anthropic_error_event() if fake.name == "anthropic" else
-                      (None, '{"error": {"message": "The server had an error", "type": "server_error"}}'))
     fake.add(streaming(broken, then=then))
     turn, elapsed = timed_turn()
 
@@ -91,6 +88,43 @@ def test_a_stream_that_breaks_off_keeps_the_text_received_and_says_it_was_cut_sh
     assert elapsed < 1 + 0.25 + 1.5  # the idle limit (1 s) and generous slack for the rest of the turn
     (record,) = CallRecord.objects.filter(turn=turn)
     assert record.outcome in ("timeout", "connection_error", "bad_response")
+
+
+# An error event after some text: what the service said, in each wire's words and behind a
+# gateway (LiteLLM wraps the upstream's words in its own message, code "500").
+ERROR_EVENTS = {
+    "an outage": ("overloaded_error", "Overloaded", "server_error", "The server had an error", None,
+                  "The AI service is unavailable right now. Please try again in a minute."),
+    "a content filter": ("invalid_request_error", "Output blocked by content filtering policy", "content_filter",
+                         "The response was filtered due to the prompt triggering Azure OpenAI's content "
+                         "management policy.", "content_filter", "The assistant could not answer this request."),
+    "an invalid request": ("invalid_request_error", "messages: text content blocks must be non-empty",
+                           "invalid_request_error", "Invalid value for 'messages'.", None,
+                           "The AI service rejected the request. Please try again or start a new conversation."),
+    "a refusal wrapped by a gateway": (None, "litellm.ContentPolicyViolationError: litellm.ContentPolicyViolationError:"
+                                       " AzureException - The response was filtered due to the prompt triggering "
+                                       "Azure OpenAI's content management policy.", None, None, "500",
+                                       "The assistant could not answer this request."),
+}
+
+
+@pytest.mark.parametrize("case", list(ERROR_EVENTS))
+def test_an_error_event_after_some_text_keeps_the_text_and_says_what_the_service_said(wire, case):
+    events, fake = wire
+    anthropic_kind, message, openai_type, openai_message, code, sentence = ERROR_EVENTS[case]
+    broken = events(pieces=["Refunds ", "are ", "paid "], done=False)[:-2]
+    if anthropic_kind is None:  # a gateway's own error event: OpenAI's shape whatever the wire
+        broken.append((None, json.dumps({"error": {"message": message, "type": None, "param": None, "code": code}})))
+    elif fake.name == "anthropic":
+        broken.append(anthropic_error_event(anthropic_kind, message))
+    else:
+        broken.append((None, json.dumps({"error": {"message": openai_message, "type": openai_type, "code": code}})))
+    fake.add(streaming(broken))
+    turn, _ = timed_turn()
+
+    assert (turn.status, turn.error) == ("incomplete", sentence)
+    assert answer_of(turn) == ["Refunds are paid "]
+    assert len(fake.requests) == 1
 
 
 def test_a_stream_that_trickles_past_the_total_limit_is_ended_there_with_its_text(wire, conversations_settings):

@@ -62,6 +62,19 @@ def rate_limited(retry_after):
                          headers={"llm_provider-retry-after": str(retry_after)})
 
 
+# How LiteLLM quotes an upstream content filter's refusal: its own exception's name, the
+# upstream's (``OpenAIException``) and the upstream's words, under a status of its own.
+REFUSAL = ("litellm.ContentPolicyViolationError: litellm.ContentPolicyViolationError: OpenAIException - The response "
+           "was filtered due to the prompt triggering Azure OpenAI's content management policy. Received Model "
+           "Group=m\nAvailable Model Group Fallbacks=None")
+
+
+def wrapped_refusal(status=500):
+    """An upstream's refusal as a gateway reports it: a 500 (its retries and fallbacks spent) in
+    its own shape, the upstream's words in the message."""
+    return gateway_error(status, REFUSAL)
+
+
 def invalid_model(model):
     """A gateway asked for a model its configuration does not list."""
     return gateway_error(400, f"/chat/completions: Invalid model name passed in model={model}. "

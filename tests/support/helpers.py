@@ -152,10 +152,11 @@ def api_post(client, url, data=None, **extra):
                        HTTP_X_CSRFTOKEN=client.csrf, **extra)
 
 
-def start_turn(client, content="What time is it in Tokyo?"):
-    """Create a conversation and post one message; return the 202 body."""
-    conversation = api_post(client, "/api/conversations/").json()
-    response = api_post(client, f"/api/conversations/{conversation['id']}/turns/", {"content": content})
+def start_turn(client, content="What time is it in Tokyo?", **extra):
+    """Create a conversation and post one message (``extra``: request headers for both, such as
+    ``REMOTE_ADDR``); return the 202 body."""
+    conversation = api_post(client, "/api/conversations/", **extra).json()
+    response = api_post(client, f"/api/conversations/{conversation['id']}/turns/", {"content": content}, **extra)
     assert response.status_code == 202, response.content
     return response.json()
 
