@@ -274,7 +274,7 @@ class SilentListener:
         self.sock.listen(16)
         self.sock.settimeout(0.05)
         self.port = self.sock.getsockname()[1]
-        self.url = f"http://{host}:{self.port}/v1"
+        self.url = f"http://127.0.0.1:{self.port}/v1"
         self.accepted = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
