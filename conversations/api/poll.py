@@ -36,8 +36,8 @@ class TurnDetailView(PollMissLimit, CorsMixin, LoginNotRequiredMixin, RedisDownM
 
     Who the caller is comes from the visitor token, else the session, in both paths, not from
     DRF's authentication (none is configured, so that the fast path skips nothing DRF would do):
-    the fast path trusts a token's visitor (checked with no I/O) and the session's user only while
-    its auth hash is the one last verified for that user; the slow path asks Django
+    the fast path trusts a token's visitor (checked with no I/O), and a user (the token's or the
+    session's) only while the app has verified them since the user was last saved (the auth stamp); the slow path asks Django
     (``verified_user``), which also checks the hash and ``is_active``.
     """
 
@@ -90,20 +90,25 @@ class TurnDetailView(PollMissLimit, CorsMixin, LoginNotRequiredMixin, RedisDownM
         if visitor is not None:
             if not owner_matches(data["owner"], visitor.user_id, visitor.owner_token, visitor):
                 return False
-            return data["owner"].get("user") is not None or not get_config()["LOGIN_REQUIRED"]
-        if not owns_state(session, data["owner"]):
+        elif not owns_state(session, data["owner"]):
             return False
         user_id = data["owner"].get("user")
         if user_id is None:  # an anonymous visitor's state: theirs, unless only users may chat
             return not get_config()["LOGIN_REQUIRED"]
-        return stamp_matches(state.read_auth_stamp(user_id), session)
+        stamp = state.read_auth_stamp(user_id)
+        if visitor is not None:  # a token's user, checked active since the user was last saved
+            return stamp is not None
+        return stamp_matches(stamp, session)
 
     def verified_user(self, request):
         """The caller's user: a token's (checked active), or as Django's authentication sees it
         (session auth hash and ``is_active`` checked; a session whose hash is stale is flushed),
         remembered for the fast path."""
         if self.visitor is not None:
-            return visitor_user(self.visitor)
+            user = visitor_user(self.visitor)  # 401 once the host site deactivated or deleted them
+            if user.is_authenticated:
+                state.write_auth_stamp(user)
+            return user
         # Not request.user: with no authentication classes DRF sets it (and the Django request's
         # user, which AuthenticationMiddleware had made) to AnonymousUser.
         user = get_user(request._request)

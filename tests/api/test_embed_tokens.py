@@ -685,19 +685,20 @@ def test_an_origin_that_only_begins_with_an_allowed_one_gets_no_token_and_no_cor
 
 @pytest.mark.django_db(transaction=True)
 def test_a_user_the_host_site_deactivated_can_no_longer_chat_read_or_renew_with_their_token():
-    """(A poll answered from the cache trusts the token without a query, until it expires.)"""
+    """Polls too: one answered from the cache before (the user verified active) is not after."""
     user = signed_in_user()
     page = Page()
     assert page.mint(identity=visitors.sign_identity(user.pk, SECRET)).status_code == 200
     turn = started(page)
+    assert [page.get(turn["poll_url"]).status_code for _ in range(2)] == [200, 200]  # the second from the cache
     user.is_active = False
     user.save()
 
     answers = [page.post("/api/conversations/"), page.get(f"/api/conversations/{turn['conversation']}/"),
                page.post(f"/api/conversations/{turn['conversation']}/turns/", {"content": "Still there?"}),
-               page.renew()]
+               page.get(turn["poll_url"]), page.renew()]
 
-    assert [answer.status_code for answer in answers] == [401, 401, 401, 401]
+    assert [answer.status_code for answer in answers] == [401, 401, 401, 401, 401]
     assert answers[-1].json() == {"detail": "Your sign-in could not be verified. Please reload the page."}
     assert Conversation.objects.count() == 1 and Turn.objects.count() == 1
 
