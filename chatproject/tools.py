@@ -7,6 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from conversations.knowledge.text import STOP_WORDS
 from conversations.tools import ToolError, tool
 
 ZONES = {
@@ -34,8 +35,13 @@ def current_time(city: str) -> str:
     return f"{now:%H:%M} on {now:%A %d %B} in {'UTC' if key == 'utc' else key.title()}"
 
 
+# Words that say nothing of what a question is about ("when", "does", "my"): an entry that shares
+# only those with a question does not answer it (the app's own list, used by its site search).
+_STOP_WORDS = set().union(*STOP_WORDS.values())
+
+
 def _words(text):
-    return {w for w in re.findall(r"[a-z]{3,}", text.lower())} - {"the", "and", "how", "what", "does", "can", "you"}
+    return {w for w in re.findall(r"[a-z]{3,}", text.lower())} - _STOP_WORDS
 
 
 @lru_cache(maxsize=1)

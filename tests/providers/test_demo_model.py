@@ -172,6 +172,8 @@ def test_the_demo_tools_answer_in_the_words_a_visitor_would_read():
     assert current_time(" UTC ").endswith(" in UTC")
     assert current_time("new york ").endswith(" in New York")
     assert search_faq("how do refunds work").startswith("How do refunds work?")
+    # A question the FAQ does not answer shares only words like "when" and "does" with it: no entry.
+    assert search_faq("When does the secret winter sale start?") == "No FAQ entry matches that question."
 
 
 @pytest.mark.django_db
