@@ -9,7 +9,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from rest_framework import status
-from rest_framework.exceptions import APIException, NotFound, PermissionDenied, Throttled
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied
 from rest_framework.views import APIView
 
 from ..core.sentences import unavailable_message
@@ -21,6 +21,7 @@ from .cors import CorsMixin
 from .parsers import LimitedJSONParser, check_content_length
 from .permissions import LoginNotRequiredMixin, SignedInIfRequired
 from .sessions import UNAVAILABLE_ERRORS, check_session_store, save_session
+from .throttling import refuse
 
 logger = logging.getLogger("conversations.api")
 
@@ -135,12 +136,5 @@ class ConversationAPIView(CorsMixin, LoginNotRequiredMixin, RedisDownMixin, APIV
         super().initial(request, *args, **kwargs)
 
     def throttled(self, request, wait):
-        """A 429 with the view's sentence alone (DRF would add its own, "Expected available in 60
-        seconds.", in another voice), and ``Retry-After`` in whole seconds (at least 1)."""
-        wait = max(1, round(wait)) if wait is not None else None
-        message = self.throttle_message
-        if message is None:
-            raise Throttled(wait)
-        refusal = Throttled(detail=str(message))
-        refusal.wait = wait  # DRF's handler sends it as Retry-After
-        raise refusal
+        """A 429 with the view's sentence alone, and ``Retry-After`` in whole seconds (``refuse``)."""
+        refuse(self.throttle_message, wait)

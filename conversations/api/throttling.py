@@ -134,6 +134,18 @@ class TokenIPThrottle(AddressThrottle):
     config_key = "TOKEN_RATE_PER_IP"
 
 
+def refuse(message, wait):
+    """Raise a 429 that reads ``message`` alone (DRF would add its own sentence, "Expected available
+    in 60 seconds.", in another voice), with ``Retry-After`` in whole seconds (at least 1); DRF's
+    own sentence when ``message`` is None."""
+    wait = max(1, round(wait)) if wait is not None else None
+    if message is None:
+        raise Throttled(wait)
+    refusal = Throttled(detail=str(message))
+    refusal.wait = wait  # DRF's handler sends it as Retry-After
+    raise refusal
+
+
 class PollMissThrottle(AddressThrottle):
     """The polls of one client address that missed (404: no such turn or conversation, or not
     the caller's), within ``POLL_MISS_RATE_PER_IP``. A miss costs lookups a hit served from the
@@ -171,8 +183,7 @@ class PollMissLimit:
     def check_throttles(self, request):
         throttle = PollMissThrottle()
         if not throttle.allow_request(request, self):
-            wait = throttle.wait()
-            raise Throttled(max(1, round(wait)) if wait is not None else None, detail=str(self.poll_miss_message))
+            refuse(self.poll_miss_message, throttle.wait())
         super().check_throttles(request)
 
     def finalize_response(self, request, response, *args, **kwargs):
