@@ -30,12 +30,23 @@ class Passage(models.Model):
         return f"{self.title} #{self.position}"
 
 
-class StaleObject(models.Model):
-    """An object whose indexing failed after its save (logged then): ``knowledge_status`` lists
-    it and ``rebuild_knowledge`` indexes it again."""
+class _SourceObject(models.Model):
+    """A row about one object of a registered source, named by the source and the object's key."""
 
     source = models.CharField(max_length=100)
     object_pk = models.CharField(max_length=64)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self):
+        return f"{self.source}:{self.object_pk}"
+
+
+class StaleObject(_SourceObject):
+    """An object whose indexing failed after its save (logged then): ``knowledge_status`` lists
+    it and ``rebuild_knowledge`` indexes it again."""
+
     reason = models.CharField(max_length=500, blank=True)
     marked_at = models.DateTimeField(auto_now=True)
 
@@ -45,18 +56,13 @@ class StaleObject(models.Model):
         verbose_name_plural = _("stale objects")
         constraints = [models.UniqueConstraint(fields=["source", "object_pk"], name="conv_stale_object_unique")]
 
-    def __str__(self):
-        return f"{self.source}:{self.object_pk}"
 
-
-class IndexedObject(models.Model):
+class IndexedObject(_SourceObject):
     """One object as it was indexed: a hash of what it gave the index (its title, URL and
     passages), so that ``knowledge_status`` finds what changed by comparing it with what the
     object would give now, whatever changed it (a save, a bulk ``update()``, ``loaddata``, a
     migration)."""
 
-    source = models.CharField(max_length=100)
-    object_pk = models.CharField(max_length=64)
     digest = models.CharField(max_length=64)
     indexed_at = models.DateTimeField(auto_now=True)
 
@@ -65,6 +71,3 @@ class IndexedObject(models.Model):
         verbose_name = _("indexed object")
         verbose_name_plural = _("indexed objects")
         constraints = [models.UniqueConstraint(fields=["source", "object_pk"], name="conv_indexed_object_unique")]
-
-    def __str__(self):
-        return f"{self.source}:{self.object_pk}"
