@@ -150,8 +150,10 @@ class TurnRunner:
         ``ModelReply``; ``CallCancelled`` (its ``reply`` the text so far, or None) on a Stop.
 
         An empty reply (``ModelReply.empty``) is never an answer: it is counted and recorded as
-        what it was, and asked for once more while the budget allows a call; a second one is
-        returned for the loop to end the turn with."""
+        what it was, and asked for once more while the budget allows a call, without a stream (a
+        gateway whose upstream answered a stream request with plain JSON forwards an empty stream,
+        and passes the same upstream's unstreamed answer on whole); a second one is returned for
+        the loop to end the turn with."""
         self.streamed, self.streamed_at, self.streamed_shown = [], time.monotonic(), 0
         self.prompt_chars = sum(message_size(m) for m in messages)
         dbconn.release()  # the call takes seconds; the turn needs no database until it returns
@@ -163,7 +165,7 @@ class TurnRunner:
         if reply.empty:
             self.note_empty(reply)
             if self.budget.can_start(self.config["MIN_CALL_BUDGET"]):
-                reply = call_complete(self.provider, messages, tools, self.on_text)
+                reply = call_complete(self.provider, messages, tools)
                 if reply.empty:
                     self.note_empty(reply)
         self.streamed = None  # left set when the call raised: finish() keeps the text shown

@@ -336,6 +336,16 @@ class BudgetedHTTP:
             except ValueError as exc:
                 outcome, detail = Outcome.BAD_RESPONSE, f"malformed JSON from the provider ({exc})"[:200]
                 raise CallFailed(outcome, detail, status=status, body=content[:4000].decode("utf-8", "replace"))
+            if _error_object(data):  # a gateway's error sent as a 200 (a stream request it answered unstreamed)
+                outcome = Outcome.HTTP_ERROR
+                failure = CallFailed(outcome, f"HTTP {status}: an error object in the reply", status=status,
+                                     body=content[:4000].decode("utf-8", "replace"), headers=dict(reply.headers))
+                named = classify(failure) if classify is not None else None
+                if named is not None:  # read as the same error sent with its own status would be
+                    failure.code, failure.detail = named.code, named.detail
+                failure.retryable = failure.code in RETRIED_CODES
+                detail = failure.detail[:DETAIL_CHARS]
+                raise failure
             return Response(status=status, data=data, headers=dict(reply.headers))
         except CallCancelled:
             outcome, detail = Outcome.CANCELLED, "stopped during the call"
@@ -463,6 +473,14 @@ def _json_object(raw):
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _error_object(data):
+    """Whether a 200 reply's JSON is an error instead of an answer: ``{"error": ...}`` (OpenAI's
+    shape, a gateway's own) or ``{"type": "error", ...}`` (Anthropic's), without a reply's fields."""
+    if "choices" in data or "content" in data:
+        return False
+    return isinstance(data.get("error"), (dict, str)) or data.get("type") == "error"
 
 
 def _is_event_stream(reply):

@@ -9,7 +9,7 @@ user's.
 
 from ..core.streaming import AnthropicStream
 from ..core.types import ErrorCode, Finish, ModelReply, ToolCall, Usage
-from .base import BaseProvider, ProviderError, names_refusal, names_unknown_model, redact
+from .base import BaseProvider, ProviderError, error_detail, names_refusal, names_unknown_model, stated_status
 
 API_VERSION = "2023-06-01"
 
@@ -129,11 +129,13 @@ class AnthropicProvider(BaseProvider):
         error = (failure.json() if failure.status else {}).get("error")
         if not isinstance(error, dict):
             return super().error_from_failure(failure)
-        status = failure.status
+        status = stated_status(failure)
         kind = str(error.get("type") or "")
         text = str(error.get("message") or "")
         lowered = text.lower()
-        detail = f"HTTP {status} {kind}: {redact(text, self.api_key)}"
+        # A gateway's own error in OpenAI's shape has the type "None" and the status in its code.
+        shown = kind if kind not in ("", "None") else str(error.get("code") or "")
+        detail = error_detail(failure.status, shown, text, self.api_key)
         if kind == "authentication_error" or status == 401:
             return ProviderError(ErrorCode.AUTH, detail)
         if kind == "permission_error" or status == 403:

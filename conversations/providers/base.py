@@ -101,6 +101,50 @@ def names_refusal(kind, text):
     return kind in REFUSAL_CODES or bool(_REFUSAL_TEXT.search(str(text)))
 
 
+# Whose error a gateway passes on, where it says. LiteLLM names its own exception and, for an
+# upstream's error, the upstream's: "litellm.RateLimitError: RateLimitError: OpenAIException - Rate
+# limit reached" (AnthropicException, AzureException, BedrockException, VertexAIException, …). Its
+# own errors name no upstream: "litellm.Timeout: …" waiting for one, "Invalid model name passed in
+# model=…", "Authentication Error, …" (type auth_error), "Budget has been exceeded! …" (type
+# budget_exceeded), "No deployments available for selected model" (all of them cooling down).
+_UPSTREAM_EXCEPTION = re.compile(r"\b([A-Z][A-Za-z0-9_]*?)Exception - ")
+_GATEWAY_OWN_TEXT = re.compile(r"^\s*litellm\.|\bInvalid model name passed\b|^\s*Authentication Error\b|"
+                               r"\bBudget has been exceeded\b|\bNo deployments available\b|\bLiteLLM\b")
+GATEWAY_OWN_KINDS = frozenset({"auth_error", "budget_exceeded"})
+
+
+def who_answered(kind, text):
+    """Whose error a reply (its type ``kind``, its message ``text``) is, as a gateway tells it, for
+    the operator's timeline and log: "upstream OpenAI, via the gateway" for an upstream's error it
+    passes on, "the gateway's own" for its own, "" when the reply does not say (a vendor answering
+    directly, or a gateway that does not name its upstream)."""
+    upstream = _UPSTREAM_EXCEPTION.search(str(text))
+    if upstream and upstream.group(1) not in ("Proxy", "LiteLLM", "Litellm"):
+        return f"upstream {upstream.group(1)}, via the gateway"
+    if kind in GATEWAY_OWN_KINDS or _GATEWAY_OWN_TEXT.search(str(text)):
+        return "the gateway's own"
+    return ""
+
+
+def error_detail(status, kind, text, *secrets):
+    """The operator's line for an error reply: ``HTTP <status> <kind>``, whose error it is when a
+    gateway tells (``who_answered``), and the message, redacted."""
+    who = who_answered(kind, text)
+    head = f"HTTP {status} {kind}".strip() + (f" [{who}]" if who else "")
+    return f"{head}: {redact(text, *secrets)}"
+
+
+def stated_status(failure):
+    """The HTTP status an error stands for: its own, except under a 200 (an error event in a stream,
+    or a gateway's error answering a stream request as plain JSON), where a gateway writes the
+    status it means in the error's ``code`` ("429", "500"). ``failure`` is a ``CallFailed``."""
+    if failure.status != 200:
+        return failure.status
+    error = failure.json().get("error")
+    code = str(error.get("code") or "") if isinstance(error, dict) else ""
+    return int(code) if re.fullmatch(r"[45][0-9][0-9]", code) else failure.status
+
+
 def excerpt(body, *secrets, limit=200):
     """A short, redacted excerpt of an error body of any kind (an HTML error page's text, plain
     text, JSON of an unknown shape) for the operator's log; "" for an empty one."""
@@ -265,11 +309,11 @@ class BaseProvider:
             return ProviderError(ErrorCode.CONNECTION, failure.detail)
         if failure.outcome == Outcome.BAD_RESPONSE:
             return ProviderError(ErrorCode.BAD_RESPONSE, failure.detail)
-        status = failure.status or 0
+        status = stated_status(failure) or 0
         if 300 <= status < 400:
             return ProviderError(ErrorCode.REDIRECTED, failure.detail, status=status)
         quoted = excerpt(failure.body, self.api_key)
-        detail = f"HTTP {status}: {quoted}" if quoted else f"HTTP {status}"
+        detail = f"HTTP {failure.status}: {quoted}" if quoted else f"HTTP {failure.status}"
         if status in (401, 403):
             return ProviderError(ErrorCode.AUTH, detail)
         if names_refusal("", failure.body):

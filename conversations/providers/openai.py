@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from ..core.streaming import OpenAIStream
 from ..core.types import ErrorCode, Finish, ModelReply, ToolCall, Usage
-from .base import BaseProvider, ProviderError, names_refusal, names_unknown_model, redact
+from .base import BaseProvider, ProviderError, error_detail, names_refusal, names_unknown_model, stated_status
 
 FINISH = {"stop": Finish.STOP, "tool_calls": Finish.TOOL_CALLS, "function_call": Finish.TOOL_CALLS,
           "length": Finish.LENGTH, "content_filter": Finish.REFUSED}
@@ -119,12 +119,12 @@ class OpenAIProvider(BaseProvider):
             error = {"message": error}
         if not isinstance(error, dict):
             return super().error_from_failure(failure)
-        status = failure.status
+        status = stated_status(failure)
         code = str(error.get("code") or "")
         kind = str(error.get("type") or "")
         text = str(error.get("message") or "")
         lowered = text.lower()
-        detail = f"HTTP {status} {code or kind}: {redact(text, self.api_key)}".strip()
+        detail = error_detail(failure.status, code or kind, text, self.api_key)
         if code == "context_length_exceeded" or "context length" in lowered or "context window" in lowered \
                 or "maximum context" in lowered or status == 413:
             return ProviderError(ErrorCode.CONTEXT_LENGTH, detail)

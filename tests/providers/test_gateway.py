@@ -9,8 +9,8 @@ import pytest
 
 from conversations.models import CallRecord
 from tests.support.fake_gateway import (
-    empty_stream, gateway_error, html_error, invalid_model, json_as_stream, rate_limited, withholds_headers,
-    wrapped_refusal,
+    REFUSAL, answers_unstreamed, empty_stream, error_under_200, gateway_error, html_error, invalid_model,
+    json_as_stream, rate_limited, upstream_ignores_stream, withholds_headers, wrapped_refusal,
 )
 from tests.support.fake_stream import anthropic_stream, openai_stream, streaming
 from tests.support.fake_wire import anthropic_error, anthropic_message, openai_error, run_turn_here
@@ -119,14 +119,15 @@ EMPTY_UNSTREAMED = {"openai": lambda: openai_text(""), "anthropic": lambda: anth
 
 
 @pytest.mark.parametrize("streamed", [True, False], ids=["empty stream", "empty JSON reply"])
-def test_an_empty_reply_is_asked_for_again_and_the_second_answer_kept(gateway, streamed):
+def test_an_empty_reply_is_asked_for_again_and_the_second_answer_kept(gateway, conversations_settings, streamed):
     wire = gateway.wire
-    gateway.add(empty_stream(wire) if streamed else EMPTY_UNSTREAMED[wire](),
-                streaming(STREAMS[wire](ANSWER)) if streamed else UNSTREAMED[wire](ANSWER))
+    conversations_settings.update(STREAM=streamed)
+    gateway.add(empty_stream(wire) if streamed else EMPTY_UNSTREAMED[wire](), UNSTREAMED[wire](ANSWER))
     turn = run_turn_here("How do refunds work?")
 
     assert turn.status == "completed" and answer_of(turn) == [ANSWER]
     assert len(gateway.requests) == 2 and turn.model_calls == 2
+    assert not gateway.requests[1]["json"].get("stream")  # asked again without a stream
     outcomes = list(CallRecord.objects.filter(turn=turn).order_by("id").values_list("outcome", "detail"))
     assert outcomes == [("bad_response", "empty reply: no text and no tool calls"), ("ok", "")]
 
@@ -142,7 +143,7 @@ def test_a_json_reply_passed_on_as_a_stream_is_read_as_the_answer(gateway):
 def test_two_empty_replies_end_the_turn_with_a_sentence_the_visitor_reads(gateway, worker):
     from tests.support.helpers import make_client, poll_until_done, start_turn
 
-    gateway.add(empty_stream(gateway.wire), empty_stream(gateway.wire))
+    gateway.add(empty_stream(gateway.wire), EMPTY_UNSTREAMED[gateway.wire]())
     client = make_client()
     started = start_turn(client, "How do refunds work?")
     worker()
@@ -154,6 +155,55 @@ def test_two_empty_replies_end_the_turn_with_a_sentence_the_visitor_reads(gatewa
     assert len(gateway.requests) == 2
     assert list(CallRecord.objects.filter(turn_id=started["id"]).values_list("outcome", flat=True)) == \
         ["bad_response", "bad_response"]
+
+
+def test_an_upstream_that_ignores_stream_behind_a_gateway_is_answered_without_a_stream(gateway):
+    """The gateway's upstream (its retries spent, or its fallback) answers with plain JSON: on the
+    OpenAI route the stream the app asked for arrives empty, so the app asks again unstreamed and
+    reads that JSON, where it used to end 'The AI service sent an empty answer'."""
+    ignores = upstream_ignores_stream(UNSTREAMED[gateway.wire](ANSWER), gateway.wire)
+    gateway.add(ignores, ignores)
+    turn = run_turn_here("How do refunds work?")
+
+    assert (turn.status, turn.error) == ("completed", "")
+    assert answer_of(turn) == [ANSWER]
+    assert [bool(r["json"].get("stream")) for r in gateway.requests] == \
+        ([True, False] if gateway.wire == "openai" else [True])
+    assert set(details(turn)) <= {"empty reply: no text and no tool calls", ""}
+
+
+def test_a_gateways_fallback_answering_a_stream_request_with_plain_json_is_read_as_the_answer(gateway):
+    gateway.add(withholds_headers(0.3, answers_unstreamed(UNSTREAMED[gateway.wire](ANSWER))))
+    turn = run_turn_here("How do refunds work?")
+
+    assert (turn.status, turn.error) == ("completed", "")
+    assert answer_of(turn) == [ANSWER] and details(turn) == [""]
+    assert len(gateway.requests) == 1 and gateway.requests[0]["json"]["stream"] is True
+
+
+BUSY = "litellm.RateLimitError: RateLimitError: OpenAIException - Rate limit reached"
+
+
+@pytest.mark.parametrize("case, error, status, sentence, sent, words", [
+    ("an upstream's 429", lambda: error_under_200(429, BUSY), "failed",
+     "The AI service is busy right now. Please try again in a minute.", 2,
+     "HTTP 200 429 [upstream OpenAI, via the gateway]: " + BUSY),
+    ("an upstream's refusal", lambda: error_under_200(500, REFUSAL), "failed",
+     "The assistant could not answer this request.", 1,
+     "HTTP 200 500 [upstream OpenAI, via the gateway]: litellm.ContentPolicyViolationError"),
+    ("the gateway's unknown model", lambda: error_under_200(400, "/chat/completions: Invalid model name passed in "
+                                                                 "model=m. Call `/v1/models` to view available models"),
+     "failed", "The assistant is not set up correctly: the AI service does not know the configured model.", 1,
+     "HTTP 200 400 [the gateway's own]: /chat/completions: Invalid model name passed in model=m"),
+])
+def test_a_gateways_error_sent_as_plain_json_under_200_to_a_stream_request_reads_as_that_error(
+        gateway, case, error, status, sentence, sent, words):
+    gateway.add(answers_unstreamed(error()), answers_unstreamed(error()))
+    turn = run_turn_here("How do refunds work?")
+
+    assert (turn.status, turn.error) == (status, sentence)
+    assert len(gateway.requests) == sent  # an outage is tried again, the request's own error is not
+    assert all(d.startswith(words) for d in details(turn)), details(turn)
 
 
 def test_an_empty_reply_is_not_asked_again_when_no_call_would_fit(gateway, conversations_settings):
@@ -269,3 +319,38 @@ def test_the_timeline_carries_the_same_short_redacted_excerpt_as_the_log(gateway
     (line,) = [r.getMessage() for r in caplog.records if "call failed" in r.getMessage()]
     assert words in detail and line.endswith(detail)  # the operator reads one account of it
     assert SECRET not in detail and len(detail) <= 500
+
+
+# -- the timeline says whose error it was, where the gateway tells ----------------------------------------
+
+GATEWAY_OWN, UPSTREAM_OPENAI = "the gateway's own", "upstream OpenAI, via the gateway"
+
+
+@pytest.mark.parametrize("case, reply, who, words", [
+    ("the gateway's unknown model", lambda: invalid_model("m"), GATEWAY_OWN, "Invalid model name passed"),
+    ("the gateway's key refused", lambda: Reply(401, {"error": {
+        "message": "Authentication Error, Invalid proxy server token passed. Received API Key = sk-...6789",
+        "type": "auth_error", "param": "None", "code": "401"}}), GATEWAY_OWN, "Authentication Error, Invalid"),
+    ("the gateway's budget spent", lambda: Reply(400, {"error": {
+        "message": "Budget has been exceeded! Key=sk-...6789 Current cost: 1.2, Max budget: 1.0",
+        "type": "budget_exceeded", "param": "None", "code": "400"}}), GATEWAY_OWN, "Budget has been exceeded!"),
+    ("the gateway's own time-out", lambda: gateway_error(408, "litellm.Timeout: Connection timed out after 3.0 s."),
+     GATEWAY_OWN, "litellm.Timeout"),
+    ("an upstream's 429 passed on", lambda: rate_limited(0), UPSTREAM_OPENAI, "OpenAIException - Rate limit"),
+    ("an upstream's 400 passed on", lambda: gateway_error(
+        400, "litellm.BadRequestError: AnthropicException - messages: text content blocks must be non-empty"),
+     "upstream Anthropic, via the gateway", "AnthropicException - messages"),
+    ("a vendor answering directly", lambda: openai_error(429, "Rate limit reached for m", code="rate_limit_exceeded"),
+     "", "Rate limit reached for m"),
+])
+def test_the_timeline_says_whether_the_gateway_or_its_upstream_answered(gateway, conversations_settings, case,
+                                                                         reply, who, words):
+    conversations_settings.update(MAX_ATTEMPTS=1)
+    gateway.add(reply())
+    turn = run_turn_here("How do refunds work?")
+
+    assert turn.status == "failed"
+    (detail,) = details(turn)
+    said = rf" \[{re.escape(who)}\]" if who else ""
+    assert re.match(rf"HTTP \d+ \S+{said}: .*{re.escape(words)}", detail), detail
+    assert who or ("gateway" not in detail)

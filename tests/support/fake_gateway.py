@@ -4,8 +4,10 @@ directly, as behaviours for the fake provider server (``tests.support.fakes.Fake
 A gateway holds the response's headers back while it retries its upstream or waits out the
 upstream's ``Retry-After``; it forwards the upstream's headers under a prefix of its own
 (``llm_provider-retry-after``); it answers a stream request whose upstream sent a plain JSON
-body with an empty stream that ends ``finish_reason: stop``; and its own errors are
-OpenAI-shaped whatever the wire format asked for, with the status in ``code`` as a string.
+body with an empty stream that ends ``finish_reason: stop`` (and the same upstream's reply to an
+unstreamed request whole); a fallback of its own may answer a stream request with plain JSON,
+an answer or an error under 200; and its own errors are OpenAI-shaped whatever the wire format
+asked for, with the status in ``code`` as a string.
 """
 
 import json
@@ -34,6 +36,35 @@ def empty_stream(wire):
     """The stream a gateway forwards when its upstream answered a stream request with JSON: no
     text, no tool calls, a normal ending (``wire`` is ``"openai"`` or ``"anthropic"``)."""
     return streaming(openai_stream(pieces=[]) if wire == "openai" else anthropic_stream(pieces=[]))
+
+
+def upstream_ignores_stream(reply, wire="openai"):
+    """An upstream that answers every request with plain JSON (``reply``), as the gateway forwards
+    it: to a stream request on the OpenAI route an empty stream (the JSON is lost), on the
+    Anthropic route the JSON labelled as a stream; to an unstreamed request, ``reply`` itself."""
+    def behaviour(handler):
+        asked = handler.server.fake.requests[-1]["json"] or {}
+        if not asked.get("stream"):
+            handler.send_json(200, reply)
+        elif wire == "openai":
+            empty_stream(wire)(handler)
+        else:
+            json_as_stream(reply)(handler)
+    return behaviour
+
+
+def answers_unstreamed(reply):
+    """The gateway's fallback deployment answering whatever was asked, a stream request too, with
+    a plain JSON body (``Content-Type: application/json``): ``reply`` is an answer (a dict) or an
+    error under 200 (``error_under_200``)."""
+    def behaviour(handler):
+        handler.send_json(200, reply)
+    return behaviour
+
+
+def error_under_200(status, message):
+    """A gateway's error sent as the 200 JSON body of a stream request: its status only in ``code``."""
+    return gateway_error(status, message).body
 
 
 def json_as_stream(body):
