@@ -44,7 +44,7 @@ class Refused(Exception):
     """A token or identity that cannot be taken; ``reason`` says why (``REASONS``)."""
 
     REASONS = ("invalid", "expired", "origin", "assistant", "identity_off", "identity_forged",
-               "identity_expired", "identity_replayed")
+               "identity_expired", "identity_replayed", "identity_inactive")
 
     def __init__(self, reason):
         super().__init__(reason)

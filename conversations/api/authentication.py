@@ -90,6 +90,9 @@ def refusal_message(reason):
         "identity_forged": _("Your sign-in could not be verified. Please reload the page."),
         "identity_expired": _("Your sign-in has expired. Please reload the page."),
         "identity_replayed": _("Your sign-in was already used. Please reload the page."),
+        # Reloading signs the same account in again: only the site can switch it back on.
+        "identity_inactive": _("Your account can no longer use this chat: the site has switched it off. Please "
+                               "contact the site if you think this is a mistake."),
     }[reason]
 
 
@@ -133,7 +136,8 @@ def verified_visitor(request):
 
 
 def visitor_user(visitor):
-    """The user a token names (active), or ``AnonymousUser``; 401 when that user is gone or inactive,
+    """The user a token names (active), or ``AnonymousUser``; 401 when that user is gone or inactive
+    (each with its own sentence),
     or named otherwise than as the user model writes its key (``06``, ``+6`` or ``6 `` for user 6:
     one user, one spelling, so one identity, one owner and one replay record)."""
     if visitor.user_id is None:
@@ -144,8 +148,10 @@ def visitor_user(visitor):
         user = model._default_manager.filter(pk=pk).first() if str(pk) == str(visitor.user_id) else None
     except (TypeError, ValueError, ValidationError):  # not an id of this user model's (ValidationError: a UUID pk)
         user = None
-    if user is None or not getattr(user, "is_active", True):
+    if user is None:
         raise AuthenticationFailed(refusal_message("identity_forged"))
+    if not getattr(user, "is_active", True):
+        raise AuthenticationFailed(refusal_message("identity_inactive"))
     return user
 
 

@@ -3,6 +3,7 @@ unreachable Redis, 404 for what the caller does not own), the caller's conversat
 public shape of a turn and of its state."""
 
 import logging
+import secrets
 
 from django.http import Http404
 from django.shortcuts import get_object_or_404
@@ -15,9 +16,9 @@ from rest_framework.views import APIView
 from ..core.sentences import unavailable_message
 from ..infra.network import describe_redis_error
 from ..models import Conversation
-from ..owners import owned_filter
+from ..owners import owned_filter, request_visitor, visitor_owner_token
 from .authentication import CsrfSessionAuthentication, VisitorTokenAuthentication
-from .cors import CorsMixin
+from .cors import CorsMixin, page_origin_allowed
 from .parsers import LimitedJSONParser, check_content_length
 from .permissions import LoginNotRequiredMixin, SignedInIfRequired
 from .sessions import UNAVAILABLE_ERRORS, check_session_store, save_session
@@ -42,6 +43,12 @@ class ServiceUnavailable(APIException):
 def not_found_message():
     # Not found and not yours read the same (the API never says which).
     return _("This conversation is no longer available. It may have expired; please start a new one.")
+
+
+def other_assistant_message():
+    # Only ever said to the conversation's own visitor: it tells them nothing about anyone else's.
+    return _("This conversation was with another assistant of this site, so it cannot go on in this chat. Please "
+             "start a new one here.")
 
 
 def poll_url(turn):
@@ -82,7 +89,31 @@ def owned_conversation(request, conversation_id, *, for_update=False, user=None)
         # token's user has conversations with other assistants too, which the limits count.
         everything = Conversation.objects.filter(owned_filter(request, user, every_assistant=True))
         list(everything.select_for_update().order_by("pk").values_list("pk", flat=True))
-    return get_object_or_404(queryset, pk=conversation_id)
+    try:
+        return get_object_or_404(queryset, pk=conversation_id)
+    except Http404:
+        if with_another_assistant(request, user, conversation_id):
+            raise NotFound(other_assistant_message()) from None
+        raise
+
+
+def with_another_assistant(request, user, conversation_id):
+    """Whether conversation ``conversation_id`` is the caller's own, with another assistant than the
+    one their visitor token was given for (a signed-in user's, or the same anonymous visitor's),
+    and one that pages of the token's origin may embed too: the token cannot open it, and the
+    caller should hear why, not "expired". A conversation with an assistant that page may not
+    embed (one kept for the site's own pages) stays "not found" to it."""
+    visitor = request_visitor(request)
+    if visitor is None:
+        return False
+    other = (Conversation.objects.filter(pk=conversation_id).exclude(owned_filter(request, user))
+             .select_related("assistant").first())
+    if other is None or other.assistant_id == visitor.assistant_id:
+        return False
+    theirs = Conversation.objects.filter(owned_filter(request, user, every_assistant=True), pk=other.pk).exists() \
+        or secrets.compare_digest(other.owner_token or "", visitor_owner_token(visitor.origin, other.assistant_id,
+                                                                               visitor.visitor_id))
+    return theirs and page_origin_allowed(visitor.origin, other.assistant)
 
 
 class RedisDownMixin:

@@ -25,7 +25,7 @@ from .authentication import VisitorTokenAuthentication, verified_visitor, visito
 from .cors import CorsMixin
 from .permissions import LoginNotRequiredMixin, may_chat, sign_in_message
 from .sessions import UNAVAILABLE_ERRORS, check_session_store
-from .base import RedisDownMixin, owned_conversation, public_state
+from .base import RedisDownMixin, other_assistant_message, owned_conversation, public_state, with_another_assistant
 from .schema import CONVERSATION_ID, NOT_FOUND, POLL_MISSES, SIGN_IN, TURN_ID, UNAVAILABLE
 from .throttling import PollMissLimit
 
@@ -154,6 +154,8 @@ class TurnDetailView(PollMissLimit, CorsMixin, LoginNotRequiredMixin, RedisDownM
         user_id = user.pk if user.is_authenticated else None
         if data["conversation"] != str(conversation_id) or not owner_matches(data["owner"], user_id,
                                                                              owner_token(request), visitor):
+            if with_another_assistant(request, user, conversation_id):
+                raise NotFound(other_assistant_message())
             raise NotFound()
         return self.respond(request, data)
 

@@ -699,8 +699,52 @@ def test_a_user_the_host_site_deactivated_can_no_longer_chat_read_or_renew_with_
                page.get(turn["poll_url"]), page.renew()]
 
     assert [answer.status_code for answer in answers] == [401, 401, 401, 401, 401]
-    assert answers[-1].json() == {"detail": "Your sign-in could not be verified. Please reload the page."}
+    # Reloading would sign the same account in again: the sentence says what is true instead.
+    assert {answer.json()["detail"] for answer in answers} == {
+        "Your account can no longer use this chat: the site has switched it off. Please contact the site if you "
+        "think this is a mistake."}
+    assert page.get(turn["poll_url"], HTTP_ACCEPT_LANGUAGE="es").json() == {"detail": (
+        "Su cuenta ya no puede usar este chat: el sitio la ha desactivado. Si cree que es un error, póngase en "
+        "contacto con el sitio.")}
     assert Conversation.objects.count() == 1 and Turn.objects.count() == 1
+
+
+OTHER_ASSISTANT = ("This conversation was with another assistant of this site, so it cannot go on in this chat. "
+                   "Please start a new one here.")
+
+
+@pytest.mark.parametrize("signed_in", [False, True], ids=["anonymous visitor", "signed-in user"])
+def test_a_token_for_one_assistant_on_the_visitors_conversation_with_another_says_so(signed_in):
+    """The same visitor (the widget's visitor id, or the user the host site vouches for) holds a
+    token for Sales and one for Support: Support's token on the Sales conversation is refused with
+    the truth, not "It may have expired"; a stranger's token still reads "no longer available"."""
+    for slug in ("sales", "support"):
+        Assistant.objects.create(slug=slug, name=slug.title(), system_prompt="Help.", allowed_origins=[PAGE])
+    user = signed_in_user() if signed_in else None
+
+    def signed():  # a fresh identity for each token: one is spent by the token it gets
+        return {"identity": visitors.sign_identity(user.pk, SECRET)} if user else {}
+
+    sales, stranger = Page(), Page()
+    support = Page(visitor=sales.visitor)  # the same widget's visitor id on the same site
+    assert sales.mint(assistant="sales", **signed()).status_code == 200
+    assert support.mint(assistant="support", **signed()).status_code == 200
+    assert stranger.mint(assistant="support").status_code == 200
+    turn = started(sales, assistant="sales")
+    conversation = f"/api/conversations/{turn['conversation']}/"
+
+    answers = [support.get(conversation), support.post(conversation + "turns/", {"content": "And now?"}),
+               support.get(turn["poll_url"])]
+    strangers = [stranger.get(conversation), stranger.get(turn["poll_url"])]
+
+    assert [(a.status_code, a.json()["detail"]) for a in answers] == [(404, OTHER_ASSISTANT)] * 3
+    assert [(a.status_code, a.json()["detail"]) for a in strangers] == [
+        (404, "This conversation is no longer available. It may have expired; please start a new one.")] * 2
+    assert support.get(conversation, HTTP_ACCEPT_LANGUAGE="es").json() == {"detail": (
+        "Esta conversación era con otro asistente de este sitio, así que no puede continuar en este chat. Empieza "
+        "una nueva aquí.")}
+    assert sales.get(turn["poll_url"]).status_code == 200
+    assert Turn.objects.count() == 1
 
 
 def test_a_token_for_an_assistant_starts_no_conversation_with_the_sites_default():
