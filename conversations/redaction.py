@@ -19,7 +19,9 @@ MARKER = "[API key hidden]"
 
 # Things in a provider's error text that look like credentials: OpenAI echoes a masked key
 # ("Incorrect API key provided: sk-abc***xyz"), others quote tokens.
-_SECRETISH = re.compile(r"(?i)(\b(?:sk|pk|rk|key|api|ant)[-_][\w*.\-]{4,}|\b[A-Za-z0-9_\-]{32,}\b|key provided:\s*\S+)")
+# A known key already hidden is not hidden again ("key provided: [API" would leave " key hidden]").
+_SECRETISH = re.compile(r"(?i)(\b(?:sk|pk|rk|key|api|ant)[-_][\w*.\-]{4,}|\b[A-Za-z0-9_\-]{32,}\b|"
+                        r"key provided:\s*(?!" + re.escape(MARKER) + r")\S+)")
 
 
 def known_keys(cfg=None):

@@ -436,8 +436,10 @@ class BudgetedHTTP:
                 outcome, detail, code = Outcome.TIMEOUT, f"timed out {BODY} (idle limit {idle:.1f}s)", ""
             else:
                 outcome, detail, code = Outcome.CONNECTION_ERROR, f"the stream broke off: {_describe(exc)}", ""
-            failure = CallFailed(outcome, detail, status=200, code=code)
             event = isinstance(exc, StreamError) and exc.body is not None
+            # An error event is read by the provider, as the error body it stands for (its own status in
+            # a gateway's "code"), not by the decoder's guess.
+            failure = CallFailed(outcome, detail, status=200, code="" if event else code)
             if event:  # an error event: the provider says which
                 failure.body = json.dumps(exc.body)
                 named = classify(failure) if classify is not None else None

@@ -303,13 +303,14 @@ class BaseProvider:
         """
         if failure.code:  # an error event in a stream names its kind
             return ProviderError(failure.code, failure.detail)
-        if failure.outcome == Outcome.TIMEOUT:
-            return ProviderError(ErrorCode.TIMEOUT, failure.detail)
-        if failure.outcome == Outcome.CONNECTION_ERROR:
-            return ProviderError(ErrorCode.CONNECTION, failure.detail)
-        if failure.outcome == Outcome.BAD_RESPONSE:
-            return ProviderError(ErrorCode.BAD_RESPONSE, failure.detail)
         status = stated_status(failure) or 0
+        if status == (failure.status or 0):  # not an error event or 200 body that names its own status
+            if failure.outcome == Outcome.TIMEOUT:
+                return ProviderError(ErrorCode.TIMEOUT, failure.detail)
+            if failure.outcome == Outcome.CONNECTION_ERROR:
+                return ProviderError(ErrorCode.CONNECTION, failure.detail)
+            if failure.outcome == Outcome.BAD_RESPONSE:
+                return ProviderError(ErrorCode.BAD_RESPONSE, failure.detail)
         if 300 <= status < 400:
             return ProviderError(ErrorCode.REDIRECTED, failure.detail, status=status)
         quoted = excerpt(failure.body, self.api_key)
