@@ -127,12 +127,18 @@ def test_a_site_configured_from_the_readme_answers_a_turn_run_by_its_worker(new_
 
 
 def test_a_site_configured_from_the_readme_renders_the_widget_and_collects_its_files(new_site):
+    """Step 4 as a newcomer follows it: the templates folder, the page and its view, then the page served."""
     site = new_site()
-    template = readme_block("{# a template: anywhere in its body #}")
-    html = site.python(
-        "from django.template import engines; from django.test import RequestFactory\n"
-        f"print(engines['django'].from_string({template!r}).render(request=RequestFactory().get('/')))")
+    site.append(site.settings_file, readme_block("# settings.py: a folder for the site's own templates"))
+    (site.directory / "templates").mkdir()
+    (site.directory / "templates" / "chat.html").write_text(readme_block("{# templates/chat.html: a page with the "
+                                                                         "widget #}"))
+    site.append(site.urls_file, readme_block("# urls.py: a page for the widget"))
+    with site.serve() as base:
+        page = requests.get(f"{base}/chat/", timeout=10)
+    html = page.text
 
+    assert page.status_code == 200 and "csrftoken" in page.cookies
     assert '<conversations-widget data-conversations-widget data-mode="inline" data-api-url="/api/conversations/"' in html
     assert '<script src="/static/conversations/widget.js" defer></script>' in html
     site.manage("collectstatic", "--no-input")
