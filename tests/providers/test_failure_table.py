@@ -25,7 +25,9 @@ from tests.support.fake_gateway import (
 )
 from tests.support.fake_stream import openai_stream, streaming
 from tests.support.fake_wire import anthropic_error, openai_error, run_turn_here
-from tests.support.fakes import FakeProvider, Reply, full_accept_queue, hang, openai_text, refused_url
+from tests.support.fakes import (
+    FakeProvider, Reply, full_accept_queue, hang, never_read, openai_text, refused_url, trickle_body,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "providers.md"
 BEGIN, END = "<!-- failure table: begin -->", "<!-- failure table: end -->"
@@ -78,6 +80,7 @@ class Row:
     settings: dict = field(default_factory=dict)
     wire: str = "openai"
     endpoint: str = ""  # "refused" or "unaccepted": a socket of its own instead of the fake
+    question: str = "How do refunds work?"
 
     @property
     def id(self):
@@ -91,11 +94,16 @@ ROWS = [
         endpoint="refused"),
     Row("time-out connecting", "direct", lambda: [], "failed", TOO_LONG,
         ["timeout: …timed out connecting (connect limit 0.5s)"], endpoint="unaccepted"),
+    Row("time-out sending the request (never read)", "direct", lambda: [never_read], "failed", TOO_LONG,
+        ["timeout: …timed out sending the request (connect limit 0.5s)"], question="x" * (16 << 20),
+        settings={"HISTORY_MAX_CHARS": 32 << 20}),
     Row("time-out waiting for the first byte", "direct", lambda: [hang], "failed", TOO_LONG,
         ["timeout: …timed out waiting for the first byte (… limit 1.5s)"]),
     Row("time-out between the bytes of a stream, before any text", "direct",
         lambda: [streaming(openai_stream(pieces=[], done=False)[:1], then="hang")], "failed", TOO_LONG,
         ["timeout: timed out between bytes (idle limit 1.0s)"]),
+    Row("time-out reading a reply that trickles (unstreamed)", "direct", lambda: [trickle_body(0.1)], "failed",
+        TOO_LONG, ["timeout: timed out between bytes (total limit 1.5s)"], settings={"STREAM": False}),
     Row("401 (key refused)", "direct",
         lambda: [openai_error(401, f"Incorrect API key provided: {SECRET}.", code="invalid_api_key")],
         "failed", AUTH, ["HTTP error: HTTP 401 invalid_api_key: Incorrect API key provided: [API key hidden]."]),
@@ -255,7 +263,7 @@ def test_each_failure_reads_as_the_table_says(table_settings, row):
         base = {"refused": refused_url(), "unaccepted": unaccepted}.get(row.endpoint) or (
             fake.url if row.wire == "openai" else f"http://127.0.0.1:{fake.port}")
         table_settings.update(PROVIDER=row.wire, BASE_URL=base, **row.settings)
-        turn = run_turn_here("How do refunds work?")
+        turn = run_turn_here(row.question)
 
     answers = list(turn.messages.filter(role="assistant").values_list("content", flat=True))
     records = CallRecord.objects.filter(turn=turn, kind="model").order_by("id")
