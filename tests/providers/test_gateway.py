@@ -354,3 +354,18 @@ def test_the_timeline_says_whether_the_gateway_or_its_upstream_answered(gateway,
     said = rf" \[{re.escape(who)}\]" if who else ""
     assert re.match(rf"HTTP \d+ \S+{said}: .*{re.escape(words)}", detail), detail
     assert who or ("gateway" not in detail)
+
+
+def test_the_admins_turn_page_shows_whose_error_it_was(gateway, conversations_settings, client, django_user_model):
+    """What the operator reads on the turn's page: the attempt's line with the gateway's own error
+    told apart from its upstream's."""
+    conversations_settings.update(MAX_ATTEMPTS=2)
+    gateway.add(rate_limited(0), invalid_model("m"))
+    turn = run_turn_here("How do refunds work?")
+    client.force_login(django_user_model.objects.create_superuser("operator", "op@example.com", "pw-123456789"))
+
+    page = client.get(f"/admin/conversations/turn/{turn.pk}/change/").content.decode()
+
+    assert "HTTP 429 429 [upstream OpenAI, via the gateway]: litellm.RateLimitError" in page.replace("&#x27;", "'")
+    assert "HTTP 400 400 [the gateway's own]: /chat/completions: Invalid model name passed in model=m" in \
+        page.replace("&#x27;", "'")
