@@ -119,6 +119,7 @@ class ErrorCode(StrEnum):
     REFUSED = "refused"  # a content filter
     BAD_RESPONSE = "bad_response"  # a reply that cannot be read
     RATE_LIMITED = "rate_limited"
+    QUOTA = "quota"  # the account's credit or spending limit is used up: waiting a minute will not help
     UNAVAILABLE = "unavailable"  # 5xx, an overloaded service, every circuit of a chain open
     TIMEOUT = "timeout"
     CONNECTION = "connection"

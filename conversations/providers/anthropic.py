@@ -9,7 +9,9 @@ user's.
 
 from ..core.streaming import AnthropicStream
 from ..core.types import ErrorCode, Finish, ModelReply, ToolCall, Usage
-from .base import BaseProvider, ProviderError, error_detail, names_refusal, names_unknown_model, stated_status
+from .base import (
+    BaseProvider, ProviderError, error_detail, names_quota, names_refusal, names_unknown_model, stated_status,
+)
 
 API_VERSION = "2023-06-01"
 
@@ -142,6 +144,8 @@ class AnthropicProvider(BaseProvider):
             return ProviderError(ErrorCode.AUTH, detail)
         if names_refusal(kind, text):  # also as a gateway's 500 quotes it
             return ProviderError(ErrorCode.REFUSED, detail)
+        if names_quota(kind, text):
+            return ProviderError(ErrorCode.QUOTA, detail)
         if names_unknown_model(status, kind, text):
             return self.unknown_model(detail)
         if kind == "request_too_large" or status == 413 or "prompt is too long" in lowered \

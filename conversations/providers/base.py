@@ -42,6 +42,8 @@ class ProviderError(Exception):
         ErrorCode.REFUSED: _("The assistant could not answer this request."),
         ErrorCode.BAD_RESPONSE: _("The AI service sent a reply the assistant could not read. Please try again."),
         ErrorCode.RATE_LIMITED: _("The AI service is busy right now. Please try again in a minute."),
+        ErrorCode.QUOTA: _("The assistant cannot answer for now: the site's allowance with its AI service is "
+                           "used up."),
         ErrorCode.UNAVAILABLE: _("The AI service is unavailable right now. Please try again in a minute."),
         ErrorCode.TIMEOUT: _("The AI service took too long to answer. Please try again."),
         ErrorCode.CONNECTION: _("The assistant could not reach the AI service. Please try again later."),
@@ -93,6 +95,20 @@ def names_unknown_model(status, kind, text):
 # it is this request's refusal and no outage.
 REFUSAL_CODES = frozenset({"content_filter", "content_policy_violation"})
 _REFUSAL_TEXT = re.compile(r"(?i)ContentPolicyViolation|\bcontent[ _]?(?:filter|policy|management polic)")
+
+
+# How a used-up allowance is spelled: OpenAI's 429 ``insufficient_quota`` ("You exceeded your
+# current quota"), Anthropic's 400 "Your credit balance is too low", a LiteLLM key's or team's
+# ``budget_exceeded`` ("Budget has been exceeded!"). Not a rate limit: no retry gets past it.
+QUOTA_CODES = frozenset({"insufficient_quota", "budget_exceeded"})
+_QUOTA_TEXT = re.compile(r"(?i)\bexceeded your current quota\b|\bcredit balance is too low\b|"
+                         r"\bBudget has been exceeded\b")
+
+
+def names_quota(kind, text):
+    """Whether an error reply (its code or type ``kind``, its message ``text``) says the account's
+    credit or spending limit is used up, said directly or quoted by a gateway."""
+    return kind in QUOTA_CODES or bool(_QUOTA_TEXT.search(str(text)))
 
 
 def names_refusal(kind, text):
@@ -319,6 +335,8 @@ class BaseProvider:
             return ProviderError(ErrorCode.AUTH, detail)
         if names_refusal("", failure.body):
             return ProviderError(ErrorCode.REFUSED, detail)
+        if names_quota("", failure.body):
+            return ProviderError(ErrorCode.QUOTA, detail)
         if status == 404 or names_unknown_model(status, "", failure.body):
             return self.unknown_model(detail)
         if status == 413:

@@ -112,7 +112,9 @@ class ProviderChain(BaseProvider):
     def complete(self, messages, tools, on_text=None):
         """The reply of the first provider up, or the last outage's ``ProviderError``."""
         failure = None
-        failover = OUTAGE_CODES | ({ErrorCode.AUTH} if self.config["FAILOVER_ON_AUTH"] else set())
+        # A used-up allowance is the account's, not an outage: the next provider is asked, and the
+        # breaker does not count it (it opens only for outages).
+        failover = OUTAGE_CODES | {ErrorCode.QUOTA} | ({ErrorCode.AUTH} if self.config["FAILOVER_ON_AUTH"] else set())
         for index, link in enumerate(self.links):
             last = index == len(self.links) - 1
             allowed = link.breaker.allow()

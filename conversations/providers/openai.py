@@ -12,7 +12,9 @@ from urllib.parse import urlsplit
 
 from ..core.streaming import OpenAIStream
 from ..core.types import ErrorCode, Finish, ModelReply, ToolCall, Usage
-from .base import BaseProvider, ProviderError, error_detail, names_refusal, names_unknown_model, stated_status
+from .base import (
+    BaseProvider, ProviderError, error_detail, names_quota, names_refusal, names_unknown_model, stated_status,
+)
 
 FINISH = {"stop": Finish.STOP, "tool_calls": Finish.TOOL_CALLS, "function_call": Finish.TOOL_CALLS,
           "length": Finish.LENGTH, "content_filter": Finish.REFUSED}
@@ -130,6 +132,8 @@ class OpenAIProvider(BaseProvider):
             return ProviderError(ErrorCode.CONTEXT_LENGTH, detail)
         if names_refusal(code, text) or names_refusal(kind, ""):  # also as a gateway's 500 quotes it
             return ProviderError(ErrorCode.REFUSED, detail)
+        if names_quota(code, text) or names_quota(kind, ""):
+            return ProviderError(ErrorCode.QUOTA, detail)
         if names_unknown_model(status, code or kind, text):
             return self.unknown_model(detail)
         if code == "invalid_api_key" or status in (401, 403):

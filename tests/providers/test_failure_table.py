@@ -42,6 +42,7 @@ BUSY = "The AI service is busy right now. Please try again in a minute."
 UNAVAILABLE = "The AI service is unavailable right now. Please try again in a minute."
 TOO_LONG = "The AI service took too long to answer. Please try again."
 UNREACHABLE = "The assistant could not reach the AI service. Please try again later."
+QUOTA = "The assistant cannot answer for now: the site's allowance with its AI service is used up."
 EMPTY = "The AI service sent an empty answer. Please try again, or ask in other words."
 CUT = "The answer was cut short: the connection to the AI service broke off. Please ask again to continue."
 
@@ -133,6 +134,16 @@ ROWS = [
         lambda: [openai_error(429, "Rate limit reached for m", code="rate_limit_exceeded")] * 2,
         "failed", BUSY, ["HTTP error: HTTP 429 rate_limit_exceeded: Rate limit reached for m"] * 2,
         settings={"MAX_ATTEMPTS": 2}),
+    Row("429 quota used up (insufficient_quota)", "direct",
+        lambda: [openai_error(429, "You exceeded your current quota, please check your plan and billing details.",
+                              type="insufficient_quota", code="insufficient_quota")],
+        "failed", QUOTA, ["HTTP error: HTTP 429 insufficient_quota: You exceeded your current quota, please check "
+                          "your plan and billing details."], settings={"MAX_ATTEMPTS": 2}),
+    Row("400 credit balance too low (Anthropic)", "direct",
+        lambda: [anthropic_error(400, "invalid_request_error", "Your credit balance is too low to access the "
+                                                               "Anthropic API. Please go to Plans & Billing.")],
+        "failed", QUOTA, ["HTTP error: HTTP 400 invalid_request_error: Your credit balance is too low to access the "
+                          "Anthropic API. Please go to Plans & Billing."], wire="anthropic"),
     Row("500", "direct",
         lambda: [openai_error(500, "The server had an error while processing your request.", type="server_error")],
         "failed", UNAVAILABLE,
@@ -205,6 +216,11 @@ ROWS = [
          "OpenAIException - Rate limit reached", "ok"], answer=ANSWER, settings={"MAX_ATTEMPTS": 2}),
     Row("429 without a retry hint", "gateway", lambda: [gateway_error(429, UPSTREAM_BUSY)], "failed", BUSY,
         [f"HTTP error: HTTP 429 429 [upstream OpenAI, via the gateway]: {UPSTREAM_BUSY}"]),
+    Row("the gateway's budget for the key spent", "gateway",
+        lambda: [Reply(400, {"error": litellm_error(400, "Budget has been exceeded! Key=sk-...6789 Current cost: "
+                                                         "1.2, Max budget: 1.0", "budget_exceeded")})],
+        "failed", QUOTA, ["HTTP error: HTTP 400 400 [the gateway's own]: Budget has been exceeded! Key=[API key "
+                          "hidden] Current cost: 1.2, Max budget: 1.0"], settings={"MAX_ATTEMPTS": 2}),
     Row("500 from upstream", "gateway",
         lambda: [gateway_error(500, "litellm.InternalServerError: InternalServerError: OpenAIException - The server "
                                     "had an error while processing your request.")],

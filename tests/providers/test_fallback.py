@@ -137,6 +137,40 @@ def test_a_429_with_a_long_retry_after_moves_on_at_once(chain, worker):
     assert calls(turn) == [("primary-model", "http_error"), ("fallback-model", "ok")]
 
 
+def test_a_used_up_allowance_fails_over_at_once_and_never_opens_the_circuit(chain, worker):
+    """OpenAI's 429 insufficient_quota is no rate limit: not tried again (a minute will not help),
+    the fallback answers, and the primary's circuit stays closed whatever number of turns meet it."""
+    from django.core.management import call_command
+    from io import StringIO
+
+    primary, fallback = chain
+    quota = http_error(429, "You exceeded your current quota, please check your plan and billing details.",
+                       code="insufficient_quota")
+    for number in range(4):  # past BREAKER_FAILURES (3), each from another owner and address
+        primary.add(quota)
+        fallback.add(openai_text(f"Answered by the fallback ({number})."))
+        final, turn, _ = run_one(worker)
+        assert (final["status"], final["messages"][-1]["content"]) == ("completed",
+                                                                       f"Answered by the fallback ({number}).")
+        assert calls(turn) == [("primary-model", "http_error"), ("fallback-model", "ok")]
+    out = StringIO()
+    call_command("provider_health", stdout=out)
+    assert len(primary.requests) == 4 and "(the site's primary): circuit closed" in out.getvalue()
+
+
+def test_a_used_up_allowance_without_a_fallback_says_so(conversations_settings):
+    from tests.support.fake_wire import run_turn_here
+
+    with FakeProvider() as only:
+        conversations_settings.update(PROVIDER="openai", BASE_URL=only.url, API_KEY="sk-only", TOOLS=[],
+                                      MAX_ATTEMPTS=3, STREAM=False)
+        only.add(http_error(429, "You exceeded your current quota.", code="insufficient_quota"))
+        turn = run_turn_here("Hello?")
+    assert (turn.status, turn.error) == (
+        "failed", "The assistant cannot answer for now: the site's allowance with its AI service is used up.")
+    assert len(only.requests) == 1  # not tried again: it was no rate limit
+
+
 def test_a_request_the_provider_refuses_does_not_fail_over(chain, worker):
     primary, fallback = chain
     primary.add(http_error(400, "bad request"))
