@@ -336,15 +336,9 @@ class BudgetedHTTP:
             except ValueError as exc:
                 outcome, detail = Outcome.BAD_RESPONSE, f"malformed JSON from the provider ({exc})"[:200]
                 raise CallFailed(outcome, detail, status=status, body=content[:4000].decode("utf-8", "replace"))
-            if _error_object(data):  # a gateway's error sent as a 200 (a stream request it answered unstreamed)
-                outcome = Outcome.HTTP_ERROR
-                failure = CallFailed(outcome, f"HTTP {status}: an error object in the reply", status=status,
-                                     body=content[:4000].decode("utf-8", "replace"), headers=dict(reply.headers))
-                named = classify(failure) if classify is not None else None
-                if named is not None:  # read as the same error sent with its own status would be
-                    failure.code, failure.detail = named.code, named.detail
-                failure.retryable = failure.code in RETRIED_CODES
-                detail = failure.detail[:DETAIL_CHARS]
+            failure = _error_reply(status, data, content, reply.headers, classify)
+            if failure is not None:  # a gateway's error sent as a 200 (a stream request it answered unstreamed)
+                outcome, detail = failure.outcome, failure.detail[:DETAIL_CHARS]
                 raise failure
             return Response(status=status, data=data, headers=dict(reply.headers))
         except CallCancelled:
@@ -410,6 +404,9 @@ class BudgetedHTTP:
                 if not chunk:
                     whole = _json_object(body) if body is not None else None
                     if whole is not None:  # a gateway passing a JSON reply on under a stream's content type
+                        failure = _error_reply(reply.status_code, whole, body, reply.headers, classify)
+                        if failure is not None:
+                            raise failure
                         return whole
                     raise StreamError(ErrorCode.BAD_RESPONSE, "the stream ended before its last event")
                 if body is not None:  # kept until the first event (the decoder bounds its size)
@@ -477,12 +474,22 @@ def _json_object(raw):
     return value if isinstance(value, dict) else None
 
 
-def _error_object(data):
-    """Whether a 200 reply's JSON is an error instead of an answer: ``{"error": ...}`` (OpenAI's
-    shape, a gateway's own) or ``{"type": "error", ...}`` (Anthropic's), without a reply's fields."""
+def _error_reply(status, data, raw, headers, classify):
+    """A ``CallFailed`` for a 200 reply whose JSON ``data`` (``raw``, its bytes) is an error instead of
+    an answer — ``{"error": ...}`` (OpenAI's shape, a gateway's own) or ``{"type": "error", ...}``
+    (Anthropic's), without a reply's fields — read by the provider (``classify``) as the same error
+    sent with its own status would be, and retryable as that one; None for an answer."""
     if "choices" in data or "content" in data:
-        return False
-    return isinstance(data.get("error"), (dict, str)) or data.get("type") == "error"
+        return None
+    if not isinstance(data.get("error"), (dict, str)) and data.get("type") != "error":
+        return None
+    failure = CallFailed(Outcome.HTTP_ERROR, f"HTTP {status}: an error object in the reply", status=status,
+                         body=raw[:4000].decode("utf-8", "replace"), headers=dict(headers))
+    named = classify(failure) if classify is not None else None
+    if named is not None:
+        failure.code, failure.detail = named.code, named.detail
+    failure.retryable = failure.code in RETRIED_CODES
+    return failure
 
 
 def _is_event_stream(reply):

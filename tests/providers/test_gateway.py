@@ -196,9 +196,11 @@ BUSY = "litellm.RateLimitError: RateLimitError: OpenAIException - Rate limit rea
      "failed", "The assistant is not set up correctly: the AI service does not know the configured model.", 1,
      "HTTP 200 400 [the gateway's own]: /chat/completions: Invalid model name passed in model=m"),
 ])
+@pytest.mark.parametrize("send", [answers_unstreamed, json_as_stream], ids=["application/json", "text/event-stream"])
 def test_a_gateways_error_sent_as_plain_json_under_200_to_a_stream_request_reads_as_that_error(
-        gateway, case, error, status, sentence, sent, words):
-    gateway.add(answers_unstreamed(error()), answers_unstreamed(error()))
+        gateway, send, case, error, status, sentence, sent, words):
+    """As plain JSON, or that JSON labelled as a stream (LiteLLM's Anthropic route passes bodies on so)."""
+    gateway.add(send(error()), send(error()))
     turn = run_turn_here("How do refunds work?")
 
     assert (turn.status, turn.error) == (status, sentence)
