@@ -205,6 +205,27 @@ def test_the_best_match_comes_first():
     assert [h.title for h in search("how to brew green tea")][0] == "Green tea"
 
 
+def test_the_pieces_of_contractions_are_no_words_of_the_question():
+    """"What's", "don't": their "s", "t" and "don" matched the sizes of a T-shirt page."""
+    article("tshirt", "T-shirt sizes", "Our T-shirts come in S, M and L.")
+    assert search("What's the price, don't you know?") == []
+    assert [h.title for h in search("What sizes do T-shirts come in?")] == ["T-shirt sizes"]
+
+
+def test_the_article_whose_title_names_the_question_comes_before_a_neighbour_holding_one_more_word():
+    """Four articles on one kettle: the question's subject ("clean") is the title of one of them,
+    and the body of another, which also holds the question's "month". The title decides."""
+    article("kettle-care", "Cleaning the Heron kettle", "Descale the Heron kettle with white vinegar.")
+    article("kettle-warranty", "Heron kettle warranty", "The Heron kettle is guaranteed for two years. Send it in "
+            "every month if it needs cleaning by our workshop.")
+    article("kettle-setup", "Getting started", "Boil water twice before the first cup.")
+    article("ferry", "Ferry timetable", "The ferry leaves at noon.")
+    article("toaster", "Toaster crumbs", "Empty the crumb tray.")
+    article("kettle-returns", "Returning a kettle", "Send it back within thirty days.")
+    assert [h.title for h in search("How do I clean my Heron kettle each month?")][:2] == [
+        "Cleaning the Heron kettle", "Heron kettle warranty"]
+
+
 def test_a_registration_naming_a_missing_model_or_field_is_a_system_check_error(extra_source):
     extra_source("shop.Product", name="products", url="url")
     with pytest.raises(SystemCheckError, match=r"conversations\.E050.*shop\.Product"):
