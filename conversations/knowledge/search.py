@@ -15,6 +15,7 @@ from django.db import connections, router
 from django.db.models import BooleanField, Case, Count, Q, Value, When
 from django.db.models.expressions import RawSQL
 
+from .counts import counted
 from .models import Passage
 from .registry import sources
 from ..conf import get_config
@@ -137,16 +138,15 @@ class Fts5(Engine):
         # the index once per passage, seconds among 10,000 articles instead of a millisecond.
         return self._query(f"SELECT count(*) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH %s", [fts5_query([term])])[0][0]
 
-    def holding(self, term, pks):
-        marks = ", ".join(["%s"] * len(pks))
-        return {pk for pk, in self._query(f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH %s AND rowid IN "
-                                          f"({marks})", [fts5_query([term]), *pks])}
+    # Every passage holding the term, then those of pks among them: with "rowid IN (pks)" in the
+    # statement FTS5 took 6 ms for a word 8,000 of 40,000 passages hold, its whole list 2 ms.
+    def holding(self, term, pks, match=None):
+        wanted = set(pks)
+        return {pk for pk, in self._query(f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH %s",
+                                          [match or fts5_query([term])]) if pk in wanted}
 
     def titled(self, terms, pks):
-        marks = ", ".join(["%s"] * len(pks))
-        return {term: {pk for pk, in self._query(
-            f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH %s AND rowid IN ({marks})",
-            [f"title : ({fts5_query([term])})", *pks])} for term in terms}
+        return {term: self.holding(term, pks, f"title : ({fts5_query([term])})") for term in terms}
 
 
 class PostgresSearch(Engine):
@@ -238,9 +238,8 @@ def rarities(engine, terms):
     """``{term: weight}``: how much finding each term in a passage says, by its rarity among the
     passages (inverse document frequency), in units of a term only one passage holds (1). A term
     most passages hold weighs next to nothing."""
-    total = engine.everything.count()
+    total, counts = counted(engine.connection.alias, terms, engine.frequencies, engine.everything.count)
     unit = math.log((total + 1) / 1.5)
-    counts = engine.frequencies(terms)
     return {term: max(0.0, math.log((total + 1) / (counts[term] + 0.5)) / unit) for term in terms}
 
 

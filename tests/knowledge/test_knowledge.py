@@ -205,6 +205,23 @@ def test_the_best_match_comes_first():
     assert [h.title for h in search("how to brew green tea")][0] == "Green tea"
 
 
+def test_a_words_rarity_is_counted_once_and_again_after_any_write_of_the_index():
+    """The passages holding each word are counted once per generation of the index: the same
+    question again counts nothing, and a save anywhere makes the next search count anew."""
+    article("kayak", "Kayak rental", "Rent a kayak by the hour at the lake.")
+    article("ferry", "Ferry timetable", "The ferry leaves at noon.")
+    article("toaster", "Toaster crumbs", "Empty the crumb tray.")
+    first = search("kayak by the lake")[0].match
+    with CaptureQueriesContext(connection) as queries:
+        assert search("kayak by the lake")[0].match == first
+    assert not [each["sql"] for each in queries if "count(" in each["sql"].lower()]
+    article("canoe", "Canoe trips", "A canoe on the lake is steadier than a kayak.")
+    assert search("kayak by the lake")[0].match < first  # both words are held by two passages now
+    Article.objects.filter(slug="canoe").update(body="<p>A canoe is steadier than a rowing boat.</p>")
+    call_command("rebuild_knowledge")
+    assert search("kayak by the lake")[0].match == pytest.approx(first)
+
+
 def test_the_pieces_of_contractions_are_no_words_of_the_question():
     """"What's", "don't": their "s", "t" and "don" matched the sizes of a T-shirt page."""
     article("tshirt", "T-shirt sizes", "Our T-shirts come in S, M and L.")
