@@ -222,6 +222,22 @@ def test_a_words_rarity_is_counted_once_and_again_after_any_write_of_the_index()
     assert search("kayak by the lake")[0].match == pytest.approx(first)
 
 
+def test_a_search_with_a_floor_shows_what_the_same_search_without_one_shows_above_it():
+    """With a floor, candidates are ranked by the question's rarer words alone (a passage holding
+    only the common ones is under the floor): what a visitor is shown is unchanged by it."""
+    for number in range(8):
+        article(f"returns-{number}", f"Returning order {number}", "Return it within thirty days of delivery.")
+    article("kettle-returns", "Returning the Heron kettle", "Return the Heron kettle within fourteen days.")
+    article("kettle-care", "Heron kettle care", "Descale the Heron kettle monthly; return it to the stand dry.")
+    article("toaster", "Toaster crumbs", "Empty the crumb tray after delivery.")
+    question = "Can I return my Heron kettle after delivery?"
+    everything = search(question, limit=10)
+    for floor in (0.5, 1.0, 1.5, 2.0):
+        above = [(hit.title, hit.match) for hit in everything if hit.match >= floor][:5]
+        assert [(hit.title, hit.match) for hit in search(question, floor=floor)] == above
+    assert [hit.title for hit in search(question, floor=1.5)][:2] == ["Returning the Heron kettle", "Heron kettle care"]
+
+
 def test_the_pieces_of_contractions_are_no_words_of_the_question():
     """"What's", "don't": their "s", "t" and "don" matched the sizes of a T-shirt page."""
     article("tshirt", "T-shirt sizes", "Our T-shirts come in S, M and L.")
