@@ -14,7 +14,9 @@ On a migrated database with the demo's articles replaced by the set's (all publi
    vocabulary without the products' names, titles included: pages on returns, cleaning and
    warranties in general, none about one of the products), inserted with ``bulk_create`` and
    indexed by ``rebuild()``;
-4. query latency there, p50 and p95 of ``--queries`` searches (the set's questions in turn).
+4. query latency there, p50 and p95 of ``--queries`` searches (the set's questions in turn, with
+   the floor, as the search_site tool asks), then
+   of as many again with no word's passage count kept from an earlier search.
 
 It runs unchanged on the code before the relevance floor (``Hit`` without ``match``), so that
 both are measured on the same set, machine and run.
@@ -26,7 +28,7 @@ import time
 
 from bench.common import Stack, machine, table
 from bench.knowledge import percentiles
-from bench.knowledge_set import ANSWERABLE, ARTICLES, HELD_OUT, PRODUCTS, UNANSWERABLE
+from bench.knowledge_set import ANSWERABLE, ARTICLES, FRESH, HELD_OUT, PRODUCTS, UNANSWERABLE
 
 
 def floor():
@@ -35,11 +37,13 @@ def floor():
     return get_config().get("SEARCH_FLOOR")
 
 
-def answers(search, slugs, answerable=ANSWERABLE):
+def answers(search, slugs, answerable=ANSWERABLE, cut=None):
     """``(answerable, unanswerable)``: for each question, its article's slug (None for an
-    unanswerable one) and ``[(slug, match)]`` of the first five hits (match None for code without one)."""
+    unanswerable one) and ``[(slug, match)]`` of the first five hits (match None for code without
+    one) at or above the floor ``cut`` (None: every hit), as the search_site tool asks for them."""
     def found(question):
-        return [(slugs.get(hit.object_pk), getattr(hit, "match", None)) for hit in search(question, limit=5)]
+        return [(slugs.get(hit.object_pk), getattr(hit, "match", None))
+                for hit in search(question, limit=5, **({} if cut is None else {"floor": cut}))]
     return [(slug, found(question)) for question, slug in answerable], [found(q) for q in UNANSWERABLE]
 
 
@@ -67,8 +71,9 @@ def misses(results, cut, limit=40):
     """The answerable questions whose article is not first, with what was."""
     out = []
     for (question, _), (slug, hits) in zip(ANSWERABLE, results[0]):
-        if not hits or hits[0][0] != slug:
-            out.append(f"  {question!r}: wanted {slug}, got {hits[:3]}")
+        shown = [(each, round(match, 2)) for each, match in hits if cut is None or match is None or match >= cut]
+        if not shown or shown[0][0] != slug:
+            out.append(f"  {question!r}: wanted {slug}, got {shown[:3] or hits[:3]}")
     return out[:limit] + [f"  unanswerable {q!r}: {hits[:2]}" for q, hits in zip(UNANSWERABLE, results[1])
                           if hits and (cut is None or hits[0][1] is None or hits[0][1] >= cut)]
 
@@ -79,6 +84,10 @@ def main():
     parser.add_argument("--articles", type=int, default=10000)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--misses", action="store_true", help="list the questions whose article is not first")
+    parser.add_argument("--held-out", action="store_true",
+                        help="also measure the held-out questions (HELD_OUT, FRESH): never while tuning")
+    parser.add_argument("--no-synonyms", action="store_true",
+                        help="without the built-in synonyms (conversations.knowledge.text.SYNONYMS)")
     args = parser.parse_args()
 
     print(machine())
@@ -97,12 +106,19 @@ def main():
         rebuild("help")
         cut = floor()
         slugs = {str(pk): slug for pk, slug in Article.objects.values_list("pk", "slug")}
+        if args.no_synonyms:
+            from conversations.knowledge import text
+
+            text.SYNONYMS.clear()
         alone = answers(search, slugs)
-        rows = [("the set's articles alone", len(slugs), quality(alone, cut)),
-                (f"the same, {len(HELD_OUT)} held-out questions", len(slugs),
-                 quality(answers(search, slugs, HELD_OUT), cut))]
-        sweep = [(each, quality(alone, each)) for each in (0.5, 1.0, 1.25, 1.5, 1.75, 2.0)] if cut else []
-        wrong = misses(alone, cut) if args.misses else []
+        rows = [("the set's articles alone", len(slugs), quality(answers(search, slugs, cut=cut), cut))]
+        if args.held_out:
+            rows += [(f"the same, {len(HELD_OUT)} held-out questions", len(slugs),
+                      quality(answers(search, slugs, HELD_OUT, cut), cut)),
+                     (f"the same, {len(FRESH)} fresh held-out questions", len(slugs),
+                      quality(answers(search, slugs, FRESH, cut), cut))]
+        sweep = [(each, quality(alone, each)) for each in (0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5)] if cut else []
+        wrong = misses(answers(search, slugs, cut=cut), cut) if args.misses else []
 
         rng = random.Random(39)
         names = {word for name, *_ in PRODUCTS for word in query_words(name)}
@@ -117,14 +133,24 @@ def main():
             with connection.cursor() as cursor:
                 cursor.execute("ANALYZE conversations_passage")
         total = Article.objects.count()
-        rows.append((f"among {args.articles:,} generated articles", total, quality(answers(search, slugs), cut)))
+        rows.append((f"among {args.articles:,} generated articles", total, quality(answers(search, slugs, cut=cut), cut)))
+        if args.held_out:
+            rows.append((f"the same, {len(HELD_OUT) + len(FRESH)} held-out questions", total,
+                         quality(answers(search, slugs, HELD_OUT + FRESH, cut), cut)))
 
         questions = [q for q, _ in ANSWERABLE] + UNANSWERABLE
-        timings = []
-        for n in range(args.queries):
-            started = time.perf_counter()
-            search(questions[n % len(questions)], limit=5)
-            timings.append(time.perf_counter() - started)
+        try:  # the words' passage counts a process keeps (code before them has none)
+            from conversations.knowledge.counts import _kept as kept
+        except ImportError:
+            kept = {}
+        timings, counting = [], []
+        for each in (timings, counting):
+            for n in range(args.queries):
+                if each is counting:
+                    kept.clear()
+                started = time.perf_counter()
+                search(questions[n % len(questions)], limit=5, **({} if cut is None else {"floor": cut}))
+                each.append(time.perf_counter() - started)
         label = stack.database_label
 
     print(f"\n{label}; {len(ANSWERABLE)} answerable questions over {len(ARTICLES)} articles, "
@@ -135,6 +161,8 @@ def main():
             f"{q['unanswered_hit']:.1%}"] for name, count, q in rows])
     p50, p95 = percentiles(timings)
     print(f"\nquery latency among {total:,} articles ({len(timings)} searches): p50 {p50:.1f} ms, p95 {p95:.1f} ms")
+    p50, p95 = percentiles(counting)
+    print(f"the same, every word counted again (no kept counts): p50 {p50:.1f} ms, p95 {p95:.1f} ms")
     if sweep:
         print("\nthe set's articles alone, by relevance floor:\n")
         table(["floor", "right article first", "MRR", "answerable: nothing shown", "unanswerable: something shown"],

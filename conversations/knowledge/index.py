@@ -11,6 +11,7 @@ from django.db import Error, connections, router, transaction
 from django.db.models import Max
 from django.db.models.signals import post_delete, post_save
 
+from .counts import index_changed
 from .models import IndexedObject, Passage, StaleObject
 from .registry import follow, source_for_model, sources
 from .text import html_to_text, normalize, split_passages
@@ -65,6 +66,7 @@ def index_object(source, obj):
                                                    defaults={"digest": digest(rows)})
         else:
             IndexedObject.objects.filter(source=source.name, object_pk=str(obj.pk)).delete()
+        transaction.on_commit(index_changed, using=using)
     return len(rows)
 
 
@@ -76,6 +78,7 @@ def remove_object(source_name, pk):
         Passage.objects.filter(source=source_name, object_pk=str(pk)).delete()
         StaleObject.objects.filter(source=source_name, object_pk=str(pk)).delete()
         IndexedObject.objects.filter(source=source_name, object_pk=str(pk)).delete()
+        transaction.on_commit(index_changed, using=using)
 
 
 def mark_stale(source_name, pk, reason):
@@ -188,6 +191,7 @@ def rebuild(name=None):
         objects.delete()
         StaleObject.objects.filter(source__in=dropped | ({name} if name else set())).delete()
         counts.update({each: 0 for each in dropped})
+    index_changed()
     return counts
 
 

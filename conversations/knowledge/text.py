@@ -118,7 +118,8 @@ STOP_WORDS = {
         she should so some such than that the their theirs them themselves then there these they this those
         through to too under until up very was we were what when where which while who whom why will with
         would you your yours yourself yourselves anything something thing things any still want need please
-        help hi hello tell know ok okay also much many""".split()),
+        help hi hello tell know ok okay also much many
+        s t d ll m re ve don doesn didn isn aren wasn weren won wouldn shouldn couldn haven hasn hadn""".split()),
     "es": set("""a al algo ante con contra cual cuando de del desde donde durante e el ella ellas ellos en
         entre era es esa ese eso esta este esto estoy fue ha hay la las le les lo los me mi mis muy ni no nos
         o os para pero por que qué quien se sea ser si sin sobre su sus también te tengo ti tu tus un una uno

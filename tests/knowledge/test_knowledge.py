@@ -205,6 +205,60 @@ def test_the_best_match_comes_first():
     assert [h.title for h in search("how to brew green tea")][0] == "Green tea"
 
 
+def test_a_words_rarity_is_counted_once_and_again_after_any_write_of_the_index():
+    """The passages holding each word are counted once per generation of the index: the same
+    question again counts nothing, and a save anywhere makes the next search count anew."""
+    article("kayak", "Kayak rental", "Rent a kayak by the hour at the lake.")
+    article("ferry", "Ferry timetable", "The ferry leaves at noon.")
+    article("toaster", "Toaster crumbs", "Empty the crumb tray.")
+    first = search("kayak by the lake")[0].match
+    with CaptureQueriesContext(connection) as queries:
+        assert search("kayak by the lake")[0].match == first
+    assert not [each["sql"] for each in queries if "count(" in each["sql"].lower()]
+    article("canoe", "Canoe trips", "A canoe on the lake is steadier than a kayak.")
+    assert search("kayak by the lake")[0].match < first  # both words are held by two passages now
+    Article.objects.filter(slug="canoe").update(body="<p>A canoe is steadier than a rowing boat.</p>")
+    call_command("rebuild_knowledge")
+    assert search("kayak by the lake")[0].match == pytest.approx(first)
+
+
+def test_a_search_with_a_floor_shows_what_the_same_search_without_one_shows_above_it():
+    """With a floor, candidates are ranked by the question's rarer words alone (a passage holding
+    only the common ones is under the floor): what a visitor is shown is unchanged by it."""
+    for number in range(8):
+        article(f"returns-{number}", f"Returning order {number}", "Return it within thirty days of delivery.")
+    article("kettle-returns", "Returning the Heron kettle", "Return the Heron kettle within fourteen days.")
+    article("kettle-care", "Heron kettle care", "Descale the Heron kettle monthly; return it to the stand dry.")
+    article("toaster", "Toaster crumbs", "Empty the crumb tray after delivery.")
+    question = "Can I return my Heron kettle after delivery?"
+    everything = search(question, limit=10)
+    for floor in (0.5, 1.0, 1.5, 2.0):
+        above = [(hit.title, hit.match) for hit in everything if hit.match >= floor][:5]
+        assert [(hit.title, hit.match) for hit in search(question, floor=floor)] == above
+    assert [hit.title for hit in search(question, floor=1.5)][:2] == ["Returning the Heron kettle", "Heron kettle care"]
+
+
+def test_the_pieces_of_contractions_are_no_words_of_the_question():
+    """"What's", "don't": their "s", "t" and "don" matched the sizes of a T-shirt page."""
+    article("tshirt", "T-shirt sizes", "Our T-shirts come in S, M and L.")
+    assert search("What's the price, don't you know?") == []
+    assert [h.title for h in search("What sizes do T-shirts come in?")] == ["T-shirt sizes"]
+
+
+def test_the_article_whose_title_names_the_question_comes_before_a_neighbour_holding_one_more_word():
+    """Four articles on one kettle: the question's subject ("clean") is the title of one of them,
+    and the body of another, which also holds the question's "month". The title decides."""
+    article("kettle-care", "Cleaning the Heron kettle", "Descale the Heron kettle with white vinegar.")
+    article("kettle-warranty", "Heron kettle warranty", "The Heron kettle is guaranteed for two years. Send it in "
+            "every month if it needs cleaning by our workshop.")
+    article("kettle-setup", "Getting started", "Boil water twice before the first cup.")
+    article("ferry", "Ferry timetable", "The ferry leaves at noon.")
+    article("toaster", "Toaster crumbs", "Empty the crumb tray.")
+    article("kettle-returns", "Returning a kettle", "Send it back within thirty days.")
+    assert [h.title for h in search("How do I clean my Heron kettle each month?")][:2] == [
+        "Cleaning the Heron kettle", "Heron kettle warranty"]
+
+
 def test_a_registration_naming_a_missing_model_or_field_is_a_system_check_error(extra_source):
     extra_source("shop.Product", name="products", url="url")
     with pytest.raises(SystemCheckError, match=r"conversations\.E050.*shop\.Product"):
