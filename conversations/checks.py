@@ -187,7 +187,8 @@ def _check_rates(cfg):
 
     errors = []
     for key in ("TURN_RATE_PER_OWNER", "TURN_RATE_PER_IP", "CONVERSATION_RATE_PER_OWNER", "CONVERSATION_RATE_PER_IP",
-                "RATING_RATE_PER_OWNER", "RATING_RATE_PER_IP", "TOKEN_RATE_PER_IP"):
+                "RATING_RATE_PER_OWNER", "RATING_RATE_PER_IP", "TOKEN_RATE_PER_IP",
+                "APPROVAL_RATE_PER_OWNER", "APPROVAL_RATE_PER_IP"):
         rate = cfg[key]
         if not rate_is_on(rate):
             continue
