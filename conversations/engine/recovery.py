@@ -20,6 +20,7 @@ from ..infra import lease, queue, state
 from ..conf import get_config
 from ..core.types import Outcome
 from ..models import CallRecord, Turn
+from . import approvals
 from .lifecycle import end_unclaimed, finalize, waited_too_long
 from ..core.sentences import crashed_message
 
@@ -125,6 +126,8 @@ def repair(turn):
     longer finish it (``failed``). Returns the new state, or None."""
     if turn.done:
         return None
+    if turn.status == Turn.Status.WAITING:  # no job to be dead: it waits for a person, until APPROVAL_WAIT
+        return approvals.expire(turn)
     if waited_too_long(turn):
         ended = end_unclaimed(turn)
         if ended is not None:
