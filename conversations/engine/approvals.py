@@ -66,10 +66,13 @@ def needs_approval(tool, call, turn, cfg):
 
 def request(turn, call, tool):
     """The ``ToolApproval`` of ``call`` in ``turn``, saved pending the first time it is asked for."""
-    approval, _created = ToolApproval.objects.get_or_create(turn=turn, call_id=call.id, defaults={
+    wait = get_config()["APPROVAL_WAIT"]
+    approval, created = ToolApproval.objects.get_or_create(turn=turn, call_id=call.id, defaults={
         "tool_name": tool.name, "arguments": call.arguments, "arguments_sha256": arguments_hash(call.arguments),
         "summary": tool.describe(call.arguments), "approver": tool.approver,
-        "expires_at": timezone.now() + timezone.timedelta(seconds=get_config()["APPROVAL_WAIT"])})
+        "expires_at": timezone.now() + timezone.timedelta(seconds=wait)})
+    if created:
+        record(turn, tool.name, Outcome.OK, f"asked {tool.approver} to approve call {call.id}; waits {wait} s")
     return approval
 
 
