@@ -118,6 +118,9 @@ def decide(turn, call_id, sha256, approve, *, user=None, staff=False):
     if approval.status != Status.PENDING:
         _refuse(turn, name, f"already {approval.status}",
                 _("This action was already decided; nothing more was done."))
+    if turn.status != Turn.Status.WAITING:  # asked for, but not yet shown: the job has not paused
+        _refuse(turn, name, "the turn is not waiting for an approval yet",
+                _("This action is not waiting for your approval; nothing was done."))
     now = timezone.now()
     if approval.expires_at <= now:
         _refuse(turn, name, "expired", _("This request has expired; the action was not done."))
@@ -210,13 +213,15 @@ def expire(turn, now=None):
         if last is not None and continue_after(turn, last):
             return state.read(turn.id)
         return None
-    if not pending.filter(expires_at__lte=now).exists():
-        return None
     with transaction.atomic():
+        # The same conditional UPDATE from pending as a decision's: of an approval landing as it
+        # expires and the expiry, exactly one wins.
+        if not pending.filter(expires_at__lte=now).update(status=Status.EXPIRED):
+            return None
         if not Turn.objects.filter(pk=turn.pk, status=Turn.Status.WAITING).update(
                 status=Turn.Status.INCOMPLETE, error=expired_message(), finished_at=now):
             return None
-        pending.update(status=Status.EXPIRED)
+        pending.update(status=Status.EXPIRED)  # the turn's other calls go with it
         record(turn, "approval", Outcome.TIMEOUT, "expired: nobody decided within APPROVAL_WAIT")
     turn.refresh_from_db()
     save_cost(turn)

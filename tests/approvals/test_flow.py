@@ -135,3 +135,24 @@ def test_a_new_message_waits_until_the_call_is_decided(fake):
     assert response.status_code == 409
     run_worker()
     assert runs() == 0
+
+
+def test_an_approval_sent_before_the_turn_waits_for_it_is_refused(fake):
+    """The call is saved pending just before the job pauses: an approval guessed in that moment
+    (before the visitor was shown anything) is refused, and the call still waits."""
+    from conversations.tools import arguments_hash
+    from django.utils import timezone
+
+    fake.add(openai_text("unused"))
+    client = make_client()
+    started = api_post(client, "/api/conversations/", {}).json()
+    turn = api_post(client, f"/api/conversations/{started['id']}/turns/", {"content": "Refund A1"}).json()
+    Turn.objects.filter(pk=turn["id"]).update(status="running")
+    ToolApproval.objects.create(turn_id=turn["id"], call_id="call_1", tool_name="refund", arguments={"order": "A1"},
+                                arguments_sha256=arguments_hash({"order": "A1"}),
+                                expires_at=timezone.now() + timezone.timedelta(seconds=60))
+    response = api_post(client, turn["approval_url"], {"call_id": "call_1", "decision": "approve",
+                                                       "arguments_sha256": arguments_hash({"order": "A1"})})
+    assert response.status_code == 409
+    assert response.json()["detail"] == "This action is not waiting for your approval; nothing was done."
+    assert ToolApproval.objects.get(turn_id=turn["id"]).status == "pending" and runs() == 0
