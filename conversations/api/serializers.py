@@ -1,7 +1,7 @@
 import re
 
 from django.utils.translation import gettext_lazy as _
-from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
 from rest_framework import serializers
 
 from ..conf import get_config
@@ -133,7 +133,7 @@ class ApprovalCreateSerializer(serializers.Serializer):
     """An approval or a decline of one tool call the turn waits for: exactly the call id and the
     SHA-256 of its arguments that the turn's state showed."""
 
-    call_id = serializers.CharField(max_length=200, error_messages={
+    call_id = serializers.CharField(min_length=1, max_length=200, error_messages={
         "required": _("Say which action you are answering."), "blank": _("Say which action you are answering.")})
     arguments_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$", error_messages={
         "required": _("Send back the details' fingerprint the request showed."),
@@ -146,6 +146,15 @@ class ApprovalCreateSerializer(serializers.Serializer):
         if unknown:  # nothing else a client sends (a "history", an "approved" flag) stands for an approval
             raise serializers.ValidationError(_("Only call_id, arguments_sha256 and decision may be sent."))
         return attrs
+
+
+class ApprovalCreateSchema(OpenApiSerializerExtension):
+    """The schema says what the view enforces: no field but the three (``additionalProperties: false``)."""
+
+    target_class = ApprovalCreateSerializer
+
+    def map_serializer(self, auto_schema, direction):
+        return {**auto_schema._map_basic_serializer(self.target, direction), "additionalProperties": False}
 
 
 class ApprovalSerializer(serializers.Serializer):
