@@ -99,3 +99,17 @@ def test_an_assistant_asks_for_approval_of_a_tool_that_does_not_ask_itself(fake,
     assistant.approval_tools = ["refund"]  # not among its tools
     with pytest.raises(Exception, match="must also be among its tools"):
         assistant.full_clean()
+
+
+def test_the_checks_refuse_an_approval_wait_no_one_could_meet_and_warn_of_staff_tools_without_an_admin(
+        conversations_settings, settings):
+    from conversations.checks import check_config
+
+    conversations_settings.update(APPROVAL_WAIT=0, TOOLS=["tests.approvals.tools.close_account"])
+    ids = [m.id for m in check_config()]
+    assert "conversations.E075" in ids and "conversations.W076" not in ids
+    settings.INSTALLED_APPS = [app for app in settings.INSTALLED_APPS if app != "django.contrib.admin"]
+    found = [m for m in check_config() if m.id == "conversations.W076"]
+    assert len(found) == 1 and "close_account" in found[0].msg
+    conversations_settings.update(APPROVAL_WAIT=600)
+    assert "conversations.E075" not in [m.id for m in check_config()]
