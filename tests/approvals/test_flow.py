@@ -156,3 +156,21 @@ def test_an_approval_sent_before_the_turn_waits_for_it_is_refused(fake):
     assert response.status_code == 409
     assert response.json()["detail"] == "This action is not waiting for your approval; nothing was done."
     assert ToolApproval.objects.get(turn_id=turn["id"]).status == "pending" and runs() == 0
+
+
+def test_every_worker_class_pauses_and_continues_a_turn(fake, worker_class):
+    """The forking worker and the concurrent one (turns in threads) both end the job at the pause
+    and run the continuation; the call runs once."""
+    from tests.support.helpers import start_turn
+
+    fake.add(openai_tool_calls(("call_1", "order_status", {"order": "A1"}), ("call_2", "refund", {"order": "A1"})),
+             openai_text("Done."))
+    client = make_client()
+    started = start_turn(client, "Refund A1.")
+    run_worker(worker_class)
+    state = client.get(started["poll_url"]).json()
+    assert state["status"] == "waiting_approval" and runs("status") == 1 and runs() == 0
+    assert answer(client, started, state["approvals"][0]).status_code == 200
+    run_worker(worker_class)
+    final = poll_until_done(client, started["poll_url"])
+    assert final["status"] == "completed" and runs() == 1 and runs("status") == 1
