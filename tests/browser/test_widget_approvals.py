@@ -7,6 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.approvals.tools import TOOLS, runs
+from tests.browser.test_widget_handoff import audit
 from tests.support.fakes import FakeProvider, openai_text, openai_tool_calls
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -32,6 +33,8 @@ def test_the_visitor_approves_a_call_after_a_reload_and_it_runs_once(chat_page, 
         expect(chat.locator(".cvw-status")).to_have_text("Waiting for your approval…")
         assert '"order": "A1"' in ask.locator(".cvw-approval-arguments").text_content()
         assert runs() == 0
+        assert audit(chat.page) == []  # the request and its buttons pass axe-core (WCAG 2.2 AA)
+        ask.locator(".cvw-approval-approve").focus()  # reachable from the keyboard
 
         chat.page.reload()  # a reload (or a tab closed and opened again) loses nothing
         ask = chat.locator(".cvw-approval")
