@@ -132,3 +132,20 @@ def test_fifty_turns_waiting_for_an_approval_hold_no_job_slot(fake, conversation
     run_worker()
     assert poll_until_done(clients[7], turns[7]["poll_url"])["status"] == "completed" and runs() == 1
     assert Turn.objects.filter(status="waiting_approval").count() == 49
+
+
+def test_a_worker_found_dead_after_its_job_paused_the_turn_leaves_the_wait_alone(fake):
+    """The reaper, the worker's parent and repair_turns see a dead job and continue or end its
+    turn; a turn that job paused for an approval needs no job, and keeps waiting."""
+    from conversations.engine.recovery import end_for_dead_job, resume_or_fail
+
+    fake.add(openai_tool_calls(("call_1", "refund", {"order": "A1"})), openai_text("Refunded."))
+    client = make_client()
+    started, state = waiting_turn(client)
+    turn = Turn.objects.get(pk=started["id"])
+    assert resume_or_fail(turn, "its worker process died", dead_job_id=turn.job_id) is None
+    assert end_for_dead_job(turn, "crashed", dead_job_id=turn.job_id) is None
+    assert Turn.objects.get(pk=turn.pk).status == "waiting_approval"
+    assert answer(client, started, state["approvals"][0]).status_code == 200
+    run_worker()
+    assert poll_until_done(client, started["poll_url"])["status"] == "completed" and runs() == 1
