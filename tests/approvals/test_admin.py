@@ -113,3 +113,19 @@ def test_the_checks_refuse_an_approval_wait_no_one_could_meet_and_warn_of_staff_
     assert len(found) == 1 and "close_account" in found[0].msg
     conversations_settings.update(APPROVAL_WAIT=600)
     assert "conversations.E075" not in [m.id for m in check_config()]
+
+
+def test_the_assistant_form_offers_the_tools_that_need_an_approval_and_refuses_one_it_lacks(admin_client):
+    add = "/admin/conversations/assistant/add/"
+    form = admin_client.get(add).content.decode()
+    assert 'name="approval_tools" value="search_faq"' in form
+    fields = {"name": "Shop", "slug": "shop", "active": "on", "system_prompt": "Sell.", "provider": "demo",
+              "model": "", "base_url": "", "credential": "", "greeting": "", "suggestions": "", "access": "public",
+              "tools": ["search_faq"], "approval_tools": ["current_time"],
+              "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0"}
+    refused = admin_client.post(add, fields)
+    assert refused.status_code == 200 and not Assistant.objects.exists()
+    assert "“current_time” must also be among its tools." in refused.content.decode()
+    saved = admin_client.post(add, {**fields, "approval_tools": ["search_faq"]})
+    assert saved.status_code == 302
+    assert Assistant.objects.get().approval_tools == ["search_faq"]
