@@ -32,7 +32,7 @@ FAQ_WORDS = re.compile(r"\b(how|what|why|can|does|do|refund|refunds|return|shipp
                        r"pricing|cost|account|password|support|contact|open|hours|widget|install|deadline|"
                        r"timeout)\b", re.I)
 # "Email me this answer": the demo site's email_answer tool, which waits for the visitor's approval.
-EMAIL_ME = re.compile(r"\b(e-?mail|mail|send) (me|it to me)\b", re.I)
+EMAIL_ME = re.compile(r"\b(e-?mail|mail) (me|it to me|this|that|it)\b", re.I)
 GREETING = re.compile(r"^\s*(hi|hello|hey|hola|good (morning|afternoon|evening))\b", re.I)
 ABOUT_ME = re.compile(r"\b(who are you|what are you|what can you do|about you|yourself|help me|are you (a|an) )",
                       re.I)

@@ -63,3 +63,17 @@ def test_declined_the_demo_sends_nothing_and_says_so(mailbox):
     run_worker()
     assert poll_until_done(client, turn["poll_url"])["messages"][-1]["content"] == "All right: I did not send the email."
     assert list(mailbox.iterdir()) == []
+
+
+def test_only_a_request_to_mail_the_answer_asks_for_the_email_tool(mailbox):
+    from conversations.providers.demo import DemoProvider
+    from conversations.tools import load_tools
+    from conversations.core.types import ChatMessage
+
+    tools = list(load_tools(DEMO_TOOLS).values())
+    before = [ChatMessage(role="user", content="Hi"), ChatMessage(role="assistant", content="It is noon.")]
+    demo = DemoProvider.__new__(DemoProvider)
+    asked = [demo.plan(question, {t.name for t in tools}, 2, before + [ChatMessage(role="user", content=question)])
+             for question in ("Email me this answer", "Can you send me the refund policy?", "Mail it to me, please")]
+    assert [[c.name for c in calls] for calls in asked] == [["email_answer"], ["search_faq"], ["email_answer"]]
+    assert asked[0][0].arguments == {"text": "It is noon."}
