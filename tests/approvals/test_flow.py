@@ -174,3 +174,18 @@ def test_every_worker_class_pauses_and_continues_a_turn(fake, worker_class):
     run_worker(worker_class)
     final = poll_until_done(client, started["poll_url"])
     assert final["status"] == "completed" and runs() == 1 and runs("status") == 1
+
+
+def test_answers_are_throttled_per_owner(fake, conversations_settings):
+    conversations_settings.update(APPROVAL_RATE_PER_OWNER="2/min", APPROVAL_RATE_PER_IP="")
+    fake.add(openai_tool_calls(("call_1", "refund", {"order": "A1"})))
+    client = make_client()
+    started, state = waiting_turn(client)
+    wrong = {**state["approvals"][0], "call_id": "call_9"}
+    codes = [answer(client, started, wrong).status_code for _ in range(3)]
+    assert codes == [409, 409, 429]
+    refused = answer(client, started, state["approvals"][0])
+    assert refused.status_code == 429 and "Retry-After" in refused
+    assert refused.json()["detail"] == "You are answering too quickly. Please wait a moment and try again."
+    run_worker()
+    assert runs() == 0
