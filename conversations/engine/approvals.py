@@ -182,6 +182,11 @@ def start_run(approval):
                 .update(run_started_at=timezone.now()))
 
 
+def refuse_pending(turn):
+    """Mark the calls ``turn`` was about to wait for as refused: it was stopped before it paused."""
+    ToolApproval.objects.filter(turn=turn, status=Status.PENDING).update(status=Status.REFUSED)
+
+
 def save_result(approval, result):
     ToolApproval.objects.filter(pk=approval.pk).update(result=result.output[:10000])
 
@@ -245,5 +250,5 @@ def staff_waiting():
 
 
 __all__ = ["Refused", "needs_approval", "request", "decide", "continue_after", "start_run", "save_result",
-           "not_run_result", "mismatch_result", "expire", "expire_due", "staff_waiting", "refuse_stranger",
+           "not_run_result", "mismatch_result", "refuse_pending", "expire", "expire_due", "staff_waiting", "refuse_stranger",
            "expired_message"]

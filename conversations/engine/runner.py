@@ -460,11 +460,18 @@ class TurnRunner:
         Returns ``(None, None)``: no final write; a continuation job goes on once they are decided."""
         if not lease.fence():
             raise _Superseded()
+        if state.stop_requested(self.turn.id) == Stop.CANCEL:  # Stop pressed meanwhile: nothing waits
+            approvals.refuse_pending(self.turn)
+            return Turn.Status.CANCELLED, None
         with transaction.atomic():
             self.save_records()
-            if not unended(self.turn.pk, job_id=self.job_id).update(status=Turn.Status.WAITING,
-                                                                    tool_calls=self.turn.tool_calls):
-                raise _Superseded()
+            paused = unended(self.turn.pk, job_id=self.job_id).filter(cancel_requested=False).update(
+                status=Turn.Status.WAITING, tool_calls=self.turn.tool_calls)
+        if not paused:
+            if unended(self.turn.pk, job_id=self.job_id).filter(cancel_requested=True).exists():
+                approvals.refuse_pending(self.turn)
+                return Turn.Status.CANCELLED, None
+            raise _Superseded()
         self.turn.status = Turn.Status.WAITING
         try:
             self.publish()

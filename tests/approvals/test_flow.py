@@ -189,3 +189,30 @@ def test_answers_are_throttled_per_owner(fake, conversations_settings):
     assert refused.json()["detail"] == "You are answering too quickly. Please wait a moment and try again."
     run_worker()
     assert runs() == 0
+
+
+def test_stop_pressed_while_the_step_runs_ends_the_turn_instead_of_a_wait(fake):
+    """Stop lands after the step's last check, while its other call runs: the turn ends cancelled
+    there, rather than waiting for an approval no one may give any more."""
+    import threading
+
+    from django.core.cache import cache
+
+    from tests.support.helpers import start_turn, wait_for
+
+    fake.add(openai_tool_calls(("call_1", "refund", {"order": "A1"}), ("call_2", "slow_status", {"order": "A1"})))
+    client = make_client()
+    started = start_turn(client, "Refund A1 and tell me where it is.")
+
+    def stop_during_the_slow_call():
+        wait_for(lambda: cache.get("test:slow-started"), what="the slow call")
+        api_post(client, started["cancel_url"])
+
+    thread = threading.Thread(target=stop_during_the_slow_call, daemon=True)
+    thread.start()
+    run_worker()
+    thread.join(10)
+    final = poll_until_done(client, started["poll_url"])
+    assert final["status"] == "cancelled" and final["approvals"] == []
+    assert ToolApproval.objects.get(turn_id=started["id"]).status == "refused"
+    assert runs() == 0 and len(fake.requests) == 1

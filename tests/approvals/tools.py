@@ -41,4 +41,17 @@ def order_status(order: str) -> str:
     return f"Order {order} is on its way."
 
 
-TOOLS = [f"{__name__}.{name}" for name in ("refund", "partial_refund", "close_account", "order_status")]
+@tool(idempotent=True)
+def slow_status(order: str) -> str:
+    """Where an order is, slowly (the test presses Stop meanwhile)."""
+    import time
+
+    from django.core.cache import cache
+
+    cache.set("test:slow-started", True)
+    time.sleep(1.5)
+    return f"Order {order} is on its way."
+
+
+TOOLS = [f"{__name__}.{name}" for name in ("refund", "partial_refund", "close_account", "order_status",
+                                           "slow_status")]
