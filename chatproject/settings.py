@@ -167,7 +167,9 @@ if os.environ.get("SECURE_PROXY_SSL_HEADER") == "1":
 
 CONVERSATIONS = {
     "TOOLS": ["chatproject.tools.current_time", "chatproject.tools.search_faq",
-              "conversations.knowledge.tool.search_site"],
+              "conversations.knowledge.tool.search_site",
+              # Waits for the visitor's approval before it sends anything (docs/tools.md).
+              "chatproject.tools.email_answer"],
 }
 # CONVERSATIONS_<KEY> from the environment; conversations.conf converts each value to the
 # type of its default (numbers, booleans, comma-separated lists).

@@ -64,3 +64,25 @@ def search_faq(query: str, limit: int = 2) -> str:
     if not scored:
         return "No FAQ entry matches that question."
     return "\n\n".join(f"{e['question']}\n{e['answer']}" for _, e in scored[: max(1, min(limit, 5))])
+
+
+# Where the demo sends mail for a visitor who is not signed in (its mail only reaches the console).
+DEMO_ADDRESS = "visitor@example.com"
+
+
+def _email_summary(arguments):
+    text = " ".join(str(arguments.get("text", "")).split())
+    return f"Send you an email with this answer: “{text[:200]}{'…' if len(text) > 200 else ''}”"
+
+
+@tool(approval=True, summary=_email_summary)
+def email_answer(context, text: str) -> str:
+    """Email an answer to the visitor, when they ask ("email me this answer"): ``text`` is the answer.
+    It goes to the signed-in visitor's own address (the demo's placeholder for anyone else), never
+    to an address the model chooses, and only once the visitor approves it."""
+    from django.core.mail import send_mail
+
+    user = context.user
+    address = (getattr(user, "email", "") if user is not None else "") or DEMO_ADDRESS
+    send_mail("Your answer from the assistant", text[:5000], None, [address])
+    return f"Sent the answer to {address}."

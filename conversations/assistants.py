@@ -200,6 +200,12 @@ def problems(assistant, cfg=None):
         if missing:
             found.append(("tools", _("its tools %(tools)s are not among the site's registered tools.") % {
                 "tools": ", ".join(f"“{name}”" for name in missing)}))
+    asked = getattr(assistant, "approval_tools", None) or []
+    if not isinstance(asked, list) or not all(isinstance(name, str) for name in asked):
+        found.append(("approval_tools", _("its tools that need an approval must be a list of tool names.")))
+    elif isinstance(assistant.tools, list) and set(asked) - set(assistant.tools):
+        found.append(("approval_tools", _("%(tools)s must also be among its tools.") % {
+            "tools": ", ".join(f"“{name}”" for name in sorted(set(asked) - set(assistant.tools)))}))
     chosen = getattr(assistant, "knowledge_sources", None) or []
     if not isinstance(chosen, list) or not all(isinstance(name, str) for name in chosen):
         found.append(("knowledge_sources", _("its knowledge sources must be a list of source names.")))
@@ -355,6 +361,8 @@ def snapshot(assistant, cfg):
             "limits": {key: cfg[key] for key in LIMITS.values()}}
     if getattr(assistant, "knowledge_sources", None):  # only when set: earlier fingerprints stay as they were
         data["knowledge_sources"] = sorted(assistant.knowledge_sources)
+    if getattr(assistant, "approval_tools", None):  # likewise
+        data["approval_tools"] = sorted(assistant.approval_tools)
     if cfg["FALLBACKS"]:
         data["fallbacks"] = [{key: entry.get(key.upper()) or "" for key in CHAIN_KEYS} for entry in cfg["FALLBACKS"]]
     return data

@@ -61,6 +61,7 @@ def check_config(app_configs=None, **kwargs):
             errors.append(Error(f"{key} ({cfg[key]}) must be at least 1.", hint="See docs/deployment.md.",
                                 id="conversations.E015"))
     errors += _check_credentials(cfg) + _check_prices(cfg) + _check_allowed_endpoints(cfg) + _check_handoff(cfg)
+    errors += _check_approvals(cfg)
     errors += _check_widget_tokens(cfg)
     if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
         errors.append(Warning(
@@ -187,7 +188,8 @@ def _check_rates(cfg):
 
     errors = []
     for key in ("TURN_RATE_PER_OWNER", "TURN_RATE_PER_IP", "CONVERSATION_RATE_PER_OWNER", "CONVERSATION_RATE_PER_IP",
-                "RATING_RATE_PER_OWNER", "RATING_RATE_PER_IP", "TOKEN_RATE_PER_IP"):
+                "RATING_RATE_PER_OWNER", "RATING_RATE_PER_IP", "TOKEN_RATE_PER_IP",
+                "APPROVAL_RATE_PER_OWNER", "APPROVAL_RATE_PER_IP"):
         rate = cfg[key]
         if not rate_is_on(rate):
             continue
@@ -346,6 +348,27 @@ def _check_credentials(cfg):
                 "in this process.",
                 hint="Set it wherever workers run: every turn of an assistant that uses this credential fails "
                      "without it.", id="conversations.W040"))
+    return messages
+
+
+def _check_approvals(cfg):
+    """A tool call that needs an approval must be able to get one (engine/approvals.py)."""
+    messages = []
+    if cfg["APPROVAL_WAIT"] < 1:
+        messages.append(Error(f"APPROVAL_WAIT is {cfg['APPROVAL_WAIT']}: every tool call that needs an approval "
+                              "would expire before anyone could approve it.",
+                              hint='Seconds a person has to approve a call, e.g. "APPROVAL_WAIT": 600.',
+                              id="conversations.E075"))
+    try:
+        tools = load_tools(cfg["TOOLS"]).values()
+    except (ImportError, TypeError, ValueError):  # conversations.E011 says so
+        tools = []
+    staff_only = sorted(t.name for t in tools if t.approval and t.approver == "staff")
+    if staff_only and not apps.is_installed("django.contrib.admin"):
+        messages.append(Warning(
+            f"The tools {', '.join(staff_only)} wait for staff approval, which is given in the admin, and "
+            "django.contrib.admin is not installed: their calls can only be declined or expire.",
+            hint="Install the admin, or declare them approver=\"visitor\".", id="conversations.W076"))
     return messages
 
 

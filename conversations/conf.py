@@ -174,6 +174,12 @@ DEFAULTS = {
     "HANDOFF_MAX_MESSAGES": 50,
     "HANDOFF_EMAILS": [],
     "HANDOFF_STAFF_NAME": "{first_name} from support",
+    # A tool call that waits for a person's approval (``@tool(approval=True)``, docs/tools.md):
+    # seconds it waits before the turn ends incomplete; approvals and declines per owner and per
+    # client address (DRF rates; "" = off).
+    "APPROVAL_WAIT": 600,
+    "APPROVAL_RATE_PER_OWNER": "30/min",
+    "APPROVAL_RATE_PER_IP": "60/min",
     # The site's address ("https://shop.example.com"), for links in mail sent from a worker, which
     # has no request to take the host from; "" takes it from django.contrib.sites where installed.
     "SITE_URL": "",

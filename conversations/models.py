@@ -57,6 +57,10 @@ class Assistant(models.Model):
         "https://www.example.com, or https://*.example.com for every subdomain."))
     knowledge_sources = models.JSONField(_("knowledge sources"), default=list, blank=True, help_text=_(
         "Names of the site's knowledge sources its search_site tool may search; empty: all of them."))
+    # Besides the tools declared ``@tool(approval=...)``: never fewer than the tool itself asks for.
+    approval_tools = models.JSONField(_("tools that need an approval"), default=list, blank=True, help_text=_(
+        "Names of its tools whose every call waits for the visitor's approval (a tool that asks for one "
+        "itself always does)."))
 
     class Access(models.TextChoices):
         PUBLIC = "public", _("anyone (as LOGIN_REQUIRED allows)")
@@ -237,12 +241,14 @@ class Turn(models.Model):
         INCOMPLETE = "incomplete", _("incomplete")
         FAILED = "failed", _("failed")
         CANCELLED = "cancelled", _("cancelled")
+        # A tool call waits for a person's approval (``ToolApproval``): no job runs the turn meanwhile.
+        WAITING = "waiting_approval", _("waiting for an approval")
 
     class Rating(models.TextChoices):
         UP = "up", _("thumbs up")
         DOWN = "down", _("thumbs down")
 
-    ACTIVE_STATUSES = frozenset({Status.QUEUED, Status.RUNNING})
+    ACTIVE_STATUSES = frozenset({Status.QUEUED, Status.RUNNING, Status.WAITING})
     DONE_STATUSES = frozenset({Status.COMPLETED, Status.INCOMPLETE, Status.FAILED, Status.CANCELLED})
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -356,6 +362,71 @@ class WaitingConversation(Conversation):
         verbose_name_plural = _("conversations for a person")
 
 
+class ToolApproval(models.Model):
+    """A tool call the model asked for that runs only once a person approves it: bound to its turn,
+    its call id and the SHA-256 of its exact arguments; decided once (one conditional UPDATE of
+    ``status`` from pending), and run at most once (``run_started_at``, set by the same kind of UPDATE)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", _("waiting")
+        APPROVED = "approved", _("approved")
+        DECLINED = "declined", _("declined")
+        EXPIRED = "expired", _("expired")
+        REFUSED = "refused", _("not run: the turn ended")
+
+    class Approver(models.TextChoices):
+        VISITOR = "visitor", _("the visitor")
+        STAFF = "staff", _("staff")
+
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="approvals")
+    call_id = models.CharField(_("call id"), max_length=200)
+    tool_name = models.CharField(_("tool"), max_length=200)
+    arguments = models.JSONField(_("arguments"), default=dict)
+    arguments_sha256 = models.CharField(_("arguments SHA-256"), max_length=64)
+    summary = models.CharField(_("summary"), max_length=300, blank=True)
+    approver = models.CharField(_("who may approve"), max_length=10, choices=Approver.choices,
+                                default=Approver.VISITOR)
+    status = models.CharField(_("status"), max_length=10, choices=Status.choices, default=Status.PENDING,
+                              db_index=True)
+    requested_at = models.DateTimeField(_("asked at"), auto_now_add=True)
+    expires_at = models.DateTimeField(_("expires at"))
+    decided_at = models.DateTimeField(_("decided at"), null=True, blank=True)
+    # The staff member who decided; None with ``decided_by_visitor`` for the conversation's owner.
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+", verbose_name=_("decided by"))
+    decided_by_visitor = models.BooleanField(_("decided by the visitor"), default=False)
+    run_started_at = models.DateTimeField(_("run started at"), null=True, blank=True)
+    result = models.TextField(_("result"), blank=True)
+
+    class Meta:
+        ordering = ["requested_at", "id"]
+        verbose_name = _("tool call approval")
+        verbose_name_plural = _("tool call approvals")
+        permissions = [("approve_toolcall", _("Can approve or decline tool calls that need staff approval"))]
+        constraints = [models.UniqueConstraint(fields=["turn", "call_id"], name="conversations_toolapproval_call")]
+
+    def __str__(self):
+        return f"{self.tool_name} ({self.status})"
+
+    @property
+    def decider_label(self):
+        """Who decided, as the admin shows it."""
+        if self.decided_by_id:
+            return user_label(self.decided_by)
+        if self.decided_by_visitor:
+            return _("the visitor")
+        return "—"
+
+
+class StaffApproval(ToolApproval):
+    """The admin's list of calls waiting for staff approval (a proxy, like the handoff inbox)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("call for staff approval")
+        verbose_name_plural = _("calls for staff approval")
+
+
 class CallRecord(models.Model):
     """One provider call attempt or tool run of a turn: where the time budget went."""
 
@@ -363,6 +434,7 @@ class CallRecord(models.Model):
         MODEL = "model", _("model call")
         TOOL = "tool", _("tool run")
         RESUME = "resume", _("resumed")
+        APPROVAL = "approval", _("approval")
 
     Outcome = Outcome  # defined with the call types, which must not import models
 

@@ -11,6 +11,7 @@ operator (logs, admin): the model and the visitor read that the tool failed, unl
 raised ``ToolError``, whose message is written for them.
 """
 
+import hashlib
 import inspect
 import json
 import logging
@@ -69,6 +70,15 @@ class Tool:
     # Whether running it twice for one call does no harm (it only reads, or its effect is the
     # same): a tool a stopped worker interrupted is run again only then.
     idempotent: bool = False
+    # Whether a person must approve a call before it runs: True, or a callable
+    # ``(arguments, visitor) -> bool`` deciding per call (``needs_approval``).
+    approval: object = False
+    # Who may approve it: "visitor" (the conversation's owner, in the widget) or "staff" (in the
+    # admin, with the ``conversations.approve_toolcall`` permission).
+    approver: str = "visitor"
+    # ``summary(arguments) -> str``: what the call will do, in a short plain-text sentence the
+    # person approving reads (shown as text, never HTML).
+    summary: typing.Callable = None
 
     @property
     def required(self):
@@ -77,6 +87,45 @@ class Tool:
 
     def __call__(self, *args, **kwargs):
         return self.function(*args, **kwargs)
+
+    def needs_approval(self, arguments, visitor=None):
+        """Whether a call with ``arguments`` (validated) from ``visitor`` (the conversation's user,
+        or None for an anonymous visitor) must be approved before it runs. A callable that raises
+        asks for an approval: an error never lets a call through."""
+        if not callable(self.approval):
+            return bool(self.approval)
+        try:
+            return bool(self.approval(arguments, visitor))
+        except Exception:  # noqa: BLE001 - fail closed
+            logger.warning("Tool %s: its approval rule raised; the call needs an approval", self.name, exc_info=True)
+            return True
+
+    def describe(self, arguments):
+        """What a call with ``arguments`` will do, as plain text of at most ``SUMMARY_MAX_CHARS``:
+        the tool's ``summary``, or its name when it has none (or it raised)."""
+        text = ""
+        if self.summary is not None:
+            try:
+                text = str(self.summary(arguments) or "")
+            except Exception:  # noqa: BLE001 - the arguments are shown anyway
+                logger.warning("Tool %s: its summary raised", self.name, exc_info=True)
+        text = " ".join(text.split()) or self.name
+        return text[:SUMMARY_MAX_CHARS]
+
+
+# The longest summary of a call waiting for an approval.
+SUMMARY_MAX_CHARS = 300
+APPROVERS = ("visitor", "staff")
+
+
+def canonical_arguments(arguments):
+    """``arguments`` as one canonical JSON text (keys sorted, no spaces): what an approval's hash is of."""
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def arguments_hash(arguments):
+    """The SHA-256 (hex) of ``canonical_arguments(arguments)``: an approval names the exact arguments it approves."""
+    return hashlib.sha256(canonical_arguments(arguments).encode("utf-8")).hexdigest()
 
 
 class ToolError(Exception):
@@ -123,9 +172,16 @@ def _schema_for(annotation):
     raise TypeError(f"unsupported tool parameter type: {annotation!r}")
 
 
-def tool(function=None, *, name=None, description=None, timeout=None, idempotent=False):
+def tool(function=None, *, name=None, description=None, timeout=None, idempotent=False, approval=False,
+         approver="visitor", summary=None):
     """Decorator: make ``function`` a ``Tool`` (usable bare, ``@tool``, or with options,
-    ``@tool(timeout=5, idempotent=True)``)."""
+    ``@tool(timeout=5, idempotent=True)``). ``approval``: True, or ``(arguments, visitor) -> bool``,
+    for a call that runs only once a person approved it; ``approver``: "visitor" or "staff";
+    ``summary``: ``(arguments) -> str``, what the call will do, for the person approving."""
+    if approver not in APPROVERS:
+        raise ValueError(f"approver must be one of {APPROVERS}, not {approver!r}")
+    if not (isinstance(approval, bool) or callable(approval)):
+        raise TypeError("approval must be True, False or a callable (arguments, visitor) -> bool")
 
     def wrap(fn):
         signature = inspect.signature(fn)
@@ -155,6 +211,9 @@ def tool(function=None, *, name=None, description=None, timeout=None, idempotent
             takes_context=takes_context,
             timeout=timeout,
             idempotent=idempotent,
+            approval=approval,
+            approver=approver,
+            summary=summary,
         )
 
     return wrap(function) if function is not None else wrap
@@ -312,4 +371,5 @@ def run_tool(t, call, context, limit, max_chars):
     return ToolResult(call.id, t.name, cap(_to_text(outcome.get("value")), max_chars))
 
 
-__all__ = ["Tool", "ToolContext", "ToolError", "tool", "load_tools", "run_tool", "validate_arguments"]
+__all__ = ["Tool", "ToolContext", "ToolError", "tool", "load_tools", "run_tool", "validate_arguments",
+           "arguments_hash", "canonical_arguments"]

@@ -69,6 +69,7 @@ class AssistantForm(forms.ModelForm):
 
     base_url = forms.URLField(required=False, max_length=500, assume_scheme="https")
     tools = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple)
+    approval_tools = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple)
     knowledge_sources = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple)
     credential = forms.ChoiceField(required=False)
     fallbacks = ChainField(required=False, widget=forms.Textarea(attrs={"rows": 4, "class": "vLargeTextField"}))
@@ -88,7 +89,7 @@ class AssistantForm(forms.ModelForm):
         if not self.instance.pk and "provider" not in kwargs.get("initial", {}):
             # A new assistant starts from the site's provider, not the model's "demo" (canned answers).
             self.initial.update(provider=get_config()["PROVIDER"], model=get_config()["MODEL"])
-        for name in ("base_url", "tools", "knowledge_sources", "credential", "fallbacks",
+        for name in ("base_url", "tools", "approval_tools", "knowledge_sources", "credential", "fallbacks",
                      "suggestions", "allowed_origins"):  # as the model's fields
             if name not in self.fields:  # read-only for this user (CONFIGURE_FIELDS)
                 continue
@@ -101,6 +102,9 @@ class AssistantForm(forms.ModelForm):
             names = []
         current = list(self.instance.tools or []) if self.instance.pk else []
         self.fields["tools"].choices = [(name, name) for name in dict.fromkeys(names + current)]
+        if "approval_tools" in self.fields:
+            asked = list(self.instance.approval_tools or []) if self.instance.pk else []
+            self.fields["approval_tools"].choices = [(name, name) for name in dict.fromkeys(names + asked)]
         chosen = list(self.instance.knowledge_sources or []) if self.instance.pk else []
         self.fields["knowledge_sources"].choices = [(name, name) for name in dict.fromkeys(
             list(knowledge_sources()) + chosen)]
@@ -154,7 +158,8 @@ class AssistantAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "slug", "active")}),
         (gettext_lazy("Who may chat"), {"fields": ("access", "access_permission")}),
         (gettext_lazy("What answers"), {"fields": ("system_prompt", ("provider", "model"), "base_url", "credential",
-                                                   "tools", "knowledge_sources", "fallbacks", "handoff")}),
+                                                   "tools", "approval_tools", "knowledge_sources", "fallbacks",
+                                                   "handoff")}),
         (gettext_lazy("Limits (empty: the site's)"), {"fields": (("max_steps", "max_tokens"),
                                                                  ("call_timeout", "job_timeout"))}),
         (gettext_lazy("What the widget shows first"), {"fields": ("greeting", "suggestions")}),

@@ -129,6 +129,17 @@ def rq_job_url(queue_name, job_id):
         return None
 
 
+def build_approvals(turn):
+    """The tool calls of ``turn`` that asked for a person's approval: what was asked (summary and
+    exact arguments, as text), who could approve it, who decided and when, and what the call returned."""
+    return [{"call_id": a.call_id, "tool": a.tool_name, "summary": hide_keys(a.summary),
+             "arguments": hide_keys(json.dumps(a.arguments, indent=2, ensure_ascii=False, sort_keys=True)),
+             "approver": a.get_approver_display(), "status": a.get_status_display(), "status_code": a.status,
+             "requested_at": a.requested_at, "expires_at": a.expires_at, "decided_by": a.decider_label,
+             "decided_at": a.decided_at, "run_started_at": a.run_started_at, "result": hide_keys(a.result)}
+            for a in turn.approvals.select_related("decided_by").order_by("id")]
+
+
 def turn_page(turn):
     """What the turn page's template shows besides the fields: timeline, transcript, the error
     the visitor saw, and whether the turn is still active."""
@@ -136,5 +147,6 @@ def turn_page(turn):
         "timeline": build_timeline(turn, list(turn.calls.order_by("started_offset", "id"))),
         "transcript": build_transcript(turn, list(turn.messages.order_by("id"))),
         "turn_error": hide_keys(turn.error),
+        "approvals": build_approvals(turn),
         "is_active": turn.status in Turn.ACTIVE_STATUSES,
     }

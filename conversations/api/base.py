@@ -27,7 +27,7 @@ from .throttling import refuse
 logger = logging.getLogger("conversations.api")
 
 
-PUBLIC_FIELDS = ("id", "conversation", "status", "done", "messages", "error", "version", "resuming")
+PUBLIC_FIELDS = ("id", "conversation", "status", "done", "messages", "error", "version", "resuming", "approvals")
 
 
 class Conflict(APIException):
@@ -69,11 +69,14 @@ def turn_summary(turn):
         "poll_url": poll_url(turn),
         "cancel_url": reverse("conversations:turn-cancel", args=[turn.conversation_id, turn.id]),
         "rating_url": rating_url(turn.conversation_id, turn.id),
+        # Where a tool call this turn waits for (its state's ``approvals``) is approved or declined.
+        "approval_url": reverse("conversations:turn-approval", args=[turn.conversation_id, turn.id]),
     }
 
 
 def public_state(data):
-    return {**{key: data.get(key) for key in PUBLIC_FIELDS}, "resuming": bool(data.get("resuming"))}
+    return {**{key: data.get(key) for key in PUBLIC_FIELDS}, "resuming": bool(data.get("resuming")),
+            "approvals": data.get("approvals") or []}
 
 
 def owned_conversation(request, conversation_id, *, for_update=False, user=None):

@@ -166,6 +166,8 @@ class TurnDetailView(PollMissLimit, CorsMixin, LoginNotRequiredMixin, RedisDownM
         may have to end unrun)."""
         if data["done"]:
             return False
+        if data["status"] == Turn.Status.WAITING:  # no job to die: checked again once a call may have expired
+            return time.time() > min((a["expires_at"] for a in data.get("approvals") or []), default=0)
         cfg, age = get_config(), time.time() - data.get("updated_at", 0)
         return age > cfg["STALE_AFTER"] or (data["status"] == Turn.Status.QUEUED and age > cfg["QUEUE_WAIT"])
 

@@ -1,7 +1,7 @@
 import re
 
 from django.utils.translation import gettext_lazy as _
-from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
 from rest_framework import serializers
 
 from ..conf import get_config
@@ -129,6 +129,52 @@ class RatingCreateSerializer(serializers.Serializer):
         "max_length": _("The comment is too long: at most 500 characters are allowed.")})
 
 
+class ApprovalCreateSerializer(serializers.Serializer):
+    """An approval or a decline of one tool call the turn waits for: exactly the call id and the
+    SHA-256 of its arguments that the turn's state showed."""
+
+    call_id = serializers.CharField(min_length=1, max_length=200, error_messages={
+        "required": _("Say which action you are answering."), "blank": _("Say which action you are answering.")})
+    arguments_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$", error_messages={
+        "required": _("Send back the details' fingerprint the request showed."),
+        "invalid": _("Send back the details' fingerprint the request showed.")})
+    decision = serializers.ChoiceField(choices=["approve", "decline"], error_messages={
+        "required": _("Approve or decline the action."), "invalid_choice": _("Approve or decline the action.")})
+
+    def validate(self, attrs):
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        if unknown:  # nothing else a client sends (a "history", an "approved" flag) stands for an approval
+            raise serializers.ValidationError(_("Only call_id, arguments_sha256 and decision may be sent."))
+        return attrs
+
+
+class ApprovalCreateSchema(OpenApiSerializerExtension):
+    """The schema says what the view enforces: no field but the three (``additionalProperties: false``)."""
+
+    target_class = ApprovalCreateSerializer
+
+    def map_serializer(self, auto_schema, direction):
+        return {**auto_schema._map_basic_serializer(self.target, direction), "additionalProperties": False}
+
+
+class ApprovalSerializer(serializers.Serializer):
+    call_id = serializers.CharField()
+    status = serializers.CharField(help_text='"approved" or "declined".')
+    decided_at = serializers.DateTimeField()
+
+
+class PendingApprovalSerializer(serializers.Serializer):
+    """A tool call waiting for a person: shown as text, never HTML."""
+
+    call_id = serializers.CharField()
+    tool = serializers.CharField()
+    summary = serializers.CharField(help_text="What the call will do, in the tool's words (plain text).")
+    arguments = serializers.CharField(help_text="The exact arguments, as JSON text.")
+    arguments_sha256 = serializers.CharField(help_text="Send it back with the decision.")
+    approver = serializers.CharField(help_text='Who may approve it: "visitor" or "staff" (in the admin).')
+    expires_at = serializers.FloatField(help_text="Unix time after which the turn ends unanswered.")
+
+
 # -- Response shapes. The views build plain dicts; these describe them in the OpenAPI schema. --
 
 class ConversationSerializer(serializers.Serializer):
@@ -167,6 +213,8 @@ class TurnSummarySerializer(serializers.Serializer):
     poll_url = serializers.CharField()
     cancel_url = serializers.CharField()
     rating_url = serializers.CharField(help_text="Where the visitor rates the turn's answer, once it has ended.")
+    approval_url = serializers.CharField(help_text="Where the visitor approves or declines a tool call the turn "
+                                                   "waits for (its state's approvals).")
 
 
 class NewConversationSerializer(ConversationSerializer):
@@ -215,6 +263,8 @@ class TurnStateSerializer(serializers.Serializer):
     version = serializers.IntegerField()
     resuming = serializers.BooleanField(help_text="True while a new job takes over from a worker that died or "
                                                   "shut down (MAX_RESUMES); the messages stay as they were.")
+    approvals = PendingApprovalSerializer(many=True, help_text="While status is waiting_approval: the tool calls "
+                                                               "waiting for a person.")
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -231,4 +281,7 @@ class ValidationErrorSerializer(serializers.Serializer):
     assistant = serializers.ListField(child=serializers.CharField(), required=False)
     value = serializers.ListField(child=serializers.CharField(), required=False)
     comment = serializers.ListField(child=serializers.CharField(), required=False)
+    call_id = serializers.ListField(child=serializers.CharField(), required=False)
+    arguments_sha256 = serializers.ListField(child=serializers.CharField(), required=False)
+    decision = serializers.ListField(child=serializers.CharField(), required=False)
     non_field_errors = serializers.ListField(child=serializers.CharField(), required=False)

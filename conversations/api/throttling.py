@@ -127,6 +127,16 @@ class RatingIPThrottle(AddressThrottle):
     config_key = "RATING_RATE_PER_IP"
 
 
+class ApprovalOwnerThrottle(OwnerThrottle):
+    scope = "conversations_approvals_owner"
+    config_key = "APPROVAL_RATE_PER_OWNER"
+
+
+class ApprovalIPThrottle(AddressThrottle):
+    scope = "conversations_approvals_ip"
+    config_key = "APPROVAL_RATE_PER_IP"
+
+
 class TokenIPThrottle(AddressThrottle):
     """Visitor tokens minted (or renewed) per client address."""
 

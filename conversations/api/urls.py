@@ -2,7 +2,7 @@ import uuid
 
 from django.urls import path, register_converter
 
-from . import handoff, poll, ratings, tokens, views
+from . import approvals, handoff, poll, ratings, tokens, views
 
 
 class AnyUUIDConverter:
@@ -43,4 +43,6 @@ urlpatterns = [
          name="turn-cancel"),
     path("conversations/<anyuuid:conversation_id>/turns/<anyuuid:turn_id>/rating/", ratings.RatingView.as_view(),
          name="turn-rating"),
+    path("conversations/<anyuuid:conversation_id>/turns/<anyuuid:turn_id>/approval/",
+         approvals.ApprovalView.as_view(), name="turn-approval"),
 ]

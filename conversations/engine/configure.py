@@ -52,6 +52,8 @@ def config_for_turn(turn, cfg=None):
     config["TOOLS"] = tuple(tools[name] for name in assistant.tools)
     if assistant.offers_handoff("tool"):  # built in: no site lists it in TOOLS
         config["TOOLS"] += (HANDOFF_TOOL,)
+    # On top of what each tool asks for itself (engine/approvals.py).
+    config["APPROVAL_TOOLS"] = tuple(assistant.approval_tools or ())
     config["API_KEY"] = assistant_key(assistant, config, site)
     config["ADMIN_ENDPOINT"] = bool(assistant.base_url)  # its connections are checked (endpoints)
     config["FALLBACKS"] = resolve_chain(config["FALLBACKS"], site)

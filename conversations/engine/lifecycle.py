@@ -18,7 +18,7 @@ from .. import assistants
 from ..core import pricing
 from ..infra import queue, state
 from ..conf import get_config
-from ..models import Conversation, Message, Turn
+from ..models import Conversation, Message, ToolApproval, Turn
 from ..core.sentences import not_picked_up_message, unavailable_message
 
 logger = logging.getLogger("conversations.turns")
@@ -121,7 +121,7 @@ def rerun(turn, *, admit=ensure_idle):
 def stop(turn, *, end_orphaned=False):
     """Ask ``turn`` to stop; returns the turn, refreshed.
 
-    A queued turn ends ``cancelled`` at once; a running one stops before its next model or
+    A queued turn, or one waiting for an approval, ends ``cancelled`` at once; a running one stops before its next model or
     tool call (the runner checks the flag in the cache). With ``end_orphaned``, a running turn
     whose RQ job is gone or dead, and so would never see the request, is ended ``cancelled``
     here. The rows come first, so a queued turn ends cancelled even when Redis is unreachable;
@@ -132,6 +132,12 @@ def stop(turn, *, end_orphaned=False):
     Turn.objects.filter(pk=turn.pk).update(cancel_requested=True)
     updated = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(
         status=Turn.Status.CANCELLED, finished_at=timezone.now())
+    # A turn waiting for an approval has no job to see the flag: it ends here, its calls never run.
+    with transaction.atomic():
+        if Turn.objects.filter(pk=turn.pk, status=Turn.Status.WAITING).update(
+                status=Turn.Status.CANCELLED, finished_at=timezone.now()):
+            updated = ToolApproval.objects.filter(turn=turn, status=ToolApproval.Status.PENDING).update(
+                status=ToolApproval.Status.REFUSED) or 1
     turn.refresh_from_db()
     try:
         # Also for a turn that was queued: a work horse may have loaded it a moment before, and

@@ -20,6 +20,7 @@ from ..infra import lease, queue, state
 from ..conf import get_config
 from ..core.types import Outcome
 from ..models import CallRecord, Turn
+from . import approvals
 from .lifecycle import end_unclaimed, finalize, waited_too_long
 from ..core.sentences import crashed_message
 
@@ -83,8 +84,8 @@ def resume_or_fail(turn, cause, *, dead_job_id=None):
     state, or None when another caller continued or ended it first."""
     turn.refresh_from_db()
     dead = dead_job_id or turn.job_id
-    if turn.done or turn.job_id != dead:
-        return None
+    if turn.done or turn.job_id != dead or turn.status == Turn.Status.WAITING:
+        return None  # a turn waiting for an approval needs no job: its job ended it there
     if turn.status == Turn.Status.RUNNING and continue_turn(turn, cause, from_job_id=dead):
         return state.read(turn.id)
     return end_for_dead_job(turn, crashed_message(), dead_job_id=dead)
@@ -112,8 +113,8 @@ def end_for_dead_job(turn, sentence, *, dead_job_id):
     ``cancelled`` if it was asked to stop, else ``failed`` with ``sentence``. Returns the
     published state, or None when it has ended already or another job runs it now."""
     turn.refresh_from_db()
-    if turn.done or turn.job_id != dead_job_id:
-        return None  # ended, or continued by another caller a moment ago
+    if turn.done or turn.job_id != dead_job_id or turn.status == Turn.Status.WAITING:
+        return None  # ended, continued by another caller a moment ago, or paused for an approval
     if turn.cancel_requested:
         return finalize(turn, Turn.Status.CANCELLED, "", job_id=dead_job_id)
     return finalize(turn, Turn.Status.FAILED, sentence, job_id=dead_job_id)
@@ -125,6 +126,8 @@ def repair(turn):
     longer finish it (``failed``). Returns the new state, or None."""
     if turn.done:
         return None
+    if turn.status == Turn.Status.WAITING:  # no job to be dead: it waits for a person, until APPROVAL_WAIT
+        return approvals.expire(turn)
     if waited_too_long(turn):
         ended = end_unclaimed(turn)
         if ended is not None:

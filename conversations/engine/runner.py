@@ -36,8 +36,9 @@ from ..infra.http import CallCancelled, ensure_call_budget
 from ..models import CallRecord, Message, Turn
 from ..providers import ProviderError, call_complete
 from ..core.history import chat_message, message_size, trim_history, unfinished_step
-from ..tools import ToolContext, interrupted_result, load_tools, run_tool, too_many_calls_message
+from ..tools import ToolContext, arguments_hash, interrupted_result, load_tools, run_tool, too_many_calls_message
 from ..core.types import ChatMessage, ErrorCode, Finish, Outcome, ToolResult, record_call
+from . import approvals
 from .handoff import hands_over
 from .lifecycle import claim, unended
 from .limits import turn_address
@@ -377,13 +378,24 @@ class TurnRunner:
         allowed = max(0, cfg["MAX_TOOL_CALLS_PER_STEP"] - position) if cfg["MAX_TOOL_CALLS_PER_STEP"] else len(calls)
         calls, extra = calls[:allowed], calls[allowed:]
         published_at, unpublished = time.monotonic(), False
+        waiting = []  # the calls that wait for a person's approval
         try:
             for number, call in enumerate(calls):
                 ended = self.stop_for(state.stop_requested(self.turn.id))
                 if ended:
                     return ended
                 tool = self.tools.get(call.name)
-                if interrupted_first and number == 0 and tool is not None and not tool.idempotent:
+                approval = self.approval_for(tool, call)
+                if approval is not None and approval.status == approvals.Status.PENDING:
+                    waiting.append(call)  # the step's other calls still run
+                    continue
+                if approval is not None and approval.status == approvals.Status.APPROVED and \
+                        approval.run_started_at is None and self.tool_time(call) <= 0:
+                    self.record_not_run(calls[number:] + extra, "no time left for a tool")
+                    return Turn.Status.INCOMPLETE, deadline_message()
+                if approval is not None:
+                    result = self.run_approved(tool, call, approval)
+                elif interrupted_first and number == 0 and tool is not None and not tool.idempotent:
                     result = interrupted_result(call)
                     record_call(self.record, "tool", call.name, result.outcome, started_offset=self.budget.elapsed(),
                                 remaining_before=self.budget.remaining(), detail=result.detail)
@@ -409,6 +421,9 @@ class TurnRunner:
                 self.record_not_run(extra, f"over the limit of {cfg['MAX_TOOL_CALLS_PER_STEP']} tool calls per reply")
                 history += [ChatMessage(role="tool", content=too_many_calls_message(cfg["MAX_TOOL_CALLS_PER_STEP"]),
                                         tool_call_id=call.id, name=call.name, is_error=True) for call in extra]
+            if waiting:
+                unpublished = False  # wait_for_approval publishes the waiting state
+                return self.wait_for_approval(waiting)
         except _Superseded:
             unpublished = False  # what it saved is the other job's to show now
             raise
@@ -416,6 +431,57 @@ class TurnRunner:
             if unpublished:
                 self.publish()
         return None
+
+    def approval_for(self, tool, call):
+        """The ``ToolApproval`` of ``call`` when it must wait for a person (saved pending the first
+        time it is asked for), else None."""
+        if not approvals.needs_approval(tool, call, self.turn, self.config):
+            return None
+        return approvals.request(self.turn, call, tool)
+
+    def run_approved(self, tool, call, approval):
+        """The result of ``call``, decided by ``approval``: run once when approved (a job that died
+        after starting it leaves it unrun unless its tool is idempotent); declined or expired, not run."""
+        if approval.status != approvals.Status.APPROVED:
+            result = approvals.not_run_result(call, approval)
+        elif approval.arguments_sha256 != arguments_hash(call.arguments):
+            result = approvals.mismatch_result(call)
+        elif not approvals.start_run(approval) and not tool.idempotent:
+            result = interrupted_result(call)
+        else:
+            result = self.run_tool(call)
+            approvals.save_result(approval, result)
+            return result
+        record_call(self.record, "tool", call.name, result.outcome, started_offset=self.budget.elapsed(),
+                    remaining_before=self.budget.remaining(), detail=result.detail)
+        return result
+
+    def wait_for_approval(self, calls):
+        """End this job with the turn waiting for a person to approve ``calls``: its records saved,
+        the turn ``waiting_approval`` (while it is still this job's) and that state published.
+        Returns ``(None, None)``: no final write; a continuation job goes on once they are decided."""
+        if not lease.fence():
+            raise _Superseded()
+        if state.stop_requested(self.turn.id) == Stop.CANCEL:  # Stop pressed meanwhile: nothing waits
+            approvals.refuse_pending(self.turn)
+            return Turn.Status.CANCELLED, None
+        with transaction.atomic():
+            self.save_records()
+            paused = unended(self.turn.pk, job_id=self.job_id).filter(cancel_requested=False).update(
+                status=Turn.Status.WAITING, tool_calls=self.turn.tool_calls)
+        if not paused:
+            if unended(self.turn.pk, job_id=self.job_id).filter(cancel_requested=True).exists():
+                approvals.refuse_pending(self.turn)
+                return Turn.Status.CANCELLED, None
+            raise _Superseded()
+        self.turn.status = Turn.Status.WAITING
+        try:
+            self.publish()
+        except (RedisError, OSError):  # the row says it; the poll view rebuilds the state from it
+            logger.exception("Could not publish that turn %s waits for an approval", self.turn.id)
+        logger.info("turn %s waits for approval of %s", self.turn.id, ", ".join(c.name for c in calls),
+                    extra={"turn_id": str(self.turn.id)})
+        return None, None
 
     @staticmethod
     def ends_turn(reply):

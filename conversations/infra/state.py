@@ -10,6 +10,7 @@ Shape (JSON-ready)::
 parent, the poll view's repair) produces a strictly newer state.
 """
 
+import json
 import logging
 import os
 import threading
@@ -414,7 +415,24 @@ def state_from_db(turn, messages=None):
         "error": turn.error or None,
         "job_id": turn.job_id,
         "started_at": turn.started_at.timestamp() if turn.started_at else None,
+        "approvals": approvals_list(turn),
     }
+
+
+# The status of a turn whose tool call waits for a person (``Turn.Status.WAITING``).
+WAITING = "waiting_approval"
+
+
+def approvals_list(turn):
+    """The tool calls ``turn`` waits for a person to approve (none unless it is waiting): what the
+    widget shows as text, with what an approval must send back (the call id and the arguments' hash)."""
+    if turn.status != WAITING:
+        return []
+    return [{"call_id": a.call_id, "tool": a.tool_name, "summary": a.summary,
+             "arguments": json.dumps(a.arguments, ensure_ascii=False, sort_keys=True, indent=1, default=str),
+             "arguments_sha256": a.arguments_sha256, "approver": a.approver,
+             "expires_at": a.expires_at.timestamp()}
+            for a in turn.approvals.filter(status="pending").order_by("id")]
 
 
 # -- a conversation handed to a person (engine/handoff.py) ---------------------------------

@@ -31,6 +31,8 @@ PLACE = re.compile(r"\bin ([A-Z][\w'-]*(?: [A-Z][\w'-]*)*)")
 FAQ_WORDS = re.compile(r"\b(how|what|why|can|does|do|refund|refunds|return|shipping|ship|deliver|delivery|price|"
                        r"pricing|cost|account|password|support|contact|open|hours|widget|install|deadline|"
                        r"timeout)\b", re.I)
+# "Email me this answer": the demo site's email_answer tool, which waits for the visitor's approval.
+EMAIL_ME = re.compile(r"\b(e-?mail|mail) (me|it to me|this|that|it)\b", re.I)
 GREETING = re.compile(r"^\s*(hi|hello|hey|hola|good (morning|afternoon|evening))\b", re.I)
 ABOUT_ME = re.compile(r"\b(who are you|what are you|what can you do|about you|yourself|help me|are you (a|an) )",
                       re.I)
@@ -117,7 +119,7 @@ class DemoProvider(BaseProvider):
                 return ModelReply(text="", tool_calls=more, finish=Finish.TOOL_CALLS, usage=usage)
             reply = self.answer_from([m for m in this_turn if m.role == "tool"])
         else:
-            calls = self.plan(question, available, step)
+            calls = self.plan(question, available, step, messages)
             if calls:
                 usage.output_tokens = sum(len(str(c.arguments)) for c in calls) // 4
                 return ModelReply(text="", tool_calls=calls, finish=Finish.TOOL_CALLS, usage=usage)
@@ -126,19 +128,31 @@ class DemoProvider(BaseProvider):
         return ModelReply(text=reply, finish=Finish.STOP, usage=usage)
 
     @staticmethod
+    def last_answer(messages):
+        """The text of the last assistant answer before the visitor's last message, or ""."""
+        last = max((number for number, m in enumerate(messages) if m.role == "user"), default=-1)
+        return next((m.content for m in reversed(messages[:max(last, 0)]) if m.role == "assistant" and m.content), "")
+
+    @staticmethod
     def this_turn(messages):
         """The messages after the visitor's last one: what this turn has done so far."""
         last = max((number for number, m in enumerate(messages) if m.role == "user"), default=-1)
         return messages[last + 1:]
 
-    def plan(self, question, available, step=1):
-        """The tool calls a question asks for (possibly several), or [] to answer directly."""
+    def plan(self, question, available, step=1, messages=()):
+        """The tool calls a question asks for (possibly several), or [] to answer directly;
+        ``messages``: the conversation so far ("email me this answer" sends its last answer)."""
         if ABOUT_ME.search(question) or (GREETING.search(question) and len(question) < 40):
             return []
         calls = []
 
         def call(name, **arguments):
             calls.append(ToolCall(id=f"demo_{step}_{len(calls) + 1}", name=name, arguments=arguments))
+        if "email_answer" in available and EMAIL_ME.search(question):
+            answer = self.last_answer(messages)
+            if answer:
+                call("email_answer", text=answer[:2000])
+                return calls
 
         if "current_time" in available and TIME_WORDS.search(question):
             for city in self.places(question)[:MAX_CITIES]:
@@ -196,7 +210,10 @@ class DemoProvider(BaseProvider):
         """The final answer, written from the tool results (errors included) of the last step."""
         lines = []
         for result in results:
-            if result.is_error:
+            if result.name == "email_answer":  # declined (or failed): it says so in its own words
+                lines.append("Done: " + result.content if not result.is_error and result.content.startswith("Sent")
+                             else "All right: I did not send the email.")
+            elif result.is_error:
                 reason = re.sub(r"^Error: (\w+Error: )?", "", result.content)
                 lines.append(f"I asked the {result.name or 'tool'} tool, but it could not help: {reason}")
             elif result.name == "current_time":

@@ -75,6 +75,12 @@ def widget_strings():
         "handoff_closed": _("This conversation was closed by our staff."),
         "handoff_expired": _("No one is free to answer right now. You can wait, or go back to the assistant."),
         "back_to_assistant": _("Back to the assistant"),
+        "approval_needed": _("The assistant asks for your approval before it does this:"),
+        "approval_details": _("Details"),
+        "approve": _("Approve"),
+        "decline": _("Decline"),
+        "approval_staff": _("Our staff must approve this before the assistant goes on."),
+        "approval_waiting": _("Waiting for your approval…"),
     }
 
 

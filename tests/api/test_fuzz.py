@@ -107,7 +107,7 @@ def fuzz(operation, mode, visitor):
 def test_the_api_survives_fuzzing_and_matches_its_schema(mode, visitor):
     schema = schemathesis.openapi.from_url(f"{visitor.base_url}/api/schema/?format=json", config=CONFIG)
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 11  # the widget-token and handoff endpoints are fuzzed like the rest
+    assert len(operations) == 12  # the widget-token, handoff and approval endpoints are fuzzed like the rest
     for operation in operations:
         if mode == GenerationMode.NEGATIVE and not (any(operation.iter_parameters()) or operation.body):
             continue  # nothing in the request to get wrong (e.g. GET /api/conversations/)

@@ -17,6 +17,7 @@ RATING = "/api/conversations/{conversation_id}/turns/{turn_id}/rating/"
 TOKEN = "/api/widget-token/"
 HANDOFF = "/api/conversations/{conversation_id}/handoff/"
 BACK = "/api/conversations/{conversation_id}/handoff/back/"
+APPROVAL = "/api/conversations/{conversation_id}/turns/{turn_id}/approval/"
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def test_the_schema_is_public_valid_openapi_3(schema):
 
 def test_the_schema_lists_every_endpoint_and_only_the_api(schema):
     assert set(schema["paths"]) == {"/api/conversations/", CONVERSATION, TURNS, POLL, CANCEL, RATING, TOKEN, HANDOFF,
-                                      BACK}
+                                      BACK, APPROVAL}
     assert set(schema["paths"]["/api/conversations/"]) == {"get", "post"}
     assert set(schema["paths"][TURNS]) == {"post"}
 
@@ -55,6 +56,7 @@ def test_the_schema_documents_every_answer(schema):
     assert statuses(schema, HANDOFF, "get") == {"200", "304", "403", "404", "429", "503"}
     assert statuses(schema, HANDOFF, "post") == {"202", "403", "404", "409", "413", "415", "429", "503"}
     assert statuses(schema, BACK, "post") == {"200", "403", "404", "409", "413", "415", "503"}
+    assert statuses(schema, APPROVAL, "post") == {"200", "400", "403", "404", "409", "413", "415", "429", "503"}
     throttled = schema["paths"][TURNS]["post"]["responses"]["429"]
     assert "Retry-After" in throttled["headers"]
 
@@ -63,7 +65,7 @@ def test_the_schema_describes_request_and_response_bodies(schema):
     components = schema["components"]["schemas"]
     assert components["TurnCreate"]["required"] == ["content"]
     assert set(components["TurnState"]["properties"]) == {"id", "conversation", "status", "done", "messages",
-                                                          "error", "version", "resuming"}
+                                                          "error", "version", "resuming", "approvals"}
     assert components["TurnSummary"]["properties"]["status"]["$ref"].endswith("StatusEnum")
     parameters = {p["name"]: p for p in schema["paths"][TURNS]["post"]["parameters"]}
     assert parameters["Idempotency-Key"]["in"] == "header"

@@ -67,7 +67,8 @@ def test_openai_compatible_provider_runs_a_tool_and_answers(worker, conversation
     assert first["headers"]["Authorization"] == "Bearer sk-test-key"
     assert first["json"]["model"] == "gpt-test"
     assert first["json"]["messages"][-1] == {"role": "user", "content": "How do refunds work?"}
-    assert {t["function"]["name"] for t in first["json"]["tools"]} == {"current_time", "search_faq", "search_site"}
+    assert {t["function"]["name"] for t in first["json"]["tools"]} == {"current_time", "search_faq", "search_site",
+                                                                 "email_answer"}
     tool_result = second["json"]["messages"][-1]
     assert tool_result["role"] == "tool" and tool_result["tool_call_id"] == "call_1"
     assert "30 days of delivery" in tool_result["content"]

@@ -62,7 +62,7 @@ def test_multi_step_tool_turn_in_the_worker_sends_tool_use_and_tool_result_block
     assert (body["model"], body["max_tokens"], body["system"]) == ("claude-test", 321, "Be brief.")
     assert body["messages"] == [{"role": "user", "content": "How do refunds work, and what time is it in Tokyo?"}]
     assert SEARCH_FAQ_TOOL in body["tools"]
-    assert [t["name"] for t in body["tools"]] == ["current_time", "search_faq", "search_site"]
+    assert [t["name"] for t in body["tools"]] == ["current_time", "search_faq", "search_site", "email_answer"]
 
     sent = second["json"]["messages"]
     assert sent[1] == {"role": "assistant", "content": [

@@ -66,7 +66,8 @@ def test_multi_step_tool_turn_in_the_worker_sends_each_step_back(fake, worker):
     assert body["messages"] == [{"role": "system", "content": "Be brief."},
                                 {"role": "user", "content": "How do refunds work, and what time is it in Tokyo?"}]
     assert SEARCH_FAQ_SCHEMA in body["tools"]
-    assert [t["function"]["name"] for t in body["tools"]] == ["current_time", "search_faq", "search_site"]
+    assert [t["function"]["name"] for t in body["tools"]] == ["current_time", "search_faq", "search_site",
+                                                              "email_answer"]
 
     assert second["json"]["messages"][2:] == [
         {"role": "assistant", "content": None,

@@ -250,6 +250,7 @@ OPERATIONS = {
     "poll a handoff": ("/api/conversations/{conversation_id}/handoff/", "get"),
     "go back to the assistant": ("/api/conversations/{conversation_id}/handoff/back/", "post"),
     "ask for a person": ("/api/conversations/{conversation_id}/handoff/", "post"),
+    "approve a tool call": ("/api/conversations/{conversation_id}/turns/{turn_id}/approval/", "post"),
 }
 
 
@@ -270,6 +271,8 @@ def call_every_endpoint(client, turn, content="Hello?", **message_headers):
         "poll a handoff": client.get(f"/api/conversations/{conversation}/handoff/"),
         "go back to the assistant": api_post(client, f"/api/conversations/{conversation}/handoff/back/"),
         "ask for a person": api_post(client, f"/api/conversations/{conversation}/handoff/"),
+        "approve a tool call": api_post(client, turn["approval_url"], {"call_id": "call_1", "decision": "approve",
+                                                                       "arguments_sha256": "0" * 64}),
     }
 
 

@@ -12,6 +12,9 @@ continued by a new job when its deadline still allows (``recovery.resume_or_fail
 (failed, or cancelled if it was asked to stop). A running job still inside its
 ``job_timeout`` is reported and left alone.
 
+A turn waiting for a tool call's approval past ``APPROVAL_WAIT`` is ended ``incomplete``
+(``engine.approvals.expire_due``).
+
 Ending and repairing change a row only if it is still unfinished (queued, for
 ``end_unclaimed``), then publish the state with ``done: true``; running it twice changes
 nothing the second time.
@@ -25,7 +28,7 @@ from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from conversations.engine import lifecycle
+from conversations.engine import approvals, lifecycle
 from conversations.infra import queue
 from conversations.engine.recovery import resume_or_fail
 from conversations.conf import get_config
@@ -93,6 +96,10 @@ class Command(BaseCommand):
                 self.stdout.write(f"{turn.id}  {status:<8}  {late:>7}  {reason or 'job still alive'}  -> {action}")
         except RedisError as exc:
             raise CommandError(f"Redis is unavailable, nothing was changed after this point: {exc}") from None
+        if not dry_run:
+            expired = approvals.expire_due(now)
+            if expired:
+                self.stdout.write(f"{expired} turn(s) waiting for an approval past APPROVAL_WAIT ended incomplete.")
         verb = "would be repaired" if dry_run else "repaired"
         continued = f" ({resumed} continued by a new job)" if resumed else ""
         self.stdout.write(f"{overdue} overdue turn(s), {repaired} {verb}{continued}, {overdue - repaired} left to "

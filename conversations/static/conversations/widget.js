@@ -57,7 +57,13 @@
     handoff_returned: "You are talking to the assistant again.",
     handoff_closed: "This conversation was closed by our staff.",
     handoff_expired: "No one is free to answer right now. You can wait, or go back to the assistant.",
-    back_to_assistant: "Back to the assistant"
+    back_to_assistant: "Back to the assistant",
+    approval_needed: "The assistant asks for your approval before it does this:",
+    approval_details: "Details",
+    approve: "Approve",
+    decline: "Decline",
+    approval_staff: "Our staff must approve this before the assistant goes on.",
+    approval_waiting: "Waiting for your approval…"
   };
   var FIRST_DELAY = 300;      // ms before the first poll, and again after every change
   var GROWTH = 1.5;           // back off while nothing changes …
@@ -360,6 +366,7 @@
       this.turn = Object.assign({
         id: summary.id, pollUrl: this.client.resolve(summary.poll_url), cancelUrl: this.client.resolve(summary.cancel_url),
         ratingUrl: summary.rating_url ? this.client.resolve(summary.rating_url) : "",
+        approvalUrl: summary.approval_url ? this.client.resolve(summary.approval_url) : "",
         etag: null, delay: FIRST_DELAY, errors: 0, since: since, timer: null, request: null, controller: null, look: 0,
         giveUpAt: since + (this.limits.jobTimeout + this.limits.giveUpMargin) * 1000 }, extra || {});
       return this.turn;
@@ -423,6 +430,13 @@
           turn.version = state.version;
           turn.streaming = self.events.changed(turn, state);
           turn.resuming = Boolean(state.resuming);  // its worker died: another takes the answer over
+          turn.approvals = state.status === "waiting_approval" ? (state.approvals || []) : [];
+          // Waiting for a person costs the turn no time: it may go on until the approval expires,
+          // then for a whole job's time.
+          turn.approvals.forEach(function (a) {
+            turn.giveUpAt = Math.max(turn.giveUpAt, (Number(a.expires_at) + self.limits.jobTimeout +
+                                                     self.limits.giveUpMargin) * 1000);
+          });
           if (state.done) { self.end(turn, state); return; }
           turn.delay = FIRST_DELAY;
         }
@@ -1112,6 +1126,7 @@
     changed(turn, state) {
       var self = this, streaming = false;
       (state.messages || []).forEach(function (m) { streaming = self.draw(m, turn.id); });
+      this.askApproval(turn, state.status === "waiting_approval" ? state.approvals || [] : []);
       if (!state.done && state.status === "running" && this.status === "waiting") { this.setState("running"); }
       return streaming;
     }
@@ -1123,10 +1138,60 @@
       }
     }
 
+    /* The tool calls `turn` waits for a person to approve, each drawn once as text (its summary
+     * and its exact arguments; never HTML), with Approve / Decline when the visitor may decide it.
+     * The answer names the call id and the arguments' hash the state gave: the server decides. */
+    askApproval(turn, approvals) {
+      var self = this, s = this.strings, shown = this.approvalItems || (this.approvalItems = {});
+      var wanted = {};
+      approvals.forEach(function (a) {
+        var key = turn.id + ":" + a.call_id;
+        wanted[key] = true;
+        if (shown[key]) { return; }
+        var item = shown[key] = el("li", "cvw-msg cvw-approval");
+        item.setAttribute("data-call", a.call_id);
+        item.appendChild(el("p", "cvw-approval-ask", a.approver === "staff" ? s.approval_staff : s.approval_needed));
+        item.appendChild(el("p", "cvw-approval-summary", a.summary));
+        var details = el("details", "cvw-approval-details");
+        details.appendChild(el("summary", "", s.approval_details));
+        details.appendChild(el("pre", "cvw-approval-arguments", a.arguments));
+        item.appendChild(details);
+        if (a.approver !== "staff") {
+          var actions = el("div", "cvw-approval-actions");
+          [["approve", s.approve], ["decline", s.decline]].forEach(function (choice) {
+            var button = el("button", "cvw-approval-" + choice[0], choice[1]);
+            button.type = "button";
+            button.addEventListener("click", function () { self.decide(turn, a, choice[0], item); });
+            actions.appendChild(button);
+          });
+          item.appendChild(actions);
+        }
+        self.add(item);
+      });
+      Object.keys(shown).forEach(function (key) {
+        if (!wanted[key]) { shown[key].remove(); delete shown[key]; }
+      });
+    }
+
+    decide(turn, approval, decision, item) {
+      var self = this;
+      var buttons = item.querySelectorAll("button");
+      buttons.forEach(function (b) { b.disabled = true; });
+      this.client.request("POST", turn.approvalUrl, { call_id: approval.call_id, decision: decision,
+                                                      arguments_sha256: approval.arguments_sha256 }).then(function () {
+        self.poller.hurry(turn);
+      }, function (error) {
+        buttons.forEach(function (b) { b.disabled = false; });
+        self.setStatusLine(error.message, true);
+        self.poller.hurry(turn);
+      });
+    }
+
     /* The status line while `turn` is followed: what the visitor is waiting for now. */
     progress(turn) {
       var s = this.strings;
       if (this.status === "stopping") { return s.stopping; }
+      if (turn.approvals && turn.approvals.length) { return s.approval_waiting; }
       if (turn.resuming) { return s.resuming; }
       if (turn.streaming) { return s.writing; }
       if (this.status === "waiting" && Date.now() - turn.since >= QUEUED_NOTICE) { return s.waiting; }
