@@ -11,9 +11,11 @@ import subprocess
 import sys
 import time
 
+import django_rq
 import pytest
 from django.core.cache import cache
 
+from conversations.infra import lease
 from conversations.models import CallRecord, Turn
 from conversations.tools import tool
 from tests.support.fake_stream import openai_stream, streaming
@@ -203,3 +205,52 @@ def test_message_text_goes_in_a_span_only_when_the_site_turns_it_on(chain, telem
     spans = collected(telemetry, receiver)
     outputs = [s["attributes"].get("gen_ai.output.messages") for s in spans if s["name"].startswith("chat ")]
     assert any(o and ANSWER in o for o in outputs)
+
+
+@pytest.mark.slow
+def test_a_turn_resumed_after_sigkill_is_still_one_trace(chain, telemetry, receiver, worker_class, worker_process,
+                                                        conversations_settings, monkeypatch):
+    """``manage.py rqworker`` processes export over OTLP (TELEMETRY="otlp", the SDK's own OTEL_*
+    variables); the tool's process (the forking worker's work horse, or a whole concurrent worker)
+    is SIGKILLed while the tool runs, and the turn goes on in a new job."""
+    conversations_settings.update(TOOL_TIMEOUT=15, TOOL_RESERVE=1)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "conversations-worker")
+    cache.set("test:hold", True)
+    worker_process(1, worker_class=worker_class, TELEMETRY="otlp")
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    wait_for(lambda: cache.get("test:tool-pid"), timeout=30, what="the tool to run")
+    if worker_class == CONCURRENT:  # the survivor, whose reaper continues the dead process's turn
+        worker_process(1, worker_class=worker_class, TELEMETRY="otlp")
+        wait_for(lambda: len(lease.holders(django_rq.get_connection())) == 2, timeout=30, what="the second lease")
+    wait_for(lambda: len(by_name(receiver.spans, "chat ")) == 3, timeout=10, what="the first job's call spans")
+    os.kill(cache.get("test:tool-pid"), signal.SIGKILL)
+    cache.set("test:answer", True)
+    final = poll_until_done(client, started["poll_url"], timeout=40)
+    assert (final["status"], final["messages"][-1]["content"]) == ("completed", ANSWER)
+    turn = Turn.objects.get(pk=started["id"])
+    assert turn.resumes == 1
+
+    wait_for(lambda: len(by_name(collected(telemetry, receiver), "conversations.turn.job")) == 1, timeout=10,
+             what="the continuation's span")
+    spans = collected(telemetry, receiver)
+    assert len({s["trace_id"] for s in spans}) == 1
+    (post,) = by_name(spans, "conversations.turn.enqueue")
+    (resume,) = by_name(spans, "conversations.turn.resume")
+    (job,) = by_name(spans, "conversations.turn.job")  # the killed job's span never ended: it is lost with it
+    assert resume["parent_id"] == post["span_id"]
+    assert resume["attributes"]["conversations.resume.from_job"] == f"conversations-turn-{turn.id}"
+    assert resume["attributes"]["messaging.message.id"] == turn.job_id
+    assert job["parent_id"] == resume["span_id"] and job["attributes"]["conversations.turn.status"] == "completed"
+    ids = {s["span_id"] for s in spans}
+    first, second = [s for s in by_name(spans, "chat ") if s["parent_id"] not in ids], \
+        [s for s in by_name(spans, "chat ") if s["parent_id"] == job["span_id"]]
+    assert len(first) == 3 and len({s["parent_id"] for s in first}) == 1  # under the dead job's (lost) span
+    assert len(second) == 3
+    (tool_span,) = by_name(spans, "execute_tool ")  # the killed run saved no record: only the second run
+    assert tool_span["parent_id"] == job["span_id"]
+    assert_matches_timeline(spans, turn)
+    assert CallRecord.objects.filter(turn=turn, kind="resume").count() == 1
+    assert_no_message_text(spans)
