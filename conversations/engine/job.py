@@ -159,6 +159,7 @@ def warm_up():
         Turn.objects.select_related("conversation", "conversation__user").filter(pk=missing).first()
         list(Message.objects.filter(turn_id=missing).order_by("id"))
         state.read(missing)
+        telemetry.warm_up()
     except Exception:  # noqa: BLE001 - a worker that cannot warm up still works, only slower
         logger.warning("Could not warm up the worker", exc_info=True)
     finally:

@@ -112,8 +112,24 @@ def forked():
     return _configured_in is not None and _configured_in != os.getpid()
 
 
+_tracers = {}
+
+
 def _tracer():
-    return trace.get_tracer(SCOPE)
+    """The app's tracer, made once per tracer provider (a test or a site may set the provider late)."""
+    provider = trace.get_tracer_provider()
+    tracer = _tracers.get(id(provider))
+    if tracer is None:
+        tracer = _tracers[id(provider)] = trace.get_tracer(SCOPE)
+    return tracer
+
+
+def warm_up():
+    """Make the tracer and the instruments now (a forking worker's parent calls this, so that no
+    work horse makes them again for its one turn)."""
+    if AVAILABLE:
+        _tracer()
+        instruments()
 
 
 # -- context through RQ -------------------------------------------------------------------
@@ -363,10 +379,12 @@ def observe_handoffs(count):
             return
 
         def callback(options):
+            if forked():  # a work horse's last export: the long-lived processes report it
+                return
             try:
                 yield otel_metrics.Observation(count())
-            except Exception:  # noqa: BLE001 - a failed read skips one observation
-                logger.warning("Could not count the hand-overs waiting", exc_info=True)
+            except Exception:  # noqa: BLE001 - a failed read (no table yet, no database) skips one observation
+                logger.debug("Could not count the hand-overs waiting", exc_info=True)
 
         recorded.handoffs = otel_metrics.get_meter(SCOPE).create_observable_gauge(
             "conversations.handoffs.waiting", callbacks=[callback], unit="{conversation}",
