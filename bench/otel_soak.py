@@ -19,6 +19,7 @@ counting the polls answered 200 and 304 that the visitors saw. Exits 1 on a mism
 """
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -31,11 +32,12 @@ CLASSES = {"ConcurrentWorker": ("conversations.worker.ConcurrentWorker", "defaul
 
 
 def run_visitor(base, turns, polls, errors):
-    """Post ``turns`` turns one after the other, each polled to its end; count the poll answers."""
+    """Post ``turns`` turns one after the other, each in a conversation of its own (so that each
+    is a whole tool turn), polled to its end; count the poll answers."""
     try:
         session = visitor(base)
-        conversation = session.post(base + "/api/conversations/", json={}).json()["id"]
         for _ in range(turns):
+            conversation = session.post(base + "/api/conversations/", json={}).json()["id"]
             response = session.post(f"{base}/api/conversations/{conversation}/turns/",
                                     json={"content": "What time is it in Tokyo, and how do refunds work?"})
             assert response.status_code == 202, response.text
@@ -67,13 +69,14 @@ def main():
     with ScriptedProvider(calls=3) as provider, OtlpReceiver() as receiver:
         conversations = {"PROVIDER": "openai", "BASE_URL": provider.url, "API_KEY": "bench", "MODEL": "bench",
                          "TELEMETRY": "otlp"}
+        # Every process of the stack (this one, migrate, gunicorn, the workers) exports to the receiver.
+        os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "conversations-soak",
+                           "OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+                           "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta"})
         with Stack(database=args.database, conversations=conversations) as stack:
-            otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "conversations-soak",
-                    "OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_METRIC_EXPORT_INTERVAL": "1000",
-                    "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta"}
             bases = {}
             for name, (path, queue_name) in CLASSES.items():
-                env = {"RQ_WORKER_CLASS": path, "CONVERSATIONS_QUEUE": queue_name, **otel}
+                env = {"RQ_WORKER_CLASS": path, "CONVERSATIONS_QUEUE": queue_name}
                 bases[name] = stack.gunicorn(2, env=env)
                 stack.spawn(PYTHON, str(ROOT / "manage.py"), "rqworker", queue_name, env=env)
             stack.wait_for_workers(len(CLASSES))
@@ -88,6 +91,13 @@ def main():
                 thread.join()
             took = time.monotonic() - began
             if errors:
+                from conversations.models import Turn
+
+                for turn in Turn.objects.exclude(status="completed"):
+                    print("not completed:", turn.id, turn.status, turn.queue, turn.job_id, turn.enqueued_at,
+                          turn.started_at, turn.finished_at) if hasattr(turn, "queue") else print(
+                        "not completed:", turn.id, turn.status, turn.job_id, turn.enqueued_at, turn.started_at,
+                        turn.finished_at)
                 raise errors[0]
             time.sleep(4)  # a batch delay and a few metric intervals: every process has exported
             ok = report(args, receiver, polls, took)

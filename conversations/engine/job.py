@@ -139,13 +139,14 @@ def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None, trace=None):
     return turn.status
 
 
-def warm_up():
+def warm_up(forking=False):
     """Do, once in an RQ worker's parent process, the first-time work of a turn that each work
     horse would otherwise repeat: every horse is a fresh fork of the parent and inherits only
     what the parent has already done. Imports the provider and the tools; runs the turn's
     queries once (finding nothing), which builds Django's lazy model metadata and the database
-    driver's adapters; reads the cache once. Then closes the database connection, which a
-    forked horse must not share. Never raises.
+    driver's adapters; reads the cache once; makes the tracer and the instruments (``forking``:
+    for work horses, which export their metrics as they end; see ``telemetry.configure``). Then
+    closes the database connection, which a forked horse must not share. Never raises.
     """
     import uuid
 
@@ -159,7 +160,7 @@ def warm_up():
         Turn.objects.select_related("conversation", "conversation__user").filter(pk=missing).first()
         list(Message.objects.filter(turn_id=missing).order_by("id"))
         state.read(missing)
-        telemetry.warm_up()
+        telemetry.warm_up(forking=forking)
     except Exception:  # noqa: BLE001 - a worker that cannot warm up still works, only slower
         logger.warning("Could not warm up the worker", exc_info=True)
     finally:

@@ -23,6 +23,7 @@ in a span only when ``CONVERSATIONS["TELEMETRY_CONTENT"]`` is on.
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -49,6 +50,9 @@ NOT_ERRORS = {"ok", "skipped", "cancelled"}
 BREAKER_STATES = {"closed": 0, "half-open": 1, "open": 2}
 
 _configured_in = None  # the pid of the process whose configure() set up the SDK
+_metrics_mode = None  # the mode whose meter provider is still to be set up (at the first measurement)
+_setup_lock = threading.Lock()
+_flushing = False  # a work horse sending what it holds before it exits (``flush``)
 
 
 def enabled():
@@ -58,53 +62,85 @@ def enabled():
 def configure(mode):
     """Set up the SDK's providers for ``mode`` (``"otlp"``, ``"console"``; ``""`` leaves the
     process's providers as the site set them). Once per process; never raises: a site whose
-    exporter cannot be built still serves its visitors (the reason is logged)."""
-    global _configured_in
+    exporter cannot be built still serves its visitors (the reason is logged).
+
+    The tracer provider is set up now; the meter provider at the first measurement
+    (``instruments``), or by a forking worker's parent (``warm_up(forking=True)``) without a
+    periodic export: a thread collecting in the parent at the moment of a fork would leave the
+    SDK's locks held in the work horse for ever."""
+    global _configured_in, _metrics_mode
     if not mode or not AVAILABLE or _configured_in is not None:
         return False
     try:
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
-        from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
         if mode == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            span_exporter, metric_exporter = OTLPSpanExporter(), OTLPMetricExporter()
+            span_exporter = OTLPSpanExporter()
         elif mode == "console":
-            span_exporter, metric_exporter = ConsoleSpanExporter(), ConsoleMetricExporter()
+            span_exporter = ConsoleSpanExporter()
         else:
             raise ValueError(f"unknown TELEMETRY mode {mode!r}")
-        # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES are read by Resource.create().
-        resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "conversations"})
-        tracer_provider = TracerProvider(resource=resource)
+        tracer_provider = TracerProvider(resource=_resource())
         tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
-        meter_provider = MeterProvider(resource=resource,
-                                       metric_readers=[PeriodicExportingMetricReader(metric_exporter)])
         trace.set_tracer_provider(tracer_provider)
-        otel_metrics.set_meter_provider(meter_provider)
     except Exception:  # noqa: BLE001 - telemetry never stops a site
         logger.exception("Could not set up OpenTelemetry (TELEMETRY=%r)", mode)
         return False
-    _configured_in = os.getpid()
+    _configured_in, _metrics_mode = os.getpid(), mode
     return True
+
+
+def _resource():
+    from opentelemetry.sdk.resources import Resource
+
+    # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES are read by Resource.create().
+    return Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "conversations"})
+
+
+def _setup_metrics(periodic=True):
+    """Set up the meter provider ``configure()`` left for later, once: exporting every
+    ``OTEL_METRIC_EXPORT_INTERVAL`` in a thread, or (``periodic`` False) only when flushed."""
+    global _metrics_mode
+    with _setup_lock:
+        mode, _metrics_mode = _metrics_mode, None
+        if mode is None:
+            return
+        try:
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+
+            if mode == "otlp":
+                from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+                exporter = OTLPMetricExporter()
+            else:
+                exporter = ConsoleMetricExporter()
+            reader = PeriodicExportingMetricReader(exporter, export_interval_millis=None if periodic else math.inf)
+            otel_metrics.set_meter_provider(MeterProvider(resource=_resource(), metric_readers=[reader]))
+        except Exception:  # noqa: BLE001 - telemetry never stops a site
+            logger.exception("Could not set up OpenTelemetry's metrics (TELEMETRY=%r)", mode)
 
 
 def flush(timeout_millis=5000):
     """Export what this process holds now. Called at the end of a job in a forked work horse,
     which ends with ``os._exit`` and so would drop what its batch processors held."""
+    global _flushing
     if not AVAILABLE:
         return
-    for provider in (trace.get_tracer_provider(), otel_metrics.get_meter_provider()):
-        force_flush = getattr(provider, "force_flush", None)
-        if force_flush is not None:
-            try:
-                force_flush(timeout_millis)
-            except Exception:  # noqa: BLE001
-                logger.warning("Could not flush telemetry", exc_info=True)
+    _flushing = True
+    try:
+        for provider in (trace.get_tracer_provider(), otel_metrics.get_meter_provider()):
+            force_flush = getattr(provider, "force_flush", None)
+            if force_flush is not None:
+                try:
+                    force_flush(timeout_millis)
+                except Exception:  # noqa: BLE001
+                    logger.warning("Could not flush telemetry", exc_info=True)
+    finally:
+        _flushing = False
 
 
 def forked():
@@ -124,10 +160,13 @@ def _tracer():
     return tracer
 
 
-def warm_up():
-    """Make the tracer and the instruments now (a forking worker's parent calls this, so that no
-    work horse makes them again for its one turn)."""
+def warm_up(forking=False):
+    """Make the tracer and the instruments now, so that no work horse makes them again for its
+    one turn. ``forking``: this is a forking worker's parent, whose horses export their metrics
+    when they end (``flush``), never in a thread of this process (see ``configure``)."""
     if AVAILABLE:
+        if forking:
+            _setup_metrics(periodic=False)
         _tracer()
         instruments()
 
@@ -324,9 +363,13 @@ class _Instruments:
 def instruments():
     global _instruments
     if _instruments is None:
+        if _metrics_mode is not None:
+            _setup_metrics()
         with _instruments_lock:
             if _instruments is None:
                 _instruments = _Instruments(otel_metrics.get_meter(SCOPE))
+                if _handoff_count is not None:
+                    _observe_handoffs(_instruments)
     return _instruments
 
 
@@ -369,17 +412,28 @@ def poll_answered(status_code, seconds):
         instruments().polls.record(seconds, {"http.response.status_code": status_code})
 
 
+_handoff_count = None
+
+
 def observe_handoffs(count):
-    """Register ``count()`` (the hand-overs waiting for staff) as an observable gauge, once."""
+    """Report ``count()`` (the hand-overs waiting for staff) as an observable gauge, from the
+    moment the instruments are made (not before: see ``configure``)."""
+    global _handoff_count
     if not AVAILABLE:
         return
-    recorded = instruments()
+    _handoff_count = count
     with _instruments_lock:
-        if recorded.handoffs is not None:
-            return
+        if _instruments is not None:
+            _observe_handoffs(_instruments)
+
+
+def _observe_handoffs(recorded):
+    """Make the hand-overs' gauge on ``recorded`` once; call with ``_instruments_lock`` held."""
+    if recorded.handoffs is None:
+        count = _handoff_count
 
         def callback(options):
-            if forked():  # a work horse's last export: the long-lived processes report it
+            if _flushing:  # a work horse's last export: the long-lived processes report it
                 return
             try:
                 yield otel_metrics.Observation(count())
