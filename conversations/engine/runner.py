@@ -601,7 +601,7 @@ class TurnRunner:
         # RQ's job timeout may interrupt either half; the other half is still attempted, then the
         # interruption is re-raised and the caller's handler runs finish() again (hence no
         # ``finished`` flag until both halves have landed).
-        interrupted = None
+        interrupted, committed = None, False
         try:
             with transaction.atomic():
                 self.save_records()
@@ -614,7 +614,7 @@ class TurnRunner:
                 # timeout comes back later, when the worker has ended the turn or another job runs it.
                 if not unended(turn.pk, job_id=self.job_id).update(**{f: getattr(turn, f) for f in self.FINAL_FIELDS}):
                     raise _Superseded()
-            self.trace_saved()
+            committed = True
             if last is not None:
                 self.rows.append(last)
                 self.last_reply = None
@@ -640,6 +640,7 @@ class TurnRunner:
             logger.exception("Could not publish the final state of turn %s", turn.id)
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             interrupted = interrupted or exc
+        self.trace_saved(committed)  # after the visitor has the answer: the spans cost them no wait
         if interrupted is not None:
             raise interrupted
         self.finished = True
