@@ -88,9 +88,9 @@ def as_dict(span):
             "status": span.status.status_code.value}
 
 
-def collected(telemetry, receiver):
+def collected(telemetry, receiver=None):
     """Every span of the test, once each: this process's (in memory) and the other processes' (OTLP)."""
-    spans = {s["span_id"]: s for s in receiver.spans}
+    spans = {s["span_id"]: s for s in (receiver.spans if receiver is not None else [])}
     spans.update({s["span_id"]: s for s in map(as_dict, telemetry.spans.get_finished_spans())})
     return list(spans.values())
 
@@ -192,7 +192,46 @@ def test_the_metrics_count_the_turn_its_calls_tokens_and_polls(chain, telemetry,
     assert total("conversations.queue.wait") == 1
     assert total("conversations.poll.duration", **{"http.response.status_code": 304}) >= 1
     assert total("conversations.poll.duration", **{"http.response.status_code": 200}) >= 1
-    assert total("conversations.breaker.state") >= 0 and "conversations.breaker.state" in points
+    breakers = {p.attributes["conversations.provider"]: p.value for p in points["conversations.breaker.state"]}
+    assert breakers == {"openai:primary-model": 0, "openai:fallback-model": 0}  # both closed
+    in_flight = points["conversations.turns.in_flight"]  # each worker this process ran: one in, one out
+    assert in_flight and all(p.value == 0 for p in in_flight)
+
+
+def test_the_hand_overs_waiting_are_a_gauge(telemetry):
+    from conversations.models import Conversation
+
+    Conversation.objects.create(handoff=Conversation.Handoff.WAITING)
+    Conversation.objects.create(handoff=Conversation.Handoff.TAKEN)
+    Conversation.objects.create()
+    (point,) = telemetry.metric_points()["conversations.handoffs.waiting"]
+    assert point.value == 1
+
+
+def test_turns_run_side_by_side_in_a_concurrent_worker_keep_their_traces_apart(conversations_settings, telemetry):
+    with FakeProvider() as fake:
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="k", MODEL="m", STREAM=True,
+                                      TOOLS=[f"{__name__}.look_up_order"], MAX_ATTEMPTS=1)
+        for _ in range(3):  # each reply streams for ~0.3 s: the three turns' calls overlap
+            fake.add(streaming(openai_stream(calls=[("call_1", "look_up_order", {"order": "1"})]), interval=0.05))
+        for _ in range(3):
+            fake.add(streaming(openai_stream("Done, it is refunded."), interval=0.05))
+        posted = [start_turn(make_client(), QUESTION) for _ in range(3)]
+        run_worker(CONCURRENT)
+    spans = collected(telemetry)
+    assert len({s["trace_id"] for s in spans}) == 3
+    for started in posted:
+        assert Turn.objects.get(pk=started["id"]).status == "completed"
+        (post,) = [s for s in by_name(spans, "conversations.turn.enqueue")
+                   if s["attributes"]["conversations.turn.id"] == started["id"]]
+        mine = [s for s in spans if s["trace_id"] == post["trace_id"]]
+        (job,) = by_name(mine, "conversations.turn.job")
+        assert job["parent_id"] == post["span_id"] and job["attributes"]["conversations.turn.id"] == started["id"]
+        calls = by_name(mine, "chat ") + by_name(mine, "execute_tool ")
+        assert len(calls) == CallRecord.objects.filter(turn_id=started["id"]).count() == 3
+        assert all(s["parent_id"] == job["span_id"] for s in calls)
+    jobs = sorted(by_name(spans, "conversations.turn.job"), key=lambda s: s["start"])
+    assert jobs[1]["start"] < jobs[0]["end"] and jobs[2]["start"] < jobs[0]["end"]  # they did run side by side
 
 
 def test_message_text_goes_in_a_span_only_when_the_site_turns_it_on(chain, telemetry, receiver,
