@@ -29,6 +29,8 @@ import threading
 import time
 from contextlib import contextmanager
 
+from ..redaction import hide_keys
+
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import metrics as otel_metrics
@@ -262,8 +264,10 @@ class JobTrace:
                             instruments().token_usage.record(reply[f"{token_type}_tokens"], _clean(
                                 {**metric_attributes, "gen_ai.response.model": reply.get("model") or record.name,
                                  "gen_ai.token.type": token_type}))
-        if record.detail and error:
-            attributes["conversations.call.detail"] = record.detail  # the timeline's line: no message text
+        if record.detail and error and (record.kind != "tool" or self.content):
+            # The timeline's line for a failed provider call (the provider's error, keys hidden); a
+            # failed tool's is its result, a message of the transcript: only with TELEMETRY_CONTENT.
+            attributes["conversations.call.detail"] = hide_keys(record.detail)
         span = _tracer().start_span(name, context=self.context, kind=kind, attributes=_clean(attributes),
                                     start_time=start)
         if error:

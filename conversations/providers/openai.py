@@ -113,11 +113,6 @@ class OpenAIProvider(BaseProvider):
                           model=_model(data))
 
 
-def _model(data):
-    """The model a reply says answered it ("" when it does not say)."""
-    model = data.get("model")
-    return model[:200] if isinstance(model, str) else ""
-
     def error_from_failure(self, failure):
         """Read OpenAI's ``{"error": {"code", "type", "message"}}`` (or Ollama's ``{"error": "..."}``)."""
         body = failure.json() if failure.status else {}
@@ -152,3 +147,9 @@ def _model(data):
             return ProviderError(ErrorCode.BAD_REQUEST, detail)
         fallback = super().error_from_failure(failure)
         return ProviderError(fallback.code, detail)
+
+
+def _model(data):
+    """The model a reply says answered it ("" when it does not say)."""
+    model = data.get("model")
+    return model[:200] if isinstance(model, str) else ""
