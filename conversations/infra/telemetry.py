@@ -30,6 +30,7 @@ import time
 from contextlib import contextmanager
 
 from ..redaction import hide_keys
+from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND
 
 try:
     from opentelemetry import context as otel_context
@@ -48,6 +49,8 @@ META_KEY = "otel"
 
 # The outcomes of a call record that are no error (``core.types.Outcome``'s values).
 NOT_ERRORS = {"ok", "skipped", "cancelled"}
+# The phase a timed-out call ended in, as its record's detail names it (``http._failure``).
+PHASES = {CONNECT: "connect", SEND: "send", FIRST_BYTE: "first_byte", BODY: "body"}
 # Gauge values of a breaker's state.
 BREAKER_STATES = {"closed": 0, "half-open": 1, "open": 2}
 
@@ -264,6 +267,9 @@ class JobTrace:
                             instruments().token_usage.record(reply[f"{token_type}_tokens"], _clean(
                                 {**metric_attributes, "gen_ai.response.model": reply.get("model") or record.name,
                                  "gen_ai.token.type": token_type}))
+        if record.outcome == "timeout":
+            attributes["conversations.call.phase"] = next(
+                (name for words, name in PHASES.items() if f"timed out {words}" in (record.detail or "")), None)
         if record.detail and error and (record.kind != "tool" or self.content):
             # The timeline's line for a failed provider call (the provider's error, keys hidden); a
             # failed tool's is its result, a message of the transcript: only with TELEMETRY_CONTENT.

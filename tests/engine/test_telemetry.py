@@ -19,7 +19,7 @@ from conversations.infra import lease
 from conversations.models import CallRecord, Turn
 from conversations.tools import tool
 from tests.support.fake_stream import openai_stream, streaming
-from tests.support.fakes import FakeProvider, unavailable
+from tests.support.fakes import FakeProvider, hang, unavailable
 from tests.support.helpers import (CONCURRENT, FORKING, ROOT, make_client, poll_until_done, run_worker, start_turn,
                                    wait_for)
 
@@ -293,3 +293,22 @@ def test_a_turn_resumed_after_sigkill_is_still_one_trace(chain, telemetry, recei
     assert_matches_timeline(spans, turn)
     assert CallRecord.objects.filter(turn=turn, kind="resume").count() == 1
     assert_no_message_text(spans)
+
+
+def test_a_call_that_times_out_names_its_phase_and_the_turn_fails_in_the_trace(conversations_settings, telemetry):
+    with FakeProvider(default=hang) as fake:
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="k", MODEL="slow-model",
+                                      STREAM=False, MAX_ATTEMPTS=1, CALL_TIMEOUT=1)
+        client = make_client()
+        started = start_turn(client, QUESTION)
+        run_worker(CONCURRENT)
+    assert poll_until_done(client, started["poll_url"])["status"] == "failed"
+    spans = collected(telemetry)
+    (call,) = by_name(spans, "chat ")
+    assert call["attributes"]["error.type"] == "timeout" and call["status"] == 2  # StatusCode.ERROR
+    assert call["attributes"]["conversations.call.phase"] == "first_byte"
+    (record,) = CallRecord.objects.filter(turn_id=started["id"])
+    assert (record.outcome, call["attributes"]["conversations.call.detail"]) == ("timeout", record.detail)
+    assert abs((call["end"] - call["start"]) / 1e9 - record.duration) < 0.001
+    (job,) = by_name(spans, "conversations.turn.job")
+    assert job["attributes"]["conversations.turn.status"] == "failed" and job["status"] == 2
