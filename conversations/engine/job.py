@@ -52,15 +52,17 @@ def perform_turn(turn_id):
     job_timeout = job.timeout if job is not None and job.timeout and job.timeout > 0 else cfg["JOB_TIMEOUT"]
     clock = TurnClock(job_timeout, cfg["DEADLINE_MARGIN"])
     worker = (job.worker_name if job is not None else "") or ""
-    telemetry.in_flight(1, worker)
     try:
         with telemetry.job_span(job.meta if job is not None else None, content=cfg["TELEMETRY_CONTENT"], **{
                 "conversations.turn.id": str(turn_id), "messaging.message.id": job.id if job is not None else None,
                 "messaging.destination.name": cfg["QUEUE"], "conversations.worker.name": worker,
                 "conversations.job.timeout": job_timeout}) as trace:
-            return _perform(turn_id, cfg, job, job_timeout, clock, trace)
+            telemetry.in_flight(1, worker)
+            try:
+                return _perform(turn_id, cfg, job, job_timeout, clock, trace)
+            finally:
+                telemetry.in_flight(-1, worker)
     finally:
-        telemetry.in_flight(-1, worker)
         if telemetry.forked():  # a work horse ends with os._exit: what it holds is sent now
             telemetry.flush()
 

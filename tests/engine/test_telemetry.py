@@ -88,6 +88,14 @@ def as_dict(span):
             "status": span.status.status_code.value}
 
 
+def settled(telemetry, receiver=None, jobs=1):
+    """The spans once ``jobs`` job spans have ended: a job's span ends, and its last step's call
+    spans are made, after the final state the test polled for is published."""
+    wait_for(lambda: len(by_name(collected(telemetry, receiver), "conversations.turn.job")) == jobs, timeout=10,
+             what=f"{jobs} job spans")
+    return collected(telemetry, receiver)
+
+
 def collected(telemetry, receiver=None):
     """Every span of the test, once each: this process's (in memory) and the other processes' (OTLP)."""
     spans = {s["span_id"]: s for s in (receiver.spans if receiver is not None else [])}
@@ -173,6 +181,7 @@ def test_the_metrics_count_the_turn_its_calls_tokens_and_polls(chain, telemetry,
     assert client.get(started["poll_url"], HTTP_IF_NONE_MATCH=etag).status_code == 304
     if worker_class == FORKING:
         return  # the horse's own readings leave with it (exported over OTLP: the soak test counts them)
+    settled(telemetry)  # the job has left perform_turn: its turn is out of the in-flight count
     points = telemetry.metric_points()
 
     def total(name, **attributes):
@@ -218,6 +227,9 @@ def test_turns_run_side_by_side_in_a_concurrent_worker_keep_their_traces_apart(c
             fake.add(streaming(openai_stream("Done, it is refunded."), interval=0.05))
         posted = [start_turn(make_client(), QUESTION) for _ in range(3)]
         run_worker(CONCURRENT)
+    # A job's span ends as its thread leaves the job, which may be a moment after the burst returns.
+    wait_for(lambda: len(by_name(collected(telemetry), "conversations.turn.job")) == 3, timeout=10,
+             what="the three jobs' spans")
     spans = collected(telemetry)
     assert len({s["trace_id"] for s in spans}) == 3
     for started in posted:
@@ -241,7 +253,7 @@ def test_message_text_goes_in_a_span_only_when_the_site_turns_it_on(chain, telem
     started = start_turn(client, QUESTION)
     run_worker(CONCURRENT)
     assert poll_until_done(client, started["poll_url"])["status"] == "completed"
-    spans = collected(telemetry, receiver)
+    spans = settled(telemetry, receiver)
     outputs = [s["attributes"].get("gen_ai.output.messages") for s in spans if s["name"].startswith("chat ")]
     assert any(o and ANSWER in o for o in outputs)
 
@@ -303,7 +315,7 @@ def test_a_call_that_times_out_names_its_phase_and_the_turn_fails_in_the_trace(c
         started = start_turn(client, QUESTION)
         run_worker(CONCURRENT)
     assert poll_until_done(client, started["poll_url"])["status"] == "failed"
-    spans = collected(telemetry)
+    spans = settled(telemetry)
     (call,) = by_name(spans, "chat ")
     assert call["attributes"]["error.type"] == "timeout" and call["status"] == 2  # StatusCode.ERROR
     assert call["attributes"]["conversations.call.phase"] == "first_byte"
