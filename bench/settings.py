@@ -35,4 +35,5 @@ if (DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BE
 
 # bench.turn_overhead's queues, one per worker process it starts (each worker class of the app,
 # RQ's own forking and non-forking workers for the naive job), all on the same Redis.
-RQ_QUEUES = {**RQ_QUEUES, **{name: next(iter(RQ_QUEUES.values())) for name in ("default", "forking", "bare", "simple")}}
+RQ_QUEUES = {**RQ_QUEUES, **{name: next(iter(RQ_QUEUES.values())) for name in ("default", "forking", "bare", "simple",
+                                                                            "default-traced", "forking-traced")}}

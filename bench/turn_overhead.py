@@ -1,7 +1,7 @@
 """Turn overhead: what a three-round-trip tool turn costs beside a naive job making the same
 three HTTP calls, run by the same worker class, and what each costs in CPU.
 
-    .venv/bin/python -m bench.turn_overhead [--turns 30] [--database postgres|sqlite|URL]
+    .venv/bin/python -m bench.turn_overhead [--turns 30] [--database postgres|sqlite|URL] [--telemetry]
 
 Each worker class the app ships (``ConcurrentWorker``, ``Worker``) runs in a ``manage.py rqworker``
 of its own, on a queue of its own, with a gunicorn (2 sync workers) of its own whose turns go to
@@ -23,6 +23,11 @@ are not counted), so that drift in the machine's load hits all:
 - ``naive job, stock django-rq worker``: the same, served by ``rq.Worker`` (django-rq's default, a
   work horse forked per job, no connection pool): what a naive django-rq app pays.
 
+With ``--telemetry`` (the ``otel`` extra installed), each worker class also runs ``turn, <class>,
+traced``: a gunicorn and a worker of their own, on a queue of their own, with ``TELEMETRY="otlp"``
+exporting every span and metric over OTLP/HTTP to a receiver in this process that decodes them;
+the last table compares each with the same class untraced, in the same rounds.
+
 Overhead = end - start - the time the provider spent answering (measured in the server). CPU per
 run = the user + system time the web (that gunicorn, master and workers) and the worker process
 (its work horses included) used from the start of the run until every worker was idle again
@@ -30,6 +35,7 @@ run = the user + system time the web (that gunicorn, master and workers) and the
 """
 
 import argparse
+import contextlib
 import datetime
 import time
 
@@ -161,10 +167,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=30, help="runs of each kind (after 3 warm-up rounds)")
     parser.add_argument("--database", default="postgres", help='"postgres", "sqlite" or a DATABASE_URL')
+    parser.add_argument("--telemetry", action="store_true", help="also run each worker class with OTLP tracing on")
     args = parser.parse_args()
 
     print(machine())
-    with ScriptedProvider(calls=3) as provider:
+    receiver = contextlib.nullcontext()
+    if args.telemetry:
+        from tests.support.otel import OtlpReceiver  # the otel extra: only for this option
+
+        receiver = OtlpReceiver()
+    with ScriptedProvider(calls=3) as provider, receiver:
         conversations = {"PROVIDER": "openai", "BASE_URL": provider.url, "API_KEY": "bench", "MODEL": "bench"}
         with Stack(database=args.database, conversations=conversations) as stack:
             from conversations.infra.queue import get_queue
@@ -183,12 +195,21 @@ def main():
                 kinds[f"naive job, {name}"] = (
                     lambda number, meter, base=base, on=queue_name: run_bare(queue, provider, number, base, on, meter),
                     web, worker)
+                if args.telemetry:
+                    traced = {**env, "CONVERSATIONS_QUEUE": f"{queue_name}-traced", "CONVERSATIONS_TELEMETRY": "otlp",
+                              "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "bench"}
+                    base_traced = stack.gunicorn(2, env=traced)
+                    web_traced = stack.processes[-1].pid
+                    worker_traced = stack.spawn(*manage, f"{queue_name}-traced", env=traced).pid
+                    kinds[f"turn, {name}, traced"] = (
+                        lambda number, meter, base=base_traced: run_turn(base, provider, queue, meter),
+                        web_traced, worker_traced)
             # RQ's own workers take the naive job from the last gunicorn started above.
             for label, path, queue_name in PLAIN:
                 worker = stack.spawn(*manage, queue_name, "--worker-class", path, env={"RQ_WORKER_CLASS": path}).pid
                 kinds[label] = (lambda number, meter, base=base, on=queue_name:
                                 run_bare(queue, provider, number, base, on, meter), web, worker)
-            stack.wait_for_workers(len(CLASSES) + len(PLAIN))
+            stack.wait_for_workers(len(CLASSES) * (2 if args.telemetry else 1) + len(PLAIN))
             results = {label: [] for label in kinds}
             for number in range(args.turns + 3):
                 for index, (label, (run, web, worker)) in enumerate(kinds.items()):
@@ -199,6 +220,27 @@ def main():
                         results[label].append(result)
 
     report(args, stack, results)
+    if args.telemetry:
+        report_telemetry(results, receiver)
+
+
+def report_telemetry(results, receiver):
+    """Each worker class traced against the same class untraced, and what the receiver got."""
+    print("\nTracing on (OTLP/HTTP to a receiver on loopback) against off, same rounds (medians in ms)\n")
+    rows = []
+    for name in CLASSES:
+        off, on = results[f"turn, {name}"], results[f"turn, {name}, traced"]
+        off_overhead = median([r["total"] - r["provider"] for r in off])
+        on_overhead = median([r["total"] - r["provider"] for r in on])
+        rows.append([name, f"{median([r['total'] for r in off]) * 1000:.1f}",
+                     f"{median([r['total'] for r in on]) * 1000:.1f}", f"{off_overhead * 1000:.1f}",
+                     f"{on_overhead * 1000:.1f}", f"{(on_overhead / off_overhead - 1) * 100:+.1f} %",
+                     f"{(median([r['total'] for r in on]) / median([r['total'] for r in off]) - 1) * 100:+.1f} %",
+                     f"{sum(r['cpu'] for r in on) / len(on) * 1000:.1f} vs "
+                     f"{sum(r['cpu'] for r in off) / len(off) * 1000:.1f}"])
+    table(["worker class", "start to done, off", "start to done, on", "overhead, off", "overhead, on",
+           "overhead change", "start to done change", "CPU ms per turn, on vs off"], rows)
+    print(f"\nThe receiver decoded {len(receiver.spans)} spans in {receiver.requests} OTLP requests.")
 
 
 def report(args, stack, results):

@@ -5,6 +5,7 @@ timeout, with a margin left for the final write. ``check_config()`` is run by Dj
 framework (``manage.py check``, ``runserver``, ``rqworker``); it returns a list of messages.
 """
 
+import importlib.util
 import os
 import re
 import sys
@@ -62,7 +63,7 @@ def check_config(app_configs=None, **kwargs):
                                 id="conversations.E015"))
     errors += _check_credentials(cfg) + _check_prices(cfg) + _check_allowed_endpoints(cfg) + _check_handoff(cfg)
     errors += _check_approvals(cfg)
-    errors += _check_widget_tokens(cfg)
+    errors += _check_widget_tokens(cfg) + _check_telemetry(cfg)
     if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
         errors.append(Warning(
             "LoginRequiredMiddleware is on but CONVERSATIONS['LOGIN_REQUIRED'] is not: the chat API is exempt from "
@@ -79,6 +80,32 @@ def check_config(app_configs=None, **kwargs):
                  '"conversations.worker.Worker" (or subclass one).',
             id="conversations.W001"))
     return errors
+
+
+TELEMETRY_MODES = {"": None, "console": ["opentelemetry.sdk"],
+                   "otlp": ["opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"]}
+
+
+def _check_telemetry(cfg):
+    """TELEMETRY names a mode this app knows, and the packages that mode needs are installed."""
+    mode = cfg["TELEMETRY"]
+    if mode not in TELEMETRY_MODES:
+        return [Error(f"CONVERSATIONS['TELEMETRY'] = {mode!r} is not a telemetry mode.",
+                      hint='Use "" (the site\'s own OpenTelemetry set-up, if any), "otlp" or "console" '
+                           "(docs/observability.md).", id="conversations.E080")]
+    missing = [name for name in TELEMETRY_MODES[mode] or [] if not _importable(name)]
+    if missing:
+        return [Warning(f"CONVERSATIONS['TELEMETRY'] = {mode!r}, but {', '.join(missing)} cannot be imported: "
+                        "no span or metric is sent.",
+                        hint="Install the extra: pip install 'django-conversations[otel]'.", id="conversations.W080")]
+    return []
+
+
+def _importable(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def _final_writing_worker(worker_class):
@@ -296,6 +323,12 @@ def check_deploy(app_configs=None, **kwargs):
             "page can make the site pay for model calls without limit.",
             hint="Set at least one of them (the defaults are 10/min, 30/min and 200000 tokens a day).",
             id="conversations.W032"))
+    if cfg["TELEMETRY_CONTENT"]:
+        warnings.append(Warning(
+            "TELEMETRY_CONTENT is on: the model's answers are put in spans, where whoever reads the trace "
+            "backend reads them, beyond the conversations' owners and the site's staff.",
+            hint="Leave it off in production unless the trace backend is held to the same rules as the database.",
+            id="conversations.W081"))
     return warnings
 
 

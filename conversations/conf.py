@@ -72,6 +72,14 @@ DEFAULTS = {
     # Threads a ConcurrentWorker gave up on (a turn stuck past its job timeout, a tool past its limit)
     # that may live on before the process shuts down warmly to be restarted by its supervisor.
     "WORKER_MAX_STUCK": 4,
+    # OpenTelemetry (the optional extra conversations[otel]; docs/observability.md): "" sends spans and
+    # metrics to the providers the site set up itself (none: nothing is made); "otlp" sets up the SDK
+    # with its OTLP/HTTP exporters, configured by the standard OTEL_* environment variables
+    # (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...); "console" prints them to standard output.
+    "TELEMETRY": "",
+    # Put message text (the model's answers) in spans: off, since a trace backend is read by operators,
+    # not only by the site's owners; the spans then carry names, times, counts and error kinds only.
+    "TELEMETRY_CONTENT": False,
     # Live state in the Django cache.
     "CACHE_ALIAS": "default",
     "STATE_TTL": 600,

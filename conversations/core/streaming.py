@@ -163,6 +163,7 @@ class OpenAIStream:
         self.calls = {}
         self.finish_reason = None
         self.usage = None
+        self.model = None
 
     def feed(self, event, data):
         """Take one event; return the text it added ("" for none)."""
@@ -174,6 +175,8 @@ class OpenAIStream:
             raise StreamError("", "an error event in the stream", body=chunk)
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
+        if isinstance(chunk.get("model"), str):
+            self.model = chunk["model"]
         added = ""
         for choice in chunk.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
@@ -212,6 +215,8 @@ class OpenAIStream:
                  "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}]}
         if self.usage is not None:
             reply["usage"] = self.usage
+        if self.model is not None:
+            reply["model"] = self.model
         return reply
 
 
@@ -236,6 +241,8 @@ class AnthropicStream:
         if kind == "message_start":
             start = body.get("message") or {}
             self.message["usage"].update(start.get("usage") or {})
+            if isinstance(start.get("model"), str):
+                self.message["model"] = start["model"]
         elif kind == "content_block_start":
             block = dict(body.get("content_block") or {})
             if block.get("type") == "tool_use":

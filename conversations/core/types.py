@@ -140,6 +140,7 @@ class ModelReply:
     usage: Usage | None = None
     cut_reason: str = ""
     cut_code: str = ""
+    model: str = ""  # the model that answered, as the provider names it (may differ from the one asked)
 
     @property
     def empty(self):

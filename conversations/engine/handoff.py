@@ -448,3 +448,8 @@ __all__ = ["handoff_requested", "handoff_taken", "Refused", "NotOffered", "Alrea
            "ensure_with_assistant", "state_from_db", "public", "publish", "staff_name", "message_json", "holds",
            "holder_gone", "unanswered", "told_no_one_free", "may_take", "may_answer", "hands_over", "owner_changed", "staff_changed",
            "staff_fields"]
+
+
+def waiting_count():
+    """How many conversations wait for a person to take them (the ``conversations.handoffs.waiting`` metric)."""
+    return Conversation.objects.filter(handoff=Handoff.WAITING).count()

@@ -24,7 +24,7 @@ from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from .. import assistants
-from ..infra import state
+from ..infra import state, telemetry
 from . import configure, lifecycle
 from ..core.budget import TurnClock
 from ..conf import get_config
@@ -51,6 +51,24 @@ def perform_turn(turn_id):
     job = get_current_job()
     job_timeout = job.timeout if job is not None and job.timeout and job.timeout > 0 else cfg["JOB_TIMEOUT"]
     clock = TurnClock(job_timeout, cfg["DEADLINE_MARGIN"])
+    worker = (job.worker_name if job is not None else "") or ""
+    try:
+        with telemetry.job_span(job.meta if job is not None else None, content=cfg["TELEMETRY_CONTENT"], **{
+                "conversations.turn.id": str(turn_id), "messaging.message.id": job.id if job is not None else None,
+                "messaging.destination.name": cfg["QUEUE"], "conversations.worker.name": worker,
+                "conversations.job.timeout": job_timeout}) as trace:
+            telemetry.in_flight(1, worker)
+            try:
+                return _perform(turn_id, cfg, job, job_timeout, clock, trace)
+            finally:
+                telemetry.in_flight(-1, worker)
+    finally:
+        if telemetry.forked():  # a work horse ends with os._exit: what it holds is sent now
+            telemetry.flush()
+
+
+def _perform(turn_id, cfg, job, job_timeout, clock, trace):
+    """``perform_turn``'s body, inside the job's span (``trace``: its ``JobTrace``, or None)."""
     close_old_connections()
     try:
         turn = Turn.objects.select_related("conversation", "conversation__user", "assistant").get(pk=turn_id)
@@ -62,7 +80,8 @@ def perform_turn(turn_id):
     if turn.status == Turn.Status.RUNNING:  # a continuation, or a job whose turn moved on
         if job is None or job.id != turn.job_id:
             return turn.status
-        return _continue(turn, cfg)
+        telemetry.set_attributes(trace and trace.span, **{"conversations.job.resuming": True})
+        return _continue(turn, cfg, trace)
     if lifecycle.waited_too_long(turn):  # the visitor has been (or is now) told to try again later
         try:
             lifecycle.end_unclaimed(turn)
@@ -73,20 +92,20 @@ def perform_turn(turn_id):
         return turn.status
     # The runner claims it (``lifecycle.claim``) with its clocks in one UPDATE: a turn stopped or
     # ended a moment ago, between the read above and now, is left as it is.
-    return _run(turn, cfg, lambda cfg: clock, job_timeout=job_timeout)
+    return _run(turn, cfg, lambda cfg: clock, job_timeout=job_timeout, trace=trace)
 
 
-def _continue(turn, cfg):
+def _continue(turn, cfg, trace=None):
     """Run the rest of ``turn`` (this job is its continuation) under what is left of its own
     deadline: the budget ends at ``deadline_at``, never later."""
     def clock_for(cfg):
         left = max(0.0, time_left(turn) or 0.0)
         return TurnClock(left + cfg["DEADLINE_MARGIN"], cfg["DEADLINE_MARGIN"])
 
-    return _run(turn, cfg, clock_for, resuming=True)
+    return _run(turn, cfg, clock_for, resuming=True, trace=trace)
 
 
-def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None):
+def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None, trace=None):
     """Run ``turn`` (claimed by its runner, or, ``resuming``, continued) with the clock ``clock_for(cfg)`` builds
     from its assistant's settings; whatever happens, end it with a final write. The one path
     both a first run and a continuation take, so neither can leave a turn ``running``."""
@@ -103,7 +122,7 @@ def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None):
         lifecycle.finalize(turn, Turn.Status.FAILED, exc.message)
         return turn.status
     try:
-        runner = TurnRunner(turn, clock=clock_for(cfg), config=cfg)
+        runner = TurnRunner(turn, clock=clock_for(cfg), config=cfg, trace=trace)
     except Exception:  # e.g. a PROVIDER or TOOLS path that cannot be imported: still end the turn
         logger.exception("Turn %s could not start%s", turn_id, again)
         lifecycle.finalize(turn, Turn.Status.FAILED, crashed_message())
@@ -122,13 +141,14 @@ def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None):
     return turn.status
 
 
-def warm_up():
+def warm_up(forking=False):
     """Do, once in an RQ worker's parent process, the first-time work of a turn that each work
     horse would otherwise repeat: every horse is a fresh fork of the parent and inherits only
     what the parent has already done. Imports the provider and the tools; runs the turn's
     queries once (finding nothing), which builds Django's lazy model metadata and the database
-    driver's adapters; reads the cache once. Then closes the database connection, which a
-    forked horse must not share. Never raises.
+    driver's adapters; reads the cache once; makes the tracer and the instruments (``forking``:
+    for work horses, which export their metrics as they end; see ``telemetry.configure``). Then
+    closes the database connection, which a forked horse must not share. Never raises.
     """
     import uuid
 
@@ -142,6 +162,7 @@ def warm_up():
         Turn.objects.select_related("conversation", "conversation__user").filter(pk=missing).first()
         list(Message.objects.filter(turn_id=missing).order_by("id"))
         state.read(missing)
+        telemetry.warm_up(forking=forking)
     except Exception:  # noqa: BLE001 - a worker that cannot warm up still works, only slower
         logger.warning("Could not warm up the worker", exc_info=True)
     finally:

@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 
 from .. import assistants
 from ..core import pricing
-from ..infra import queue, state
+from ..infra import queue, state, telemetry
 from ..conf import get_config
 from ..models import Conversation, Message, ToolApproval, Turn
 from ..core.sentences import not_picked_up_message, unavailable_message
@@ -77,13 +77,31 @@ def start(lock, content, *, admit=ensure_idle, idempotency_key=""):
     Redis is unreachable at the commit: the visitor's message is saved by then but the job may
     not be, so the turn ends failed (``end_unqueued``).
     """
+    with telemetry.enqueue_span() as span:  # the job enqueued in it carries its context
+        turn, message = _start(lock, content, admit, idempotency_key)
+        if message is None:
+            return turn, False
+        telemetry.set_attributes(span, **{"conversations.turn.id": str(turn.id),
+                                          "conversations.conversation.id": str(turn.conversation_id),
+                                          "conversations.assistant": assistant_label(turn),
+                                          "messaging.message.id": turn.job_id})
+    try:
+        state.publish(state.state_from_db(turn, [message]))
+    except RedisError:
+        logger.exception("Could not publish the queued state of turn %s", turn.id)
+    queue.warn_if_unattended(turn)
+    return turn, True
+
+
+def _start(lock, content, admit, idempotency_key):
+    """``start()``'s transaction: ``(turn, message)``, or ``(turn, None)`` for a turn not created here."""
     turn = None
     try:
         with transaction.atomic():
             conversation = lock()
             existing = admit(conversation)
             if existing is not None:
-                return existing, False
+                return existing, None
             if not idempotency_key:
                 turn, message = create(conversation, content)
             else:
@@ -93,17 +111,17 @@ def start(lock, content, *, admit=ensure_idle, idempotency_key=""):
                     with transaction.atomic():
                         turn, message = create(conversation, content, idempotency_key=idempotency_key)
                 except IntegrityError:
-                    return conversation.turns.get(idempotency_key=idempotency_key), False
+                    return conversation.turns.get(idempotency_key=idempotency_key), None
     except RedisError as exc:
         if turn is not None:
             end_unqueued(turn)
         raise QueueUnavailable() from exc
-    try:
-        state.publish(state.state_from_db(turn, [message]))
-    except RedisError:
-        logger.exception("Could not publish the queued state of turn %s", turn.id)
-    queue.warn_if_unattended(turn)
-    return turn, True
+    return turn, message
+
+
+def assistant_label(turn):
+    """The name metrics and spans give ``turn``'s assistant: its slug, or "default" for the site's settings."""
+    return turn.assistant.slug if turn.assistant_id and turn.assistant is not None else "default"
 
 
 def rerun(turn, *, admit=ensure_idle):
@@ -185,6 +203,8 @@ def finalize(turn, status, error, *, job_id=None):
     if updated:
         keep_streamed_text(turn)
         save_cost(turn)
+        telemetry.count_turn(status, assistant_label(turn),
+                             duration=(turn.finished_at - turn.enqueued_at).total_seconds() if turn.enqueued_at else None)
     return state.publish(state.state_from_db(turn))
 
 

@@ -16,7 +16,7 @@ import math
 
 from django.utils import timezone
 
-from ..infra import lease, queue, state
+from ..infra import lease, queue, state, telemetry
 from ..conf import get_config
 from ..core.types import Outcome
 from ..models import CallRecord, Turn
@@ -65,8 +65,14 @@ def continue_turn(turn, cause, *, from_job_id):
     CallRecord.objects.create(turn=turn, kind=CallRecord.Kind.RESUME, name=cause[:200], attempt=number,
                               started_offset=(timezone.now() - started).total_seconds(), remaining_before=left,
                               timeout=left, outcome=Outcome.OK, detail=f"continued by job {job_id}: {cause}"[:500])
+    # The resume's span is the request's child, and the continuation's parent (its job's meta).
+    carried = telemetry.resume_span(queue.job_meta(from_job_id) if telemetry.enabled() else None, **{
+        "conversations.turn.id": str(turn.id), "conversations.resume.cause": cause[:200],
+        "conversations.resume.number": number, "conversations.resume.from_job": from_job_id,
+        "messaging.message.id": job_id, "conversations.resume.remaining": left})
     # What is left of the turn's own deadline, plus the margin: never a longer budget.
-    queue.enqueue_continuation(turn, job_id, job_timeout=math.ceil(left + cfg["DEADLINE_MARGIN"]))
+    queue.enqueue_continuation(turn, job_id, job_timeout=math.ceil(left + cfg["DEADLINE_MARGIN"]),
+                               trace_context=carried)
     try:
         data = state.read(turn.id) or state.state_from_db(turn)
         state.publish({**data, "resuming": True, "job_id": job_id})

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from .. import assistants
 from ..core import pricing
-from ..infra import dbconn, lease, state
+from ..infra import dbconn, lease, state, telemetry
 from ..infra.state import Stop
 from ..infra.breaker import owner_key
 from ..core.budget import BudgetExhausted
@@ -40,7 +40,7 @@ from ..tools import ToolContext, arguments_hash, interrupted_result, load_tools,
 from ..core.types import ChatMessage, ErrorCode, Finish, Outcome, ToolResult, record_call
 from . import approvals
 from .handoff import hands_over
-from .lifecycle import claim, unended
+from .lifecycle import assistant_label, claim, unended
 from .limits import turn_address
 from .recovery import can_hand_over, continue_turn
 
@@ -52,14 +52,20 @@ class TurnRunner:
 
     ``clock`` a ``TurnClock``; ``provider`` a ``BaseProvider`` (built from the config when
     None); ``tools`` {name: Tool}; ``publisher`` the function that writes the live state (and its
-    growing answers, which otherwise go through ``state.publish_board``).
+    growing answers, which otherwise go through ``state.publish_board``); ``trace`` the job's
+    ``telemetry.JobTrace`` (None: no spans), which gets one span for each call record saved.
     """
 
     publisher = staticmethod(state.publish)
     stream_publisher = staticmethod(state.publish_board.offer)
 
-    def __init__(self, turn, *, clock, config, provider=None, tools=None, publisher=None):
+    def __init__(self, turn, *, clock, config, provider=None, tools=None, publisher=None, trace=None):
         self.turn = turn
+        self.trace = trace
+        if trace is not None:  # the records' offset 0 is the budget's start
+            trace.anchor(clock.budget.elapsed())
+        self.saved_records = []  # saved in the transaction being made, for their spans once it commits
+        self.first_word_seen = False
         self.job_id = turn.job_id  # the job running it; the final write is this job's only while it still is
         self.clock = clock
         self.budget = clock.budget
@@ -95,12 +101,37 @@ class TurnRunner:
         to their columns' lengths here, so that saving it cannot fail on them."""
         for name in ("name", "detail"):
             fields[name] = str(fields.get(name) or "")[:CallRecord._meta.get_field(name).max_length]
-        self.pending_records.append(CallRecord(turn=self.turn, **fields))
+        record = CallRecord(turn=self.turn, **fields)
+        if self.trace is not None and record.kind == CallRecord.Kind.MODEL:
+            record.telemetry = self.link_info()
+        self.pending_records.append(record)
+
+    def link_info(self):
+        """For a model call's span: the provider making it, its place in the chain (0: the first,
+        not a fallback) and its breaker's state when the chain asked it."""
+        link = getattr(self.provider, "current", None)
+        if link is None:
+            return {"provider": self.provider.name, "fallback": 0}
+        return {"provider": link.provider.name, "fallback": self.provider.links.index(link),
+                "breaker": getattr(link, "breaker_state", None)}
 
     def save_records(self):
         """Insert the kept ``CallRecord`` rows; call inside the transaction that saves the rest."""
         CallRecord.objects.bulk_create(self.pending_records)
+        self.saved_records += self.pending_records
         self.pending_records = []
+
+    def trace_saved(self, committed=True):
+        """One span for each call record saved by the transaction that has just ended (none when it
+        rolled back: the trace shows what the timeline shows). Never raises."""
+        saved, self.saved_records = self.saved_records, []
+        if not committed or self.trace is None:
+            return
+        for record in saved:
+            try:
+                self.trace.record(record, getattr(record, "telemetry", None))
+            except Exception:  # noqa: BLE001 - telemetry never stops a turn
+                logger.warning("Could not trace a call of turn %s", self.turn.id, exc_info=True)
 
     def save_step(self, turn_fields, **message_fields):
         """Save one round-trip in one transaction (one commit): its call records, the turn's
@@ -109,11 +140,18 @@ class TurnRunner:
         it while this one was frozen or taken for dead (the first writer wins)."""
         if not lease.fence():
             raise _Superseded()
-        with transaction.atomic():
-            self.save_records()
-            if not unended(self.turn.pk, job_id=self.job_id).update(**{f: getattr(self.turn, f) for f in turn_fields}):
-                raise _Superseded()
-            row = Message.objects.create(conversation_id=self.turn.conversation_id, turn=self.turn, **message_fields)
+        try:
+            with transaction.atomic():
+                self.save_records()
+                if not unended(self.turn.pk, job_id=self.job_id).update(**{f: getattr(self.turn, f)
+                                                                           for f in turn_fields}):
+                    raise _Superseded()
+                row = Message.objects.create(conversation_id=self.turn.conversation_id, turn=self.turn,
+                                             **message_fields)
+        except BaseException:
+            self.trace_saved(committed=False)
+            raise
+        self.trace_saved()
         self.rows.append(row)
         return row
 
@@ -122,7 +160,16 @@ class TurnRunner:
         them if given (naming the conversation's owner as the cache knows it: see ``state.publish``)."""
         data = state.state_from_db(self.turn, self.rows if unsaved is None else [*self.rows, unsaved])
         data["done"] = done
+        if not self.first_word_seen and data["messages"] and data["messages"][-1]["role"] == Message.Role.ASSISTANT \
+                and data["messages"][-1]["content"]:
+            self.note_first_word()
         return self.publisher(data)
+
+    def note_first_word(self):
+        """The visitor sees the answer's first word now: measure the time since they sent their message."""
+        self.first_word_seen = True
+        if self.turn.enqueued_at is not None:
+            telemetry.first_word(assistant_label(self.turn), (timezone.now() - self.turn.enqueued_at).total_seconds())
 
     def on_text(self, piece):
         """Called with each piece of a streamed reply's text: publish the growing answer, at most
@@ -138,6 +185,8 @@ class TurnRunner:
         """Publish the streamed text so far as the growing answer (cache only, through the
         process's ``state.publish_board`` when it runs; never raises)."""
         self.streamed_shown = len(self.streamed)
+        if not self.first_word_seen and any(self.streamed):
+            self.note_first_word()
         data = state.state_from_db(self.turn, self.rows)
         data["messages"].append({"id": None, "role": Message.Role.ASSISTANT, "content": "".join(self.streamed),
                                  "streaming": True})
@@ -269,6 +318,8 @@ class TurnRunner:
                      deadline_at=now + timezone.timedelta(seconds=self.budget.seconds), provider=first.name,
                      model=getattr(first, "model", "") or "", assistant_version=self.turn.assistant_version):
             return False
+        if self.turn.enqueued_at is not None:
+            telemetry.queue_wait((now - self.turn.enqueued_at).total_seconds(), assistant_label(self.turn))
         self.publish()
         return True
 
@@ -539,11 +590,26 @@ class TurnRunner:
         an estimate when the call ended without the provider's usage (see ``count_estimate``)."""
         turn = self.turn
         turn.model_calls += 1
+        if self.trace is not None:
+            self.trace_reply(reply)
         if reply.usage is None:
             self.count_estimate(reply.text + "".join(json.dumps(c.arguments) for c in reply.tool_calls))
             return
         turn.input_tokens = (turn.input_tokens or 0) + reply.usage.input_tokens
         turn.output_tokens = (turn.output_tokens or 0) + reply.usage.output_tokens
+
+    def trace_reply(self, reply):
+        """Attach what ``reply`` says (its model, usage, finish) to its call's record, for the span."""
+        for record in reversed(self.pending_records):
+            if record.kind == CallRecord.Kind.MODEL:
+                if record.outcome == Outcome.OK and getattr(record, "telemetry", None) is not None:
+                    answered = getattr(self.provider, "answered_by", self.provider)
+                    record.telemetry["reply"] = {
+                        "model": reply.model or getattr(answered, "model", "") or record.name,
+                        "finish": str(reply.finish), "text": reply.text,
+                        "input_tokens": reply.usage.input_tokens if reply.usage is not None else None,
+                        "output_tokens": reply.usage.output_tokens if reply.usage is not None else None}
+                return
 
     def count_estimate(self, written):
         """Add an estimate of the last call's tokens to the turn: its prompt and ``written``, the text
@@ -603,7 +669,7 @@ class TurnRunner:
         # RQ's job timeout may interrupt either half; the other half is still attempted, then the
         # interruption is re-raised and the caller's handler runs finish() again (hence no
         # ``finished`` flag until both halves have landed).
-        interrupted = None
+        interrupted, committed = None, False
         try:
             with transaction.atomic():
                 self.save_records()
@@ -616,6 +682,7 @@ class TurnRunner:
                 # timeout comes back later, when the worker has ended the turn or another job runs it.
                 if not unended(turn.pk, job_id=self.job_id).update(**{f: getattr(turn, f) for f in self.FINAL_FIELDS}):
                     raise _Superseded()
+            committed = True
             if last is not None:
                 self.rows.append(last)
                 self.last_reply = None
@@ -623,13 +690,16 @@ class TurnRunner:
                 self.rows.append(shown)
                 self.streamed = None
         except _Superseded:
+            self.trace_saved(committed=False)
             logger.warning("Turn %s was ended or continued without its job %s meanwhile: its final write is not made",
                            turn.id, self.job_id)
             self.finished = True
             return
         except DatabaseError:
+            self.trace_saved(committed=False)
             logger.exception("Could not save the final state of turn %s", turn.id)
         except BaseException as exc:  # noqa: BLE001 - re-raised below
+            self.trace_saved(committed=False)
             interrupted = exc
         try:
             # An answer whose row could not be saved is still shown (the next final write saves it).
@@ -638,11 +708,26 @@ class TurnRunner:
             logger.exception("Could not publish the final state of turn %s", turn.id)
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             interrupted = interrupted or exc
+        self.trace_saved(committed)  # after the visitor has the answer: the spans cost them no wait
         if interrupted is not None:
             raise interrupted
         self.finished = True
+        self.report(status)
         logger.info("turn %s ended %s with %.1fs of margin left", turn.id, status, turn.margin_left,
                     extra={"turn_id": str(turn.id), "status": status, "margin_left": round(turn.margin_left, 3)})
+
+
+    def report(self, status):
+        """The turn's outcome and its margin at the final write, on the job's span and in the metrics."""
+        turn = self.turn
+        if self.trace is not None:
+            self.trace.outcome(status, turn.margin_left, **{
+                "conversations.turn.model_calls": turn.model_calls, "conversations.turn.tool_calls": turn.tool_calls,
+                "conversations.turn.resumes": turn.resumes, "gen_ai.usage.input_tokens": turn.input_tokens,
+                "gen_ai.usage.output_tokens": turn.output_tokens})
+        if turn.enqueued_at is not None:
+            telemetry.count_turn(status, assistant_label(turn), margin=turn.margin_left,
+                                 duration=(turn.finished_at - turn.enqueued_at).total_seconds())
 
 
 class _Superseded(Exception):

@@ -108,7 +108,7 @@ class Worker(rq.Worker):
 
     def work(self, *args, **kwargs):
         """RQ's loop, after ``jobs.warm_up()``: every work horse forks from this process."""
-        warm_up()
+        warm_up(forking=True)
         return super().work(*args, **kwargs)
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):

@@ -16,7 +16,7 @@ from rq.worker import Worker
 
 from ..cache import wait_for_connections
 from ..conf import get_config
-from . import lease, state
+from . import lease, state, telemetry
 
 logger = logging.getLogger("conversations.jobs")
 
@@ -73,11 +73,11 @@ def warn_if_unattended(turn):
                        extra={"turn_id": str(turn.id), "queue": queue.name})
 
 
-def enqueue_continuation(turn, job_id, *, job_timeout):
+def enqueue_continuation(turn, job_id, *, job_timeout, trace_context=None):
     """Enqueue job ``job_id`` continuing running ``turn`` (``recovery.continue_turn``), at the front
-    of the queue: its deadline is already running."""
+    of the queue: its deadline is already running. ``trace_context``: its parent span's (the resume's)."""
     return enqueue(turn, job_id, job_timeout=job_timeout, description=f"conversation turn {turn.id}, continued",
-                    at_front=True)
+                   at_front=True, trace_context=trace_context)
 
 
 # Jobs are queued by this path, not by the function: a job stores the path it names, and jobs
@@ -85,12 +85,24 @@ def enqueue_continuation(turn, job_id, *, job_timeout):
 TURN_JOB = "conversations.jobs.perform_turn"
 
 
-def enqueue(turn, job_id, *, job_timeout, description, at_front=False):
+def enqueue(turn, job_id, *, job_timeout, description, at_front=False, trace_context=None):
+    """Put ``turn``'s job on the queue. Its meta carries the trace context (``telemetry.META_KEY``):
+    ``trace_context``, else the current span's, so that the job's span is its child."""
     cfg = get_config()
+    carried = trace_context or telemetry.carrier()
     get_queue().enqueue(TURN_JOB, str(turn.id), job_id=job_id, job_timeout=job_timeout,
                         result_ttl=cfg["STATE_TTL"], failure_ttl=max(cfg["STATE_TTL"], 86400),
-                        description=description, at_front=at_front)
+                        description=description, at_front=at_front,
+                        meta={telemetry.META_KEY: carried} if carried else None)
     return job_id
+
+
+def job_meta(job_id, connection=None):
+    """The meta of job ``job_id`` (its trace context), or {} when it is gone or Redis cannot say."""
+    try:
+        return Job.fetch(job_id, connection=connection or get_queue().connection).meta or {}
+    except (NoSuchJobError, RedisError):
+        return {}
 
 
 def turn_id_from_job_id(job_id):

@@ -124,7 +124,8 @@ class AnthropicProvider(BaseProvider):
         if finish == Finish.TOOL_CALLS and not calls:
             finish = Finish.STOP
         return ModelReply(text="\n\n".join(t for t in texts if t), tool_calls=calls if finish == Finish.TOOL_CALLS else [],
-                          finish=finish, usage=usage)
+                          finish=finish, usage=usage,
+                          model=data["model"][:200] if isinstance(data.get("model"), str) else "")
 
     def error_from_failure(self, failure):
         """Read Anthropic's ``{"type": "error", "error": {"type", "message"}}``."""

@@ -19,6 +19,7 @@ kept as it is, never asked again of another provider.
 
 import logging
 
+from ..infra import telemetry
 from ..infra.breaker import CircuitBreaker, owner_key, provider_key
 from ..core.budget import Budget, BudgetExhausted
 from ..endpoints import bind_settings_key, calls_url
@@ -83,7 +84,8 @@ class Link:
 class ProviderChain(BaseProvider):
     """Calls the first provider of ``links`` that is up; see the module's docstring.
 
-    ``answered`` is the ``Link`` whose reply the last call returned.
+    ``answered`` is the ``Link`` whose reply the last call returned; ``current`` the one asked now
+    (its ``breaker_state`` what its breaker said then), for the call's span (``telemetry``).
     """
 
     name = "chain"
@@ -92,6 +94,7 @@ class ProviderChain(BaseProvider):
         super().__init__(config, http=links[0].http, budget=budget)
         self.links = links
         self.answered = links[0]
+        self.current = None
         self.owner = owner  # whose turn this is, for the breakers (``breaker.owner_key``)
 
     @property
@@ -118,6 +121,9 @@ class ProviderChain(BaseProvider):
         for index, link in enumerate(self.links):
             last = index == len(self.links) - 1
             allowed = link.breaker.allow()
+            self.current = link
+            link.breaker_state = "half-open" if allowed == "probe" else "closed" if allowed else "open"
+            telemetry.breaker_state(link.label, link.breaker_state)
             if not allowed:
                 self.hop(link, "circuit open")
                 continue
@@ -128,7 +134,9 @@ class ProviderChain(BaseProvider):
                 # Only an outage counts: a request's own error (and a key refused, even when it
                 # fails over) would let one visitor open the circuit for everyone.
                 if error.code in OUTAGE_CODES:
-                    link.breaker.failed(self.owner, probe=probe)
+                    after = link.breaker.failed(self.owner, probe=probe)
+                    if isinstance(after, str):
+                        telemetry.breaker_state(link.label, after)
                 elif probe:
                     link.breaker.released()
                 if error.code not in failover:

@@ -105,13 +105,15 @@ class OpenAIProvider(BaseProvider):
         if not isinstance(text, str):  # some servers send a list of content parts
             text = "".join(part.get("text", "") for part in text if isinstance(part, dict))
         if message.get("refusal"):
-            return ModelReply(text=message["refusal"], finish=Finish.REFUSED, usage=usage)
+            return ModelReply(text=message["refusal"], finish=Finish.REFUSED, usage=usage, model=_model(data))
         finish = FINISH.get(choice.get("finish_reason") or "stop", Finish.STOP)
         if calls and finish != Finish.LENGTH:
             finish = Finish.TOOL_CALLS
         elif finish == Finish.TOOL_CALLS:
             finish = Finish.STOP  # announced tool calls that never came: take the text as the answer
-        return ModelReply(text=text, tool_calls=calls if finish == Finish.TOOL_CALLS else [], finish=finish, usage=usage)
+        return ModelReply(text=text, tool_calls=calls if finish == Finish.TOOL_CALLS else [], finish=finish, usage=usage,
+                          model=_model(data))
+
 
     def error_from_failure(self, failure):
         """Read OpenAI's ``{"error": {"code", "type", "message"}}`` (or Ollama's ``{"error": "..."}``)."""
@@ -149,3 +151,9 @@ class OpenAIProvider(BaseProvider):
             return ProviderError(ErrorCode.BAD_REQUEST, detail)
         fallback = super().error_from_failure(failure)
         return ProviderError(fallback.code, detail)
+
+
+def _model(data):
+    """The model a reply says answered it ("" when it does not say)."""
+    model = data.get("model")
+    return model[:200] if isinstance(model, str) else ""

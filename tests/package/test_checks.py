@@ -361,3 +361,12 @@ def test_a_chain_whose_primary_could_never_be_called_is_refused(conversations_se
 
     conversations_settings.update(JOB_TIMEOUT=41)
     assert check_config() == []
+
+
+def test_a_telemetry_mode_that_does_not_exist_and_message_text_in_spans(conversations_settings):
+    conversations_settings.update(TELEMETRY="jaeger")
+    (error,) = [m for m in check_config() if m.id == "conversations.E080"]
+    assert "'jaeger' is not a telemetry mode" in error.msg
+    conversations_settings.update(TELEMETRY="otlp", TELEMETRY_CONTENT=True)
+    assert not [m for m in check_config() if m.id.startswith("conversations.E08") or m.id == "conversations.W080"]
+    assert [m.id for m in check_deploy() if m.id == "conversations.W081"] == ["conversations.W081"]

@@ -1,0 +1,174 @@
+"""Telemetry soak: many turns through both worker classes with ``TELEMETRY="otlp"``, every span
+and metric sent over OTLP/HTTP to a receiver on loopback that decodes the protobuf; then what it
+received is counted against what the database recorded.
+
+    .venv/bin/python -m bench.otel_soak [--turns 100] [--visitors 4] [--database postgres|sqlite|URL]
+
+Each worker class (``ConcurrentWorker`` on one queue, the forking ``Worker`` on another) gets a
+gunicorn (2 sync workers) of its own; ``--visitors`` visitors per class post tool turns (three
+model calls, two tools: ``bench.common.ScriptedProvider``) and poll each to its end as the widget
+does (``If-None-Match``). The SDK's own variables configure every process: the endpoint, a short
+batch delay, metric deltas (``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta``, which a
+forking worker's short-lived work horses need: see docs/observability.md).
+
+It checks, and prints: a POST span and a job span per turn, one trace per turn; a ``chat`` or
+``execute_tool`` span per call record, with the same duration; ``conversations.turns`` adding up
+to the turns; ``gen_ai.client.operation.duration`` counting the provider attempts;
+``gen_ai.client.token.usage`` adding up to the turns' tokens; ``conversations.poll.duration``
+counting the polls answered 200 and 304 that the visitors saw. Exits 1 on a mismatch.
+"""
+
+import argparse
+import os
+import sys
+import threading
+import time
+from collections import Counter
+
+from bench.common import PYTHON, ROOT, ScriptedProvider, Stack, machine, visitor
+
+CLASSES = {"ConcurrentWorker": ("conversations.worker.ConcurrentWorker", "default"),
+           "Worker": ("conversations.worker.Worker", "forking")}
+
+
+def run_visitor(base, turns, polls, errors):
+    """Post ``turns`` turns one after the other, each in a conversation of its own (so that each
+    is a whole tool turn), polled to its end; count the poll answers."""
+    try:
+        session = visitor(base)
+        for _ in range(turns):
+            conversation = session.post(base + "/api/conversations/", json={}).json()["id"]
+            response = session.post(f"{base}/api/conversations/{conversation}/turns/",
+                                    json={"content": "What time is it in Tokyo, and how do refunds work?"})
+            assert response.status_code == 202, response.text
+            poll_url, etag, deadline = base + response.json()["poll_url"], "", time.monotonic() + 60
+            while True:
+                answer = session.get(poll_url, headers={"If-None-Match": etag} if etag else {})
+                polls[answer.status_code] += 1
+                if answer.status_code == 200:
+                    etag = answer.headers["ETag"]
+                    if answer.json()["done"]:
+                        assert answer.json()["status"] == "completed", answer.json()
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("a turn did not end within 60 s")
+                time.sleep(0.05)
+    except Exception as exc:  # noqa: BLE001 - reported by main
+        errors.append(exc)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=100, help="turns per worker class")
+    parser.add_argument("--visitors", type=int, default=4, help="visitors at once per worker class")
+    parser.add_argument("--database", default="postgres", help='"postgres", "sqlite" or a DATABASE_URL')
+    args = parser.parse_args()
+    from tests.support.otel import OtlpReceiver  # the otel extra
+
+    print(machine())
+    with ScriptedProvider(calls=3) as provider, OtlpReceiver() as receiver:
+        conversations = {"PROVIDER": "openai", "BASE_URL": provider.url, "API_KEY": "bench", "MODEL": "bench",
+                         "TELEMETRY": "otlp"}
+        # Every process of the stack (this one, migrate, gunicorn, the workers) exports to the receiver.
+        os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "conversations-soak",
+                           "OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+                           "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta"})
+        with Stack(database=args.database, conversations=conversations) as stack:
+            bases = {}
+            for name, (path, queue_name) in CLASSES.items():
+                env = {"RQ_WORKER_CLASS": path, "CONVERSATIONS_QUEUE": queue_name}
+                bases[name] = stack.gunicorn(2, env=env)
+                stack.spawn(PYTHON, str(ROOT / "manage.py"), "rqworker", queue_name, env=env)
+            stack.wait_for_workers(len(CLASSES))
+            polls, errors, threads = Counter(), [], []
+            began = time.monotonic()
+            for name, base in bases.items():
+                share = [args.turns // args.visitors + (i < args.turns % args.visitors) for i in range(args.visitors)]
+                threads += [threading.Thread(target=run_visitor, args=(base, n, polls, errors)) for n in share]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            took = time.monotonic() - began
+            if errors:
+                from conversations.models import Turn
+
+                for turn in Turn.objects.exclude(status="completed"):
+                    print("not completed:", turn.id, turn.status, turn.queue, turn.job_id, turn.enqueued_at,
+                          turn.started_at, turn.finished_at) if hasattr(turn, "queue") else print(
+                        "not completed:", turn.id, turn.status, turn.job_id, turn.enqueued_at, turn.started_at,
+                        turn.finished_at)
+                raise errors[0]
+            time.sleep(4)  # a batch delay and a few metric intervals: every process has exported
+            ok = report(args, receiver, polls, took)
+    sys.exit(0 if ok else 1)
+
+
+def report(args, receiver, polls, took):
+    from conversations.models import CallRecord, Turn
+
+    turns = list(Turn.objects.all())
+    records = list(CallRecord.objects.exclude(kind="resume"))
+    spans = receiver.spans
+    by_name = Counter(s["name"].split(" ")[0] for s in spans)
+    points = receiver.metric_points
+
+    def total(name, field="count", **attributes):
+        return sum(p.get(field, 0) for p in points.get(name, [])
+                   if all(p["attributes"].get(k) == v for k, v in attributes.items()))
+
+    model_attempts = sum(1 for r in records if r.kind == "model" and r.outcome != "skipped")
+    traces = {s["attributes"].get("conversations.turn.id"): s["trace_id"] for s in spans
+              if s["name"] == "conversations.turn.enqueue"}
+    rows = [
+        ("turns (DB)", len(turns), "enqueue spans", by_name["conversations.turn.enqueue"]),
+        ("turns (DB)", len(turns), "job spans", by_name["conversations.turn.job"]),
+        ("turns (DB)", len(turns), "traces", len({s["trace_id"] for s in spans})),
+        ("model call records (DB)", sum(1 for r in records if r.kind == "model"), "chat spans", by_name["chat"]),
+        ("tool call records (DB)", sum(1 for r in records if r.kind == "tool"), "execute_tool spans",
+         by_name["execute_tool"]),
+        ("turns completed (DB)", sum(1 for t in turns if t.status == "completed"), "conversations.turns sum",
+         total("conversations.turns", "as_int", **{"conversations.turn.status": "completed"})),
+        ("provider attempts (DB)", model_attempts, "gen_ai.client.operation.duration count",
+         total("gen_ai.client.operation.duration")),
+        ("output tokens (DB)", sum(t.output_tokens or 0 for t in turns), "gen_ai.client.token.usage sum (output)",
+         int(total("gen_ai.client.token.usage", "sum", **{"gen_ai.token.type": "output"}))),
+        ("turns (DB)", len(turns), "time_to_first_word count", total("conversations.turn.time_to_first_word")),
+        ("turns (DB)", len(turns), "queue.wait count", total("conversations.queue.wait")),
+        ("polls answered 200 (visitors)", polls[200], "poll.duration count (200)",
+         total("conversations.poll.duration", **{"http.response.status_code": 200})),
+        ("polls answered 304 (visitors)", polls[304], "poll.duration count (304)",
+         total("conversations.poll.duration", **{"http.response.status_code": 304})),
+    ]
+    print(f"\n{len(turns)} turns ({args.turns} per worker class, {args.visitors} visitors each) in {took:.1f} s; "
+          f"{len(spans)} spans and {sum(len(v) for v in points.values())} metric points in {receiver.requests} "
+          f"OTLP requests\n")
+    width = max(len(r[0]) for r in rows), max(len(r[2]) for r in rows)
+    ok = True
+    for left, expected, right, got in rows:
+        same = expected == got
+        ok &= same
+        print(f"  {left:<{width[0]}} {expected:>7}   {right:<{width[1]}} {got:>7}   {'ok' if same else 'MISMATCH'}")
+    # The timeline and the trace tell the same story: per turn, the same calls, outcomes and durations (±1 ms).
+    told = {}
+    for s in spans:
+        if s["name"].startswith(("chat ", "execute_tool ")):
+            told.setdefault(s["trace_id"], []).append(
+                (s["name"], s["attributes"]["conversations.call.attempt"], s["attributes"]["conversations.call.outcome"],
+                 (s["end"] - s["start"]) / 1e6))
+    recorded = {}
+    for r in records:
+        recorded.setdefault(traces.get(str(r.turn_id)), []).append(
+            (("chat " if r.kind == "model" else "execute_tool ") + r.name, r.attempt, r.outcome, r.duration * 1000))
+    differ = 0
+    for trace_id, calls in recorded.items():
+        spans_of = sorted(told.get(trace_id, []))
+        calls = sorted(calls)
+        differ += len(calls) != len(spans_of) or any(
+            a[:3] != b[:3] or abs(a[3] - b[3]) > 1 for a, b in zip(calls, spans_of))
+    print(f"\n  turns whose trace tells another story than their timeline (calls, outcomes, durations ±1 ms): {differ}")
+    return ok and not differ
+
+
+if __name__ == "__main__":
+    main()

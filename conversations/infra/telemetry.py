@@ -1,0 +1,460 @@
+"""OpenTelemetry traces and metrics of turns, calls and tools: the one module that imports
+``opentelemetry`` (the optional extra ``conversations[otel]``).
+
+Without the package every function here does nothing and returns at once: no import is
+tried again, no span or instrument is made. With it, spans and measurements go to whatever
+providers the process has: the site's own (set up by its code or ``opentelemetry-instrument``),
+or the SDK's, which ``configure()`` sets up when ``CONVERSATIONS["TELEMETRY"]`` is ``"otlp"``
+(the exporters read the SDK's standard ``OTEL_*`` environment variables) or ``"console"``.
+
+The span tree (docs/observability.md)::
+
+    conversations.turn.enqueue      PRODUCER, in the web request (or the admin's re-run)
+    └─ conversations.turn.job       CONSUMER, one per RQ job; parented through the job's meta
+       ├─ chat {model}              CLIENT, one per provider attempt (GenAI attributes)
+       └─ execute_tool {tool}       INTERNAL, one per tool run
+    └─ conversations.turn.resume    INTERNAL, made where a dead or stopping job's turn is continued
+       └─ conversations.turn.job    the continuation
+
+Call and tool spans are made from the call records (``CallRecord``) once they are saved, with the
+same start and duration as the admin's timeline shows: one story, told twice. Message text is put
+in a span only when ``CONVERSATIONS["TELEMETRY_CONTENT"]`` is on.
+"""
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from contextlib import contextmanager
+
+from ..redaction import hide_keys
+from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import metrics as otel_metrics
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+except ImportError:  # the extra is not installed: everything below is a no-op
+    trace = None
+
+logger = logging.getLogger("conversations.telemetry")
+
+SCOPE = "conversations"
+AVAILABLE = trace is not None
+# The meta key of an RQ job that carries the trace context of the request that enqueued it.
+META_KEY = "otel"
+
+# The outcomes of a call record that are no error (``core.types.Outcome``'s values).
+NOT_ERRORS = {"ok", "skipped", "cancelled"}
+# The phase a timed-out call ended in, as its record's detail names it (``http._failure``).
+PHASES = {CONNECT: "connect", SEND: "send", FIRST_BYTE: "first_byte", BODY: "body"}
+# Gauge values of a breaker's state.
+BREAKER_STATES = {"closed": 0, "half-open": 1, "open": 2}
+
+_configured_in = None  # the pid of the process whose configure() set up the SDK
+_metrics_mode = None  # the mode whose meter provider is still to be set up (at the first measurement)
+_setup_lock = threading.Lock()
+_flushing = False  # a work horse sending what it holds before it exits (``flush``)
+
+
+def enabled():
+    return AVAILABLE
+
+
+def configure(mode):
+    """Set up the SDK's providers for ``mode`` (``"otlp"``, ``"console"``; ``""`` leaves the
+    process's providers as the site set them). Once per process; never raises: a site whose
+    exporter cannot be built still serves its visitors (the reason is logged).
+
+    The tracer provider is set up now; the meter provider at the first measurement
+    (``instruments``), or by a forking worker's parent (``warm_up(forking=True)``) without a
+    periodic export: a thread collecting in the parent at the moment of a fork would leave the
+    SDK's locks held in the work horse for ever."""
+    global _configured_in, _metrics_mode
+    if not mode or not AVAILABLE or _configured_in is not None:
+        return False
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+        if mode == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            span_exporter = OTLPSpanExporter()
+        elif mode == "console":
+            span_exporter = ConsoleSpanExporter()
+        else:
+            raise ValueError(f"unknown TELEMETRY mode {mode!r}")
+        tracer_provider = TracerProvider(resource=_resource())
+        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+        trace.set_tracer_provider(tracer_provider)
+    except Exception:  # noqa: BLE001 - telemetry never stops a site
+        logger.exception("Could not set up OpenTelemetry (TELEMETRY=%r)", mode)
+        return False
+    _configured_in, _metrics_mode = os.getpid(), mode
+    return True
+
+
+def _resource():
+    from opentelemetry.sdk.resources import Resource
+
+    # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES are read by Resource.create().
+    return Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "conversations"})
+
+
+def _setup_metrics(periodic=True):
+    """Set up the meter provider ``configure()`` left for later, once: exporting every
+    ``OTEL_METRIC_EXPORT_INTERVAL`` in a thread, or (``periodic`` False) only when flushed."""
+    global _metrics_mode
+    with _setup_lock:
+        mode, _metrics_mode = _metrics_mode, None
+        if mode is None:
+            return
+        try:
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+
+            if mode == "otlp":
+                from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+                exporter = OTLPMetricExporter()
+            else:
+                exporter = ConsoleMetricExporter()
+            reader = PeriodicExportingMetricReader(exporter, export_interval_millis=None if periodic else math.inf)
+            otel_metrics.set_meter_provider(MeterProvider(resource=_resource(), metric_readers=[reader]))
+        except Exception:  # noqa: BLE001 - telemetry never stops a site
+            logger.exception("Could not set up OpenTelemetry's metrics (TELEMETRY=%r)", mode)
+
+
+def flush(timeout_millis=5000):
+    """Export what this process holds now. Called at the end of a job in a forked work horse,
+    which ends with ``os._exit`` and so would drop what its batch processors held."""
+    global _flushing
+    if not AVAILABLE:
+        return
+    _flushing = True
+    try:
+        for provider in (trace.get_tracer_provider(), otel_metrics.get_meter_provider()):
+            force_flush = getattr(provider, "force_flush", None)
+            if force_flush is not None:
+                try:
+                    force_flush(timeout_millis)
+                except Exception:  # noqa: BLE001
+                    logger.warning("Could not flush telemetry", exc_info=True)
+    finally:
+        _flushing = False
+
+
+def forked():
+    """Whether this process is a fork of the one that set up the SDK (a forking worker's horse)."""
+    return _configured_in is not None and _configured_in != os.getpid()
+
+
+_tracers = {}
+
+
+def _tracer():
+    """The app's tracer, made once per tracer provider (a test or a site may set the provider late)."""
+    provider = trace.get_tracer_provider()
+    tracer = _tracers.get(id(provider))
+    if tracer is None:
+        tracer = _tracers[id(provider)] = trace.get_tracer(SCOPE)
+    return tracer
+
+
+def warm_up(forking=False):
+    """Make the tracer and the instruments now, so that no work horse makes them again for its
+    one turn. ``forking``: this is a forking worker's parent, whose horses export their metrics
+    when they end (``flush``), never in a thread of this process (see ``configure``)."""
+    if AVAILABLE:
+        if forking:
+            _setup_metrics(periodic=False)
+        _tracer()
+        instruments()
+
+
+# -- context through RQ -------------------------------------------------------------------
+
+
+def carrier():
+    """The current trace context as a dict for a job's meta (W3C ``traceparent``), or None."""
+    if not AVAILABLE:
+        return None
+    data = {}
+    propagate.inject(data)
+    return data or None
+
+
+def _extract(data):
+    return propagate.extract(data) if data else otel_context.Context()
+
+
+# -- spans ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def enqueue_span(**attributes):
+    """The span of a request that starts a turn; a job enqueued inside it carries its context."""
+    if not AVAILABLE:
+        yield None
+        return
+    with _tracer().start_as_current_span("conversations.turn.enqueue", kind=SpanKind.PRODUCER,
+                                         attributes=_clean(attributes)) as span:
+        yield span
+
+
+def set_attributes(span, **attributes):
+    if span is not None:
+        span.set_attributes(_clean(attributes))
+
+
+class JobTrace:
+    """The span of one job of a turn, and the spans of its call records (``record``)."""
+
+    def __init__(self, span, context, *, content=False):
+        self.span = span
+        self.context = context  # the job span's, as the parent of its call spans
+        self.content = content
+        # The epoch (ns) of offset 0 of the turn's budget: a record's start is this plus its offset.
+        self.zero_ns = time.time_ns()
+
+    def anchor(self, elapsed):
+        """Place offset 0 of the records at ``elapsed`` seconds before now (the budget's start)."""
+        self.zero_ns = time.time_ns() - int(elapsed * 1e9)
+
+    def record(self, record, info=None):
+        """One span for a saved call record (``kind`` model or tool), timed as the timeline times it."""
+        info = info or {}
+        start = self.zero_ns + int(record.started_offset * 1e9)
+        end = start + int(max(0.0, record.duration or 0.0) * 1e9)
+        error = None if record.outcome in NOT_ERRORS else record.outcome
+        common = {"conversations.call.outcome": record.outcome, "conversations.call.attempt": record.attempt,
+                  "conversations.call.timeout": record.timeout,
+                  "conversations.call.remaining_before": record.remaining_before, "error.type": error}
+        if record.kind == "tool":
+            name = f"execute_tool {record.name}"
+            attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": record.name, **common}
+            kind = SpanKind.INTERNAL
+        else:
+            name = f"chat {record.name}"
+            provider = info.get("provider") or ""
+            attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": provider, "gen_ai.system": provider,
+                          "gen_ai.request.model": record.name, "http.response.status_code": record.status_code,
+                          "conversations.call.fallback": info.get("fallback", 0),
+                          "conversations.breaker.state": info.get("breaker"), **common}
+            reply = info.get("reply")
+            if reply is not None:
+                attributes.update({"gen_ai.response.model": reply.get("model") or record.name,
+                                   "gen_ai.response.finish_reasons": [reply["finish"]] if reply.get("finish") else None,
+                                   "gen_ai.usage.input_tokens": reply.get("input_tokens"),
+                                   "gen_ai.usage.output_tokens": reply.get("output_tokens")})
+                if self.content and reply.get("text") is not None:
+                    attributes["gen_ai.output.messages"] = json.dumps(
+                        [{"role": "assistant", "parts": [{"type": "text", "content": reply["text"]}]}])
+            kind = SpanKind.CLIENT
+            metric_attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": provider,
+                                 "gen_ai.request.model": record.name, "error.type": error}
+            if record.outcome != "skipped":
+                instruments().operation_duration.record(record.duration or 0.0, _clean(metric_attributes))
+                if error:
+                    instruments().provider_errors.add(1, _clean(metric_attributes))
+                if reply is not None:
+                    for token_type in ("input", "output"):
+                        if reply.get(f"{token_type}_tokens") is not None:
+                            instruments().token_usage.record(reply[f"{token_type}_tokens"], _clean(
+                                {**metric_attributes, "gen_ai.response.model": reply.get("model") or record.name,
+                                 "gen_ai.token.type": token_type}))
+        if record.outcome == "timeout":
+            attributes["conversations.call.phase"] = next(
+                (name for words, name in PHASES.items() if f"timed out {words}" in (record.detail or "")), None)
+        if record.detail and error and (record.kind != "tool" or self.content):
+            # The timeline's line for a failed provider call (the provider's error, keys hidden); a
+            # failed tool's is its result, a message of the transcript: only with TELEMETRY_CONTENT.
+            attributes["conversations.call.detail"] = hide_keys(record.detail)
+        span = _tracer().start_span(name, context=self.context, kind=kind, attributes=_clean(attributes),
+                                    start_time=start)
+        if error:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end(end_time=end)
+
+    def outcome(self, status, margin_left, **attributes):
+        """The turn's outcome and the margin left at its final write, on the job span."""
+        self.span.set_attributes(_clean({"conversations.turn.status": status,
+                                         "conversations.turn.margin_left": margin_left, **attributes}))
+        if status == "failed":
+            self.span.set_status(Status(StatusCode.ERROR, status))
+
+
+@contextmanager
+def job_span(meta, **attributes):
+    """The span of one job (``meta``: the job's meta, whose trace context is its parent), current
+    inside the block; yields a ``JobTrace`` (None without the extra). Each thread of a concurrent
+    worker has its own current context, so its turns' spans never mix."""
+    if not AVAILABLE:
+        yield None
+        return
+    content = bool(attributes.pop("content", False))
+    parent = _extract((meta or {}).get(META_KEY))
+    span = _tracer().start_span("conversations.turn.job", context=parent, kind=SpanKind.CONSUMER,
+                                attributes=_clean(attributes))
+    token = otel_context.attach(trace.set_span_in_context(span, parent))
+    job = JobTrace(span, trace.set_span_in_context(span, parent), content=content)
+    try:
+        yield job
+    except BaseException as exc:
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        raise
+    finally:
+        otel_context.detach(token)
+        span.end()
+
+
+def resume_span(meta, **attributes):
+    """The span of a turn continued by a new job (instant: made where the death or the stop was
+    noticed), child of the request's span; returns the context for the continuation's meta."""
+    if not AVAILABLE:
+        return None
+    parent = _extract((meta or {}).get(META_KEY))
+    span = _tracer().start_span("conversations.turn.resume", context=parent, kind=SpanKind.INTERNAL,
+                                attributes=_clean(attributes))
+    span.end()
+    data = {}
+    propagate.inject(data, context=trace.set_span_in_context(span, parent))
+    return data
+
+
+# -- metrics --------------------------------------------------------------------------------
+
+_instruments = None
+_instruments_lock = threading.Lock()
+
+
+class _Instruments:
+    def __init__(self, meter):
+        seconds = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160]
+        self.turns = meter.create_counter("conversations.turns", unit="{turn}",
+                                          description="Turns ended, by status and assistant.")
+        self.first_word = meter.create_histogram(
+            "conversations.turn.time_to_first_word", unit="s", explicit_bucket_boundaries_advisory=seconds,
+            description="From the visitor's message being queued to the first word of the answer shown.")
+        self.duration = meter.create_histogram(
+            "conversations.turn.duration", unit="s", explicit_bucket_boundaries_advisory=seconds,
+            description="From the visitor's message being queued to the turn's final write.")
+        self.margin = meter.create_histogram(
+            "conversations.turn.deadline_margin", unit="s", explicit_bucket_boundaries_advisory=seconds,
+            description="Seconds left before RQ's job timeout at the turn's final write.")
+        self.queue_wait = meter.create_histogram(
+            "conversations.queue.wait", unit="s", explicit_bucket_boundaries_advisory=seconds,
+            description="From a turn being queued to a worker starting it.")
+        self.in_flight = meter.create_up_down_counter("conversations.turns.in_flight", unit="{turn}",
+                                                      description="Turns running in this worker process now.")
+        self.operation_duration = meter.create_histogram(
+            "gen_ai.client.operation.duration", unit="s", explicit_bucket_boundaries_advisory=seconds,
+            description="GenAI operation duration (one provider attempt).")
+        self.token_usage = meter.create_histogram(
+            "gen_ai.client.token.usage", unit="{token}",
+            explicit_bucket_boundaries_advisory=[1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576],
+            description="Input and output tokens used.")
+        self.provider_errors = meter.create_counter("conversations.provider.errors", unit="{error}",
+                                                    description="Provider attempts that failed, by error kind.")
+        self.breaker = meter.create_gauge("conversations.breaker.state", unit="1",
+                                          description="A provider's circuit: 0 closed, 1 half-open, 2 open.")
+        self.polls = meter.create_histogram(
+            "conversations.poll.duration", unit="s",
+            explicit_bucket_boundaries_advisory=[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1],
+            description="Poll requests answered, by HTTP status (200, 304, ...), and their latency.")
+        self.handoffs = None
+
+
+def instruments():
+    global _instruments
+    if _instruments is None:
+        if _metrics_mode is not None:
+            _setup_metrics()
+        with _instruments_lock:
+            if _instruments is None:
+                _instruments = _Instruments(otel_metrics.get_meter(SCOPE))
+                if _handoff_count is not None:
+                    _observe_handoffs(_instruments)
+    return _instruments
+
+
+def count_turn(status, assistant, *, duration=None, first_word=None, margin=None):
+    if not AVAILABLE:
+        return
+    attributes = _clean({"conversations.turn.status": status, "conversations.assistant": assistant})
+    recorded = instruments()
+    recorded.turns.add(1, attributes)
+    if duration is not None:
+        recorded.duration.record(max(0.0, duration), attributes)
+    if margin is not None:
+        recorded.margin.record(max(0.0, margin), attributes)
+    if first_word is not None:
+        recorded.first_word.record(max(0.0, first_word), _clean({"conversations.assistant": assistant}))
+
+
+def first_word(assistant, seconds):
+    if AVAILABLE:
+        instruments().first_word.record(max(0.0, seconds), _clean({"conversations.assistant": assistant}))
+
+
+def queue_wait(seconds, assistant):
+    if AVAILABLE:
+        instruments().queue_wait.record(max(0.0, seconds), _clean({"conversations.assistant": assistant}))
+
+
+def in_flight(change, worker):
+    if AVAILABLE:
+        instruments().in_flight.add(change, {"conversations.worker.class": worker})
+
+
+def breaker_state(label, state):
+    if AVAILABLE:
+        instruments().breaker.set(BREAKER_STATES.get(state, 0), {"conversations.provider": label})
+
+
+def poll_answered(status_code, seconds):
+    if AVAILABLE:
+        instruments().polls.record(seconds, {"http.response.status_code": status_code})
+
+
+_handoff_count = None
+
+
+def observe_handoffs(count):
+    """Report ``count()`` (the hand-overs waiting for staff) as an observable gauge, from the
+    moment the instruments are made (not before: see ``configure``)."""
+    global _handoff_count
+    if not AVAILABLE:
+        return
+    _handoff_count = count
+    with _instruments_lock:
+        if _instruments is not None:
+            _observe_handoffs(_instruments)
+
+
+def _observe_handoffs(recorded):
+    """Make the hand-overs' gauge on ``recorded`` once; call with ``_instruments_lock`` held."""
+    if recorded.handoffs is None:
+        count = _handoff_count
+
+        def callback(options):
+            if _flushing:  # a work horse's last export: the long-lived processes report it
+                return
+            try:
+                yield otel_metrics.Observation(count())
+            except Exception:  # noqa: BLE001 - a failed read (no table yet, no database) skips one observation
+                logger.debug("Could not count the hand-overs waiting", exc_info=True)
+
+        recorded.handoffs = otel_metrics.get_meter(SCOPE).create_observable_gauge(
+            "conversations.handoffs.waiting", callbacks=[callback], unit="{conversation}",
+            description="Conversations handed to staff and waiting for one to answer.")
+
+
+def _clean(attributes):
+    """Attributes without the unset ones (OpenTelemetry refuses None)."""
+    return {key: value for key, value in attributes.items() if value is not None and value != ""}

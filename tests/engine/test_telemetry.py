@@ -1,0 +1,326 @@
+"""OpenTelemetry: one trace per turn, from the POST that enqueues it through RQ's job to each
+provider attempt and tool run, with the GenAI attributes, timed as the admin's timeline times
+them; and the metrics an operator graphs. Real Redis, real workers of both classes, fake provider
+servers on 127.0.0.1, the SDK's in-memory exporter and metric reader, and a small OTLP/HTTP
+receiver for the spans made in other processes (a forking worker's work horses)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import django_rq
+import pytest
+from django.core.cache import cache
+
+from conversations.infra import lease
+from conversations.models import CallRecord, Turn
+from conversations.tools import tool
+from tests.support.fake_stream import openai_stream, streaming
+from tests.support.fakes import FakeProvider, hang, unavailable
+from tests.support.helpers import (CONCURRENT, FORKING, ROOT, make_client, poll_until_done, run_worker, start_turn,
+                                   wait_for)
+
+otel = pytest.importorskip("tests.support.otel", reason="the otel extra is not installed")
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUESTION = "How long do refunds take for order 4411?"
+ANSWER = "Refunds take 30 days for order 4411."
+SECRET_WORDS = ("refunds", "4411", "30 days")
+
+
+@tool(idempotent=True)
+def look_up_order(order: str) -> str:
+    """A read-only tool; under a test that kills its process, it waits to be let go (``test:answer``)."""
+    cache.set("test:tool-pid", os.getpid())
+    deadline = time.monotonic() + 20
+    while cache.get("test:hold") and not cache.get("test:answer") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return f"order {order}: refunded, 30 days"
+
+
+@pytest.fixture
+def receiver():
+    with otel.OtlpReceiver() as running:
+        yield running
+
+
+@pytest.fixture
+def telemetry(receiver):
+    """The SDK in this process, recording for this test only; spans from forked work horses
+    reach ``receiver`` through the OTLP exporter they inherit."""
+    recorder = otel.Telemetry.get()
+    recorder.start(forward_to=receiver.url)
+    yield recorder
+    recorder.stop()
+
+
+@pytest.fixture
+def chain(conversations_settings):
+    """A primary that is down (503 every time) and a fallback that streams; each model call is
+    two attempts at the primary (a retry), then the fallback."""
+    with FakeProvider(default=unavailable(503)) as primary, FakeProvider() as fallback:
+        conversations_settings.update(
+            PROVIDER="openai", BASE_URL=primary.url, API_KEY="sk-primary", MODEL="primary-model",
+            FALLBACKS=[{"PROVIDER": "openai", "BASE_URL": fallback.url, "API_KEY": "sk-fallback",
+                        "MODEL": "fallback-model"}],
+            TOOLS=[f"{__name__}.look_up_order"], STREAM=True, MAX_ATTEMPTS=2, BACKOFF_BASE=0.01, BACKOFF_MAX=0.02,
+            JOB_TIMEOUT=30, DEADLINE_MARGIN=4, CALL_TIMEOUT=8, FALLBACK_RESERVE=3, MIN_CALL_BUDGET=1,
+            MAX_RESUMES=2, BREAKER_FAILURES=50)
+        fallback.add(streaming(openai_stream(calls=[("call_1", "look_up_order", {"order": "4411"})])),
+                     streaming(openai_stream(ANSWER)))
+        yield primary, fallback
+
+
+def by_name(spans, prefix):
+    return [s for s in spans if s["name"].startswith(prefix)]
+
+
+def as_dict(span):
+    """An SDK ``ReadableSpan`` in the receiver's shape."""
+    return {"name": span.name, "trace_id": f"{span.context.trace_id:032x}", "span_id": f"{span.context.span_id:016x}",
+            "parent_id": f"{span.parent.span_id:016x}" if span.parent else None, "kind": span.kind.name,
+            "start": span.start_time, "end": span.end_time,
+            "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in span.attributes.items()},
+            "status": span.status.status_code.value}
+
+
+def settled(telemetry, receiver=None, jobs=1):
+    """The spans once ``jobs`` job spans have ended: a job's span ends, and its last step's call
+    spans are made, after the final state the test polled for is published."""
+    wait_for(lambda: len(by_name(collected(telemetry, receiver), "conversations.turn.job")) == jobs, timeout=10,
+             what=f"{jobs} job spans")
+    return collected(telemetry, receiver)
+
+
+def collected(telemetry, receiver=None):
+    """Every span of the test, once each: this process's (in memory) and the other processes' (OTLP)."""
+    spans = {s["span_id"]: s for s in (receiver.spans if receiver is not None else [])}
+    spans.update({s["span_id"]: s for s in map(as_dict, telemetry.spans.get_finished_spans())})
+    return list(spans.values())
+
+
+def assert_no_message_text(spans):
+    for span in spans:
+        text = json.dumps(span["attributes"]).lower() + span["name"].lower()
+        for words in SECRET_WORDS:
+            assert words not in text, (span["name"], words)
+
+
+def assert_matches_timeline(spans, turn):
+    """Each call record of the turn has one span with its kind, name, attempt, outcome and duration (±1 ms)."""
+    records = list(CallRecord.objects.filter(turn=turn).exclude(kind="resume").order_by("id"))
+    calls = by_name(spans, "chat ") + by_name(spans, "execute_tool ")
+    assert len(calls) == len(records)
+    story = sorted((("chat " if r.kind == "model" else "execute_tool ") + r.name, r.attempt, r.outcome,
+                    round(r.duration * 1000)) for r in records)
+    told = sorted((s["name"], s["attributes"]["conversations.call.attempt"],
+                   s["attributes"]["conversations.call.outcome"], round((s["end"] - s["start"]) / 1e6))
+                  for s in calls)
+    for (name, attempt, outcome, ms), (t_name, t_attempt, t_outcome, t_ms) in zip(story, told):
+        assert (name, attempt, outcome) == (t_name, t_attempt, t_outcome)
+        assert abs(ms - t_ms) <= 1
+
+
+def test_a_streamed_tool_turn_with_a_retry_and_a_fallback_is_one_trace(chain, telemetry, receiver, worker_class):
+    primary, fallback = chain
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    run_worker(worker_class)
+    final = poll_until_done(client, started["poll_url"])
+    assert (final["status"], final["messages"][-1]["content"]) == ("completed", ANSWER)
+    turn = Turn.objects.get(pk=started["id"])
+
+    wait_for(lambda: len(by_name(collected(telemetry, receiver), "conversations.turn.job")) == 1, timeout=10,
+             what="the job's span")
+    spans = collected(telemetry, receiver)
+    assert len({s["trace_id"] for s in spans}) == 1  # one trace, from the POST to the last call
+    (post,) = by_name(spans, "conversations.turn.enqueue")
+    (job,) = by_name(spans, "conversations.turn.job")
+    assert post["kind"] == "PRODUCER" and post["parent_id"] is None
+    assert post["attributes"]["conversations.turn.id"] == str(turn.id)
+    assert (job["kind"], job["parent_id"]) == ("CONSUMER", post["span_id"])
+    assert job["attributes"]["conversations.turn.status"] == "completed"
+    assert abs(job["attributes"]["conversations.turn.margin_left"] - turn.margin_left) < 1e-6
+    chats = sorted(by_name(spans, "chat "), key=lambda s: s["start"])
+    tools = by_name(spans, "execute_tool ")
+    assert all(s["parent_id"] == job["span_id"] for s in chats + tools)
+    # Each model call: the primary twice (attempt 1, then the retry), then the fallback.
+    assert [(s["attributes"]["gen_ai.request.model"], s["attributes"]["conversations.call.attempt"],
+             s["attributes"]["conversations.call.fallback"], s["attributes"].get("error.type")) for s in chats] == [
+        ("primary-model", 1, 0, "http_error"), ("primary-model", 2, 0, "http_error"), ("fallback-model", 1, 1, None),
+    ] * 2
+    answered = [s for s in chats if s["attributes"]["conversations.call.fallback"] == 1]
+    for span in chats:
+        assert span["kind"] == "CLIENT"
+        assert span["attributes"]["gen_ai.operation.name"] == "chat"
+        assert span["attributes"]["gen_ai.provider.name"] == "openai"
+        assert span["attributes"]["conversations.breaker.state"] == "closed"
+    assert [s["attributes"]["gen_ai.response.finish_reasons"] for s in answered] == [["tool_calls"], ["stop"]]
+    assert all(s["attributes"]["gen_ai.response.model"] == "fake-model" for s in answered)
+    assert [(s["attributes"]["gen_ai.usage.input_tokens"], s["attributes"]["gen_ai.usage.output_tokens"])
+            for s in answered] == [(11, 7), (11, 7)]
+    assert [s["attributes"]["http.response.status_code"] for s in chats if s not in answered] == [503] * 4
+    (tool_span,) = tools
+    assert tool_span["attributes"]["gen_ai.tool.name"] == "look_up_order"
+    assert tool_span["attributes"]["conversations.call.outcome"] == "ok"
+    assert_matches_timeline(spans, turn)
+    assert_no_message_text(spans)
+
+
+def test_the_metrics_count_the_turn_its_calls_tokens_and_polls(chain, telemetry, worker_class):
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    run_worker(worker_class)
+    final = poll_until_done(client, started["poll_url"])
+    assert final["status"] == "completed"
+    etag = client.get(started["poll_url"])["ETag"]
+    assert client.get(started["poll_url"], HTTP_IF_NONE_MATCH=etag).status_code == 304
+    if worker_class == FORKING:
+        return  # the horse's own readings leave with it (exported over OTLP: the soak test counts them)
+    settled(telemetry)  # the job has left perform_turn: its turn is out of the in-flight count
+    points = telemetry.metric_points()
+
+    def total(name, **attributes):
+        return sum(getattr(p, "count", None) or getattr(p, "value", 0) for p in points.get(name, [])
+                   if all(p.attributes.get(k) == v for k, v in attributes.items()))
+
+    assert total("conversations.turns", **{"conversations.turn.status": "completed",
+                                           "conversations.assistant": "default"}) == 1
+    assert total("gen_ai.client.operation.duration", **{"error.type": "http_error"}) == 4
+    assert total("gen_ai.client.operation.duration", **{"gen_ai.request.model": "fallback-model"}) == 2
+    assert total("conversations.provider.errors", **{"error.type": "http_error"}) == 4
+    usage = [p for p in points["gen_ai.client.token.usage"] if p.attributes["gen_ai.token.type"] == "output"]
+    assert sum(p.sum for p in usage) == 14
+    assert total("conversations.turn.time_to_first_word") == 1
+    assert total("conversations.turn.duration") == 1
+    assert total("conversations.turn.deadline_margin") == 1
+    assert total("conversations.queue.wait") == 1
+    assert total("conversations.poll.duration", **{"http.response.status_code": 304}) >= 1
+    assert total("conversations.poll.duration", **{"http.response.status_code": 200}) >= 1
+    breakers = {p.attributes["conversations.provider"]: p.value for p in points["conversations.breaker.state"]}
+    assert breakers == {"openai:primary-model": 0, "openai:fallback-model": 0}  # both closed
+    in_flight = points["conversations.turns.in_flight"]  # each worker this process ran: one in, one out
+    assert in_flight and all(p.value == 0 for p in in_flight)
+
+
+def test_the_hand_overs_waiting_are_a_gauge(telemetry):
+    from conversations.models import Conversation
+
+    Conversation.objects.create(handoff=Conversation.Handoff.WAITING)
+    Conversation.objects.create(handoff=Conversation.Handoff.TAKEN)
+    Conversation.objects.create()
+    (point,) = telemetry.metric_points()["conversations.handoffs.waiting"]
+    assert point.value == 1
+
+
+def test_turns_run_side_by_side_in_a_concurrent_worker_keep_their_traces_apart(conversations_settings, telemetry):
+    with FakeProvider() as fake:
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="k", MODEL="m", STREAM=True,
+                                      TOOLS=[f"{__name__}.look_up_order"], MAX_ATTEMPTS=1)
+        for _ in range(3):  # each reply streams for ~0.3 s: the three turns' calls overlap
+            fake.add(streaming(openai_stream(calls=[("call_1", "look_up_order", {"order": "1"})]), interval=0.05))
+        for _ in range(3):
+            fake.add(streaming(openai_stream("Done, it is refunded."), interval=0.05))
+        posted = [start_turn(make_client(), QUESTION) for _ in range(3)]
+        run_worker(CONCURRENT)
+    # A job's span ends as its thread leaves the job, which may be a moment after the burst returns.
+    wait_for(lambda: len(by_name(collected(telemetry), "conversations.turn.job")) == 3, timeout=10,
+             what="the three jobs' spans")
+    spans = collected(telemetry)
+    assert len({s["trace_id"] for s in spans}) == 3
+    for started in posted:
+        assert Turn.objects.get(pk=started["id"]).status == "completed"
+        (post,) = [s for s in by_name(spans, "conversations.turn.enqueue")
+                   if s["attributes"]["conversations.turn.id"] == started["id"]]
+        mine = [s for s in spans if s["trace_id"] == post["trace_id"]]
+        (job,) = by_name(mine, "conversations.turn.job")
+        assert job["parent_id"] == post["span_id"] and job["attributes"]["conversations.turn.id"] == started["id"]
+        calls = by_name(mine, "chat ") + by_name(mine, "execute_tool ")
+        assert len(calls) == CallRecord.objects.filter(turn_id=started["id"]).count() == 3
+        assert all(s["parent_id"] == job["span_id"] for s in calls)
+    jobs = sorted(by_name(spans, "conversations.turn.job"), key=lambda s: s["start"])
+    assert jobs[1]["start"] < jobs[0]["end"] and jobs[2]["start"] < jobs[0]["end"]  # they did run side by side
+
+
+def test_message_text_goes_in_a_span_only_when_the_site_turns_it_on(chain, telemetry, receiver,
+                                                                     conversations_settings):
+    conversations_settings.update(TELEMETRY_CONTENT=True)
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    run_worker(CONCURRENT)
+    assert poll_until_done(client, started["poll_url"])["status"] == "completed"
+    spans = settled(telemetry, receiver)
+    outputs = [s["attributes"].get("gen_ai.output.messages") for s in spans if s["name"].startswith("chat ")]
+    assert any(o and ANSWER in o for o in outputs)
+
+
+@pytest.mark.slow
+def test_a_turn_resumed_after_sigkill_is_still_one_trace(chain, telemetry, receiver, worker_class, worker_process,
+                                                        conversations_settings, monkeypatch):
+    """``manage.py rqworker`` processes export over OTLP (TELEMETRY="otlp", the SDK's own OTEL_*
+    variables); the tool's process (the forking worker's work horse, or a whole concurrent worker)
+    is SIGKILLed while the tool runs, and the turn goes on in a new job."""
+    conversations_settings.update(TOOL_TIMEOUT=15, TOOL_RESERVE=1)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "conversations-worker")
+    cache.set("test:hold", True)
+    worker_process(1, worker_class=worker_class, TELEMETRY="otlp")
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    wait_for(lambda: cache.get("test:tool-pid"), timeout=30, what="the tool to run")
+    if worker_class == CONCURRENT:  # the survivor, whose reaper continues the dead process's turn
+        worker_process(1, worker_class=worker_class, TELEMETRY="otlp")
+        wait_for(lambda: len(lease.holders(django_rq.get_connection())) == 2, timeout=30, what="the second lease")
+    wait_for(lambda: len(by_name(receiver.spans, "chat ")) == 3, timeout=10, what="the first job's call spans")
+    os.kill(cache.get("test:tool-pid"), signal.SIGKILL)
+    cache.set("test:answer", True)
+    final = poll_until_done(client, started["poll_url"], timeout=40)
+    assert (final["status"], final["messages"][-1]["content"]) == ("completed", ANSWER)
+    turn = Turn.objects.get(pk=started["id"])
+    assert turn.resumes == 1
+
+    wait_for(lambda: len(by_name(collected(telemetry, receiver), "conversations.turn.job")) == 1, timeout=10,
+             what="the continuation's span")
+    spans = collected(telemetry, receiver)
+    assert len({s["trace_id"] for s in spans}) == 1
+    (post,) = by_name(spans, "conversations.turn.enqueue")
+    (resume,) = by_name(spans, "conversations.turn.resume")
+    (job,) = by_name(spans, "conversations.turn.job")  # the killed job's span never ended: it is lost with it
+    assert resume["parent_id"] == post["span_id"]
+    assert resume["attributes"]["conversations.resume.from_job"] == f"conversations-turn-{turn.id}"
+    assert resume["attributes"]["messaging.message.id"] == turn.job_id
+    assert job["parent_id"] == resume["span_id"] and job["attributes"]["conversations.turn.status"] == "completed"
+    ids = {s["span_id"] for s in spans}
+    first, second = [s for s in by_name(spans, "chat ") if s["parent_id"] not in ids], \
+        [s for s in by_name(spans, "chat ") if s["parent_id"] == job["span_id"]]
+    assert len(first) == 3 and len({s["parent_id"] for s in first}) == 1  # under the dead job's (lost) span
+    assert len(second) == 3
+    (tool_span,) = by_name(spans, "execute_tool ")  # the killed run saved no record: only the second run
+    assert tool_span["parent_id"] == job["span_id"]
+    assert_matches_timeline(spans, turn)
+    assert CallRecord.objects.filter(turn=turn, kind="resume").count() == 1
+    assert_no_message_text(spans)
+
+
+def test_a_call_that_times_out_names_its_phase_and_the_turn_fails_in_the_trace(conversations_settings, telemetry):
+    with FakeProvider(default=hang) as fake:
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="k", MODEL="slow-model",
+                                      STREAM=False, MAX_ATTEMPTS=1, CALL_TIMEOUT=1)
+        client = make_client()
+        started = start_turn(client, QUESTION)
+        run_worker(CONCURRENT)
+    assert poll_until_done(client, started["poll_url"])["status"] == "failed"
+    spans = settled(telemetry)
+    (call,) = by_name(spans, "chat ")
+    assert call["attributes"]["error.type"] == "timeout" and call["status"] == 2  # StatusCode.ERROR
+    assert call["attributes"]["conversations.call.phase"] == "first_byte"
+    (record,) = CallRecord.objects.filter(turn_id=started["id"])
+    assert (record.outcome, call["attributes"]["conversations.call.detail"]) == ("timeout", record.detail)
+    assert abs((call["end"] - call["start"]) / 1e9 - record.duration) < 0.001
+    (job,) = by_name(spans, "conversations.turn.job")
+    assert job["attributes"]["conversations.turn.status"] == "failed" and job["status"] == 2
