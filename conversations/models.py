@@ -385,3 +385,34 @@ class CallRecord(models.Model):
 
     def __str__(self):
         return f"{self.kind} {self.name} #{self.attempt}: {self.outcome}"
+
+
+class Erasure(models.Model):
+    """The audit entry of one erasure (``engine.privacy.erase``): when, by whom, what was asked
+    and how many rows and cached copies of each kind went. Never the erased content, and the
+    person only as a salted hash (``subject_digest``), which the site can recompute to answer
+    "was this person erased?" but which names nobody by itself."""
+
+    class Kind(models.TextChoices):
+        USER = "user", _("a user")
+        VISITOR = "visitor", _("a visitor")
+        CONVERSATION = "conversation", _("a conversation")
+        VISITOR_REQUEST = "visitor_request", _("the visitor's own request")
+        RETENTION = "retention", _("retention")
+
+    created_at = models.DateTimeField(_("erased at"), auto_now_add=True, db_index=True)
+    by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                           related_name="+", verbose_name=_("erased by"))
+    kind = models.CharField(_("what was asked"), max_length=20, choices=Kind.choices)
+    subject_digest = models.CharField(_("person (salted hash)"), max_length=64, blank=True)
+    counts = models.JSONField(_("what went"), default=dict)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = _("erasure")
+        verbose_name_plural = _("erasures")
+        default_permissions = ("view",)
+        permissions = [("erase_conversations", _("Can erase a person's conversations everywhere"))]
+
+    def __str__(self):
+        return f"{self.get_kind_display()} {self.created_at:%Y-%m-%d %H:%M}"
