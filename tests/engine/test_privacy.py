@@ -21,7 +21,8 @@ from conversations.models import Assistant, Conversation, Erasure, Message, Turn
 from conversations.privacy import erase, subject_digest
 from tests.support.fake_stream import openai_stream, streaming
 from tests.support.fakes import FakeProvider, hang
-from tests.support.helpers import Poller, api_post, logged_in_client, poll_until_done, redis_values, run_worker
+from tests.support.helpers import (Poller, api_post, logged_in_client, poll_until_done, redis_values, run_worker,
+                                   wait_for)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -192,3 +193,55 @@ def test_erasing_a_person_after_a_full_life_leaves_nothing_of_theirs_but_the_aud
     assert User.objects.filter(pk=person.user.pk).exists() and not Message.objects.exists()
     listed = person.get("/api/conversations/").json()
     assert listed == [] or listed.get("results") == []
+
+
+def test_a_turn_in_flight_is_stopped_before_its_rows_go_and_writes_nothing_after(life, worker_process):
+    life.add(streaming(openai_stream(" ".join(["Quillfeather-7731"] * 200)), interval=0.05))
+    person = logged_in_client("quill")
+    conversation = api_post(person, "/api/conversations/").json()["id"]
+    started = turn(person, conversation, "Marzipan Lane 42, please write a lot")
+    worker_process()
+    wait_for(lambda: "Quillfeather-7731" in str(person.get(started["poll_url"]).json()["messages"]),
+             what="the answer streaming")
+
+    began = time.monotonic()
+    entry = erase(conversation=conversation)
+
+    assert time.monotonic() - began < 8  # stopped, not left to run its 200 words to the end
+    assert entry.counts["turns"] == 1 and entry.kind == "conversation" and entry.by is None
+    time.sleep(1.5)  # what the stopped job might still have written would be there by now
+    ids = [conversation, started["id"]]
+    assert rows_holding(ids + ["Quillfeather-7731", "Marzipan Lane 42"], skip={Erasure}) == []
+    assert redis_holding(ids + ["Quillfeather-7731", "Marzipan Lane 42"]) == []
+    assert person.get(started["poll_url"]).status_code == 404
+
+
+def test_an_embedded_widgets_visitor_is_erased_by_their_visitor_id_and_nobody_else(conversations_settings):
+    from conversations.owners import visitor_owner_token
+
+    assistant = Assistant.objects.create(slug="shop", name="Shop", system_prompt="Help.", provider="demo")
+    visitor_id, origin = "a-widgets-visitor-id-0001", "https://shop.example.com"
+    theirs = [Conversation.objects.create(owner_token=visitor_owner_token(origin, assistant.pk, visitor_id),
+                                          assistant=assistant),
+              Conversation.objects.create(owner_token=visitor_owner_token(origin, None, visitor_id))]
+    for conversation in theirs:
+        Message.objects.create(conversation=conversation, role="user", content="Quillfeather-7731")
+    other_site = Conversation.objects.create(owner_token=visitor_owner_token("https://other.example", None,
+                                                                             visitor_id))
+    someone_else = Conversation.objects.create(owner_token=visitor_owner_token(origin, None, "another-visitor-id-0002"))
+
+    entry = erase(visitor=visitor_id, origin=origin)
+
+    assert entry.counts["conversations"] == 2 and entry.counts["messages_user"] == 2
+    assert set(Conversation.objects.values_list("pk", flat=True)) == {other_site.pk, someone_else.pk}
+    assert entry.subject_digest == subject_digest("visitor", visitor_id) and visitor_id not in str(entry.counts)
+
+
+def test_erase_must_be_told_exactly_one_person():
+    from conversations.privacy import Ambiguous
+
+    with pytest.raises(Ambiguous):
+        erase()
+    with pytest.raises(Ambiguous):
+        erase(user=1, conversation="x")
+    assert not Erasure.objects.exists()
