@@ -164,7 +164,25 @@ def redis_holding(needles):
                    if isinstance(value, bytes) and needle in value})
 
 
-def test_erasing_a_person_after_a_full_life_leaves_nothing_of_theirs_but_the_audit_entry(life, caplog):
+@pytest.fixture
+def log_file(tmp_path):
+    """Every log record of this process and of the forked work horses (which inherit the
+    handler), at DEBUG, in one file."""
+    path = tmp_path / "all.log"
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s %(args)s"))
+    root, levels = logging.getLogger(), {name: logging.getLogger(name).level for name in ("", "conversations", "rq")}
+    root.addHandler(handler)
+    for name in levels:
+        logging.getLogger(name).setLevel(logging.DEBUG)
+    yield path
+    root.removeHandler(handler)
+    handler.close()
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def test_erasing_a_person_after_a_full_life_leaves_nothing_of_theirs_but_the_audit_entry(life, caplog, log_file):
     caplog.set_level(logging.DEBUG)
     person, admin, ids, tokens = full_life(life)
     needles = WORDS + ids
@@ -179,7 +197,9 @@ def test_erasing_a_person_after_a_full_life_leaves_nothing_of_theirs_but_the_aud
     user_keys = [f"user-{person.user.pk}", f"conversations:auth:{person.user.pk}"]
     assert redis_holding(user_keys) == []
     logged = "\n".join(f"{record.getMessage()} {record.__dict__}" for record in caplog.records)
-    assert [word for word in WORDS + tokens if word in logged] == []
+    logged += log_file.read_text()
+    assert "conversation turn" in logged and "provider call" in logged  # the work horses' lines are there
+    assert [word for word in WORDS + tokens + [person.user.username] if word in logged] == []
     # The audit entry: who erased, when, how many of what, the person as a salted hash only.
     row = Erasure.objects.get()
     assert (row.pk, row.by, row.kind) == (entry.pk, admin.user, "user")
