@@ -8,7 +8,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from ..engine import privacy
-from ..models import Erasure, user_label
+from ..models import Erasure, RetainedTotal, user_label
 
 ERASE_PERMISSION = "conversations.erase_conversations"
 
@@ -102,3 +102,21 @@ class ErasureAdmin(admin.ModelAdmin):
     @admin.display(description=gettext_lazy("what went"))
     def what_went(self, obj):
         return ", ".join(f"{number} {label}" for label, number in labelled(obj.counts) if number)
+
+
+@admin.register(RetainedTotal)
+class RetainedTotalAdmin(admin.ModelAdmin):
+    """What retention kept of the conversations it deleted: anonymous daily totals, read-only."""
+
+    list_display = ("day", "assistant", "turns", "rated_up", "rated_down", "input_tokens", "output_tokens", "cost")
+    list_filter = ("assistant",)
+    date_hierarchy = "day"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

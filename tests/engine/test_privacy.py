@@ -164,24 +164,6 @@ def redis_holding(needles):
                    if isinstance(value, bytes) and needle in value})
 
 
-@pytest.fixture
-def log_file(tmp_path):
-    """Every log record of this process and of the forked work horses (which inherit the
-    handler), at DEBUG, in one file."""
-    path = tmp_path / "all.log"
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s %(args)s"))
-    root, levels = logging.getLogger(), {name: logging.getLogger(name).level for name in ("", "conversations", "rq")}
-    root.addHandler(handler)
-    for name in levels:
-        logging.getLogger(name).setLevel(logging.DEBUG)
-    yield path
-    root.removeHandler(handler)
-    handler.close()
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-
-
 def test_erasing_a_person_after_a_full_life_leaves_nothing_of_theirs_but_the_audit_entry(life, caplog, log_file):
     caplog.set_level(logging.DEBUG)
     person, admin, ids, tokens = full_life(life)
