@@ -359,7 +359,7 @@ def _check_privacy(cfg):
             problems_found.append(f"{key} is {cfg[key]!r}, not a whole number of at least "
                                   f"{0 if key == 'RETENTION_DAYS' else 1}")
     return [Error(f"{problem}.", hint='For example "REDACT": ["card", "email"], "REDACT_PATTERNS": [r"ORD-\\d+"], '
-                  '"RETENTION_DAYS": 90, "RETENTION_FROM": "last_message", "RETENTION_BATCH": 200.',
+                  '"RETENTION_DAYS": 90, "RETENTION_FROM": "last_message", "RETENTION_BATCH": 100.',
                   id="conversations.E085") for problem in problems_found]
 
 

@@ -145,6 +145,10 @@ DEFAULTS = {
     # Ratings of answers per owner and per client address (DRF rates; "" = off).
     "RATING_RATE_PER_OWNER": "30/min",
     "RATING_RATE_PER_IP": "60/min",
+    # Conversations a visitor deletes with the widget's "Delete this conversation" (each one an
+    # erasure, docs/privacy.md) per owner and per client address (DRF rates; "" = off).
+    "DELETE_RATE_PER_OWNER": "10/hour",
+    "DELETE_RATE_PER_IP": "30/hour",
     # Pages on other sites that may embed the widget with the one script tag (docs/widget.md):
     # origins, "*" matching any characters ("https://*.example.com"), for every assistant and the
     # default one; an assistant's own list (in the admin) adds to it for that assistant.
@@ -197,7 +201,7 @@ DEFAULTS = {
     "RETENTION_KEEP_TOTALS": True,
     # Rows deleted per transaction by the purge, and seconds it pauses between two batches, so
     # that a visitor's turn never waits long behind it for a lock.
-    "RETENTION_BATCH": 200,
+    "RETENTION_BATCH": 100,
     "RETENTION_PAUSE": 0.05,
     # Show visitors, under the widget, how long their chat is kept (RETENTION_DAYS, or the assistant's).
     "WIDGET_RETENTION_NOTE": False,

@@ -27,8 +27,10 @@ from . import lifecycle
 
 logger = logging.getLogger("conversations.privacy")
 
-# Seconds ``erase`` waits for a stopped turn to end before it deletes it anyway.
+# Seconds ``erase`` waits for a stopped turn to end before it deletes it anyway; shorter for a
+# visitor's own request, which a web worker answers while it waits.
 STOP_WAIT = 10.0
+VISITOR_STOP_WAIT = 3.0
 
 
 class Ambiguous(ValueError):

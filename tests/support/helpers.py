@@ -252,6 +252,7 @@ OPERATIONS = {
     "poll a handoff": ("/api/conversations/{conversation_id}/handoff/", "get"),
     "go back to the assistant": ("/api/conversations/{conversation_id}/handoff/back/", "post"),
     "ask for a person": ("/api/conversations/{conversation_id}/handoff/", "post"),
+    "delete a conversation": ("/api/conversations/{conversation_id}/", "delete"),
 }
 
 
@@ -272,6 +273,8 @@ def call_every_endpoint(client, turn, content="Hello?", **message_headers):
         "poll a handoff": client.get(f"/api/conversations/{conversation}/handoff/"),
         "go back to the assistant": api_post(client, f"/api/conversations/{conversation}/handoff/back/"),
         "ask for a person": api_post(client, f"/api/conversations/{conversation}/handoff/"),
+        # Last: it erases the conversation the others are about.
+        "delete a conversation": client.delete(f"/api/conversations/{conversation}/", HTTP_X_CSRFTOKEN=client.csrf),
     }
 
 

@@ -1,0 +1,163 @@
+"""Retention while visitors chat: ``purge_conversations``' work over 100,000 old messages, and what
+visitors' requests waited meanwhile, against the same visitors without a purge in the same run.
+
+    .venv/bin/python -m bench.retention [--database sqlite|postgres|URL] [--messages 100000]
+                                        [--visitors 4] [--baseline 20]
+
+A gunicorn (2 sync workers) and one ``manage.py rqworker`` (the demo project's worker class) serve
+the demo model (``DEMO_DELAY`` 0.05 s). ``--messages`` messages in conversations of 10 messages
+(5 turns each, a rating on one in five, a call record per turn) are written 60 days old; the
+site keeps conversations 30 days. ``--visitors`` threads each chat as the widget does: a
+conversation, then turn after turn (``POST …/turns/``, then polls every 100 ms until ``done``).
+First ``--baseline`` seconds without a purge; then ``purge()`` (what the command runs) in this
+process, with the site's ``RETENTION_BATCH`` and ``RETENTION_PAUSE``, while the visitors go on;
+then as many seconds again without it. Each request's time is measured at the client: a
+request that waited on a lock the purge held is slower by that wait.
+"""
+
+import argparse
+import datetime
+import os
+import threading
+import time
+import uuid
+
+import requests
+
+from bench.common import Stack, machine, median, percentile, table, visitor
+
+OLD_DAYS = 60
+
+
+def seed(messages):
+    """``messages`` old messages in conversations of 10 (5 turns of a question and an answer)."""
+    from decimal import Decimal
+
+    from django.db import transaction
+    from django.utils import timezone
+
+    from conversations.models import CallRecord, Conversation, Message, Turn
+
+    old = timezone.now() - datetime.timedelta(days=OLD_DAYS)
+    conversations = messages // 10
+    for start in range(0, conversations, 500):
+        with transaction.atomic():
+            rows = Conversation.objects.bulk_create(
+                [Conversation(id=uuid.uuid4(), owner_token=f"old-{n}") for n in range(start, min(start + 500,
+                                                                                              conversations))])
+            turns = Turn.objects.bulk_create(
+                [Turn(id=uuid.uuid4(), conversation=row, status="completed", enqueued_at=old, input_tokens=200,
+                      output_tokens=50, cost=Decimal("0.0004"), rating="up" if (index + n) % 5 == 0 else "")
+                 for index, row in enumerate(rows) for n in range(5)])
+            CallRecord.objects.bulk_create([CallRecord(turn=turn, kind="model", name="demo", started_offset=0,
+                                                       outcome="ok") for turn in turns])
+            Message.objects.bulk_create(
+                [Message(conversation_id=turn.conversation_id, turn=turn, role=role,
+                         content=f"{role} words of an old conversation, about as long as a real question")
+                 for turn in turns for role in ("user", "assistant")])
+    Conversation.objects.filter(owner_token__startswith="old-").update(created_at=old)
+    Message.objects.filter(conversation__owner_token__startswith="old-").update(created_at=old)
+
+
+class Visitors:
+    """``count`` threads chatting through gunicorn; every request's (phase, kind, seconds)."""
+
+    def __init__(self, base, count):
+        self.base, self.count = base, count
+        self.phase, self.samples, self.turns = "baseline", [], []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.chat, daemon=True) for _ in range(count)]
+
+    def timed(self, kind, call):
+        began = time.monotonic()
+        response = call()
+        self.samples.append((self.phase, kind, time.monotonic() - began))
+        return response
+
+    def chat(self):
+        session = visitor(self.base)
+        conversation = session.post(self.base + "/api/conversations/", json={}).json()["id"]
+        while not self.stop.is_set():
+            phase, began = self.phase, time.monotonic()
+            response = self.timed("POST turn", lambda: session.post(
+                f"{self.base}/api/conversations/{conversation}/turns/", json={"content": "What time is it?"}))
+            if response.status_code == 400:  # MAX_TURNS_PER_CONVERSATION: a new conversation
+                conversation = session.post(self.base + "/api/conversations/", json={}).json()["id"]
+                continue
+            response.raise_for_status()
+            poll = response.json()["poll_url"]
+            while not self.stop.is_set():
+                time.sleep(0.1)
+                state = self.timed("poll", lambda: session.get(self.base + poll)).json()
+                if state.get("done"):
+                    self.turns.append((phase, time.monotonic() - began))
+                    break
+
+    def start(self):
+        for thread in self.threads:
+            thread.start()
+
+    def finish(self):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+
+
+def ms(seconds):
+    return f"{seconds * 1000:.0f}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database", default="sqlite")
+    parser.add_argument("--messages", type=int, default=100000)
+    parser.add_argument("--visitors", type=int, default=4)
+    parser.add_argument("--baseline", type=float, default=20.0)
+    args = parser.parse_args()
+
+    settings = {"PROVIDER": "demo", "DEMO_DELAY": "0.05", "RETENTION_DAYS": "30", "MAX_TURNS_PER_CONVERSATION": "0"}
+    with Stack(database=args.database, conversations=settings) as stack:
+        seeded = time.monotonic()
+        seed(args.messages)
+        seeded = time.monotonic() - seeded
+        base = stack.gunicorn(2)
+        stack.workers(1)
+        from conversations.conf import get_config
+        from conversations.engine.retention import purge
+        from conversations.models import Message
+
+        before = Message.objects.count()
+        crowd = Visitors(base, args.visitors)
+        crowd.start()
+        time.sleep(args.baseline)
+        crowd.phase = "during the purge"
+        load_before = os.getloadavg()[0]
+        began = time.monotonic()
+        done = purge()
+        took = time.monotonic() - began
+        crowd.phase = "after"
+        time.sleep(args.baseline)
+        crowd.finish()
+        after = Message.objects.count()
+
+        print(f"{machine()}; {stack.database_label}; load {load_before:.2f} → {os.getloadavg()[0]:.2f} (1-min avg)")
+        print(f"{before} messages before the purge ({args.messages} old ones seeded in {seeded:.0f} s), {after} after; "
+              f"RETENTION_BATCH {get_config()['RETENTION_BATCH']}, RETENTION_PAUSE {get_config()['RETENTION_PAUSE']}")
+        table(["purge", "messages deleted", "conversations", "transactions", "total time (s)",
+               "longest transaction (ms)"],
+              [[stack.database_label, done.counts.get("messages", 0), done.counts.get("conversations", 0),
+                done.batches, f"{took:.1f}", ms(done.longest)]])
+        rows = []
+        for phase in ("baseline", "during the purge", "after"):
+            for kind in ("POST turn", "poll"):
+                values = [s for p, k, s in crowd.samples if p == phase and k == kind]
+                rows.append([phase, kind, len(values), ms(median(values)), ms(percentile(values, 0.99)),
+                             ms(max(values) if values else float("nan"))])
+            turns = [s for p, s in crowd.turns if p == phase]
+            rows.append([phase, "whole turn", len(turns), ms(median(turns)), ms(percentile(turns, 0.99)),
+                         ms(max(turns) if turns else float("nan"))])
+        table(["phase", "request", "n", "median (ms)", "p99 (ms)", "max (ms)"], rows)
+
+
+if __name__ == "__main__":
+    main()
