@@ -1,30 +1,35 @@
 """Retention while visitors chat: ``purge_conversations``' work over 100,000 old messages, and what
-visitors' requests waited meanwhile, against the same visitors without a purge in the same run.
+visitors' writes waited meanwhile, against the same visitors without a purge in the same run.
 
     .venv/bin/python -m bench.retention [--database sqlite|postgres|URL] [--messages 100000]
-                                        [--visitors 4] [--baseline 20]
+                                        [--visitors 2] [--baseline 20]
 
 A gunicorn (2 sync workers) and one ``manage.py rqworker`` (the demo project's worker class) serve
 the demo model (``DEMO_DELAY`` 0.05 s). ``--messages`` messages in conversations of 10 messages
 (5 turns each, a rating on one in five, a call record per turn) are written 60 days old; the
 site keeps conversations 30 days. ``--visitors`` threads each chat as the widget does: a
 conversation, then turn after turn (``POST …/turns/``, then polls every 100 ms until ``done``).
-First ``--baseline`` seconds without a purge; then ``purge()`` (what the command runs) in this
-process, with the site's ``RETENTION_BATCH`` and ``RETENTION_PAUSE``, while the visitors go on;
-then as many seconds again without it. Each request's time is measured at the client: a
-request that waited on a lock the purge held is slower by that wait.
+Beside them, a probe in this process writes what a visitor's message writes, every 20 ms: in one
+transaction, its conversation's row locked (``select_for_update``, as ``lifecycle.start`` does)
+and a message inserted; on SQLite the transaction begins ``IMMEDIATE`` (the demo's setting), so
+its time includes any wait for the database's one write lock. First ``--baseline`` seconds
+without a purge; then ``manage.py purge_conversations`` (a process of its own, as cron runs it,
+with the site's ``RETENTION_BATCH`` and ``RETENTION_PAUSE``) while the visitors and the probe go
+on; then as many seconds again without it. A write that waited on a lock the purge held is
+slower than the baseline's by that wait; the machine's load (printed) slows all of them.
 """
 
 import argparse
 import datetime
 import os
+import subprocess
 import threading
 import time
 import uuid
 
 import requests
 
-from bench.common import Stack, machine, median, percentile, table, visitor
+from bench.common import PYTHON, ROOT, Stack, machine, median, percentile, table, visitor
 
 OLD_DAYS = 60
 
@@ -57,6 +62,34 @@ def seed(messages):
                  for turn in turns for role in ("user", "assistant")])
     Conversation.objects.filter(owner_token__startswith="old-").update(created_at=old)
     Message.objects.filter(conversation__owner_token__startswith="old-").update(created_at=old)
+
+
+class Probe:
+    """Writes a visitor's message every 20 ms (see the module); every (phase, seconds)."""
+
+    def __init__(self):
+        from conversations.models import Conversation
+
+        self.conversation = Conversation.objects.create(owner_token="probe").pk
+        self.phase, self.samples = "baseline", []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        from django.db import connections, transaction
+
+        from conversations.models import Conversation, Message
+
+        try:
+            while not self.stop.is_set():
+                phase, began = self.phase, time.monotonic()
+                with transaction.atomic():
+                    Conversation.objects.select_for_update().get(pk=self.conversation)
+                    Message.objects.create(conversation_id=self.conversation, role="user", content="probe")
+                self.samples.append((phase, time.monotonic() - began))
+                time.sleep(0.02)
+        finally:
+            connections.close_all()
 
 
 class Visitors:
@@ -111,7 +144,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database", default="sqlite")
     parser.add_argument("--messages", type=int, default=100000)
-    parser.add_argument("--visitors", type=int, default=4)
+    parser.add_argument("--visitors", type=int, default=2)
     parser.add_argument("--baseline", type=float, default=20.0)
     args = parser.parse_args()
 
@@ -123,32 +156,36 @@ def main():
         base = stack.gunicorn(2)
         stack.workers(1)
         from conversations.conf import get_config
-        from conversations.engine.retention import purge
         from conversations.models import Message
 
         before = Message.objects.count()
-        crowd = Visitors(base, args.visitors)
+        crowd, probe = Visitors(base, args.visitors), Probe()
         crowd.start()
+        probe.thread.start()
         time.sleep(args.baseline)
-        crowd.phase = "during the purge"
+        crowd.phase = probe.phase = "during the purge"
         load_before = os.getloadavg()[0]
         began = time.monotonic()
-        done = purge()
+        purged = subprocess.run([PYTHON, str(ROOT / "manage.py"), "purge_conversations"], env=stack.env, cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout.strip()
         took = time.monotonic() - began
-        crowd.phase = "after"
+        crowd.phase = probe.phase = "after"
         time.sleep(args.baseline)
         crowd.finish()
-        after = Message.objects.count()
+        probe.stop.set()
+        probe.thread.join(10)
+        after = Message.objects.filter(conversation__owner_token__startswith="old-").count()
 
-        print(f"{machine()}; {stack.database_label}; load {load_before:.2f} → {os.getloadavg()[0]:.2f} (1-min avg)")
-        print(f"{before} messages before the purge ({args.messages} old ones seeded in {seeded:.0f} s), {after} after; "
+        print(f"{machine()}; {stack.database_label}; 1-min load {load_before:.2f} at the purge's start, "
+              f"{os.getloadavg()[0]:.2f} after")
+        print(f"{args.messages} old messages seeded in {seeded:.0f} s, {after} left after the purge; "
               f"RETENTION_BATCH {get_config()['RETENTION_BATCH']}, RETENTION_PAUSE {get_config()['RETENTION_PAUSE']}")
-        table(["purge", "messages deleted", "conversations", "transactions", "total time (s)",
-               "longest transaction (ms)"],
-              [[stack.database_label, done.counts.get("messages", 0), done.counts.get("conversations", 0),
-                done.batches, f"{took:.1f}", ms(done.longest)]])
+        print(f"purge_conversations: {purged} Wall time {took:.1f} s.")
         rows = []
         for phase in ("baseline", "during the purge", "after"):
+            writes = [seconds for p, seconds in probe.samples if p == phase]
+            rows.append([phase, "a visitor's write (probe)", len(writes), ms(median(writes)),
+                         ms(percentile(writes, 0.99)), ms(max(writes) if writes else float("nan"))])
             for kind in ("POST turn", "poll"):
                 values = [s for p, k, s in crowd.samples if p == phase and k == kind]
                 rows.append([phase, kind, len(values), ms(median(values)), ms(percentile(values, 0.99)),

@@ -131,11 +131,13 @@ def _delete_batch(policy, now, chunk, keep_totals, result):
         turns = Turn.objects.filter(conversation_id__in=ids)
         if keep_totals:
             _add_totals(turns)
-        result.add("calls", CallRecord.objects.filter(turn__conversation_id__in=ids).delete()[0])
-        result.add("messages", Message.objects.filter(conversation_id__in=ids).delete()[0])
         result.add("ratings", turns.exclude(rating="").count())
-        result.add("turns", turns.delete()[0])
-        result.add("conversations", Conversation.objects.filter(pk__in=ids).delete()[0])
+        # Children first, each one DELETE statement: the ORM's delete() would first read every row
+        # of a turn or conversation it deletes to find what cascades, which is already gone here.
+        for kind, rows in (("calls", CallRecord.objects.filter(turn__conversation_id__in=ids)),
+                           ("messages", Message.objects.filter(conversation_id__in=ids)),
+                           ("turns", turns), ("conversations", Conversation.objects.filter(pk__in=ids))):
+            result.add(kind, rows._raw_delete(rows.db))
 
 
 def _add_totals(turns):
