@@ -58,6 +58,18 @@ def quoting(texts):
         _quoted.reset(token)
 
 
+def texts_in(value, skip=("model", "tools")):
+    """Every string in ``value`` (a request payload, a tool call's arguments: JSON-like lists and
+    dicts), leaving out the values of the keys in ``skip``, for ``quoting``."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [text for key, item in value.items() if key not in skip for text in texts_in(item, skip)]
+    if isinstance(value, (list, tuple)):
+        return [text for item in value for text in texts_in(item, skip)]
+    return []
+
+
 def hide_quoted(text):
     """``text`` without what the call in progress sent (``quoting``), whole or in part."""
     if settings.DEBUG:

@@ -17,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..endpoints import locate
 from ..infra.http import CallCancelled, CallFailed, PartialReply
-from ..redaction import quoting, redact
+from ..redaction import quoting, redact, texts_in
 from ..core.streaming import ReplyLimit
 from ..core.types import ErrorCode, Finish, Outcome
 
@@ -116,18 +116,6 @@ def call_complete(provider, messages, tools, on_text=None):
     return provider.complete(messages, tools)
 
 
-def sent_texts(payload):
-    """Every string a request ``payload`` sends (the messages' text, the system prompt, tool
-    arguments), for ``redaction.quoting``."""
-    if isinstance(payload, str):
-        return [payload]
-    if isinstance(payload, dict):
-        return [text for key, value in payload.items() if key not in ("model", "tools") for text in sent_texts(value)]
-    if isinstance(payload, (list, tuple)):
-        return [text for item in payload for text in sent_texts(item)]
-    return []
-
-
 class BaseProvider:
     """One LLM API. An instance serves one turn; the runner builds it from the ``PROVIDER`` setting.
 
@@ -216,7 +204,7 @@ class BaseProvider:
         that text as a ``Finish.CUT`` reply (``Finish.REFUSED`` when a content filter's error event
         ended it), without its unfinished tool calls.
         """
-        with quoting(sent_texts(payload)):
+        with quoting(texts_in(payload)):
             try:
                 if self.streams(on_text):
                     response = self.http.post_stream(url, payload, headers, self.stream_class(), on_text,

@@ -10,6 +10,7 @@ import pytest
 from django.apps import apps
 
 from conversations.models import Assistant, CallRecord, Message
+from conversations.tools import tool
 from tests.support.fake_stream import openai_stream, streaming
 from tests.support.fakes import FakeProvider, http_error
 from tests.support.helpers import Poller, api_post, make_client, poll_until_done, redis_values, run_worker, start_turn
@@ -141,3 +142,29 @@ def test_redaction_and_retention_settings_that_cannot_work_stop_the_check_with_a
     report = str(failed.value)
     assert "conversations.E085" in report and "'iban', which is not one of card, email, phone" in report
     assert "REDACT_PATTERNS: missing ), unterminated subpattern" in report and "RETENTION_FROM is 'updated'" in report
+
+
+@tool
+def find_order(reference: str) -> str:
+    """Look an order up (it fails, quoting what it was given, as tools often do)."""
+    raise ValueError(f"no order matches {reference!r}")
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_tool_error_quoting_its_arguments_keeps_them_out_of_call_records_and_logs_unless_debug(
+        fake, conversations_settings, settings, caplog, log_file, debug):
+    settings.DEBUG = debug
+    conversations_settings.update(REDACT=[], TOOLS=[f"{__name__}.find_order"])
+    words = "Quillfeather's parcel to Marzipan Lane"
+    fake.add(streaming(openai_stream(calls=[("call_1", "find_order", {"reference": words})])),
+             streaming(openai_stream("I could not find it.")))
+    caplog.set_level(logging.DEBUG)
+    client = make_client()
+    turn = start_turn(client, "Where is it?")
+    run_worker()
+    assert poll_until_done(client, turn["poll_url"])["status"] == "completed"
+
+    detail = CallRecord.objects.get(kind="tool").detail
+    logged = "\n".join(record.getMessage() for record in caplog.records) + log_file.read_text()
+    assert detail.startswith("ValueError: no order matches")
+    assert (words in detail) is debug and (words in logged) is debug
