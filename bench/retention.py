@@ -65,13 +65,15 @@ def seed(messages):
 
 
 class Probe:
-    """Writes a visitor's message every 20 ms (see the module); every (phase, seconds)."""
+    """Writes a visitor's message every 20 ms (see the module): every (phase, seconds) of the whole
+    write, and of getting its lock (``waits``): on SQLite, beginning the transaction (the
+    database's one write lock), on PostgreSQL locking the conversation's row."""
 
     def __init__(self):
         from conversations.models import Conversation
 
         self.conversation = Conversation.objects.create(owner_token="probe").pk
-        self.phase, self.samples = "baseline", []
+        self.phase, self.samples, self.waits = "baseline", [], []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
@@ -85,8 +87,10 @@ class Probe:
                 phase, began = self.phase, time.monotonic()
                 with transaction.atomic():
                     Conversation.objects.select_for_update().get(pk=self.conversation)
+                    locked = time.monotonic()
                     Message.objects.create(conversation_id=self.conversation, role="user", content="probe")
                 self.samples.append((phase, time.monotonic() - began))
+                self.waits.append((phase, locked - began))
                 time.sleep(0.02)
         finally:
             connections.close_all()
@@ -183,9 +187,10 @@ def main():
         print(f"purge_conversations: {purged} Wall time {took:.1f} s.")
         rows = []
         for phase in ("baseline", "during the purge", "after"):
-            writes = [seconds for p, seconds in probe.samples if p == phase]
-            rows.append([phase, "a visitor's write (probe)", len(writes), ms(median(writes)),
-                         ms(percentile(writes, 0.99)), ms(max(writes) if writes else float("nan"))])
+            for kind, samples in (("probe: its lock", probe.waits), ("probe: the whole write", probe.samples)):
+                writes = [seconds for p, seconds in samples if p == phase]
+                rows.append([phase, kind, len(writes), ms(median(writes)), ms(percentile(writes, 0.99)),
+                             ms(max(writes) if writes else float("nan"))])
             for kind in ("POST turn", "poll"):
                 values = [s for p, k, s in crowd.samples if p == phase and k == kind]
                 rows.append([phase, kind, len(values), ms(median(values)), ms(percentile(values, 0.99)),
