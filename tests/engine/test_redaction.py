@@ -168,3 +168,22 @@ def test_a_tool_error_quoting_its_arguments_keeps_them_out_of_call_records_and_l
     logged = "\n".join(record.getMessage() for record in caplog.records) + log_file.read_text()
     assert detail.startswith("ValueError: no order matches")
     assert (words in detail) is debug and (words in logged) is debug
+
+
+def hide_member_numbers(text):
+    """A site's own rule, named by its dotted path in REDACT_PATTERNS."""
+    return re.sub(r"\bM-\d+\b", "[member]", text)
+
+
+def test_a_sites_own_patterns_apply_after_the_kinds_in_each_of_their_forms(fake, conversations_settings):
+    conversations_settings.update(REDACT=["email"], REDACT_PATTERNS=[
+        r"\bORD-\d{6,}\b", {"pattern": r"\bVIP\w+", "replacement": "[code]"},
+        {"callable": f"{__name__}.hide_member_numbers"}])
+    fake.add(streaming(openai_stream("ok")))
+    client = make_client()
+    turn = start_turn(client, f"Order ORD-123456 for M-998, code VIPSUMMER, mail {EMAIL}")
+    run_worker()
+    poll_until_done(client, turn["poll_url"])
+
+    assert Message.objects.filter(role="user").get().content == \
+        "Order [removed] for [member], code [code], mail [e-mail address removed]"
