@@ -156,3 +156,10 @@ def _add_totals(turns):
             turns=F("turns") + group["turns"], rated_up=F("rated_up") + group["up"],
             rated_down=F("rated_down") + group["down"], input_tokens=F("input_tokens") + (group["input"] or 0),
             output_tokens=F("output_tokens") + (group["output"] or 0), cost=F("cost") + (group["cost"] or 0))
+
+
+def purge_job():
+    """``purge()`` as an RQ job (``conversations.jobs.purge_conversations``, for RQ's cron):
+    returns the counts. A job stopped at its timeout leaves every finished batch deleted; the
+    next run goes on from there."""
+    return purge().counts

@@ -120,3 +120,19 @@ def test_the_command_says_what_it_would_delete_and_then_deletes_it(conversations
     assert real.getvalue().startswith("Deleted 2 conversations, 2 turns, 4 messages, 2 calls, 0 ratings in 2 "
                                       "transactions")
     assert not left()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_purge_runs_as_an_rq_job_in_either_worker_class(conversations_settings, any_worker):
+    import django_rq
+    from rq.job import Job
+
+    conversations_settings.update(RETENTION_DAYS=30, RETENTION_PAUSE=0)
+    gone, kept = conversation(45), conversation(3)
+    job = django_rq.get_queue("default").enqueue("conversations.jobs.purge_conversations", job_timeout=600)
+
+    any_worker()
+
+    assert left() == {kept} and gone not in left()
+    finished = Job.fetch(job.id, connection=django_rq.get_connection("default"))
+    assert finished.get_status() == "finished" and finished.return_value()["conversations"] == 1
