@@ -134,6 +134,7 @@ def full_life(fake):
     turn_ids = [str(pk) for pk in Turn.objects.filter(conversation__user=person.user).values_list("pk", flat=True)]
     ids = [conversation, handed, *turn_ids, *(f"conversations-turn-{pk}" for pk in turn_ids)]
     tokens = list(Conversation.objects.filter(user=person.user).values_list("owner_token", flat=True))
+    person.staff = ana
     return person, admin, ids, tokens
 
 
@@ -172,7 +173,12 @@ def test_erasing_a_person_after_a_full_life_leaves_nothing_of_theirs_but_the_aud
     assert {n for _m, _c, n in rows_holding(needles)} == set(needles)
     assert set(redis_holding(needles)) >= set(ids[:2]) | {"Quillfeather-7731", "Violetcomb-staff-reply"}
 
+    inbox = reverse("admin:conversations_waitingconversation_changelist")
+    assert ids[1] in person.staff.get(inbox).content.decode()  # the handoff waits in staff's inbox
+
     entry = erase(user=person.user, by=admin.user)
+
+    assert ids[1] not in person.staff.get(inbox).content.decode()
 
     assert rows_holding(needles + tokens, skip={Erasure}) == []
     assert redis_holding(needles) == []
