@@ -203,12 +203,12 @@ def test_erasing_a_person_after_a_full_life_leaves_nothing_of_theirs_but_the_aud
     assert listed == [] or listed.get("results") == []
 
 
-def test_a_turn_in_flight_is_stopped_before_its_rows_go_and_writes_nothing_after(life, worker_process):
+def test_a_turn_in_flight_is_stopped_before_its_rows_go_and_writes_nothing_after(life, worker_process, worker_class):
     life.add(streaming(openai_stream(" ".join(["Quillfeather-7731"] * 200)), interval=0.05))
     person = logged_in_client("quill")
     conversation = api_post(person, "/api/conversations/").json()["id"]
     started = turn(person, conversation, "Marzipan Lane 42, please write a lot")
-    worker_process()
+    worker_process(worker_class=worker_class)
     wait_for(lambda: "Quillfeather-7731" in str(person.get(started["poll_url"]).json()["messages"]),
              what="the answer streaming")
 
