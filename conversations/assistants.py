@@ -103,6 +103,12 @@ def overrides(assistant):
                    if getattr(assistant, field) is not None})
     if assistant.fallbacks is not None:
         values["FALLBACKS"] = chain_settings(assistant.fallbacks)
+    if isinstance(assistant.redact, list):
+        values["REDACT"] = tuple(assistant.redact)
+    if assistant.retention_days is not None:
+        values["RETENTION_DAYS"] = assistant.retention_days
+    if assistant.retention_from:
+        values["RETENTION_FROM"] = assistant.retention_from
     return values
 
 

@@ -24,7 +24,7 @@ from .engine.worker import ConcurrentWorker, Worker
 from .providers import get_provider_class
 from .endpoints import (calls_url, credential_parts, credential_shape_problem, is_embed_origin, origin, origin_pattern,
                         plain_url_problem, unset_variable)
-from .redaction import keys_shown_in_error_reports
+from .redaction import keys_shown_in_error_reports, redaction_problems
 from .tools import load_tools
 from .core.pricing import price_problem
 from .assistants import chain_problems, problems
@@ -62,7 +62,7 @@ def check_config(app_configs=None, **kwargs):
             errors.append(Error(f"{key} ({cfg[key]}) must be at least 1.", hint="See docs/deployment.md.",
                                 id="conversations.E015"))
     errors += _check_credentials(cfg) + _check_prices(cfg) + _check_allowed_endpoints(cfg) + _check_handoff(cfg)
-    errors += _check_approvals(cfg)
+    errors += _check_approvals(cfg) + _check_privacy(cfg)
     errors += _check_widget_tokens(cfg) + _check_telemetry(cfg)
     if "django.contrib.auth.middleware.LoginRequiredMiddleware" in settings.MIDDLEWARE and not cfg["LOGIN_REQUIRED"]:
         errors.append(Warning(
@@ -403,6 +403,20 @@ def _check_approvals(cfg):
             "django.contrib.admin is not installed: their calls can only be declined or expire.",
             hint="Install the admin, or declare them approver=\"visitor\".", id="conversations.W076"))
     return messages
+
+
+def _check_privacy(cfg):
+    """Redaction and retention settings must be usable (docs/privacy.md)."""
+    problems_found = redaction_problems(cfg["REDACT"], cfg["REDACT_PATTERNS"])
+    if cfg["RETENTION_FROM"] not in ("created", "last_message"):
+        problems_found.append(f"RETENTION_FROM is {cfg['RETENTION_FROM']!r}, not \"created\" or \"last_message\"")
+    for key in ("RETENTION_DAYS", "RETENTION_BATCH"):
+        if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < (0 if key == "RETENTION_DAYS" else 1):
+            problems_found.append(f"{key} is {cfg[key]!r}, not a whole number of at least "
+                                  f"{0 if key == 'RETENTION_DAYS' else 1}")
+    return [Error(f"{problem}.", hint='For example "REDACT": ["card", "email"], "REDACT_PATTERNS": [r"ORD-\\d+"], '
+                  '"RETENTION_DAYS": 90, "RETENTION_FROM": "last_message", "RETENTION_BATCH": 100.',
+                  id="conversations.E085") for problem in problems_found]
 
 
 def _check_handoff(cfg):

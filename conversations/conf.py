@@ -153,6 +153,10 @@ DEFAULTS = {
     # Ratings of answers per owner and per client address (DRF rates; "" = off).
     "RATING_RATE_PER_OWNER": "30/min",
     "RATING_RATE_PER_IP": "60/min",
+    # Conversations a visitor deletes with the widget's "Delete this conversation" (each one an
+    # erasure, docs/privacy.md) per owner and per client address (DRF rates; "" = off).
+    "DELETE_RATE_PER_OWNER": "10/hour",
+    "DELETE_RATE_PER_IP": "30/hour",
     # Pages on other sites that may embed the widget with the one script tag (docs/widget.md):
     # origins, "*" matching any characters ("https://*.example.com"), for every assistant and the
     # default one; an assistant's own list (in the admin) adds to it for that assistant.
@@ -191,9 +195,34 @@ DEFAULTS = {
     # The site's address ("https://shop.example.com"), for links in mail sent from a worker, which
     # has no request to take the host from; "" takes it from django.contrib.sites where installed.
     "SITE_URL": "",
+    # Redaction before storage (docs/privacy.md): what visitors write, the answers and the tool
+    # results are stored, published and shown to staff with these replaced: "card" (card numbers,
+    # Luhn-checked), "email", "phone". An assistant's own list (in the admin) replaces it.
+    "REDACT": [],
+    # The site's own rules, applied after those: regular expressions (each match becomes
+    # "[removed]"), {"pattern": ..., "replacement": ...} dicts, or callables taking and returning text.
+    "REDACT_PATTERNS": [],
+    # Whether the model still reads the visitor's own words, unredacted, in the turn they were
+    # written (kept in Redis for that turn only, at most its job timeout); False: it reads what is stored.
+    "REDACT_ORIGINAL_TO_MODEL": False,
+    # Retention (manage.py purge_conversations): conversations are deleted RETENTION_DAYS days
+    # after RETENTION_FROM, "created" (they started) or "last_message" (their last message); 0 keeps
+    # them until erased. An assistant's own values (in the admin) replace these for its conversations.
+    "RETENTION_DAYS": 0,
+    "RETENTION_FROM": "last_message",
+    # Before deleting, add the purged turns' ratings and costs to anonymous daily totals
+    # (RetainedTotal: per day and assistant, no conversation, owner or text).
+    "RETENTION_KEEP_TOTALS": True,
+    # Messages deleted per transaction by the purge, and seconds it pauses between two batches, so
+    # that a visitor's turn never waits long behind it for a lock (SQLite's busy handler retries a
+    # waiting writer after up to 100 ms: a shorter pause can let the next batch go first again).
+    "RETENTION_BATCH": 100,
+    "RETENTION_PAUSE": 0.2,
+    # Show visitors, under the widget, how long their chat is kept (RETENTION_DAYS, or the assistant's).
+    "WIDGET_RETENTION_NOTE": False,
 }
 
-_LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS", "HANDOFF_EMAILS"}
+_LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS", "HANDOFF_EMAILS", "REDACT"}
 _DICT_KEYS = {"CREDENTIALS", "PRICES", "SEARCH_SYNONYMS"}
 
 
@@ -215,6 +244,11 @@ def _coerce(key, value, default):
         if not isinstance(entries, (list, tuple)) or not all(isinstance(e, dict) for e in entries):
             raise ValueError(key)
         return tuple(MappingProxyType(dict(e)) for e in entries)
+    if key == "REDACT_PATTERNS":  # regular expressions may hold commas: from the environment, as JSON
+        value = json.loads(value) if isinstance(value, str) else value
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(key)
+        return tuple(_frozen(item) for item in value)
     if key in _LIST_KEYS:  # a tuple, so that the shared configuration cannot be changed through it
         if isinstance(value, str):
             return tuple(item.strip() for item in value.split(",") if item.strip())
@@ -237,7 +271,7 @@ def get_config():
     tuples); ``{**get_config(), KEY: value}`` makes a changed copy.
     """
     user = getattr(settings, "CONVERSATIONS", {}) or {}
-    config = {key: tuple(value) if key in _LIST_KEYS or key == "FALLBACKS" else _frozen(value)
+    config = {key: tuple(value) if key in _LIST_KEYS or key in ("FALLBACKS", "REDACT_PATTERNS") else _frozen(value)
               for key, value in DEFAULTS.items()}
     for key, value in user.items():
         try:

@@ -10,6 +10,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .core.types import Outcome
 from .assistants import problems
+from .redaction import redaction_problems
 from .knowledge.models import IndexedObject, Passage, StaleObject  # noqa: F401  (the app's models: the knowledge index)
 
 
@@ -85,6 +86,21 @@ class Assistant(models.Model):
     handoff = models.CharField(_("hand to a person through"), max_length=10, choices=HandoffWays.choices,
                                blank=True, default=HandoffWays.OFF, help_text=_(
                                    "Staff with the “answer handoff” permission then answer in the admin's inbox."))
+    # Privacy (docs/privacy.md): None keeps the site's REDACT, RETENTION_DAYS and RETENTION_FROM.
+    redact = models.JSONField(_("redact before storage"), null=True, blank=True, default=None, help_text=_(
+        'Replaced in what visitors write, the answers and tool results before they are stored: a list of '
+        '"card", "email", "phone", as JSON: ["card", "email"]. Empty: the site\'s REDACT; []: nothing.'))
+
+    class RetentionFrom(models.TextChoices):
+        SITE = "", _("as the site's settings say")
+        CREATED = "created", _("since the conversation started")
+        LAST_MESSAGE = "last_message", _("since its last message")
+
+    retention_days = models.PositiveIntegerField(_("keep conversations (days)"), null=True, blank=True, help_text=_(
+        "Conversations are deleted this many days after the moment below (purge_conversations). Empty: the "
+        "site's RETENTION_DAYS; 0: kept until erased."))
+    retention_from = models.CharField(_("counted"), max_length=20, choices=RetentionFrom.choices, blank=True,
+                                      default=RetentionFrom.SITE)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -145,6 +161,8 @@ class Assistant(models.Model):
             errors.setdefault(field or "__all__", []).append(reason)
         if self._access_errors():
             errors["access_permission"] = self._access_errors()
+        if self.redact is not None and (not isinstance(self.redact, list) or redaction_problems(self.redact, ())):
+            errors["redact"] = [_('A list of "card", "email" and "phone", or empty for the site\'s setting.')]
         if errors:
             raise ValidationError(errors)
 
@@ -457,3 +475,61 @@ class CallRecord(models.Model):
 
     def __str__(self):
         return f"{self.kind} {self.name} #{self.attempt}: {self.outcome}"
+
+
+class Erasure(models.Model):
+    """The audit entry of one erasure (``engine.privacy.erase``): when, by whom, what was asked
+    and how many rows and cached copies of each kind went. Never the erased content, and the
+    person only as a salted hash (``subject_digest``), which the site can recompute to answer
+    "was this person erased?" but which names nobody by itself."""
+
+    class Kind(models.TextChoices):
+        USER = "user", _("a user")
+        VISITOR = "visitor", _("a visitor")
+        CONVERSATION = "conversation", _("a conversation")
+        VISITOR_REQUEST = "visitor_request", _("the visitor's own request")
+        RETENTION = "retention", _("retention")
+
+    created_at = models.DateTimeField(_("erased at"), auto_now_add=True, db_index=True)
+    by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                           related_name="+", verbose_name=_("erased by"))
+    kind = models.CharField(_("what was asked"), max_length=20, choices=Kind.choices)
+    subject_digest = models.CharField(_("person (salted hash)"), max_length=64, blank=True)
+    counts = models.JSONField(_("what went"), default=dict)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = _("erasure")
+        verbose_name_plural = _("erasures")
+        default_permissions = ("view",)
+        permissions = [("erase_conversations", _("Can erase a person's conversations everywhere"))]
+
+    def __str__(self):
+        return f"{self.get_kind_display()} {self.created_at:%Y-%m-%d %H:%M}"
+
+
+class RetainedTotal(models.Model):
+    """What retention keeps of the turns it deletes when ``RETENTION_KEEP_TOTALS`` is on: per day
+    and assistant, how many turns, ratings and tokens, and what they cost. No conversation, owner,
+    turn or word: nothing here leads back to a person."""
+
+    day = models.DateField(_("day"))
+    assistant = models.ForeignKey(Assistant, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    turns = models.PositiveIntegerField(_("turns"), default=0)
+    rated_up = models.PositiveIntegerField(_("thumbs up"), default=0)
+    rated_down = models.PositiveIntegerField(_("thumbs down"), default=0)
+    input_tokens = models.PositiveBigIntegerField(_("input tokens"), default=0)
+    output_tokens = models.PositiveBigIntegerField(_("output tokens"), default=0)
+    cost = models.DecimalField(_("cost"), max_digits=16, decimal_places=8, default=0)
+
+    class Meta:
+        ordering = ["-day"]
+        verbose_name = _("retained total")
+        verbose_name_plural = _("retained totals")
+        # One row per day and assistant, the site's default one (None) included: the purge adds to
+        # it under a lock (purge_conversations runs one at a time), as a unique constraint could not
+        # on every database for a None.
+        indexes = [models.Index(fields=["day", "assistant"], name="conv_retained_total_day")]
+
+    def __str__(self):
+        return f"{self.day} {self.assistant_id or '-'}: {self.turns} turns"

@@ -1,4 +1,6 @@
-"""The one rule for keeping API keys out of what the operator reads.
+"""The one rule for keeping API keys out of what the operator reads, and the one for keeping
+what a site must not store (card numbers, e-mail addresses, phone numbers, its own patterns) out
+of what it stores (``scrub_text``, below).
 
 Every key the site knows (its ``API_KEY``, its ``FALLBACKS`` keys, each of its ``CREDENTIALS``)
 and the key of the call at hand are hidden wherever they appear, with the same marker. Text
@@ -8,11 +10,18 @@ there anything key-like is hidden too (``redact``); text the site itself stores 
 arguments) keeps its words and loses only the known keys (``hide_keys``).
 """
 
+import contextlib
+import contextvars
 import re
+from collections.abc import Mapping
 
+from django.conf import settings
+from django.utils.module_loading import import_string
+from django.utils.translation import gettext as _
 from django.views.debug import SafeExceptionReporterFilter
 
 from .conf import get_config
+from .core.scrub import KINDS, scrub
 from .endpoints import credential_values
 
 MARKER = "[API key hidden]"
@@ -32,6 +41,51 @@ def known_keys(cfg=None):
     return sorted({str(key) for key in keys if key}, key=len, reverse=True)
 
 
+QUOTED = "[conversation text]"
+# Pieces of a sent text looked for in a provider's error: a quote of part of a message is found too.
+_WINDOW, _STRIDE = 24, 8
+_quoted = contextvars.ContextVar("conversations_quoted", default=())
+
+
+@contextlib.contextmanager
+def quoting(texts):
+    """While a provider call runs: the texts it sends (the conversation's messages), which a
+    provider's error may quote back (a content filter's "Your message '…' was flagged"); ``redact``
+    hides them from log lines and call records unless ``DEBUG``."""
+    token = _quoted.set(tuple(sorted({t for t in texts if isinstance(t, str) and len(t.strip()) >= 8},
+                                     key=len, reverse=True)))
+    try:
+        yield
+    finally:
+        _quoted.reset(token)
+
+
+def texts_in(value, skip=("model", "tools")):
+    """Every string in ``value`` (a request payload, a tool call's arguments: JSON-like lists and
+    dicts), leaving out the values of the keys in ``skip``, for ``quoting``."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [text for key, item in value.items() if key not in skip for text in texts_in(item, skip)]
+    if isinstance(value, (list, tuple)):
+        return [text for item in value for text in texts_in(item, skip)]
+    return []
+
+
+def hide_quoted(text):
+    """``text`` without what the call in progress sent (``quoting``), whole or in part."""
+    if settings.DEBUG:
+        return text
+    for sent in _quoted.get():
+        if sent in text:
+            text = text.replace(sent, QUOTED)
+        for start in range(0, max(len(sent) - _WINDOW, 0) + 1, _STRIDE):
+            piece = sent[start:start + _WINDOW]
+            if len(piece) >= 8 and piece in text:
+                text = text.replace(piece, QUOTED)
+    return text
+
+
 def hide_keys(text, *secrets):
     """``text`` with ``secrets`` and every key the site knows replaced by ``MARKER``."""
     text = "" if text is None else str(text)
@@ -43,8 +97,9 @@ def hide_keys(text, *secrets):
 
 def redact(text, *secrets, limit=300):
     """Text a provider sent, for a log line or ``CallRecord.detail``: the keys hidden as by
-    ``hide_keys``, anything key-like too, shortened to ``limit`` characters."""
-    text = _SECRETISH.sub(MARKER, hide_keys(text, *secrets))
+    ``hide_keys``, anything key-like too, and (unless ``DEBUG``) what the call sent that the
+    text quotes (``quoting``), shortened to ``limit`` characters."""
+    text = _SECRETISH.sub(MARKER, hide_quoted(hide_keys(text, *secrets)))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -78,3 +133,75 @@ def keys_shown_in_error_reports(filter_class, cfg=None):
     ``ExceptionReporterFilter`` class) would show among the settings."""
     shown = repr(filter_class().get_safe_settings())
     return sum(1 for key in known_keys(cfg) if len(key) >= 4 and key in shown)
+
+
+# -- personal data: redaction before storage (docs/privacy.md) ------------------------------
+
+
+def _markers():
+    """What a found card number, e-mail address or phone number becomes, in the active language."""
+    return {"card": _("[card number removed]"), "email": _("[e-mail address removed]"),
+            "phone": _("[phone number removed]")}
+
+
+def _site_rule(entry):
+    """One ``REDACT_PATTERNS`` entry as a callable taking and returning text: a regular expression
+    (its matches become "[removed]"), ``{"pattern", "replacement"}``, ``{"callable": dotted path}``
+    or a callable. Raises ``ValueError`` (or ``ImportError``) for one that cannot work."""
+    if callable(entry):
+        return entry
+    if isinstance(entry, str):
+        entry = {"pattern": entry}
+    if isinstance(entry, Mapping) and "callable" in entry:
+        return import_string(entry["callable"])
+    if isinstance(entry, Mapping) and "pattern" in entry:
+        compiled = re.compile(entry["pattern"])
+        replacement = entry.get("replacement")
+        return lambda text: compiled.sub(lambda match: replacement or _("[removed]"), text)
+    raise ValueError(f"{entry!r} is not a pattern, a {{'pattern': …}} or {{'callable': …}} dict, or a callable")
+
+
+def redaction_problems(kinds, patterns):
+    """Why ``REDACT`` ``kinds`` or ``REDACT_PATTERNS`` cannot work: a list of sentences."""
+    problems = [f"REDACT names {kind!r}, which is not one of {', '.join(KINDS)}" for kind in kinds
+                if kind not in KINDS]
+    for entry in patterns:
+        try:
+            _site_rule(entry)
+        except (ValueError, ImportError, re.error) as exc:
+            problems.append(f"REDACT_PATTERNS: {exc}")
+    return problems
+
+
+def scrub_text(text, cfg):
+    """``text`` with what ``cfg`` (a turn's configuration: ``REDACT``, ``REDACT_PATTERNS``) says
+    must not be stored replaced; ``text`` itself when nothing is to be redacted."""
+    kinds, patterns = tuple(cfg["REDACT"]), cfg["REDACT_PATTERNS"]
+    if not text or not isinstance(text, str) or not (kinds or patterns):
+        return text
+    return scrub(text, kinds, _markers(), [_site_rule(entry) for entry in patterns])[0]
+
+
+def scrub_value(value, cfg):
+    """``value`` (text, or JSON-like lists and dicts of it: tool call arguments) scrubbed as
+    ``scrub_text`` scrubs text."""
+    if isinstance(value, str):
+        return scrub_text(value, cfg)
+    if isinstance(value, list):
+        return [scrub_value(item, cfg) for item in value]
+    if isinstance(value, dict):
+        return {key: scrub_value(item, cfg) for key, item in value.items()}
+    return value
+
+
+# The end of a growing answer that may be the start of a card number, phone number or e-mail
+# address still being written: held back until the next words show what it is.
+_UNFINISHED = re.compile(r"(?:\+?\d[\d .()\-/]*|\S*@\S*)$")
+
+
+def scrub_growing(text, cfg):
+    """A streamed answer so far, scrubbed as ``scrub_text`` does, without its unfinished end
+    (a number or address still being written would not be found yet)."""
+    if not text or not (cfg["REDACT"] or cfg["REDACT_PATTERNS"]):
+        return text
+    return _UNFINISHED.sub("", scrub_text(text, cfg))

@@ -25,6 +25,7 @@ from django.db import connections
 from django.utils.module_loading import import_string
 
 from .core.types import Outcome, ToolResult
+from .redaction import hide_quoted, quoting, texts_in
 
 logger = logging.getLogger("conversations.tools")
 
@@ -363,7 +364,8 @@ def run_tool(t, call, context, limit, max_chars):
                           outcome=Outcome.TIMEOUT)
     if "error" in outcome:
         exc = outcome["error"]
-        detail = f"{type(exc).__name__}: {exc}"
+        with quoting(texts_in(arguments)):  # an error quoting its arguments (the visitor's words) does not, unless DEBUG
+            detail = hide_quoted(f"{type(exc).__name__}: {exc}")
         logger.warning("Tool %s raised %s", t.name, detail)
         if isinstance(exc, ToolError):
             return ToolResult(call.id, t.name, cap(f"Error: {exc}", max_chars), is_error=True, detail=detail)

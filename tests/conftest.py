@@ -2,6 +2,7 @@
 test outside tests/core/, the suite's short clocks, real forking RQ workers and widget-like
 clients. Plain helpers are in helpers.py."""
 
+import logging
 import subprocess
 import sys
 
@@ -149,3 +150,21 @@ def worker_process(transactional_db):
             process.wait(timeout=15)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@pytest.fixture
+def log_file(tmp_path):
+    """Every log record of this process and of the forked work horses (which inherit the
+    handler), at DEBUG, in one file."""
+    path = tmp_path / "all.log"
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s %(args)s"))
+    root, levels = logging.getLogger(), {name: logging.getLogger(name).level for name in ("", "conversations", "rq")}
+    root.addHandler(handler)
+    for name in levels:
+        logging.getLogger(name).setLevel(logging.DEBUG)
+    yield path
+    root.removeHandler(handler)
+    handler.close()
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)

@@ -73,6 +73,7 @@ class AssistantForm(forms.ModelForm):
     knowledge_sources = forms.MultipleChoiceField(required=False, widget=forms.CheckboxSelectMultiple)
     credential = forms.ChoiceField(required=False)
     fallbacks = ChainField(required=False, widget=forms.Textarea(attrs={"rows": 4, "class": "vLargeTextField"}))
+    redact = ChainField(required=False, widget=forms.Textarea(attrs={"rows": 1, "class": "vLargeTextField"}))
     suggestions = LinesField(required=False, help_text=gettext_lazy("One per line, at most 4."))
     allowed_origins = LinesField(required=False)
 
@@ -90,7 +91,7 @@ class AssistantForm(forms.ModelForm):
             # A new assistant starts from the site's provider, not the model's "demo" (canned answers).
             self.initial.update(provider=get_config()["PROVIDER"], model=get_config()["MODEL"])
         for name in ("base_url", "tools", "approval_tools", "knowledge_sources", "credential", "fallbacks",
-                     "suggestions", "allowed_origins"):  # as the model's fields
+                     "suggestions", "allowed_origins", "redact"):  # as the model's fields
             if name not in self.fields:  # read-only for this user (CONFIGURE_FIELDS)
                 continue
             model_field = Assistant._meta.get_field(name)
@@ -164,6 +165,7 @@ class AssistantAdmin(admin.ModelAdmin):
                                                                  ("call_timeout", "job_timeout"))}),
         (gettext_lazy("What the widget shows first"), {"fields": ("greeting", "suggestions")}),
         (gettext_lazy("On other sites"), {"fields": ("allowed_origins", "script_tag")}),
+        (gettext_lazy("Privacy (empty: the site's)"), {"fields": ("redact", ("retention_days", "retention_from"))}),
     ]
     readonly_fields = ("script_tag",)
 

@@ -10,6 +10,7 @@ from django.utils.translation import gettext_lazy
 
 from ..models import Conversation, Message, Turn
 from ..redaction import hide_keys
+from .privacy import EraseActions
 from .timeline import seconds
 
 
@@ -57,7 +58,8 @@ class TurnInline(ReadOnlyMixin, admin.TabularInline):
 
 
 @admin.register(Conversation)
-class ConversationAdmin(ReadOnlyMixin, admin.ModelAdmin):
+class ConversationAdmin(EraseActions, ReadOnlyMixin, admin.ModelAdmin):
+    actions = ["erase_selected", "erase_owners"]
     list_display = ("id", "owner", "created_at", "turn_count")
     list_select_related = ("user",)
     fields = ("id", "owner", "created_at")

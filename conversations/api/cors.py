@@ -22,7 +22,7 @@ from ..conf import get_config
 from ..endpoints import embed_origin_allowed, origin
 from ..models import Assistant
 
-ALLOWED_METHODS = "GET, POST, OPTIONS"
+ALLOWED_METHODS = "GET, POST, OPTIONS, DELETE"
 # What the widget sends: its token, its JSON, the ETag of the state it has, a retry's key.
 ALLOWED_HEADERS = "Authorization, Content-Type, If-None-Match, Idempotency-Key"
 EXPOSED_HEADERS = "ETag, Retry-After"

@@ -137,6 +137,18 @@ class ApprovalIPThrottle(AddressThrottle):
     config_key = "APPROVAL_RATE_PER_IP"
 
 
+class DeleteOwnerThrottle(OwnerThrottle):
+    """Conversations a visitor deletes (each an erasure: a scan of Redis) per owner."""
+
+    scope = "conversations_delete_owner"
+    config_key = "DELETE_RATE_PER_OWNER"
+
+
+class DeleteIPThrottle(AddressThrottle):
+    scope = "conversations_delete_ip"
+    config_key = "DELETE_RATE_PER_IP"
+
+
 class TokenIPThrottle(AddressThrottle):
     """Visitor tokens minted (or renewed) per client address."""
 

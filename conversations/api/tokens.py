@@ -25,7 +25,7 @@ from ..assistants import settings_for
 from ..conf import get_config
 from ..core.rules import WIDGET_GIVE_UP_MARGIN
 from ..models import Assistant, Turn
-from ..templatetags.conversations import widget_strings
+from ..templatetags.conversations import retention_note, widget_strings
 from .authentication import (OPAQUE_ORIGIN, VisitorTokenAuthentication, refusal_message, request_origin,
                              verified_visitor, visitor_user)
 from .base import ConversationAPIView
@@ -68,6 +68,7 @@ def widget_settings(request, assistant):
     site): the API's URLs, the strings in the visitor's language, the assistant's words, limits."""
     cfg = settings_for(assistant)
     strings = widget_strings()
+    strings["retention"] = retention_note(cfg)
     if assistant is not None:
         strings["title"] = assistant.name
     return {

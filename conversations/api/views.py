@@ -15,7 +15,7 @@ from rest_framework.exceptions import APIException, PermissionDenied, Validation
 from rest_framework.response import Response
 
 from .. import assistants
-from ..engine import handoff, lifecycle, limits
+from ..engine import handoff, lifecycle, limits, privacy
 from ..models import Conversation, Message, Turn
 from ..owners import owned_filter, owner_token, request_visitor
 from . import serializers
@@ -23,8 +23,8 @@ from .authentication import check_assistant
 from .base import Conflict, ConversationAPIView, ServiceUnavailable, owned_conversation, rating_url, turn_summary
 from .schema import (CONVERSATION_ID, CSRF_OR_SIGN_IN, ERROR, NOT_FOUND, NOT_JSON, RETRY_AFTER, SIGN_IN, TOO_LARGE,
                      TURN_ID, UNAVAILABLE)
-from .throttling import (ConversationIPThrottle, ConversationOwnerThrottle, TurnIPThrottle, TurnOwnerThrottle,
-                         client_key)
+from .throttling import (ConversationIPThrottle, ConversationOwnerThrottle, DeleteIPThrottle, DeleteOwnerThrottle,
+                         TurnIPThrottle, TurnOwnerThrottle, client_key)
 from ..core.sentences import unavailable_message
 
 logger = logging.getLogger("conversations.api")
@@ -98,7 +98,29 @@ class ConversationListView(ConversationAPIView):
 
 
 class ConversationDetailView(ConversationAPIView):
-    """The whole transcript, and the turn still running if there is one (to resume polling)."""
+    """``GET``: the whole transcript, and the turn still running if there is one (to resume
+    polling). ``DELETE``: the owner erases it everywhere (``engine.privacy.erase``)."""
+
+    throttle_message = gettext_lazy("You have deleted too many conversations. Please try again later.")
+
+    def get_throttles(self):
+        """Only deleting is limited: each one stops a turn and sweeps Redis."""
+        if self.request.method == "DELETE":
+            return [DeleteOwnerThrottle(), DeleteIPThrottle()]
+        return []
+
+    @extend_schema(parameters=[CONVERSATION_ID, RETRY_AFTER], request=None,
+                   responses={204: OpenApiResponse(description="Erased: every message, turn, rating and cached "
+                                                               "copy of it is gone."),
+                              403: CSRF_OR_SIGN_IN, 404: NOT_FOUND,
+                              429: OpenApiResponse(ERROR, description="Too many deletions (DELETE_RATE_PER_OWNER, "
+                                                                      "DELETE_RATE_PER_IP); see Retry-After."),
+                              503: UNAVAILABLE},
+                   summary="Delete a conversation of the caller's everywhere (their own erasure request)")
+    def delete(self, request, conversation_id):
+        conversation = owned_conversation(request, conversation_id)
+        privacy.erase(conversation=conversation.pk, kind="visitor_request", wait=privacy.VISITOR_STOP_WAIT)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(parameters=[CONVERSATION_ID],
                    responses={200: serializers.ConversationDetailSerializer, 403: SIGN_IN, 404: NOT_FOUND,

@@ -24,9 +24,11 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 
+from .. import assistants
 from ..conf import get_config
 from ..infra import state
 from ..models import Conversation, Message, Turn
+from ..redaction import scrub_text
 from ..tools import ToolError, tool
 from . import lifecycle
 
@@ -291,6 +293,7 @@ def keep(conversation, content, idempotency_key=""):
     if limit and conversation.messages.filter(turn__isnull=True, role=Message.Role.USER).count() >= limit:
         raise Refused(_("This conversation has reached its limit of %(limit)d messages to our staff. Please wait "
                         "for their reply, or start a new conversation.") % {"limit": limit})
+    content = scrub_text(content, assistants.settings_for(conversation.assistant))  # REDACT, as for a turn
     message = Message.objects.create(conversation=conversation, turn=None, role=Message.Role.USER, content=content)
     if idempotency_key:
         state.remember_kept(conversation.pk, idempotency_key, message.pk)

@@ -19,6 +19,7 @@ from ..core import pricing
 from ..infra import queue, state, telemetry
 from ..conf import get_config
 from ..models import Conversation, Message, ToolApproval, Turn
+from ..redaction import scrub_text
 from ..core.sentences import not_picked_up_message, unavailable_message
 
 logger = logging.getLogger("conversations.turns")
@@ -57,7 +58,10 @@ def create(conversation, content, **fields):
                 provider=str(cfg["PROVIDER"]), model=str(cfg["MODEL"]), **fields)
     job_fields(turn)
     turn.save(force_insert=True)
-    message = Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER, content=content)
+    stored = scrub_text(content, cfg)  # what must not be stored never is (REDACT)
+    if stored != content and cfg["REDACT_ORIGINAL_TO_MODEL"]:
+        state.keep_original(turn.id, content, timeout=int(turn.job_timeout or cfg["JOB_TIMEOUT"]))
+    message = Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER, content=stored)
     enqueue_turn(turn, saved=True)
     return turn, message
 

@@ -9,6 +9,7 @@ when the call ends. A Stop shuts the call in flight (see ``watchdog.Watchdog``);
 shown so far is kept.
 """
 
+import dataclasses
 import json
 import logging
 import time
@@ -34,6 +35,7 @@ from ..core.sentences import (
 from ..providers.chain import build_provider
 from ..infra.http import CallCancelled, ensure_call_budget
 from ..models import CallRecord, Message, Turn
+from ..redaction import scrub_growing, scrub_text, scrub_value
 from ..providers import ProviderError, call_complete
 from ..core.history import chat_message, message_size, trim_history, unfinished_step
 from ..tools import ToolContext, arguments_hash, interrupted_result, load_tools, run_tool, too_many_calls_message
@@ -147,13 +149,24 @@ class TurnRunner:
                                                                            for f in turn_fields}):
                     raise _Superseded()
                 row = Message.objects.create(conversation_id=self.turn.conversation_id, turn=self.turn,
-                                             **message_fields)
+                                             **self.scrubbed(message_fields))
         except BaseException:
             self.trace_saved(committed=False)
             raise
         self.trace_saved()
         self.rows.append(row)
         return row
+
+    def scrubbed(self, fields):
+        """A message's ``fields`` with what must not be stored replaced (``REDACT``): its text and
+        its tool calls' arguments; the model and the tools had the originals."""
+        fields = dict(fields)
+        if "content" in fields:
+            fields["content"] = scrub_text(fields["content"], self.config)
+        if fields.get("tool_calls"):
+            fields["tool_calls"] = [{**call, "arguments": scrub_value(call.get("arguments"), self.config)}
+                                    for call in fields["tool_calls"]]
+        return fields
 
     def publish(self, *, done=False, unsaved=None):
         """Publish the turn's state from its rows, and ``unsaved`` (a ``Message`` not saved) after
@@ -188,8 +201,8 @@ class TurnRunner:
         if not self.first_word_seen and any(self.streamed):
             self.note_first_word()
         data = state.state_from_db(self.turn, self.rows)
-        data["messages"].append({"id": None, "role": Message.Role.ASSISTANT, "content": "".join(self.streamed),
-                                 "streaming": True})
+        data["messages"].append({"id": None, "role": Message.Role.ASSISTANT,
+                                 "content": scrub_growing("".join(self.streamed), self.config), "streaming": True})
         try:
             self.stream_publisher(data)
         except (RedisError, OSError):
@@ -262,7 +275,7 @@ class TurnRunner:
         if reply is None:
             return None
         return Message(conversation_id=self.turn.conversation_id, turn=self.turn, role=Message.Role.ASSISTANT,
-                       content=reply.text, tool_calls=[c.as_dict() for c in reply.tool_calls])
+                       **self.scrubbed({"content": reply.text, "tool_calls": [c.as_dict() for c in reply.tool_calls]}))
 
     def save_streamed(self):
         """The text of a reply that was streaming when the turn ended another way (a job timeout,
@@ -273,7 +286,7 @@ class TurnRunner:
         self.turn.model_calls += 1
         self.count_estimate("".join(self.streamed))
         return Message.objects.create(conversation_id=self.turn.conversation_id, turn=self.turn,
-                                      role=Message.Role.ASSISTANT, content="".join(self.streamed))
+                                      role=Message.Role.ASSISTANT, content=scrub_text("".join(self.streamed), self.config))
 
     def cancelled(self):
         """Whether a call in flight must be shut (checked by its watchdog): on a Stop, or when the
@@ -306,7 +319,21 @@ class TurnRunner:
         turns and this turn's rows, whole (``loop`` trims them before every call)."""
         system = self.config["SYSTEM_PROMPT"]
         messages = ([ChatMessage(role="system", content=system)] if system else [])
-        return messages + [chat_message(m) for m in self.earlier] + [chat_message(m) for m in self.rows]
+        own = [chat_message(m) for m in self.rows]
+        original = self.original()
+        if original is not None and own and own[0].role == Message.Role.USER:
+            own[0] = dataclasses.replace(own[0], content=original)  # REDACT_ORIGINAL_TO_MODEL: this turn only
+        return messages + [chat_message(m) for m in self.earlier] + own
+
+    def original(self):
+        """What the visitor wrote before redaction, when the site lets the model read it
+        (``REDACT_ORIGINAL_TO_MODEL``) and it is still kept; else None."""
+        if not self.config["REDACT_ORIGINAL_TO_MODEL"]:
+            return None
+        try:
+            return state.read_original(self.turn.id)
+        except RedisError:
+            return None
 
     def start(self):
         """Claim the turn (``lifecycle.claim``: marked running with its clocks in one UPDATE, if it is
@@ -713,6 +740,11 @@ class TurnRunner:
             raise interrupted
         self.finished = True
         self.report(status)
+        if self.config["REDACT_ORIGINAL_TO_MODEL"]:
+            try:
+                state.forget_original(turn.id)
+            except RedisError:
+                pass  # it expires with the turn's job timeout
         logger.info("turn %s ended %s with %.1fs of margin left", turn.id, status, turn.margin_left,
                     extra={"turn_id": str(turn.id), "status": status, "margin_left": round(turn.margin_left, 3)})
 

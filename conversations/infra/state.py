@@ -183,6 +183,25 @@ def _next_version(cache, ttl, vkey, okey):
     return version, cache.get(okey)
 
 
+def original_key(turn_id):
+    return f"conversations:turn:{turn_id}:original"
+
+
+def keep_original(turn_id, content, *, timeout):
+    """Keep what the visitor wrote, before redaction, for the model of this turn only
+    (``REDACT_ORIGINAL_TO_MODEL``): for ``timeout`` seconds at most, and forgotten when the turn ends."""
+    _cache().set(original_key(turn_id), content, timeout=timeout)
+
+
+def read_original(turn_id):
+    """What ``keep_original`` kept for ``turn_id``, or None."""
+    return _cache().get(original_key(turn_id))
+
+
+def forget_original(turn_id):
+    _cache().delete(original_key(turn_id))
+
+
 def request_cancel(turn_id):
     _cache().set(cancel_key(turn_id), True, timeout=get_config()["STATE_TTL"])
 

@@ -17,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..endpoints import locate
 from ..infra.http import CallCancelled, CallFailed, PartialReply
-from ..redaction import redact
+from ..redaction import quoting, redact, texts_in
 from ..core.streaming import ReplyLimit
 from ..core.types import ErrorCode, Finish, Outcome
 
@@ -264,25 +264,26 @@ class BaseProvider:
         that text as a ``Finish.CUT`` reply (``Finish.REFUSED`` when a content filter's error event
         ended it), without its unfinished tool calls.
         """
-        try:
-            if self.streams(on_text):
-                response = self.http.post_stream(url, payload, headers, self.stream_class(), on_text,
-                                                 classify=self.error_from_failure)
-            else:
-                response = self.http.post_json(url, payload, headers, classify=self.error_from_failure)
-        except CallFailed as failure:
-            error = self.error_from_failure(failure)
-            logger.error("%s call failed (%s): %s", self.name, error.code, error.detail)
-            raise error from None
-        except PartialReply as cut:
-            logger.error("%s stream cut short: %s", self.name, cut.detail)
-            reply = self.parse_reply(parse, cut.data)
-            return dataclasses.replace(reply, tool_calls=[], finish=cut.finish, cut_reason=cut.detail,
-                                       cut_code=cut.code)
-        except CallCancelled as stop:
-            stop.reply = self.parse_reply(parse, stop.data) if stop.data is not None else None
-            raise
-        return self.bounded(self.parse_reply(parse, response.data))
+        with quoting(texts_in(payload)):
+            try:
+                if self.streams(on_text):
+                    response = self.http.post_stream(url, payload, headers, self.stream_class(), on_text,
+                                                     classify=self.error_from_failure)
+                else:
+                    response = self.http.post_json(url, payload, headers, classify=self.error_from_failure)
+            except CallFailed as failure:
+                error = self.error_from_failure(failure)
+                logger.error("%s call failed (%s): %s", self.name, error.code, error.detail)
+                raise error from None
+            except PartialReply as cut:
+                logger.error("%s stream cut short: %s", self.name, cut.detail)
+                reply = self.parse_reply(parse, cut.data)
+                return dataclasses.replace(reply, tool_calls=[], finish=cut.finish, cut_reason=cut.detail,
+                                           cut_code=cut.code)
+            except CallCancelled as stop:
+                stop.reply = self.parse_reply(parse, stop.data) if stop.data is not None else None
+                raise
+            return self.bounded(self.parse_reply(parse, response.data))
 
     def bounded(self, reply):
         """``reply`` within ``MAX_REPLY_CHARS`` (its text, and each tool call's arguments), as a

@@ -11,6 +11,7 @@ from django.middleware.csrf import get_token
 from django.templatetags.static import static
 from django.urls import reverse
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from .. import assistants
 from ..assistants import settings_for
@@ -81,7 +82,26 @@ def widget_strings():
         "decline": _("Decline"),
         "approval_staff": _("Our staff must approve this before the assistant goes on."),
         "approval_waiting": _("Waiting for your approval…"),
+        # Translators: a link-like button under the chat; it erases the whole conversation, after a confirm.
+        "delete_conversation": _("Delete this conversation"),
+        "delete_confirm": _("Delete this conversation and everything in it? This cannot be undone."),
+        "deleted": _("The conversation was deleted."),
+        # How long the chat is kept (retention_note), where the site shows it.
+        "retention": "",
     }
+
+
+def retention_note(cfg):
+    """The line the widget shows about how long a chat is kept, under ``cfg`` (an assistant's
+    settings): empty unless ``WIDGET_RETENTION_NOTE`` is on and a retention is set."""
+    days = cfg["RETENTION_DAYS"]
+    if not cfg["WIDGET_RETENTION_NOTE"] or days <= 0:
+        return ""
+    if cfg["RETENTION_FROM"] == "created":
+        return ngettext("This chat is deleted %(days)d day after it started.",
+                        "This chat is deleted %(days)d days after it started.", days) % {"days": days}
+    return ngettext("This chat is deleted %(days)d day after its last message.",
+                    "This chat is deleted %(days)d days after its last message.", days) % {"days": days}
 
 
 MODES = ("inline", "launcher")
@@ -119,6 +139,7 @@ def chat_widget(context, title="", mode="inline", key="", assistant=""):
     csrf_token = get_token(request) if request is not None else ""
     cfg = settings_for(chosen)
     strings = widget_strings()
+    strings["retention"] = retention_note(cfg)
     if title or chosen is not None:
         strings["title"] = str(title or chosen.name)
     login_url = ""

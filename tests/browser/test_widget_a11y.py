@@ -214,8 +214,10 @@ def test_keyboard_only_from_reaching_the_launcher_to_reading_an_answer_and_stopp
     page.keyboard.press("Enter")
     api.state = state("running", streaming("It is"), version=2)
     expect(chat.locator(".cvw-msg-assistant")).to_have_text("It is")
-    # Send is disabled while the turn runs, so Stop comes next, then the page goes on: no trap.
-    assert tab_through(page, "#after") == ["cvw-stop", "#after"]
+    # Send is disabled while the turn runs, so Stop comes next, then deleting the conversation,
+    # then the page goes on: no trap.
+    assert tab_through(page, "#after") == ["cvw-stop", "cvw-delete", "#after"]
+    page.keyboard.press("Shift+Tab")
     page.keyboard.press("Shift+Tab")
     page.keyboard.press("Enter")
     api.state = state("cancelled", assistant("It is", id=2), version=3)
@@ -248,7 +250,7 @@ def test_keyboard_only_from_reaching_the_launcher_to_reading_an_answer_and_stopp
     page.keyboard.press("Shift+Tab")
     assert page.evaluate(FOCUSED) == "cvw-launcher"
     assert tab_through(page, "#after") == ["cvw-close", "cvw-log", *["cvw-thumb cvw-thumb-up", "cvw-thumb cvw-thumb-down"] * 2,
-                                           "cvw-input", "cvw-send", "#after"]
+                                           "cvw-input", "cvw-send", "cvw-delete", "#after"]
     chat.locator(".cvw-input").focus()
     page.keyboard.press("Escape")
     expect(chat.locator(".cvw-panel")).to_be_hidden()

@@ -30,7 +30,7 @@ LAYERS = [
                   "conversations.apps", "conversations"]),
 ]
 # The public paths sites and queued jobs name; they re-export, and nothing in the app imports them.
-FACES = {"conversations.jobs", "conversations.worker", "conversations.types"}
+FACES = {"conversations.jobs", "conversations.worker", "conversations.types", "conversations.privacy"}
 # Surfaces that stand side by side and never import each other.
 APART = [("conversations.admin", "conversations.api")]
 

@@ -222,8 +222,10 @@ def worker_env(**conversations):
     else:
         env["DATABASE_URL"] = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
     for key, value in {**get_config(), **conversations}.items():
-        if key in ("TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS", "HANDOFF_EMAILS"):
+        if key in ("TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS", "HANDOFF_EMAILS", "REDACT"):
             value = ",".join(value)
+        elif key == "REDACT_PATTERNS":
+            value = json.dumps([item if isinstance(item, str) else dict(item) for item in value])
         elif key == "FALLBACKS":
             value = json.dumps([dict(entry) for entry in value])
         elif isinstance(value, Mapping):  # CREDENTIALS, PRICES: JSON, as conf reads them from the environment
@@ -251,6 +253,7 @@ OPERATIONS = {
     "go back to the assistant": ("/api/conversations/{conversation_id}/handoff/back/", "post"),
     "ask for a person": ("/api/conversations/{conversation_id}/handoff/", "post"),
     "approve a tool call": ("/api/conversations/{conversation_id}/turns/{turn_id}/approval/", "post"),
+    "delete a conversation": ("/api/conversations/{conversation_id}/", "delete"),
 }
 
 
@@ -273,6 +276,8 @@ def call_every_endpoint(client, turn, content="Hello?", **message_headers):
         "ask for a person": api_post(client, f"/api/conversations/{conversation}/handoff/"),
         "approve a tool call": api_post(client, turn["approval_url"], {"call_id": "call_1", "decision": "approve",
                                                                        "arguments_sha256": "0" * 64}),
+        # Last: it erases the conversation the others are about.
+        "delete a conversation": client.delete(f"/api/conversations/{conversation}/", HTTP_X_CSRFTOKEN=client.csrf),
     }
 
 

@@ -43,6 +43,10 @@
     busy: "The assistant is still answering. Wait for it to finish or press Stop.",
     gone: "This conversation is no longer available. Send your message again to start a new one.",
     close: "Close",
+    delete_conversation: "Delete this conversation",
+    delete_confirm: "Delete this conversation and everything in it? This cannot be undone.",
+    deleted: "The conversation was deleted.",
+    retention: "",
     sign_in: "Sign in to chat with the assistant.",
     rate: "Rate this answer",
     rate_up: "Helpful",
@@ -954,7 +958,14 @@
       actions.appendChild(this.sendButton);
       actions.appendChild(this.stopButton);
       [label, this.input, actions, hint].forEach(function (node) { this.form.appendChild(node); }, this);
-      [this.log, this.statusLine, this.form].forEach(function (node) { panel.appendChild(node); });
+      // How long the chat is kept (where the site says so), and the visitor's own erasure of it.
+      this.privacy = el("div", "cvw-privacy");
+      if (s.retention) { this.privacy.appendChild(el("span", "cvw-retention", s.retention)); }
+      this.deleteButton = el("button", "cvw-delete", s.delete_conversation);
+      this.deleteButton.type = "button";
+      this.deleteButton.hidden = true;
+      this.privacy.appendChild(this.deleteButton);
+      [this.log, this.statusLine, this.form, this.privacy].forEach(function (node) { panel.appendChild(node); });
       frame.appendChild(this.announcer);
     }
 
@@ -990,11 +1001,36 @@
         if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); self.submit(); }
       });
       this.stopButton.addEventListener("click", function () { self.cancel(); });
+      this.deleteButton.addEventListener("click", function () { self.deleteConversation(); });
+    }
+
+    /* The visitor deletes the conversation everywhere (after confirming): the server stops its
+     * turn and erases it; the widget starts afresh. */
+    deleteConversation() {
+      var self = this, id = this.conversationId;
+      if (!id || !window.confirm(this.strings.delete_confirm)) { return; }
+      this.deleteButton.disabled = true;
+      this.client.request("DELETE", this.apiUrl + id + "/").then(function () {
+        self.poller.stop();
+        self.poller.turn = null;
+        self.handoff.stop();
+        self.forget();
+        self.list.textContent = "";
+        self.answers = {};
+        self.ratingUrls = {};
+        self.setState("idle");
+        self.welcome();
+        self.setStatusLine(self.strings.deleted);
+        self.input.focus();
+      }, function (error) {
+        self.setStatusLine(error.message, true);
+      }).then(function () { self.deleteButton.disabled = false; });
     }
 
     // -- storage: the conversation (and running turn) survive a reload in this tab ------------
 
     save(turn) {
+      this.deleteButton.hidden = !this.conversationId;
       try {
         sessionStorage.setItem(this.storageKey, JSON.stringify({
           conversation: this.conversationId, turn: turn ? turn.id : null, since: turn ? turn.since : null }));
@@ -1011,6 +1047,7 @@
       var self = this, saved = this.load();
       if (!saved.conversation) { this.welcome(); return; }
       this.conversationId = saved.conversation;
+      this.deleteButton.hidden = false;
       this.client.request("GET", this.apiUrl + saved.conversation + "/").then(function (data) {
         // Each ended turn's sentence goes back under its last message, where it stood before the reload.
         var endings = data.endings || {}, messages = data.messages;
@@ -1053,6 +1090,7 @@
 
     forget() {
       this.conversationId = null;
+      this.deleteButton.hidden = true;
       try { sessionStorage.removeItem(this.storageKey); } catch (e) { /* nothing kept */ }
     }
 

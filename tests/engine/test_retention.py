@@ -1,0 +1,138 @@
+"""Retention: ``purge_conversations`` deletes the conversations whose time has run out (site-wide,
+or an assistant's own), in short batches, never one with a turn in flight or held by staff, and
+keeps anonymous daily totals of their ratings and costs when the site asks."""
+
+import datetime
+from decimal import Decimal
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from conversations.engine.retention import purge
+from conversations.models import Assistant, CallRecord, Conversation, Erasure, Message, RetainedTotal, Turn
+
+pytestmark = pytest.mark.django_db
+
+NOW = timezone.now()
+
+
+def ago(days):
+    return NOW - datetime.timedelta(days=days)
+
+
+def conversation(started, last=None, *, assistant=None, status="completed", rating="", cost="0.01", **fields):
+    """A conversation started ``started`` days ago with one turn, its last message ``last`` days ago."""
+    row = Conversation.objects.create(owner_token="t", assistant=assistant, **fields)
+    turn = Turn.objects.create(conversation=row, status=status, rating=rating, input_tokens=100, output_tokens=20,
+                               cost=Decimal(cost), assistant=assistant)
+    CallRecord.objects.create(turn=turn, kind="model", started_offset=0, outcome="ok")
+    for role in ("user", "assistant"):
+        Message.objects.create(conversation=row, turn=turn, role=role, content="words")
+    Conversation.objects.filter(pk=row.pk).update(created_at=ago(started))
+    Turn.objects.filter(pk=turn.pk).update(enqueued_at=ago(started))
+    Message.objects.filter(conversation=row).update(created_at=ago(started if last is None else last))
+    return row.pk
+
+
+def left():
+    return set(Conversation.objects.values_list("pk", flat=True))
+
+
+def test_conversations_are_deleted_days_after_their_last_message_and_no_sooner(conversations_settings):
+    conversations_settings.update(RETENTION_DAYS=30, RETENTION_FROM="last_message")
+    gone = conversation(40, 35)
+    came_back = conversation(40, 5)
+    recent = conversation(3)
+    in_flight = conversation(40, 35, status="running")
+    held = conversation(40, 35, handoff=Conversation.Handoff.WAITING)
+
+    done = purge(now=NOW)
+
+    assert left() == {came_back, recent, in_flight, held}
+    assert gone not in left() and not Message.objects.filter(conversation_id=gone).exists()
+    assert done.counts == {"conversations": 1, "turns": 1, "messages": 2, "calls": 1, "ratings": 0}
+    assert Erasure.objects.get().kind == "retention" and Erasure.objects.get().counts == done.counts
+    assert purge(now=NOW).counts == {}  # a second run finds nothing
+    assert Erasure.objects.count() == 1
+
+
+def test_an_assistants_own_retention_replaces_the_sites(conversations_settings):
+    conversations_settings.update(RETENTION_DAYS=30, RETENTION_FROM="last_message")
+    week = Assistant.objects.create(slug="week", name="Week", system_prompt=".", provider="demo", retention_days=7,
+                                    retention_from="created")
+    forever = Assistant.objects.create(slug="forever", name="Forever", system_prompt=".", provider="demo",
+                                       retention_days=0)
+    site_rule = Assistant.objects.create(slug="site", name="Site", system_prompt=".", provider="demo")
+    week_old = conversation(10, 1, assistant=week)
+    week_new = conversation(5, assistant=week)
+    kept_forever = conversation(400, assistant=forever)
+    site_old = conversation(40, assistant=site_rule)
+    site_new = conversation(20, assistant=site_rule)
+
+    purge(now=NOW)
+
+    assert left() == {week_new, kept_forever, site_new}
+    assert not {week_old, site_old} & left()
+
+
+def test_the_ratings_and_costs_of_what_is_deleted_are_kept_as_anonymous_daily_totals(conversations_settings):
+    conversations_settings.update(RETENTION_DAYS=30, RETENTION_FROM="created", RETENTION_BATCH=2)
+    shop = Assistant.objects.create(slug="shop", name="Shop", system_prompt=".", provider="demo")
+    for rating in ("up", "up", "down", ""):
+        conversation(45, assistant=shop, rating=rating, cost="0.25")
+    conversation(45, rating="down")
+
+    done = purge(now=NOW, pause=0)
+
+    assert done.batches == 5 and done.counts["conversations"] == 5 and done.counts["ratings"] == 4
+    totals = {(t.assistant_id, t.day): (t.turns, t.rated_up, t.rated_down, t.input_tokens, t.output_tokens, t.cost)
+              for t in RetainedTotal.objects.all()}
+    day = timezone.localtime(ago(45)).date()
+    assert totals == {(shop.pk, day): (4, 2, 1, 400, 80, Decimal("1.00")),
+                      (None, day): (1, 0, 1, 100, 20, Decimal("0.01"))}
+    assert not Conversation.objects.exists()
+
+
+def test_totals_are_not_kept_when_the_site_says_so(conversations_settings):
+    conversations_settings.update(RETENTION_DAYS=30, RETENTION_KEEP_TOTALS=False)
+    conversation(45, rating="up")
+    purge(now=NOW)
+    assert not RetainedTotal.objects.exists() and not Conversation.objects.exists()
+
+
+def test_nothing_is_deleted_unless_the_site_sets_a_retention(conversations_settings):
+    conversation(4000)
+    assert purge(now=NOW).counts == {} and len(left()) == 1
+
+
+def test_the_command_says_what_it_would_delete_and_then_deletes_it(conversations_settings):
+    conversations_settings.update(RETENTION_DAYS=30)
+    conversation(45)
+    conversation(50)
+
+    dry, real = StringIO(), StringIO()
+    call_command("purge_conversations", "--dry-run", stdout=dry)
+    assert dry.getvalue().strip() == "Would delete 2 conversations, 4 messages."
+    assert len(left()) == 2
+    call_command("purge_conversations", "--batch", "2", "--pause", "0", stdout=real)
+    assert real.getvalue().startswith("Deleted 2 conversations, 2 turns, 4 messages, 2 calls, 0 ratings in 2 "
+                                      "transactions")
+    assert not left()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_purge_runs_as_an_rq_job_in_either_worker_class(conversations_settings, any_worker):
+    import django_rq
+    from rq.job import Job
+
+    conversations_settings.update(RETENTION_DAYS=30, RETENTION_PAUSE=0)
+    gone, kept = conversation(45), conversation(3)
+    job = django_rq.get_queue("default").enqueue("conversations.jobs.purge_conversations", job_timeout=600)
+
+    any_worker()
+
+    assert left() == {kept} and gone not in left()
+    finished = Job.fetch(job.id, connection=django_rq.get_connection("default"))
+    assert finished.get_status() == "finished" and finished.return_value()["conversations"] == 1
