@@ -66,11 +66,17 @@ def read_with_session(turn_id, request):
     session_key = request.COOKIES.get(settings.SESSION_COOKIE_NAME)
     if settings.SESSION_ENGINE != _CACHE_SESSIONS or settings.SESSION_CACHE_ALIAS != alias or not session_key:
         return read(turn_id), request.session
-    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    # The request's own session (SessionMiddleware's, not loaded yet), else one made here.
+    store = getattr(request, "session", None)
+    if store is None or store.session_key != session_key:
+        store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
     if store.session_key is None:  # a malformed cookie: no session
         return read(turn_id), {}
     found = _cache().get_many([state_key(turn_id), store.cache_key])
-    return found.get(state_key(turn_id)), found.get(store.cache_key) or {}
+    data = found.get(store.cache_key)
+    if data is not None and store is getattr(request, "session", None) and not store.accessed:
+        store._session_cache = data  # what it would load: a later read of the session asks Redis no more
+    return found.get(state_key(turn_id)), data or {}
 
 
 def read_auth_stamp(user_id):
