@@ -51,10 +51,11 @@ class TurnRunner:
 
     ``clock`` a ``TurnClock``; ``provider`` a ``BaseProvider`` (built from the config when
     None); ``tools`` {name: Tool}; ``publisher`` the function that writes the live state (and its
-    growing answers, which otherwise go through ``state.publish_board``).
+    growing answers, which otherwise go through ``state.publish_board``), instead of
+    ``state.publish_step``.
     """
 
-    publisher = staticmethod(state.publish)
+    publisher = None
     stream_publisher = staticmethod(state.publish_board.offer)
 
     def __init__(self, turn, *, clock, config, provider=None, tools=None, publisher=None):
@@ -85,6 +86,8 @@ class TurnRunner:
         self.streamed_at = 0.0  # when its growing text was last published (time.monotonic)
         self.streamed_shown = 0  # how many of its pieces that publish held
         self.prompt_chars = 0  # the size of the last call's messages, for a usage estimate
+        self.published = None  # what its last publish wrote and read (``state.publish_step``)
+        self.stop_known = False  # whether ``published.stop`` is still what a look at the flags would read
 
     # -- records -------------------------------------------------------------------------
 
@@ -108,6 +111,7 @@ class TurnRunner:
         it while this one was frozen or taken for dead (the first writer wins)."""
         if not lease.fence():
             raise _Superseded()
+        self.stop_known = False
         with transaction.atomic():
             self.save_records()
             if not unended(self.turn.pk, job_id=self.job_id).update(**{f: getattr(self.turn, f) for f in turn_fields}):
@@ -121,7 +125,20 @@ class TurnRunner:
         them if given (naming the conversation's owner as the cache knows it: see ``state.publish``)."""
         data = state.state_from_db(self.turn, self.rows if unsaved is None else [*self.rows, unsaved])
         data["done"] = done
-        return self.publisher(data)
+        if self.publisher is not None:
+            return self.publisher(data)
+        self.published = state.publish_step(data, self.published)
+        self.stop_known = not done
+        return self.published.state
+
+    def stop_requested(self):
+        """The ``Stop`` asked of this turn's job (``state.stop_requested``): as its last publish read
+        it in the same round trip when nothing was saved since (the look would be the same moment),
+        else read now."""
+        if self.stop_known:
+            self.stop_known = False
+            return self.published.stop
+        return state.stop_requested(self.turn.id)
 
     def on_text(self, piece):
         """Called with each piece of a streamed reply's text: publish the growing answer, at most
@@ -322,7 +339,7 @@ class TurnRunner:
             if ended:
                 return ended
         for _step in range(cfg["MAX_STEPS"] - self.turn.model_calls):
-            ended = self.stop_for(state.stop_requested(self.turn.id))
+            ended = self.stop_for(self.stop_requested())
             if ended:
                 return ended
             ensure_call_budget(self.budget, cfg["MIN_CALL_BUDGET"], turn_id=str(self.turn.id), name=self.model_name,
@@ -377,7 +394,7 @@ class TurnRunner:
         published_at, unpublished = time.monotonic(), False
         try:
             for number, call in enumerate(calls):
-                ended = self.stop_for(state.stop_requested(self.turn.id))
+                ended = self.stop_for(self.stop_requested())
                 if ended:
                     return ended
                 tool = self.tools.get(call.name)
