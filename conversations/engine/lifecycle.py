@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 
 from .. import assistants
 from ..core import pricing
-from ..infra import queue, state
+from ..infra import dbconn, queue, state
 from ..conf import get_config
 from ..models import Conversation, Message, Turn
 from ..core.sentences import not_picked_up_message, unavailable_message
@@ -255,7 +255,8 @@ def claim(turn, **fields):
     columns: the runner's clocks) in the same UPDATE, if it is still queued. Returns whether the
     job may run it (False: it was stopped or ended while it waited, see ``end_unclaimed``)."""
     fields = {"status": Turn.Status.RUNNING, "started_at": timezone.now(), **fields}
-    claimed = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(**fields)
+    with dbconn.step():
+        claimed = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(**fields)
     if claimed:
         for name, value in fields.items():
             setattr(turn, name, value)

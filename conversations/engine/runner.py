@@ -112,7 +112,7 @@ class TurnRunner:
         if not lease.fence():
             raise _Superseded()
         self.stop_known = False
-        with transaction.atomic():
+        with dbconn.step():
             self.save_records()
             if not unended(self.turn.pk, job_id=self.job_id).update(**{f: getattr(self.turn, f) for f in turn_fields}):
                 raise _Superseded()

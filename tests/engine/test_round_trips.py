@@ -115,3 +115,35 @@ def test_a_version_taken_by_another_writer_meanwhile_is_never_reused(conversatio
 
     assert taken == first + 1
     assert state.read(turn.id)["version"] == taken + 1
+
+
+@pytest.mark.django_db(transaction=True)  # a transaction of its own, as in a worker (not inside a test's)
+def test_a_turns_own_round_trip_commits_do_not_wait_for_the_disk(conversations_settings):
+    """A turn commits after every round-trip, and each commit that waited for a disk flush cost
+    milliseconds, more than the round-trip's own statements: inside a step's transaction the
+    database does not wait (PostgreSQL: ``synchronous_commit`` off for that transaction only;
+    SQLite: the demo's write-ahead log with ``synchronous=NORMAL``), and outside it every other
+    commit of the site is as the site set it."""
+    from django.db import connection
+
+    from conversations.infra import dbconn
+
+    def setting():
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SHOW synchronous_commit")
+                return cursor.fetchone()[0]
+            cursor.execute("PRAGMA journal_mode")
+            journal = cursor.fetchone()[0]
+            cursor.execute("PRAGMA synchronous")
+            return journal, cursor.fetchone()[0]
+
+    site = setting()
+    with dbconn.step():
+        inside = setting()
+    after = setting()
+
+    if connection.vendor == "postgresql":
+        assert (site, inside, after) == ("on", "off", "on")
+    else:
+        assert inside == site == after == ("wal", 1)  # 1: NORMAL, no flush at a commit in WAL mode
