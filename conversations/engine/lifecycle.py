@@ -58,20 +58,8 @@ def create(conversation, content, **fields):
     job_fields(turn)
     turn.save(force_insert=True)
     message = Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER, content=content)
-    # At the commit, the queued state first, then the job (django-rq's enqueue waits for the commit
-    # too, and the callbacks run in this order): published after the enqueue, a web process held
-    # up for a moment published it over the states of a job that had already run the turn, and
-    # the widget showed it queued until QUEUE_WAIT.
-    transaction.on_commit(functools.partial(_publish_queued, turn, message))
     enqueue_turn(turn, saved=True)
     return turn, message
-
-
-def _publish_queued(turn, message):
-    try:
-        state.publish(state.state_from_db(turn, [message]))
-    except RedisError:  # the poll view rebuilds it from the database
-        logger.exception("Could not publish the queued state of turn %s", turn.id)
 
 
 def start(lock, content, *, admit=ensure_idle, idempotency_key=""):
@@ -80,8 +68,8 @@ def start(lock, content, *, admit=ensure_idle, idempotency_key=""):
     In one transaction: ``lock()`` returns the conversation with its row locked
     (``select_for_update``); ``admit(conversation)`` refuses by raising (the default,
     ``ensure_idle``, raises ``TurnActive``) or returns an existing turn to answer with instead;
-    then ``create()``. At the commit the turn's first state is published, then the job enqueued;
-    should the publish fail, the poll view rebuilds the state from the database.
+    then ``create()``. After the commit the turn's first state is published, unless its job has
+    published one already; should that fail, the poll view rebuilds it from the database.
 
     Returns ``(turn, created)``. ``created`` is False for the turn ``admit`` returned, and for
     the turn another request with the same ``idempotency_key`` saved first (the unique
@@ -110,6 +98,13 @@ def start(lock, content, *, admit=ensure_idle, idempotency_key=""):
         if turn is not None:
             end_unqueued(turn)
         raise QueueUnavailable() from exc
+    try:
+        # Only as the turn's first state: its job may have run the whole turn already (a web
+        # process held up a moment after the commit, an idle worker), and a queued state landing
+        # over its states would show the turn queued until QUEUE_WAIT.
+        state.publish(state.state_from_db(turn, [message]), first=True)
+    except RedisError:
+        logger.exception("Could not publish the queued state of turn %s", turn.id)
     queue.warn_if_unattended(turn)
     return turn, True
 

@@ -94,8 +94,10 @@ def forget_auth_stamp(user_id):
     _cache().delete(auth_stamp_key(user_id))
 
 
-def publish(state):
+def publish(state, *, first=False):
     """Write ``state`` (a dict with at least ``id``) with the next version; return the written dict.
+    ``first``: only if the turn has no state yet (the POST's queued state, which its job may have
+    overtaken); the dict is returned either way.
 
     A state names its conversation's owner as the cache last heard of it (``owners_changed``), not
     as its writer loaded it: a visitor who logs in while the turn runs makes the conversation
@@ -103,10 +105,10 @@ def publish(state):
     A growing answer of the same turn that this process's ``publish_board`` holds is dropped first,
     or waited for if it is being written: it never lands after this newer state."""
     publish_board.withdraw(state["id"])
-    return _write([state])[0]
+    return _write([state], first=first)[0]
 
 
-def _write(states):
+def _write(states, *, first=False):
     """Write each of ``states`` (of different turns) with its turn's next version and recorded
     owner; return the written dicts. On Django's Redis backend in two round trips however many
     there are: the versions and owners (``_next_versions``), then the states."""
@@ -123,12 +125,12 @@ def _write(states):
     raw = _redis(cache, ttl, *(state_key(data["id"]) for data in written))
     if raw is None:
         for data in written:
-            cache.set(state_key(data["id"]), data, timeout=ttl)
+            (cache.add if first else cache.set)(state_key(data["id"]), data, timeout=ttl)
         return written
     client, keys = raw
     with client.pipeline(transaction=False) as pipeline:
         for key, data in zip(keys, written):
-            pipeline.set(key, cache._cache._serializer.dumps(data), ex=ttl)
+            pipeline.set(key, cache._cache._serializer.dumps(data), ex=ttl, nx=first)
         pipeline.execute()
     return written
 

@@ -239,10 +239,10 @@ def test_a_web_process_slow_to_publish_the_queued_state_never_hides_the_answer(w
     wait_for(lambda: RQWorker.count(queue=get_queue()) == 1, what="the worker to register")
     published = state.publish
 
-    def held_up(data):
+    def held_up(data, **kwargs):
         if data["status"] == Turn.Status.QUEUED:
             time.sleep(2)  # the turn takes a few milliseconds once its job has started
-        return published(data)
+        return published(data, **kwargs)
 
     monkeypatch.setattr(state, "publish", held_up)
     client = make_client()
