@@ -91,7 +91,10 @@ class CorsMixin:
 
     @classmethod
     def add_cors_headers(cls, request, response, preflight):
-        patch_vary_headers(response, ["Origin"])
+        if response.has_header("Vary"):
+            patch_vary_headers(response, ["Origin"])
+        else:  # the common case, a poll's: nothing to merge with
+            response.headers["Vary"] = "Origin"
         page_origin = origin(request.META.get("HTTP_ORIGIN", ""))
         if not page_origin or page_origin == origin(request.build_absolute_uri("/")):
             return  # the site's own page, or no browser's cross-origin request
