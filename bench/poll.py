@@ -1,6 +1,7 @@
 """Poll endpoint throughput: the poll view beside a bare Django view serving the same cached bytes.
 
     .venv/bin/python -m bench.poll [--connections 50] [--duration 5] [--rounds 6] [--web-workers 2]
+    .venv/bin/python -m bench.poll --in-process [--requests 500] [--rounds 6]
 
 One finished turn (a realistic tool-using transcript) is published to the cache; a visitor's
 session owns it. gunicorn (sync workers, a fixed count) serves both views; ``wrk`` (Debian
@@ -12,6 +13,10 @@ package) drives each in turn with 50 keep-alive connections on loopback, round-r
   to show what the poll view's gap is made of;
 - ``poll 200``: the real poll view (session, ownership from the cached state, ETag);
 - ``poll 304``: the real poll view with ``If-None-Match`` set to the current ETag.
+
+``--in-process`` times the same four through Django's WSGI handler in the bench's own process
+instead (no gunicorn, no wrk): on a machine whose other work shifts wrk's figures by half from
+one round to the next, what the views themselves cost.
 """
 
 import argparse
@@ -103,6 +108,47 @@ def wrk(url, headers, *, connections, duration, threads=2):
     return rps, latency("50%"), latency("99%"), errors
 
 
+def in_process(targets, *, requests_per_round, rounds):
+    """Time each target through Django's WSGI handler in this process (no HTTP server, no load
+    generator sharing the cores), ``requests_per_round`` requests at a time, the targets
+    alternated ``rounds`` times; returns ``{name: [(wall µs, CPU µs) per request, per round]}``.
+    The CPU time (this process's) is what a busy machine disturbs least: the waits on Redis,
+    one round trip for each view, are not in it."""
+    import io
+    import sys
+    import time
+
+    from django.core.handlers.wsgi import WSGIHandler
+
+    app = WSGIHandler()
+
+    def environ(path, headers):
+        env = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "", "SERVER_NAME": "127.0.0.1",
+               "SERVER_PORT": "8000", "HTTP_HOST": "127.0.0.1", "REMOTE_ADDR": "127.0.0.1",
+               "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(),
+               "wsgi.errors": sys.stderr}
+        env.update({"HTTP_" + name.upper().replace("-", "_"): value for name, value in headers.items()})
+        return env
+
+    def call(path, headers):
+        response = app(environ(path, headers), lambda status, response_headers: None)
+        b"".join(response)
+        response.close()
+
+    for path, headers in targets.values():  # warm up
+        for _ in range(50):
+            call(path, headers)
+    timings = {name: [] for name in targets}
+    for _ in range(rounds):
+        for name, (path, headers) in targets.items():
+            started, cpu = time.perf_counter(), time.process_time()
+            for _ in range(requests_per_round):
+                call(path, headers)
+            timings[name].append(((time.perf_counter() - started) / requests_per_round * 1e6,
+                                  (time.process_time() - cpu) / requests_per_round * 1e6))
+    return timings
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--connections", type=int, default=50)
@@ -111,7 +157,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--web-workers", type=int, default=2, help="gunicorn sync workers")
     parser.add_argument("--database", default="postgres", help='"postgres", "sqlite" or a DATABASE_URL')
+    parser.add_argument("--in-process", action="store_true",
+                        help="time the views through Django's WSGI handler in this process instead of gunicorn + wrk")
+    parser.add_argument("--requests", type=int, default=500, help="requests per target per round (--in-process)")
     args = parser.parse_args()
+    if args.in_process:
+        return main_in_process(args)
     if not shutil.which("wrk"):
         raise SystemExit("wrk is not installed: apt-get install -y wrk")
 
@@ -134,14 +185,49 @@ def main():
                 results[name].append(wrk(base + path, headers, connections=args.connections, duration=args.duration))
         print(f"\n{args.connections} connections, {args.duration}s x {args.rounds} rounds per target, "
               f"gunicorn {args.web_workers} sync workers, {stack.database_label}, body {size} bytes\n")
-        bare_rps = median([r[0] for r in results["bare view (same cached bytes)"]])
+        bare_runs = results["bare view (same cached bytes)"]
+        bare_rps = median([r[0] for r in bare_runs])
         rows = []
         for name, runs in results.items():
             rps = median([r[0] for r in runs])
+            # Each round's ratio to the bare view's rate in the same round: a shared machine's load
+            # drifts over minutes, less within one round's few seconds.
+            paired = median([r[0] / b[0] for r, b in zip(runs, bare_runs)])
             rows.append([name, f"{rps:.0f}", " / ".join(f"{r[0]:.0f}" for r in runs),
                          f"{median([r[1] for r in runs]):.1f}", f"{median([r[2] for r in runs]):.1f}",
-                         sum(r[3] for r in runs), f"{rps / bare_rps:.2f}"])
-        table(["target", "req/s (median)", "req/s per round", "p50 ms", "p99 ms", "errors", "vs bare"], rows)
+                         sum(r[3] for r in runs), f"{rps / bare_rps:.2f}", f"{paired:.2f}"])
+        table(["target", "req/s (median)", "req/s per round", "p50 ms", "p99 ms", "errors", "vs bare",
+               "vs bare, round by round (median)"], rows)
+
+
+def main_in_process(args):
+    from django.db import connections
+
+    print(machine())
+    with Stack(database=args.database) as stack:
+        poll, bare, cookie = publish_finished_turn()
+        connections.close_all()
+        from django.test import Client
+
+        etag = Client(HTTP_HOST="127.0.0.1").get(poll, HTTP_COOKIE=cookie).headers["ETag"]
+        targets = {
+            "bare view (same cached bytes)": (bare, {}),
+            "bare view + session read": (bare.replace("/bare/", "/bare-session/"), {"Cookie": cookie}),
+            "poll view, 200": (poll, {"Cookie": cookie}),
+            "poll view, 304 (If-None-Match)": (poll, {"Cookie": cookie, "If-None-Match": etag}),
+        }
+        timings = in_process(targets, requests_per_round=args.requests, rounds=args.rounds)
+        print(f"\nIn process, {args.requests} requests x {args.rounds} rounds per target, alternated, "
+              f"{stack.database_label}\n")
+        bare_runs = timings["bare view (same cached bytes)"]
+        rows = []
+        for name, runs in timings.items():
+            wall, cpu = [r[0] for r in runs], [r[1] for r in runs]
+            rows.append([name, f"{median(wall):.0f}", f"{median([b[0] / r[0] for r, b in zip(runs, bare_runs)]):.2f}",
+                         f"{median(cpu):.0f}", " / ".join(f"{t:.0f}" for t in cpu),
+                         f"{median([b[1] / r[1] for r, b in zip(runs, bare_runs)]):.2f}"])
+        table(["target", "wall µs per request (median)", "wall: vs bare, round by round (median)",
+               "CPU µs per request (median)", "CPU µs per round", "CPU: vs bare, round by round (median)"], rows)
 
 
 if __name__ == "__main__":

@@ -97,8 +97,10 @@ def refusal_message(reason):
 
 
 def bearer(request):
-    """The token of the request's ``Authorization: Bearer`` header, or None when it has none."""
-    scheme, _space, token = request.headers.get("Authorization", "").partition(" ")
+    """The token of the request's ``Authorization: Bearer`` header, or None when it has none.
+    (Read from ``META``, as every header on the poll's path: ``request.headers`` first copies every
+    header of the request, a sizeable part of a poll's own work.)"""
+    scheme, _space, token = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
     return token.strip() if scheme.lower() == SCHEME.lower() else None
 
 
@@ -111,7 +113,7 @@ def request_origin(request):
     """The origin of the page that made the request: its ``Origin`` header (every browser sends
     one on a request to another origin); ``OPAQUE_ORIGIN`` for a header that names none ("null",
     or one no browser sends); the site's own only without the header (a page of the site itself)."""
-    header = request.headers.get("Origin")
+    header = request.META.get("HTTP_ORIGIN")
     if header is None:
         return origin(request.build_absolute_uri("/"))
     return origin(header) or OPAQUE_ORIGIN

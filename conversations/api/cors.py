@@ -65,7 +65,7 @@ def page_origin_allowed(page_origin, assistant=None, *, any_assistant=False):
 
 
 def is_preflight(request):
-    return request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers
+    return request.method == "OPTIONS" and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in request.META
 
 
 class CorsMixin:
@@ -91,8 +91,11 @@ class CorsMixin:
 
     @classmethod
     def add_cors_headers(cls, request, response, preflight):
-        patch_vary_headers(response, ["Origin"])
-        page_origin = origin(request.headers.get("Origin", ""))
+        if response.has_header("Vary"):
+            patch_vary_headers(response, ["Origin"])
+        else:  # the common case, a poll's: nothing to merge with
+            response.headers["Vary"] = "Origin"
+        page_origin = origin(request.META.get("HTTP_ORIGIN", ""))
         if not page_origin or page_origin == origin(request.build_absolute_uri("/")):
             return  # the site's own page, or no browser's cross-origin request
         if not (cls.cors_any_origin or page_origin_allowed(page_origin, any_assistant=True)):

@@ -127,7 +127,7 @@ class TurnDetailView(PollMissLimit, CorsMixin, LoginNotRequiredMixin, RedisDownM
     def respond(request, data):
         """The state as JSON with its ETag, or ``304`` when the caller already has this version."""
         etag = f'"{data["id"]}-{data["version"]}"'
-        if etag in request.headers.get("If-None-Match", ""):
+        if etag in request.META.get("HTTP_IF_NONE_MATCH", ""):
             response = HttpResponseNotModified()
         else:
             body = json.dumps(public_state(data), cls=encoders.JSONEncoder, ensure_ascii=False, separators=(",", ":"))

@@ -29,6 +29,9 @@ register_converter(AnyUUIDConverter, "anyuuid")
 app_name = "conversations"
 
 urlpatterns = [
+    # First: every widget polls it while a turn runs, and Django tries the patterns in order.
+    path("conversations/<anyuuid:conversation_id>/turns/<anyuuid:turn_id>/", poll.TurnDetailView.as_view(),
+         name="turn-detail"),
     path("widget-token/", tokens.WidgetTokenView.as_view(), name="widget-token"),
     path("conversations/", views.ConversationListView.as_view(), name="conversation-list"),
     path("conversations/<anyuuid:conversation_id>/", views.ConversationDetailView.as_view(),
@@ -37,8 +40,6 @@ urlpatterns = [
     path("conversations/<anyuuid:conversation_id>/handoff/back/", handoff.HandoffBackView.as_view(),
          name="handoff-back"),
     path("conversations/<anyuuid:conversation_id>/turns/", views.TurnListView.as_view(), name="turn-list"),
-    path("conversations/<anyuuid:conversation_id>/turns/<anyuuid:turn_id>/", poll.TurnDetailView.as_view(),
-         name="turn-detail"),
     path("conversations/<anyuuid:conversation_id>/turns/<anyuuid:turn_id>/cancel/", views.TurnCancelView.as_view(),
          name="turn-cancel"),
     path("conversations/<anyuuid:conversation_id>/turns/<anyuuid:turn_id>/rating/", ratings.RatingView.as_view(),

@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 
 from .. import assistants
 from ..core import pricing
-from ..infra import queue, state, telemetry
+from ..infra import dbconn, queue, state, telemetry
 from ..conf import get_config
 from ..models import Conversation, Message, ToolApproval, Turn
 from ..redaction import scrub_text
@@ -72,8 +72,8 @@ def start(lock, content, *, admit=ensure_idle, idempotency_key=""):
     In one transaction: ``lock()`` returns the conversation with its row locked
     (``select_for_update``); ``admit(conversation)`` refuses by raising (the default,
     ``ensure_idle``, raises ``TurnActive``) or returns an existing turn to answer with instead;
-    then ``create()``. After the commit the turn's first state is published; should that fail,
-    the poll view rebuilds it from the database.
+    then ``create()``. After the commit the turn's first state is published, unless its job has
+    published one already; should that fail, the poll view rebuilds it from the database.
 
     Returns ``(turn, created)``. ``created`` is False for the turn ``admit`` returned, and for
     the turn another request with the same ``idempotency_key`` saved first (the unique
@@ -90,7 +90,10 @@ def start(lock, content, *, admit=ensure_idle, idempotency_key=""):
                                           "conversations.assistant": assistant_label(turn),
                                           "messaging.message.id": turn.job_id})
     try:
-        state.publish(state.state_from_db(turn, [message]))
+        # Only as the turn's first state: its job may have run the whole turn already (a web
+        # process held up a moment after the commit, an idle worker), and a queued state landing
+        # over its states would show the turn queued until QUEUE_WAIT.
+        state.publish(state.state_from_db(turn, [message]), first=True)
     except RedisError:
         logger.exception("Could not publish the queued state of turn %s", turn.id)
     queue.warn_if_unattended(turn)
@@ -285,7 +288,8 @@ def claim(turn, **fields):
     columns: the runner's clocks) in the same UPDATE, if it is still queued. Returns whether the
     job may run it (False: it was stopped or ended while it waited, see ``end_unclaimed``)."""
     fields = {"status": Turn.Status.RUNNING, "started_at": timezone.now(), **fields}
-    claimed = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(**fields)
+    with dbconn.step():
+        claimed = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(**fields)
     if claimed:
         for name, value in fields.items():
             setattr(turn, name, value)

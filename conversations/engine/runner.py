@@ -54,11 +54,12 @@ class TurnRunner:
 
     ``clock`` a ``TurnClock``; ``provider`` a ``BaseProvider`` (built from the config when
     None); ``tools`` {name: Tool}; ``publisher`` the function that writes the live state (and its
-    growing answers, which otherwise go through ``state.publish_board``); ``trace`` the job's
-    ``telemetry.JobTrace`` (None: no spans), which gets one span for each call record saved.
+    growing answers, which otherwise go through ``state.publish_board``), instead of
+    ``state.publish_step``; ``trace`` the job's ``telemetry.JobTrace`` (None: no spans), which gets
+    one span for each call record saved.
     """
 
-    publisher = staticmethod(state.publish)
+    publisher = None
     stream_publisher = staticmethod(state.publish_board.offer)
 
     def __init__(self, turn, *, clock, config, provider=None, tools=None, publisher=None, trace=None):
@@ -94,6 +95,8 @@ class TurnRunner:
         self.streamed_at = 0.0  # when its growing text was last published (time.monotonic)
         self.streamed_shown = 0  # how many of its pieces that publish held
         self.prompt_chars = 0  # the size of the last call's messages, for a usage estimate
+        self.published = None  # what its last publish wrote and read (``state.publish_step``)
+        self.stop_known = False  # whether ``published.stop`` is still what a look at the flags would read
 
     # -- records -------------------------------------------------------------------------
 
@@ -142,8 +145,9 @@ class TurnRunner:
         it while this one was frozen or taken for dead (the first writer wins)."""
         if not lease.fence():
             raise _Superseded()
+        self.stop_known = False
         try:
-            with transaction.atomic():
+            with dbconn.step():
                 self.save_records()
                 if not unended(self.turn.pk, job_id=self.job_id).update(**{f: getattr(self.turn, f)
                                                                            for f in turn_fields}):
@@ -176,7 +180,20 @@ class TurnRunner:
         if not self.first_word_seen and data["messages"] and data["messages"][-1]["role"] == Message.Role.ASSISTANT \
                 and data["messages"][-1]["content"]:
             self.note_first_word()
-        return self.publisher(data)
+        if self.publisher is not None:
+            return self.publisher(data)
+        self.published = state.publish_step(data, self.published)
+        self.stop_known = not done
+        return self.published.state
+
+    def stop_requested(self):
+        """The ``Stop`` asked of this turn's job (``state.stop_requested``): as its last publish read
+        it in the same round trip when nothing was saved since (the look would be the same moment),
+        else read now."""
+        if self.stop_known:
+            self.stop_known = False
+            return self.published.stop
+        return state.stop_requested(self.turn.id)
 
     def note_first_word(self):
         """The visitor sees the answer's first word now: measure the time since they sent their message."""
@@ -403,7 +420,7 @@ class TurnRunner:
             if ended:
                 return ended
         for _step in range(cfg["MAX_STEPS"] - self.turn.model_calls):
-            ended = self.stop_for(state.stop_requested(self.turn.id))
+            ended = self.stop_for(self.stop_requested())
             if ended:
                 return ended
             ensure_call_budget(self.budget, cfg["MIN_CALL_BUDGET"], turn_id=str(self.turn.id), name=self.model_name,
@@ -459,7 +476,7 @@ class TurnRunner:
         waiting = []  # the calls that wait for a person's approval
         try:
             for number, call in enumerate(calls):
-                ended = self.stop_for(state.stop_requested(self.turn.id))
+                ended = self.stop_for(self.stop_requested())
                 if ended:
                     return ended
                 tool = self.tools.get(call.name)

@@ -9,9 +9,10 @@ next query opens one again, or takes one from Django's pool (PostgreSQL's ``"poo
 SQLite's connections, which hold no server process, are kept.
 """
 
+import contextlib
 import contextvars
 
-from django.db import connections
+from django.db import connections, transaction
 
 _release = contextvars.ContextVar("conversations_release_connections_between_steps", default=False)
 _on_wait = contextvars.ContextVar("conversations_on_wait", default=None)
@@ -38,3 +39,24 @@ def release():
     for connection in connections.all(initialized_only=True):
         if not connection.in_atomic_block and connection.vendor != "sqlite":
             connection.close()
+
+
+@contextlib.contextmanager
+def step():
+    """``transaction.atomic()`` for a running turn's own intermediate writes (its claim, each saved
+    round-trip), whose commit need not wait for the disk: on PostgreSQL ``synchronous_commit`` is
+    off for this transaction only (``SET LOCAL``). Its rows are visible to every other session at
+    the commit, as ever, and a killed worker loses none of them; only a crash of the database
+    server itself may lose the last fraction of a second of such commits, never leaving the
+    database inconsistent (a turn whose server crashed fails with it: the dead-job net ends it).
+    Each commit waited for a disk flush, milliseconds on an ordinary disk, more than the whole of
+    the round-trip's own statements; a turn makes one per round-trip. SQLite's counterpart is the
+    write-ahead log with ``synchronous=NORMAL`` of the demo's settings (docs/deployment.md). The
+    final write keeps the site's own setting, and so does a transaction this one is nested in."""
+    connection = transaction.get_connection()
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if outermost and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        yield

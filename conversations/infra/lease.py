@@ -8,15 +8,18 @@ so a renewal and a declaration never both succeed: either the renewal came first
 lives on, or the declaration came first and every later renewal fails. A process whose renewal
 fails has lost its turns to continuations and must stop them quietly (``lost``).
 
-Keys: ``conversations:lease:<worker>`` (the lease, its value the epoch of its last renewal),
-``conversations:lease:<worker>:dead`` (the declaration, kept a day), and the hash
-``conversations:leases`` (every holder not yet reaped, with when it was last seen).
+Keys, each naming the turns' queue (``QUEUE``), as RQ's own keys do, so that two sites sharing
+one Redis database never reap each other's workers: ``conversations:lease:<queue>:<worker>``
+(the lease, its value the epoch of its last renewal), ``conversations:lease:<queue>:<worker>:dead``
+(the declaration, kept a day), and the hash ``conversations:leases:<queue>`` (every holder not yet
+reaped, with when it was last seen).
 """
 
 import threading
 import time
 
-HOLDERS = "conversations:leases"
+from ..conf import get_config
+
 # The lease lives TTL seconds and is renewed every BEAT: a process is taken for dead TTL − BEAT to
 # TTL seconds after its last renewal, and only after a freeze of nearly TTL seconds (a SIGSTOP, a
 # stalled host) while it lives. A renewal is one Redis round trip from a thread of its own, which
@@ -74,16 +77,24 @@ return 1
 """
 
 
+def _queue():
+    return get_config()["QUEUE"]
+
+
+def holders_key():
+    return f"conversations:leases:{_queue()}"
+
+
 def lease_key(name):
-    return f"conversations:lease:{name}"
+    return f"conversations:lease:{_queue()}:{name}"
 
 
 def dead_key(name):
-    return f"conversations:lease:{name}:dead"
+    return f"{lease_key(name)}:dead"
 
 
 def _keys(name):
-    return lease_key(name), dead_key(name), HOLDERS
+    return lease_key(name), dead_key(name), holders_key()
 
 
 def renew(connection, name):
@@ -103,7 +114,7 @@ def release(connection, name):
     _set_held(None)
     with connection.pipeline() as pipeline:
         pipeline.delete(lease_key(name))
-        pipeline.hdel(HOLDERS, name)
+        pipeline.hdel(holders_key(), name)
         pipeline.execute()
 
 
@@ -117,7 +128,7 @@ def declare_dead(connection, name):
 
 def holders(connection):
     """``{worker name: when it last renewed its lease (epoch s)}`` for every holder not yet reaped."""
-    return {_text(name): float(seen) for name, seen in connection.hgetall(HOLDERS).items()}
+    return {_text(name): float(seen) for name, seen in connection.hgetall(holders_key()).items()}
 
 
 def expired(connection, names):
@@ -131,7 +142,7 @@ def expired(connection, names):
 
 def reaped(connection, name):
     """Forget dead worker ``name`` once its turns were continued or ended (its declaration stays)."""
-    connection.hdel(HOLDERS, name)
+    connection.hdel(holders_key(), name)
 
 
 def claim_reaping(connection, name, seconds=30):

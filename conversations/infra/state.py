@@ -17,6 +17,7 @@ import threading
 import time
 from enum import StrEnum
 from importlib import import_module
+from typing import NamedTuple
 
 from django.conf import settings
 from django.core.cache import caches
@@ -67,11 +68,24 @@ def read_with_session(turn_id, request):
     session_key = request.COOKIES.get(settings.SESSION_COOKIE_NAME)
     if settings.SESSION_ENGINE != _CACHE_SESSIONS or settings.SESSION_CACHE_ALIAS != alias or not session_key:
         return read(turn_id), request.session
-    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    # The request's own session (SessionMiddleware's, not loaded yet), else one made here.
+    store = getattr(request, "session", None)
+    if store is None or store.session_key != session_key:
+        store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
     if store.session_key is None:  # a malformed cookie: no session
         return read(turn_id), {}
-    found = _cache().get_many([state_key(turn_id), store.cache_key])
-    return found.get(state_key(turn_id)), found.get(store.cache_key) or {}
+    cache = _cache()
+    raw = _redis(cache, get_config()["STATE_TTL"], state_key(turn_id), store.cache_key)
+    if raw is None:
+        found = cache.get_many([state_key(turn_id), store.cache_key])
+        turn_state, data = found.get(state_key(turn_id)), found.get(store.cache_key)
+    else:  # the MGET get_many makes, without its per-key bookkeeping: every widget polls here
+        client, keys = raw
+        loads = cache._cache._serializer.loads
+        turn_state, data = (None if value is None else loads(value) for value in client.mget(keys))
+    if data is not None and store is getattr(request, "session", None) and not store.accessed:
+        store._session_cache = data  # what it would load: a later read of the session asks Redis no more
+    return turn_state, data or {}
 
 
 def read_auth_stamp(user_id):
@@ -88,8 +102,10 @@ def forget_auth_stamp(user_id):
     _cache().delete(auth_stamp_key(user_id))
 
 
-def publish(state):
+def publish(state, *, first=False):
     """Write ``state`` (a dict with at least ``id``) with the next version; return the written dict.
+    ``first``: only if the turn has no state yet (the POST's queued state, which its job may have
+    overtaken); the dict is returned either way.
 
     A state names its conversation's owner as the cache last heard of it (``owners_changed``), not
     as its writer loaded it: a visitor who logs in while the turn runs makes the conversation
@@ -97,10 +113,10 @@ def publish(state):
     A growing answer of the same turn that this process's ``publish_board`` holds is dropped first,
     or waited for if it is being written: it never lands after this newer state."""
     publish_board.withdraw(state["id"])
-    return _write([state])[0]
+    return _write([state], first=first)[0]
 
 
-def _write(states):
+def _write(states, *, first=False):
     """Write each of ``states`` (of different turns) with its turn's next version and recorded
     owner; return the written dicts. On Django's Redis backend in two round trips however many
     there are: the versions and owners (``_next_versions``), then the states."""
@@ -117,14 +133,87 @@ def _write(states):
     raw = _redis(cache, ttl, *(state_key(data["id"]) for data in written))
     if raw is None:
         for data in written:
-            cache.set(state_key(data["id"]), data, timeout=ttl)
+            (cache.add if first else cache.set)(state_key(data["id"]), data, timeout=ttl)
         return written
     client, keys = raw
     with client.pipeline(transaction=False) as pipeline:
         for key, data in zip(keys, written):
-            pipeline.set(key, cache._cache._serializer.dumps(data), ex=ttl)
+            pipeline.set(key, cache._cache._serializer.dumps(data), ex=ttl, nx=first)
         pipeline.execute()
     return written
+
+
+class Published(NamedTuple):
+    """What ``publish_step`` wrote and read: the state as written, the ``Stop`` its turn's job is
+    asked for as read in the same round trip, and its conversation's recorded owner as stored
+    (bytes, or None when none is recorded), which the next ``publish_step`` of the turn compares."""
+
+    state: dict
+    stop: "Stop | None"
+    owner: bytes | None
+
+
+# KEYS: the turn's version counter, its conversation's recorded owner, its cancel and handoff
+# flags, its state; ARGV: the version the state was serialised with ("" when not known), the state
+# so serialised, the TTL, the recorded owner it was serialised with ("" for none). The state is
+# written only if it names the version the counter gives it and the owner still recorded: then
+# the publish took one round trip; else the caller writes it again with the version and owner
+# returned (the version is taken either way: versions only ever grow).
+_PUBLISH_STEP = """
+local version = redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+local owner = redis.call('GET', KEYS[2])
+local written = 0
+if version == tonumber(ARGV[1]) and (owner or '') == ARGV[4] then
+  redis.call('SET', KEYS[5], ARGV[2], 'EX', ARGV[3])
+  written = 1
+end
+return {written, version, owner, redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4])}
+"""
+
+
+def publish_step(data, last=None):
+    """``publish`` for a running turn's job, which publishes after every round-trip, and reads the
+    turn's stop flags (``stop_requested``) in the same round trip; returns a ``Published``.
+
+    Given ``last``, what this job's previous ``publish_step`` of the turn returned, the state is
+    serialised with the next version and the owner recorded then, and the write is one round trip
+    (a Lua script: the counter's next version, the owner, the flags, and the write if both are as
+    expected); two when another writer took a version meanwhile (a growing answer, the poll view's
+    repair) or the conversation changed hands, as for the first publish of a job. On a cache
+    backend other than Redis: ``publish`` and ``stop_requested``."""
+    publish_board.withdraw(data["id"])
+    if not lease.fence():
+        return Published(_write([data])[0], None, None)  # (not written: see ``_write``)
+    turn_id = data["id"]
+    cache, ttl = _cache(), get_config()["STATE_TTL"]
+    raw = _redis(cache, ttl, _version_key(turn_id), owner_key(data.get("conversation")), cancel_key(turn_id),
+                 handoff_key(turn_id), state_key(turn_id))
+    if raw is None:
+        return Published(_write([data])[0], stop_requested(turn_id), None)
+    client, keys = raw
+    serializer = cache._cache._serializer
+    expected = last.state["version"] + 1 if last is not None and last.state.get("version") is not None else None
+    recorded = last.owner if expected is not None else None
+    written = _stamped(data, expected, recorded, serializer)
+    blob = serializer.dumps(written) if expected is not None else ""
+    landed, version, owner, cancel, handoff = client.eval(_PUBLISH_STEP, 5, *keys, "" if expected is None else expected,
+                                                          blob, ttl, recorded or "")
+    if not landed:
+        written = _stamped(data, version, owner, serializer)
+        client.set(keys[4], serializer.dumps(written), ex=ttl)
+    stop = Stop.CANCEL if cancel and serializer.loads(cancel) else (
+        Stop.HANDOFF if handoff and serializer.loads(handoff) else None)
+    return Published(written, stop, owner)
+
+
+def _stamped(data, version, owner, serializer):
+    """``data`` as written with ``version`` and the recorded ``owner`` (stored bytes, or None: the
+    state's own)."""
+    stamped = {**data, "version": version, "updated_at": time.time()}
+    if owner is not None:
+        stamped["owner"] = serializer.loads(owner)
+    return stamped
 
 
 def owners_changed(conversations):

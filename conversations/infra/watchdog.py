@@ -9,6 +9,7 @@ no thread per attempt: two threads of the process serve every watchdog in it (``
 """
 
 import contextvars
+import functools
 import os
 import socket
 import threading
@@ -306,7 +307,14 @@ def environment_settings(url):
 
     ``requests`` looks these up on every call, scanning the whole environment each time, and
     also reads ``~/.netrc``, whose credentials it would send as an ``Authorization`` header
-    over the API key's; a turn looks the environment up once per URL and never reads netrc.
+    over the API key's; a process looks the environment up once per URL (a change to it is
+    taken, as any setting, by a restart) and never reads netrc.
     """
+    proxies, verify = _environment_for(url)
+    return {"proxies": dict(proxies), "verify": verify}
+
+
+@functools.lru_cache(maxsize=256)
+def _environment_for(url):
     found = requests.Session().merge_environment_settings(url, {}, None, None, None)
-    return {"proxies": found["proxies"], "verify": found["verify"]}
+    return tuple(found["proxies"].items()), found["verify"]

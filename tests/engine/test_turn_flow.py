@@ -221,3 +221,36 @@ def test_an_idle_worker_process_starts_a_turn_at_once_and_leaves_at_once_when_st
     process.terminate()
     process.wait(timeout=90)
     assert time.monotonic() - stopped < 8
+
+
+def test_a_web_process_slow_to_publish_the_queued_state_never_hides_the_answer(worker_process, monkeypatch,
+                                                                                 conversations_settings):
+    """On a loaded machine the web process that saved a turn may be held up between its commit and
+    its publish of the turn's first (queued) state, while an idle ConcurrentWorker runs the whole
+    turn in milliseconds. That late queued state must not land over the answer: the widget reads
+    the answer within moments, not a queued turn until QUEUE_WAIT."""
+    from rq import Worker as RQWorker
+
+    from conversations.infra import state
+    from conversations.infra.queue import get_queue
+    from tests.support.helpers import CONCURRENT, poll_until_done, wait_for
+
+    conversations_settings.update(QUEUE_WAIT=30)
+    worker_process(1, worker_class=CONCURRENT)
+    wait_for(lambda: RQWorker.count(queue=get_queue()) == 1, what="the worker to register")
+    published = state.publish
+
+    def held_up(data, **kwargs):
+        if data["status"] == Turn.Status.QUEUED:
+            time.sleep(2)  # the turn takes a few milliseconds once its job has started
+        return published(data, **kwargs)
+
+    monkeypatch.setattr(state, "publish", held_up)
+    client = make_client()
+    turn = start_turn(client, "Hello?")
+    monkeypatch.undo()
+
+    answered = time.monotonic()
+    final = poll_until_done(client, turn["poll_url"], timeout=30)
+    assert final["status"] == "completed"
+    assert time.monotonic() - answered < 5  # a few milliseconds unloaded; slack for a busy machine

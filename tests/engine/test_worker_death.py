@@ -4,13 +4,18 @@ them; one that was only frozen (SIGSTOP) past its lease wakes to find its turns 
 them without writing a thing. Real ``manage.py rqworker`` processes, real Redis, fake provider
 servers on 127.0.0.1."""
 
+import io
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import django_rq
 import pytest
 from django.core.cache import cache
+from django.core.management import call_command
+from rq import Worker as RQWorker
 
 from conversations.engine.worker import REAP_INTERVAL
 from conversations.infra import lease
@@ -18,7 +23,8 @@ from conversations.models import CallRecord, Message, Turn
 from conversations.tools import tool
 from tests.support.fake_stream import openai_stream, streaming
 from tests.support.fakes import FakeProvider, hang, openai_text, openai_tool_calls
-from tests.support.helpers import CONCURRENT, api_post, make_client, poll_until_done, start_turn, wait_for
+from tests.support.helpers import (CONCURRENT, ROOT, api_post, make_client, poll_until_done, start_turn, wait_for,
+                                   worker_env)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -185,3 +191,46 @@ def test_a_process_busy_with_a_cpu_bound_tool_past_its_lease_is_not_taken_for_de
     turn = Turn.objects.get(pk=posted["id"])
     assert turn.resumes == 0 and not CallRecord.objects.filter(turn=turn, kind="resume").exists()
     assert len(fake.requests) == 2 and victim.poll() is None
+
+
+def test_a_site_sharing_the_redis_database_never_reaps_this_sites_dead_worker(worker_process, conversations_settings,
+                                                                             settings):
+    """Two sites on one Redis database, each with its own queue (``QUEUE``): the shop's process is
+    SIGKILLed while the other site's ConcurrentWorker looks for dead processes twice a second. The
+    other site leaves it alone: the shop's operator (and the shop's reapers, which continue its
+    turns) still see it dead, and the other site's operator never sees it at all. Before leases
+    named their queue, the other site's reaper took it for one of its own, found none of its jobs
+    in its own queue and struck it off the list both sites shared."""
+    queues = {**settings.RQ_QUEUES}
+
+    def as_site(queue):
+        conversations_settings.update(QUEUE=queue)
+        settings.RQ_QUEUES = {**queues, queue: queues["default"]}
+
+    worker_process(1, worker_class=CONCURRENT)  # the other site's, on "default"
+    shop = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "rqworker", "shop", "--worker-class", CONCURRENT],
+                            env=worker_env(QUEUE="shop"), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        as_site("shop")
+        connection = django_rq.get_connection("shop")
+        wait_for(lambda: RQWorker.all(queue=django_rq.get_queue("shop")), timeout=30, what="the shop's worker")
+        (name,) = [worker.name for worker in RQWorker.all(queue=django_rq.get_queue("shop"))]
+        wait_for(lambda: name in lease.holders(connection), timeout=30, what="the shop's lease")
+        as_site("default")
+        wait_for(lambda: set(lease.holders(connection)) - {name}, timeout=30, what="the other site's lease")
+    finally:
+        os.kill(shop.pid, signal.SIGKILL)
+        shop.wait(5)
+    time.sleep(lease.TTL + 4 * REAP_INTERVAL)  # the other site's reaper has looked several times since
+
+    assert name not in worker_status()  # the other site's operator sees only its own process
+    as_site("shop")
+    assert f"{name}  dead (lease expired)" in worker_status()  # as the shop's operator sees it
+    assert list(lease.holders(connection)) == [name]  # still there for the shop's reapers to continue its turns
+
+
+def worker_status():
+    out = io.StringIO()
+    call_command("worker_status", stdout=out)
+    return out.getvalue()

@@ -19,12 +19,12 @@ def held_writes(monkeypatch):
     batches, writing, release = [], threading.Event(), threading.Event()
     write = state._write
 
-    def recorded(states):
+    def recorded(states, **kwargs):
         batches.append([(data["id"], data["messages"][0]["content"]) for data in states])
         if len(batches) == 1:
             writing.set()
             release.wait(10)
-        return write(states)
+        return write(states, **kwargs)
 
     monkeypatch.setattr(state, "_write", recorded)
     return batches, writing, release

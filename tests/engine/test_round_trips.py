@@ -1,0 +1,149 @@
+"""What a running turn asks of Redis per round trip: one publish, with its stop flags read in the
+same round trip. Real Redis (its own command counts), the turn's real loop and database, a model
+in process (no HTTP call, whose watchdog would read the flags on its own)."""
+
+import pytest
+
+from conversations.core.budget import TurnClock
+from conversations.core.types import Finish, ModelReply, ToolCall
+from conversations.engine.runner import TurnRunner
+from conversations.infra import state
+from conversations.models import Conversation, Message, Turn
+from conversations.providers import BaseProvider
+from conversations.tools import tool
+
+pytestmark = pytest.mark.django_db
+
+
+STOP_DURING_TOOL = []  # the turn whose visitor presses Stop while the tool runs
+
+
+@tool
+def look_up(query: str) -> str:
+    """Looks ``query`` up; the visitor of a turn in ``STOP_DURING_TOOL`` presses Stop meanwhile."""
+    for turn_id in STOP_DURING_TOOL:
+        state.request_cancel(turn_id)
+    return f"found {query}"
+
+
+class TwoStepModel(BaseProvider):
+    """Asks for ``look_up`` on its first call, answers on its second."""
+
+    name = "scripted"
+
+    def __init__(self):
+        super().__init__({})
+        self.calls = 0
+
+    def complete(self, messages, tools):
+        self.calls += 1
+        if self.calls == 1:
+            return ModelReply(tool_calls=[ToolCall("c1", "look_up", {"query": "refunds"})], finish=Finish.TOOL_CALLS)
+        return ModelReply(text="Refunds take 30 days.")
+
+
+def count_round_trips(monkeypatch):
+    """Count each request this process sends Redis (a pipeline or a script is one), by command."""
+    from redis.connection import AbstractConnection
+
+    sent = []
+    original = AbstractConnection.send_packed_command
+
+    def send(self, command, *args, **kwargs):
+        first = command[0] if isinstance(command, list) else command
+        sent.append(bytes(first).split(b"\r\n")[2].decode().lower())  # the first command's name
+        return original(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", send)
+    return sent
+
+
+def run_turn(conversations_settings):
+    from conversations.conf import get_config
+
+    conversations_settings.update(TOOLS=[f"{__name__}.look_up"], STREAM=False)
+    conversation = Conversation.objects.create(owner_token="t")
+    turn = Turn.objects.create(conversation=conversation)
+    Message.objects.create(conversation=conversation, turn=turn, role="user", content="How do refunds work?")
+    model = TwoStepModel()
+    runner = TurnRunner(turn, clock=TurnClock(60, 10), config=get_config(), provider=model)
+    return turn, model, runner
+
+
+def test_each_round_trip_is_one_redis_round_trip_that_also_reads_the_stop_flags(conversations_settings,
+                                                                                 monkeypatch):
+    """Three round trips (a call asking for a tool, the tool, the answer) publish four states
+    (running, two steps, the final one): the first in two Redis round trips (its version is not
+    known yet), each later one in one, and no look of its own at the stop flags before a call or a
+    tool."""
+    turn, model, runner = run_turn(conversations_settings)
+    sent = count_round_trips(monkeypatch)
+    runner.run()
+    monkeypatch.undo()
+
+    final = state.read(turn.id)
+    assert (final["done"], final["status"], final["version"]) == (True, "completed", 4)
+    assert [m["content"] for m in final["messages"]][-1] == "Refunds take 30 days."
+    assert model.calls == 2
+    assert sorted(sent) == ["eval"] * 4 + ["set"], sent  # four scripts, and the first state written again
+
+
+def test_a_stop_pressed_during_a_tool_ends_the_turn_before_the_next_model_call(conversations_settings):
+    """The flags a publish read are the ones the next look would: a Stop pressed while a tool runs
+    is seen right after its row is saved, and the model is not called again."""
+    turn, model, runner = run_turn(conversations_settings)
+    STOP_DURING_TOOL.append(str(turn.id))
+    try:
+        runner.run()
+    finally:
+        STOP_DURING_TOOL.clear()
+
+    final = state.read(turn.id)
+    assert (final["done"], final["status"]) == (True, "cancelled")
+    assert model.calls == 1
+    assert [m["role"] for m in final["messages"]] == ["user", "assistant", "tool"]
+
+
+def test_a_version_taken_by_another_writer_meanwhile_is_never_reused(conversations_settings):
+    """Another writer (the poll view's repair, a growing answer) takes a version between two of
+    the job's publishes: the job's next state gets a newer one, never the same number twice."""
+    turn, model, runner = run_turn(conversations_settings)
+    runner.start()
+    first = state.read(turn.id)["version"]
+    taken = state.publish({**state.read(turn.id), "resuming": False})["version"]
+    runner.publish()
+
+    assert taken == first + 1
+    assert state.read(turn.id)["version"] == taken + 1
+
+
+@pytest.mark.django_db(transaction=True)  # a transaction of its own, as in a worker (not inside a test's)
+def test_a_turns_own_round_trip_commits_do_not_wait_for_the_disk(conversations_settings):
+    """A turn commits after every round-trip, and each commit that waited for a disk flush cost
+    milliseconds, more than the round-trip's own statements: inside a step's transaction the
+    database does not wait (PostgreSQL: ``synchronous_commit`` off for that transaction only;
+    SQLite: the demo's write-ahead log with ``synchronous=NORMAL``), and outside it every other
+    commit of the site is as the site set it."""
+    from django.db import connection
+
+    from conversations.infra import dbconn
+
+    def setting():
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SHOW synchronous_commit")
+                return cursor.fetchone()[0]
+            cursor.execute("PRAGMA journal_mode")
+            journal = cursor.fetchone()[0]
+            cursor.execute("PRAGMA synchronous")
+            return journal, cursor.fetchone()[0]
+
+    site = setting()
+    with dbconn.step():
+        inside = setting()
+    after = setting()
+
+    if connection.vendor == "postgresql":
+        assert (site, inside, after) == ("on", "off", "on")
+    else:
+        assert inside == site == after == ("wal", 1)  # 1: NORMAL, no flush at a commit in WAL mode
