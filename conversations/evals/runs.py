@@ -1,0 +1,177 @@
+"""Test runs: each question of a test set asked as a real turn, through the site's workers and
+under the same clocks as a visitor's, of the live assistant and (optionally) a draft, at most
+``concurrency`` turns at a time and within a cost limit; each answer scored (``scoring``).
+
+Nothing here blocks on a turn: ``advance(run)`` scores the turns that ended, starts the next
+ones the limits allow and ends the run when every question has a result. ``manage.py
+run_test_set`` calls it until the run ends; the admin's run page calls it when shown. A turn
+whose worker died is ended by the worker's parent or the poll view's repair as any turn is, and
+then scored as failed: no question is left without a result.
+"""
+
+import logging
+import secrets
+from decimal import Decimal
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from redis.exceptions import RedisError
+
+from ..engine import lifecycle
+from ..infra import state
+from ..models import Conversation, Message, Turn
+from .models import TestQuestion, TestResult, TestRun
+from .scoring import score
+
+logger = logging.getLogger("conversations.evals")
+
+# The user a signed-in question's conversation belongs to: no password, no staff flag.
+TEST_VISITOR = "conversations-test-visitor"
+
+
+def start_run(test_set, *, draft=None, concurrency=2, max_cost=None, user=None):
+    """Create a run of ``test_set`` (against ``draft`` too, when given) with a pending result per
+    question and side, and start its first turns. Returns the run."""
+    if draft is not None and draft.assistant_id != test_set.assistant_id:
+        raise ValueError("the draft is not of the test set's assistant")
+    with transaction.atomic():
+        run = TestRun.objects.create(test_set=test_set, draft=draft, concurrency=max(1, concurrency),
+                                     max_cost=max_cost, started_by=user)
+        sides = [TestResult.Side.LIVE] + ([TestResult.Side.DRAFT] if draft is not None else [])
+        TestResult.objects.bulk_create([TestResult(run=run, question=q, side=side)
+                                        for q in test_set.questions.all() for side in sides])
+    advance(run)
+    return run
+
+
+def advance(run):
+    """Score what ended, start what the limits allow, end the run when nothing is left. Returns
+    the run, refreshed. Safe to call from several processes at once (the run's row is locked)."""
+    for result in run.results.filter(scored=False, turn__status__in=Turn.DONE_STATUSES).select_related(
+            "turn", "question"):
+        record(result)
+    with transaction.atomic():
+        run = TestRun.objects.select_for_update().get(pk=run.pk)
+        if run.status != TestRun.Status.RUNNING:
+            return run
+        pending = list(run.results.filter(turn__isnull=True).select_related("question").order_by(
+            "question__position", "question_id", "side"))
+        in_flight = run.results.filter(turn__status__in=Turn.ACTIVE_STATUSES).count()
+        over_budget = run.max_cost is not None and spent(run) >= run.max_cost
+        if over_budget:
+            pending = []
+        # the turns of one run are never more than ``concurrency`` at once (queued or running)
+        started = [ask(run, result) for result in pending[:max(0, run.concurrency - in_flight)]]
+        waiting = run.results.filter(scored=False, turn__isnull=False).exists()
+        if not started and not waiting and (over_budget or not run.results.filter(turn__isnull=True).exists()):
+            # Past the cost limit, the questions not asked stay without a result: stopped, not finished.
+            run.status = TestRun.Status.STOPPED if over_budget else TestRun.Status.FINISHED
+            run.finished_at = timezone.now()
+            run.save(update_fields=["status", "finished_at"])
+    for turn in started:
+        try:
+            state.publish(state.state_from_db(turn))
+        except RedisError:
+            logger.exception("Could not publish the queued state of turn %s", turn.id)
+    return run
+
+
+def unfinished(run):
+    """Whether ``run`` still runs or has turns to score (a stopped run's last turns ending)."""
+    run.refresh_from_db()
+    return run.status == TestRun.Status.RUNNING or run.results.filter(scored=False, turn__isnull=False).exists()
+
+
+def spent(run):
+    return run.results.aggregate(total=Sum("turn__cost"))["total"] or Decimal(0)
+
+
+def test_visitor():
+    model = get_user_model()
+    user, created = model._default_manager.get_or_create(**{model.USERNAME_FIELD: TEST_VISITOR})
+    if created:
+        user.set_unusable_password()
+        user.save()
+    return user
+
+
+def ask(run, result):
+    """Start ``result``'s question as a turn in a conversation of its own (the run's, never a
+    visitor's), after its earlier messages. Call inside the run's transaction; returns the turn."""
+    question = result.question
+    signed_in = question.visitor == TestQuestion.Visitor.SIGNED_IN
+    conversation = Conversation.objects.create(
+        assistant_id=run.test_set.assistant_id, internal=True, user=test_visitor() if signed_in else None,
+        owner_token="" if signed_in else secrets.token_urlsafe(32))
+    for earlier in question.earlier_messages or []:
+        if isinstance(earlier, dict) and earlier.get("role") in ("user", "assistant"):
+            Message.objects.create(conversation=conversation, role=earlier["role"],
+                                   content=str(earlier.get("content", "")))
+    draft = run.draft if result.side == TestResult.Side.DRAFT else None
+    turn, _message = lifecycle.create(conversation, question.question, draft=draft)
+    result.turn = turn
+    result.save(update_fields=["turn"])
+    return turn
+
+
+def record(result):
+    """Score ``result``'s ended turn and keep its version, time and cost."""
+    turn = result.turn
+    result.checks = score(result.question, turn)
+    result.passed = all(c["passed"] for c in result.checks)
+    result.version_id = turn.assistant_version_id
+    result.seconds = turn.duration
+    result.cost = turn.cost
+    result.scored = True
+    result.save(update_fields=["checks", "passed", "version", "seconds", "cost", "scored"])
+
+
+def stop(run):
+    """End ``run`` now: no more turns start, and its queued and running turns are stopped (each
+    ends cancelled, and is scored so). Returns the run."""
+    with transaction.atomic():
+        updated = TestRun.objects.filter(pk=run.pk, status=TestRun.Status.RUNNING).update(
+            status=TestRun.Status.STOPPED, finished_at=timezone.now())
+    if updated:
+        for result in run.results.filter(turn__status__in=Turn.ACTIVE_STATUSES).select_related("turn"):
+            try:
+                lifecycle.stop(result.turn, end_orphaned=True)
+            except RedisError:
+                logger.exception("Could not stop turn %s of test run %s", result.turn_id, run.pk)
+    return advance(run)
+
+
+def summary(run):
+    """Per side: questions, answered, passed, pass rate (of all questions), cost, seconds (total
+    and slowest); and the questions whose result differs between the sides."""
+    sides = {}
+    results = list(run.results.select_related("question").order_by("question__position", "question_id"))
+    for side in TestResult.Side.values:
+        rows = [r for r in results if r.side == side]
+        if not rows:
+            continue
+        passed = sum(1 for r in rows if r.passed)
+        sides[side] = {
+            "questions": len(rows), "answered": sum(1 for r in rows if r.scored), "passed": passed,
+            "pass_rate": passed / len(rows),
+            "cost": sum((r.cost for r in rows if r.cost is not None), Decimal(0)),
+            "seconds": sum(r.seconds for r in rows if r.seconds is not None),
+            "slowest": max((r.seconds for r in rows if r.seconds is not None), default=None),
+        }
+    by_question = {}
+    for r in results:
+        by_question.setdefault(r.question_id, {})[r.side] = r
+    changed = [pair["live"].question for pair in by_question.values()
+               if "live" in pair and "draft" in pair and pair["live"].scored and pair["draft"].scored
+               and pair["live"].passed != pair["draft"].passed]
+    return {"sides": sides, "changed": changed}
+
+
+def failed_reasons(result):
+    """The reasons of ``result``'s failed checks, or why it has none."""
+    if not result.scored:
+        return [_("Not run.")]
+    return [c["reason"] for c in result.checks if not c["passed"]]
