@@ -36,7 +36,8 @@ class TestQuestionInline(admin.StackedInline):
 
 
 class TestSetForm(forms.ModelForm):
-    csv_file = forms.FileField(required=False, label=gettext_lazy("add questions from a CSV file"), help_text=gettext_lazy(
+    csv_file = forms.FileField(required=False, label=gettext_lazy("add questions from a CSV file"),
+                               help_text=gettext_lazy(
         "Columns: question, visitor, must_contain, must_not_contain (phrases separated by |), must_cite, "
         "must_use_tool, max_seconds, max_cost, earlier_messages (JSON)."))
 

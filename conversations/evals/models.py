@@ -8,7 +8,8 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Assistant, AssistantVersion, Conversation, Turn
+# By name: conversations.models imports these models (at its end), never the other way round.
+ASSISTANT, VERSION, TURN = "conversations.Assistant", "conversations.AssistantVersion", "conversations.Turn"
 
 # The assistant fields a draft may change: what answers, not who may chat or what the widget shows.
 DRAFT_FIELDS = ("system_prompt", "provider", "model", "base_url", "credential", "tools", "knowledge_sources",
@@ -22,7 +23,7 @@ class TestSet(models.Model):
 
     name = models.SlugField(_("name"), max_length=100, unique=True, help_text=_(
         "What manage.py run_test_set names."))
-    assistant = models.ForeignKey(Assistant, on_delete=models.CASCADE, related_name="test_sets",
+    assistant = models.ForeignKey(ASSISTANT, on_delete=models.CASCADE, related_name="test_sets",
                                   verbose_name=_("assistant"))
     description = models.TextField(_("description"), blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -78,7 +79,7 @@ class AssistantDraft(models.Model):
     never get until it is promoted (``evals.drafts.promote``). Promoting keeps the live values
     it replaced, so that rolling back is one action too."""
 
-    assistant = models.ForeignKey(Assistant, on_delete=models.CASCADE, related_name="drafts",
+    assistant = models.ForeignKey(ASSISTANT, on_delete=models.CASCADE, related_name="drafts",
                                   verbose_name=_("assistant"))
     note = models.CharField(_("what changes"), max_length=200, blank=True)
     changes = models.JSONField(_("changes"), default=dict, blank=True, help_text=_(
@@ -106,6 +107,7 @@ class AssistantDraft(models.Model):
     def applied(self, assistant=None):
         """An unsaved copy of ``assistant`` (by default this draft's, read afresh) with this
         draft's changes over it: what a turn of the draft runs with."""
+        Assistant = self._meta.get_field("assistant").related_model
         base = assistant if assistant is not None else Assistant.objects.get(pk=self.assistant_id)
         copy = Assistant(**{f.attname: getattr(base, f.attname) for f in Assistant._meta.concrete_fields})
         for name, value in (self.changes or {}).items():
@@ -157,8 +159,8 @@ class TestResult(models.Model):
     run = models.ForeignKey(TestRun, on_delete=models.CASCADE, related_name="results")
     question = models.ForeignKey(TestQuestion, on_delete=models.CASCADE, related_name="results")
     side = models.CharField(max_length=5, choices=Side.choices)
-    turn = models.OneToOneField(Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="test_result")
-    version = models.ForeignKey(AssistantVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    turn = models.OneToOneField(TURN, null=True, blank=True, on_delete=models.SET_NULL, related_name="test_result")
+    version = models.ForeignKey(VERSION, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     scored = models.BooleanField(default=False)
     passed = models.BooleanField(null=True)
     # [{"check": "contains", "passed": true, "reason": "…"}]
@@ -174,4 +176,4 @@ class TestResult(models.Model):
                                                name="conversations_testresult_unique")]
 
 
-__all__ = ["AssistantDraft", "Conversation", "TestQuestion", "TestResult", "TestRun", "TestSet"]
+__all__ = ["AssistantDraft", "TestQuestion", "TestResult", "TestRun", "TestSet"]

@@ -33,7 +33,8 @@ def test_csv_upload_run_comparison_page_and_promotion(admin_client):
     run = drive(TestRun.objects.get())
 
     page = admin_client.get(f"/admin/conversations/testrun/{run.pk}/change/").content.decode()
-    assert "✓" in page and "✗ The answer does not contain “Tokyo”. It did not use the tool current_time (used: search_faq).</td>" in page
+    assert "✓" in page and ("✗ The answer does not contain “Tokyo”. It did not use the tool current_time (used: "
+                            "search_faq).</td>") in page
     assert "<td>2/2 (100%)</td>" in page and "<td>1/2 (50%)</td>" in page and "<strong>changed</strong>" in page
 
     admin_client.post("/admin/conversations/testrun/", {"action": "promote", "_selected_action": [run.pk]})

@@ -12,6 +12,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from conversations.assistants import settings_for
+from conversations.conf import get_config
 from conversations.evals import runs
 from conversations.models import TestRun, TestSet
 
@@ -67,7 +68,7 @@ class Command(BaseCommand):
         from django_rq import get_worker
 
         connections.close_all()  # a forked work horse must not share this process's database socket
-        worker = get_worker("default")
+        worker = get_worker(get_config()["QUEUE"])
         worker.subscribe = lambda: None  # no command channel for a worker that ends with the run
         return worker
 
