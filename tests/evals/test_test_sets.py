@@ -32,11 +32,12 @@ def make_set(assistant, questions):
     return test_set
 
 
-def drive(run, limit=None, rounds=400):
+def drive(run, limit=None, rounds=400, worker=None):
     """Run the test run's turns in a real burst worker until it ends, checking after every step
     that no more than ``limit`` of its turns were ever queued or running at once."""
-    worker = make_worker()
-    worker.subscribe = lambda: None
+    if worker is None:
+        worker = make_worker()
+        worker.subscribe = lambda: None
     for _ in range(rounds):
         if limit is not None:
             assert run.results.filter(turn__status__in=Turn.ACTIVE_STATUSES).count() <= limit
@@ -276,3 +277,36 @@ def test_the_command_exits_non_zero_below_the_threshold(capsys):
     assert f"changed: {TIME}" in out
     assert f"failed (draft): {TIME}: It did not use the tool current_time (used: search_faq)." in out
     assert not Conversation.objects.filter(internal=False).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_work_horse_sigkilled_mid_run_loses_no_result(conversations_settings):
+    import os
+    import signal
+    import threading
+
+    from conversations.core.sentences import crashed_message
+    from tests.support.helpers import wait_for
+
+    conversations_settings.update(DEMO_DELAY=0.5)
+    test_set = make_set(make_assistant(), [{"question": TIME, "must_contain": ["Tokyo"]}] * 4)
+    run = runs.start_run(test_set, concurrency=2)
+    worker = make_worker()
+    worker.subscribe = lambda: None
+
+    def kill_the_first_running_horse():
+        wait_for(lambda: worker.horse_pid and Turn.objects.filter(status="running").exists(), timeout=20)
+        os.kill(worker.horse_pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_the_first_running_horse, daemon=True)
+    killer.start()
+    run = drive(run, limit=2, worker=worker)  # the same worker, burst after burst until the run ends
+    killer.join(5)
+
+    assert run.status == TestRun.Status.FINISHED
+    results = list(run.results.select_related("turn"))
+    assert len(results) == 4 and all(r.scored for r in results)
+    killed = [r for r in results if not r.passed]
+    assert len(killed) == 1 and killed[0].turn.error == crashed_message()
+    assert {"check": "completed", "passed": False, "reason": "It ended failed."} in killed[0].checks
+    assert sum(1 for r in results if r.passed) == 3
