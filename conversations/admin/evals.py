@@ -186,7 +186,8 @@ class TestRunAdmin(admin.ModelAdmin):
         found = runs.summary(obj)
         changed = {q.pk for q in found["changed"]}
         head = format_html_join("", "<tr><th>{}</th><td>{}/{} ({})</td><td>{}</td><td>{}</td></tr>", (
-            (side, f["passed"], f["questions"], f"{f['pass_rate']:.0%}", f"{f['cost']:f}", f"{f['seconds']:.1f} s")
+            (side, f["passed"], f["questions"], f"{f['pass_rate']:.0%}", "—" if f["cost"] is None else f"{f['cost']:f}",
+             f"{f['seconds']:.1f} s")
             for side, f in found["sides"].items()))
         rows = []
         by_question = {}

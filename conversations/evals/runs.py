@@ -157,7 +157,9 @@ def summary(run):
         sides[side] = {
             "questions": len(rows), "answered": sum(1 for r in rows if r.scored), "passed": passed,
             "pass_rate": passed / len(rows),
-            "cost": sum((r.cost for r in rows if r.cost is not None), Decimal(0)),
+            # None when no answer had a price (a model without one in PRICES, the demo's)
+            "cost": sum((r.cost for r in rows if r.cost is not None), Decimal(0))
+            if any(r.cost is not None for r in rows) else None,
             "seconds": sum(r.seconds for r in rows if r.seconds is not None),
             "slowest": max((r.seconds for r in rows if r.seconds is not None), default=None),
         }

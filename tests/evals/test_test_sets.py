@@ -87,6 +87,7 @@ def test_a_run_of_thirty_questions_ends_under_the_clocks_and_the_concurrency_lim
     found = runs.summary(run)
     assert found["sides"]["live"]["passed"] == 30 and found["sides"]["live"]["pass_rate"] == 1.0
     assert found["sides"]["draft"]["passed"] == 15 and found["sides"]["draft"]["pass_rate"] == 0.5
+    assert found["sides"]["live"]["cost"] is None  # the demo model has no price: no cost, rather than 0
     assert {q.question for q in found["changed"]} == {TIME} and len(found["changed"]) == 15
     draft_time = run.results.filter(side="draft", question__question=TIME).first()
     assert "It did not use the tool current_time (used: search_faq)." in runs.failed_reasons(draft_time)
@@ -138,6 +139,7 @@ def test_the_cost_limit_starts_no_more_turns_once_spent(conversations_settings):
     run = drive(runs.start_run(test_set, concurrency=1, max_cost=Decimal("0.000001")))
     assert run.status == TestRun.Status.STOPPED
     assert run.results.filter(scored=True).count() == 1 and run.results.filter(turn__isnull=True).count() == 3
+    assert runs.summary(run)["sides"]["live"]["cost"] == run.results.get(scored=True).turn.cost > 0
 
 
 # -- each check passes and fails -------------------------------------------------------------------

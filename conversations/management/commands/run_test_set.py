@@ -77,7 +77,7 @@ class Command(BaseCommand):
         for name, figures in found["sides"].items():
             self.stdout.write(
                 f"{name}: {figures['passed']}/{figures['questions']} passed ({figures['pass_rate']:.0%}), "
-                f"cost {figures['cost']:f}, {figures['seconds']:.1f} s in all")
+                f"cost {'—' if figures['cost'] is None else format(figures['cost'], 'f')}, {figures['seconds']:.1f} s in all")
         for question in found["changed"]:
             self.stdout.write(f"changed: {question}")
         for result in run.results.filter(side=side, passed=False).select_related("question"):
