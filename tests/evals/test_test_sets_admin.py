@@ -60,3 +60,28 @@ def test_stop_in_the_admin_and_a_draft_changing_the_endpoint_needs_the_configure
         "assistant": assistant.pk, "note": "", "changes": '{"provider": "openai"}'})
     assert refused.status_code == 403 and not AssistantDraft.objects.exists()
     assert TestSet.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_badly_rated_turn_becomes_a_question_of_the_assistants_test_set(admin_client, client):
+    from tests.evals.test_test_sets import ask_as_visitor
+    from tests.support.helpers import make_client
+
+    assistant = make_assistant()
+    visitor = make_client()
+    turn, _answer = ask_as_visitor(visitor, REFUNDS)
+    turn.rating = "down"
+    turn.save()
+    run = drive(runs.start_run(make_set(assistant, [{"question": TIME}])))  # a test run's turn is never added
+
+    staff = User.objects.create_user("reader", password="pw-123456789", is_staff=True)
+    staff.user_permissions.set(Permission.objects.filter(codename__in=["view_turn", "change_turn"]))
+    client.force_login(staff)
+    refused = client.post("/admin/conversations/turn/", {"action": "add_to_test_set", "_selected_action": [turn.pk]})
+    assert refused.status_code == 403  # change_turn alone: no adding questions
+
+    done = admin_client.post("/admin/conversations/turn/", {
+        "action": "add_to_test_set", "_selected_action": [turn.pk, run.results.get().turn_id]}, follow=True)
+    assert "1 question added to the test set help-from-turns." in done.content.decode()
+    (question,) = TestSet.objects.get(name="help-from-turns").questions.all()
+    assert (question.question, question.visitor, question.earlier_messages) == (REFUNDS, "anonymous", [])

@@ -75,9 +75,9 @@ class Command(BaseCommand):
     def report(self, run, threshold, side):
         found = runs.summary(run)
         for name, figures in found["sides"].items():
-            self.stdout.write(
-                f"{name}: {figures['passed']}/{figures['questions']} passed ({figures['pass_rate']:.0%}), "
-                f"cost {'—' if figures['cost'] is None else format(figures['cost'], 'f')}, {figures['seconds']:.1f} s in all")
+            cost = "—" if figures["cost"] is None else format(figures["cost"], "f")
+            self.stdout.write(f"{name}: {figures['passed']}/{figures['questions']} passed "
+                              f"({figures['pass_rate']:.0%}), cost {cost}, {figures['seconds']:.1f} s in all")
         for question in found["changed"]:
             self.stdout.write(f"changed: {question}")
         for result in run.results.filter(side=side, passed=False).select_related("question"):
