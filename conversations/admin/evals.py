@@ -43,7 +43,7 @@ class TestSetForm(forms.ModelForm):
 
     class Meta:
         model = TestSet
-        fields = ("name", "assistant", "description")
+        fields = ("name", "assistant", "description", "judge", "rubric")
 
     def clean_csv_file(self):
         upload = self.cleaned_data.get("csv_file")

@@ -26,6 +26,12 @@ class TestSet(models.Model):
     assistant = models.ForeignKey(ASSISTANT, on_delete=models.CASCADE, related_name="test_sets",
                                   verbose_name=_("assistant"))
     description = models.TextField(_("description"), blank=True)
+    # Optional: an assistant that judges each answer against the rubric, in a turn of its own.
+    judge = models.ForeignKey(ASSISTANT, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+                              verbose_name=_("judge"), help_text=_(
+                                  "An assistant that reads each question and answer with the rubric and replies "
+                                  "PASS or FAIL and why; empty: no judge."))
+    rubric = models.TextField(_("rubric"), blank=True, help_text=_("What the judge checks a good answer for."))
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -160,6 +166,7 @@ class TestResult(models.Model):
     question = models.ForeignKey(TestQuestion, on_delete=models.CASCADE, related_name="results")
     side = models.CharField(max_length=5, choices=Side.choices)
     turn = models.OneToOneField(TURN, null=True, blank=True, on_delete=models.SET_NULL, related_name="test_result")
+    judge_turn = models.OneToOneField(TURN, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     version = models.ForeignKey(VERSION, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     scored = models.BooleanField(default=False)
     passed = models.BooleanField(null=True)

@@ -24,7 +24,7 @@ from ..engine import lifecycle
 from ..infra import state
 from ..models import Conversation, Message, Turn
 from .models import TestQuestion, TestResult, TestRun
-from .scoring import score
+from .scoring import judge_prompt, judged, score
 
 logger = logging.getLogger("conversations.evals")
 
@@ -48,35 +48,55 @@ def start_run(test_set, *, draft=None, concurrency=2, max_cost=None, user=None):
 
 
 def advance(run):
-    """Score what ended, start what the limits allow, end the run when nothing is left. Returns
-    the run, refreshed. Safe to call from several processes at once (the run's row is locked)."""
-    for result in run.results.filter(scored=False, turn__status__in=Turn.DONE_STATUSES).select_related(
-            "turn", "question"):
-        record(result)
+    """Score what ended (asking the judge first, where the test set has one), start what the
+    limits allow, end the run when nothing is left. Returns the run, refreshed. Safe to call
+    from several processes at once (the run's row is locked)."""
+    started = []
     with transaction.atomic():
-        run = TestRun.objects.select_for_update().get(pk=run.pk)
-        if run.status != TestRun.Status.RUNNING:
-            return run
-        pending = list(run.results.filter(turn__isnull=True).select_related("question").order_by(
-            "question__position", "question_id", "side"))
-        in_flight = run.results.filter(turn__status__in=Turn.ACTIVE_STATUSES).count()
-        over_budget = run.max_cost is not None and spent(run) >= run.max_cost
-        if over_budget:
-            pending = []
-        # the turns of one run are never more than ``concurrency`` at once (queued or running)
-        started = [ask(run, result) for result in pending[:max(0, run.concurrency - in_flight)]]
-        waiting = run.results.filter(scored=False, turn__isnull=False).exists()
-        if not started and not waiting and (over_budget or not run.results.filter(turn__isnull=True).exists()):
-            # Past the cost limit, the questions not asked stay without a result: stopped, not finished.
-            run.status = TestRun.Status.STOPPED if over_budget else TestRun.Status.FINISHED
-            run.finished_at = timezone.now()
-            run.save(update_fields=["status", "finished_at"])
+        run = TestRun.objects.select_for_update().select_related("test_set").get(pk=run.pk)
+        for result in run.results.filter(scored=False, turn__status__in=Turn.DONE_STATUSES).select_related(
+                "turn", "question", "judge_turn"):
+            started += settle(run, result)
+        if run.status == TestRun.Status.RUNNING:
+            pending = list(run.results.filter(turn__isnull=True).select_related("question").order_by(
+                "question__position", "question_id", "side"))
+            # the turns of one run (a judge's too) are never more than ``concurrency`` at once
+            in_flight = (run.results.filter(turn__status__in=Turn.ACTIVE_STATUSES).count()
+                         + run.results.filter(judge_turn__status__in=Turn.ACTIVE_STATUSES).count() + len(started))
+            over_budget = run.max_cost is not None and spent(run) >= run.max_cost
+            if over_budget:
+                pending = []
+            started += [ask(run, result) for result in pending[:max(0, run.concurrency - in_flight)]]
+            waiting = run.results.filter(scored=False, turn__isnull=False).exists()
+            if not started and not waiting and (over_budget or not run.results.filter(turn__isnull=True).exists()):
+                # Past the cost limit, the questions not asked stay without a result: stopped, not finished.
+                run.status = TestRun.Status.STOPPED if over_budget else TestRun.Status.FINISHED
+                run.finished_at = timezone.now()
+                run.save(update_fields=["status", "finished_at"])
     for turn in started:
         try:
             state.publish(state.state_from_db(turn))
         except RedisError:
             logger.exception("Could not publish the queued state of turn %s", turn.id)
+    run.refresh_from_db()
     return run
+
+
+def settle(run, result):
+    """Score ``result``, whose turn ended; with a judge, first start the judge's turn (returned,
+    in a list) and score once it has ended. A stopped run asks no judge."""
+    judge_id = run.test_set.judge_id
+    if judge_id is not None and result.judge_turn_id is None and run.status == TestRun.Status.RUNNING:
+        conversation = Conversation.objects.create(assistant_id=judge_id, internal=True,
+                                                   owner_token=secrets.token_urlsafe(32))
+        judge_turn, _message = lifecycle.create(conversation, judge_prompt(run.test_set, result.question, result.turn))
+        result.judge_turn = judge_turn
+        result.save(update_fields=["judge_turn"])
+        return [judge_turn]
+    if result.judge_turn_id is not None and not result.judge_turn.done:
+        return []
+    record(result, judged(result.judge_turn) if judge_id is not None else None)
+    return []
 
 
 def unfinished(run):
@@ -86,7 +106,9 @@ def unfinished(run):
 
 
 def spent(run):
-    return run.results.aggregate(total=Sum("turn__cost"))["total"] or Decimal(0)
+    """What the run's turns cost so far, the judge's included."""
+    found = run.results.aggregate(answers=Sum("turn__cost"), judge=Sum("judge_turn__cost"))
+    return (found["answers"] or Decimal(0)) + (found["judge"] or Decimal(0))
 
 
 def test_visitor():
@@ -117,10 +139,11 @@ def ask(run, result):
     return turn
 
 
-def record(result):
-    """Score ``result``'s ended turn and keep its version, time and cost."""
+def record(result, verdict=None):
+    """Score ``result``'s ended turn (with the judge's ``verdict``, a check, when there is one) and
+    keep its version, time and cost."""
     turn = result.turn
-    result.checks = score(result.question, turn)
+    result.checks = score(result.question, turn) + ([verdict] if verdict is not None else [])
     result.passed = all(c["passed"] for c in result.checks)
     result.version_id = turn.assistant_version_id
     result.seconds = turn.duration
@@ -136,11 +159,13 @@ def stop(run):
         updated = TestRun.objects.filter(pk=run.pk, status=TestRun.Status.RUNNING).update(
             status=TestRun.Status.STOPPED, finished_at=timezone.now())
     if updated:
-        for result in run.results.filter(turn__status__in=Turn.ACTIVE_STATUSES).select_related("turn"):
+        active = Turn.objects.filter(status__in=Turn.ACTIVE_STATUSES).filter(
+            pk__in=[pk for pair in run.results.values_list("turn", "judge_turn") for pk in pair if pk])
+        for turn in active:
             try:
-                lifecycle.stop(result.turn, end_orphaned=True)
+                lifecycle.stop(turn, end_orphaned=True)
             except RedisError:
-                logger.exception("Could not stop turn %s of test run %s", result.turn_id, run.pk)
+                logger.exception("Could not stop turn %s of test run %s", turn.pk, run.pk)
     return advance(run)
 
 

@@ -1,6 +1,7 @@
 """Deterministic checks of one test-run answer: each gives ``{"check", "passed", "reason"}``, the
 reason a sentence an owner reads in the admin (never the answer's text itself)."""
 
+import re
 from decimal import Decimal
 
 from django.utils.translation import gettext as _
@@ -59,3 +60,27 @@ def score(question, turn):
         checks.append(check("cost", ok, _("It cost %(cost)s; at most %(limit)s allowed.") % {
             "cost": "—" if turn.cost is None else f"{turn.cost:f}", "limit": f"{question.max_cost:f}"}))
     return checks
+
+
+VERDICT = re.compile(r"^\W*(PASS|FAIL)\b\W*(.*)", re.I | re.S)
+JUDGE_PROMPT = ("Judge this answer of a website's assistant against the rubric.\n\nRubric:\n{rubric}\n\n"
+                "Question:\n{question}\n\nAnswer:\n{answer}\n\n"
+                "Reply with PASS or FAIL, a colon, and one sentence saying why.")
+
+
+def judge_prompt(test_set, question, turn):
+    return JUDGE_PROMPT.format(rubric=test_set.rubric or "-", question=question.question,
+                               answer=answer_text(turn) or "(no answer)")
+
+
+def judged(judge_turn):
+    """The judge's check from its turn (ended): its verdict, PASS or FAIL, and its reason."""
+    if judge_turn is None or judge_turn.status != Turn.Status.COMPLETED:
+        return check("judge", False, _("The judge gave no verdict (it ended %(status)s).") % {
+            "status": judge_turn.status if judge_turn is not None else Turn.Status.CANCELLED})
+    found = VERDICT.match(answer_text(judge_turn).strip())
+    if found is None:
+        return check("judge", False, _("The judge gave no verdict."))
+    reason = " ".join(found.group(2).split())[:300]
+    return check("judge", found.group(1).upper() == "PASS", _("The judge: %(verdict)s. %(reason)s") % {
+        "verdict": found.group(1).upper(), "reason": reason})

@@ -312,3 +312,34 @@ def test_a_work_horse_sigkilled_mid_run_loses_no_result(conversations_settings):
     assert len(killed) == 1 and killed[0].turn.error == crashed_message()
     assert {"check": "completed", "passed": False, "reason": "It ended failed."} in killed[0].checks
     assert sum(1 for r in results if r.passed) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_judges_verdict_is_parsed_from_its_own_turn(conversations_settings):
+    from tests.support.fakes import FakeProvider, openai_text
+
+    with FakeProvider() as judge_api:
+        judge_api.add(openai_text("PASS: it gives the refund window in days."),
+                      openai_text("fail - it never says how long a refund takes."),
+                      openai_text("I would rather not say."))
+        conversations_settings.update(PROVIDER="openai", BASE_URL=judge_api.url, API_KEY="k", MODEL="judge-model",
+                                      STREAM=False)
+        judge = Assistant.objects.create(slug="judge", name="Judge", provider="openai",
+                                         system_prompt="You judge answers strictly.")
+        test_set = make_set(make_assistant(), [{"question": REFUNDS}] * 3)
+        test_set.judge, test_set.rubric = judge, "A good answer says how many days a refund takes."
+        test_set.save()
+        run = drive(runs.start_run(test_set, concurrency=1), limit=1)
+
+    first, second, third = run.results.order_by("question__position").select_related("judge_turn")
+    assert first.passed and {"check": "judge", "passed": True,
+                             "reason": "The judge: PASS. it gives the refund window in days."} in first.checks
+    assert not second.passed and runs.failed_reasons(second) == [
+        "The judge: FAIL. it never says how long a refund takes."]
+    assert not third.passed and runs.failed_reasons(third) == ["The judge gave no verdict."]
+    # The judge read the rubric, the question and the answer, in a turn of its own (internal, costed, recorded).
+    asked = judge_api.requests[0]["json"]["messages"]
+    assert asked[0] == {"role": "system", "content": "You judge answers strictly."}
+    assert "A good answer says how many days" in asked[-1]["content"] and REFUNDS in asked[-1]["content"]
+    assert "30 days" in asked[-1]["content"]
+    assert first.judge_turn.conversation.internal and first.judge_turn.status == "completed"
