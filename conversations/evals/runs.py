@@ -3,10 +3,11 @@ under the same clocks as a visitor's, of the live assistant and (optionally) a d
 ``concurrency`` turns at a time and within a cost limit; each answer scored (``scoring``).
 
 Nothing here blocks on a turn: ``advance(run)`` scores the turns that ended, starts the next
-ones the limits allow and ends the run when every question has a result. ``manage.py
-run_test_set`` calls it until the run ends; the admin's run page calls it when shown. A turn
-whose worker died is ended by the worker's parent or the poll view's repair as any turn is, and
-then scored as failed: no question is left without a result.
+ones the limits allow and ends the run when every question has a result. The job of each test
+run's turn calls it last (``advance_for``), so a run goes on with only the site's workers;
+``manage.py run_test_set`` calls it too until the run ends, and the admin's run page when shown.
+A turn whose work horse died is ended by the worker's parent as any turn is (its job never gets
+to call it), and scored as failed at the next call: no question is left without a result.
 """
 
 import logging
@@ -15,7 +16,7 @@ from decimal import Decimal
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
@@ -80,6 +81,13 @@ def advance(run):
             logger.exception("Could not publish the queued state of turn %s", turn.id)
     run.refresh_from_db()
     return run
+
+
+def advance_for(turn):
+    """``advance`` the run ``turn`` (ended) answered or judged for, if any: what the job of a test
+    run's turn does last, so that a run goes on with only the site's workers running."""
+    run = TestRun.objects.filter(Q(results__turn=turn) | Q(results__judge_turn=turn)).first()
+    return advance(run) if run is not None else None
 
 
 def settle(run, result):

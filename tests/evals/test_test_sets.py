@@ -343,3 +343,17 @@ def test_the_judges_verdict_is_parsed_from_its_own_turn(conversations_settings):
     assert "A good answer says how many days" in asked[-1]["content"] and REFUNDS in asked[-1]["content"]
     assert "30 days" in asked[-1]["content"]
     assert first.judge_turn.conversation.internal and first.judge_turn.status == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_goes_on_with_only_the_workers_running():
+    """Started from the admin, nobody calls advance(): each test turn's job starts the next."""
+    test_set = make_set(make_assistant(), [{"question": TIME, "must_contain": ["Tokyo"]}] * 5)
+    run = runs.start_run(test_set, concurrency=2)
+    worker = make_worker()
+    worker.subscribe = lambda: None
+    worker.work(burst=True)  # one burst: it takes the turns the finished ones enqueue, until none is left
+
+    run.refresh_from_db()
+    assert run.status == TestRun.Status.FINISHED
+    assert run.results.filter(scored=True, passed=True).count() == 5
