@@ -29,6 +29,9 @@ from .scoring import judge_prompt, judged, score
 
 logger = logging.getLogger("conversations.evals")
 
+# Test turns at a time, at most: a run must leave the workers to the visitors.
+MAX_CONCURRENCY = 10
+
 # The user a signed-in question's conversation belongs to: no password, no staff flag.
 TEST_VISITOR = "conversations-test-visitor"
 
@@ -39,7 +42,8 @@ def start_run(test_set, *, draft=None, concurrency=2, max_cost=None, user=None):
     if draft is not None and draft.assistant_id != test_set.assistant_id:
         raise ValueError("the draft is not of the test set's assistant")
     with transaction.atomic():
-        run = TestRun.objects.create(test_set=test_set, draft=draft, concurrency=max(1, concurrency),
+        run = TestRun.objects.create(test_set=test_set, draft=draft, concurrency=min(max(1, concurrency),
+                                                                                       MAX_CONCURRENCY),
                                      max_cost=max_cost, started_by=user)
         sides = [TestResult.Side.LIVE] + ([TestResult.Side.DRAFT] if draft is not None else [])
         TestResult.objects.bulk_create([TestResult(run=run, question=q, side=side)

@@ -107,6 +107,8 @@ def test_a_run_of_thirty_questions_ends_under_the_clocks_and_the_concurrency_lim
 @pytest.mark.django_db(transaction=True)
 def test_stop_ends_the_run_and_its_turns_and_starts_no_more():
     test_set = make_set(make_assistant(), [{"question": TIME}] * 6)
+    assert runs.start_run(test_set, concurrency=50).concurrency == 10  # never the whole queue
+    runs.stop(TestRun.objects.get())
     run = runs.start_run(test_set, concurrency=2)
     assert run.results.filter(turn__isnull=False).count() == 2  # two queued, four waiting
 
