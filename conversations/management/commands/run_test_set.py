@@ -25,7 +25,8 @@ class Command(BaseCommand):
         parser.add_argument("--threshold", type=float, default=0.9, help="Lowest pass rate that succeeds (0-1).")
         parser.add_argument("--draft", action="store_true",
                             help="Run the assistant's newest unpromoted draft too; the threshold applies to it.")
-        parser.add_argument("--concurrency", type=int, default=2, help="Turns at a time (queued or running), at most 10.")
+        parser.add_argument("--concurrency", type=int, default=2,
+                            help="Turns at a time (queued or running), at most 10.")
         parser.add_argument("--max-cost", default=None, help="Start no more turns once the run has cost this much.")
         parser.add_argument("--burst", action="store_true", help="Run the turns in a worker in this process.")
 
