@@ -244,6 +244,7 @@ def demo(argv):
     try:
         manage("migrate", "--no-input", "-v", "0", env=env)
         manage("rebuild_knowledge", env=env)  # the help articles the data migration wrote
+        manage("load_demo_test_set", env=env)  # the help desk's test set (README, "Testing a change")
         children.append(subprocess.Popen([str(PYTHON), str(ROOT / "manage.py"), "rqworker", queue], env=env))
         children.append(subprocess.Popen(
             [str(PYTHON), str(ROOT / "manage.py"), "runserver", f"127.0.0.1:{port}", "--noreload"], env=env))

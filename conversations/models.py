@@ -233,6 +233,8 @@ class Conversation(models.Model):
     # that makes it: the version of the state the widget polls, so that an older read never replaces
     # a newer one in the cache and an ETag never stands for two contents (engine/handoff.py).
     handoff_version = models.PositiveIntegerField(default=0, editable=False)
+    # A test run's conversation (evals), not a visitor's: left out of the overview's figures.
+    internal = models.BooleanField(_("test run's"), default=False, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -300,6 +302,10 @@ class Turn(models.Model):
     assistant = models.ForeignKey(Assistant, null=True, blank=True, on_delete=models.PROTECT, related_name="turns")
     assistant_version = models.ForeignKey(AssistantVersion, null=True, blank=True, on_delete=models.PROTECT,
                                           related_name="turns")
+    # A test run's turn of a draft (evals): it answers with the draft's configuration; a
+    # visitor's turn never has one.
+    draft = models.ForeignKey("conversations.AssistantDraft", null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="turns", editable=False)
     # Input and output tokens at CONVERSATIONS["PRICES"] when the final state was written (costs.py).
     cost = models.DecimalField(max_digits=14, decimal_places=8, null=True, blank=True)
     # The visitor's rating of the answer: one per turn, changeable.
@@ -326,6 +332,13 @@ class Turn(models.Model):
     @property
     def done(self):
         return self.status in self.DONE_STATUSES
+
+    def answering_assistant(self):
+        """The assistant configuration this turn answers with: its assistant's, or for a test
+        run's turn of a draft, the draft's changes over it (never a visitor's turn)."""
+        if self.draft_id is not None and self.assistant_id is not None:
+            return self.draft.applied(self.assistant)
+        return self.assistant
 
     @property
     def duration(self):
@@ -533,3 +546,6 @@ class RetainedTotal(models.Model):
 
     def __str__(self):
         return f"{self.day} {self.assistant_id or '-'}: {self.turns} turns"
+
+
+from .evals.models import AssistantDraft, TestQuestion, TestResult, TestRun, TestSet  # noqa: E402,F401  (test sets)

@@ -120,7 +120,9 @@ def overview(days=30, now=None, alias="default"):
     dict of the group's numbers (durations and margins in seconds). ``assistant`` is None for
     turns answered by the site's settings."""
     window = local_days(days, now)
-    base = Turn.objects.using(alias).filter(enqueued_at__gte=window[-1][1]).annotate(day=day_of(window))
+    # A test run's turns (evals) are not visitors': left out.
+    base = Turn.objects.using(alias).filter(enqueued_at__gte=window[-1][1], conversation__internal=False).annotate(
+        day=day_of(window))
     statuses = {f"status_{value}": Count("pk", filter=Q(status=value)) for value in Turn.Status.values}
     aggregates = dict(
         turns=Count("pk"), **statuses,

@@ -29,6 +29,7 @@ from django.views.decorators.http import require_POST
 from redis.exceptions import RedisError
 
 from ..engine import handoff, lifecycle
+from ..evals.collect import add_turns
 from ..models import Turn
 from .filters import NearDeadlineFilter, QueueFilter, RatingFilter
 from ..redaction import hide_keys
@@ -152,7 +153,7 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
     list_filter = ("status", QueueFilter, NearDeadlineFilter, RatingFilter, "assistant", "provider", "model")
     date_hierarchy = "enqueued_at"
     search_help_text = gettext_lazy("A turn or conversation id, a username or email, or words of a message.")
-    actions = ["rerun_selected", "cancel_selected", "export_rated_csv"]
+    actions = ["rerun_selected", "cancel_selected", "export_rated_csv", "add_to_test_set"]
     fieldsets = [
         (None, {"fields": ("status_badge", "error_text", "conversation_link", "owner", ("provider", "model"),
                            "assistant_link", "version_text")}),
@@ -337,6 +338,20 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
                               messages.SUCCESS)
         if refused:
             self.message_user(request, _("Not re-run: %s.") % "; ".join(refused), messages.WARNING)
+
+    # Visitors' words copied into a test set: for staff trusted to operate on turns who may add questions.
+    @admin.action(description=gettext_lazy("Add the visitor's message to the assistant's test set “…-from-turns”"),
+                  permissions=["operate"])
+    def add_to_test_set(self, request, queryset):
+        if not request.user.has_perm("conversations.add_testquestion"):
+            raise PermissionDenied
+        added = add_turns(queryset)
+        for test_set, count in added.items():
+            self.message_user(request, ngettext("%(count)d question added to the test set %(name)s.",
+                                                "%(count)d questions added to the test set %(name)s.", count) % {
+                "count": count, "name": test_set.name}, messages.SUCCESS)
+        if not added:
+            self.message_user(request, _("No turn of an assistant was selected; nothing added."), messages.WARNING)
 
     @admin.action(description=gettext_lazy("Cancel selected turns"), permissions=["operate"])
     def cancel_selected(self, request, queryset):

@@ -33,7 +33,7 @@ def config_for_turn(turn, cfg=None):
     ``turn.assistant_version`` (not saved). Raises ``NotSetUp`` (``Inactive``) with the
     visitor's sentence when the assistant cannot answer."""
     site = get_config() if cfg is None else cfg
-    assistant = turn.assistant
+    assistant = turn.answering_assistant()  # a test run's draft, over the live assistant
     if assistant is None:
         if not any(entry.get("CREDENTIAL") for entry in site["FALLBACKS"]):
             return site

@@ -53,9 +53,9 @@ def create(conversation, content, **fields):
     django-rq enqueues at the commit.
     """
     assistant = conversation.assistant  # answers every turn of the conversation (None: the site's settings)
-    cfg = assistants.settings_for(assistant)
-    turn = Turn(conversation=conversation, enqueued_at=timezone.now(), assistant=assistant,
-                provider=str(cfg["PROVIDER"]), model=str(cfg["MODEL"]), **fields)
+    turn = Turn(conversation=conversation, enqueued_at=timezone.now(), assistant=assistant, **fields)
+    cfg = assistants.settings_for(turn.answering_assistant())  # a test run's draft (evals) answers with its own
+    turn.provider, turn.model = str(cfg["PROVIDER"]), str(cfg["MODEL"])
     job_fields(turn)
     turn.save(force_insert=True)
     stored = scrub_text(content, cfg)  # what must not be stored never is (REDACT)
@@ -299,7 +299,7 @@ def claim(turn, **fields):
 def job_fields(turn):
     """Set the job's id and clocks on ``turn`` (not saved). The job id is ours, not RQ's, because
     inside ``transaction.atomic()`` django-rq defers the enqueue to the commit and returns None."""
-    cfg = assistants.settings_for(turn.assistant)  # an assistant may set its own job timeout
+    cfg = assistants.settings_for(turn.answering_assistant())  # an assistant may set its own job timeout
     turn.job_id = queue.job_id_for(turn)
     turn.job_timeout = cfg["JOB_TIMEOUT"]
     turn.deadline_margin = cfg["DEADLINE_MARGIN"]

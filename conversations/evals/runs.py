@@ -1,0 +1,216 @@
+"""Test runs: each question of a test set asked as a real turn, through the site's workers and
+under the same clocks as a visitor's, of the live assistant and (optionally) a draft, at most
+``concurrency`` turns at a time and within a cost limit; each answer scored (``scoring``).
+
+Nothing here blocks on a turn: ``advance(run)`` scores the turns that ended, starts the next
+ones the limits allow and ends the run when every question has a result. The job of each test
+run's turn calls it last (``advance_for``), so a run goes on with only the site's workers;
+``manage.py run_test_set`` calls it too until the run ends, and the admin's run page when shown.
+A turn whose work horse died is ended by the worker's parent as any turn is (its job never gets
+to call it), and scored as failed at the next call: no question is left without a result.
+"""
+
+import logging
+import secrets
+from decimal import Decimal
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models import Q, Sum
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from redis.exceptions import RedisError
+
+from ..engine import lifecycle
+from ..infra import state
+from ..models import Conversation, Message, Turn
+from .models import TestQuestion, TestResult, TestRun
+from .scoring import judge_prompt, judged, score
+
+logger = logging.getLogger("conversations.evals")
+
+# Test turns at a time, at most: a run must leave the workers to the visitors.
+MAX_CONCURRENCY = 10
+
+# The user a signed-in question's conversation belongs to: no password, no staff flag.
+TEST_VISITOR = "conversations-test-visitor"
+
+
+def start_run(test_set, *, draft=None, concurrency=2, max_cost=None, user=None):
+    """Create a run of ``test_set`` (against ``draft`` too, when given) with a pending result per
+    question and side, and start its first turns. Returns the run."""
+    if draft is not None and draft.assistant_id != test_set.assistant_id:
+        raise ValueError("the draft is not of the test set's assistant")
+    with transaction.atomic():
+        run = TestRun.objects.create(test_set=test_set, draft=draft, concurrency=min(max(1, concurrency),
+                                                                                       MAX_CONCURRENCY),
+                                     max_cost=max_cost, started_by=user)
+        sides = [TestResult.Side.LIVE] + ([TestResult.Side.DRAFT] if draft is not None else [])
+        TestResult.objects.bulk_create([TestResult(run=run, question=q, side=side)
+                                        for q in test_set.questions.all() for side in sides])
+    advance(run)
+    return run
+
+
+def advance(run):
+    """Score what ended (asking the judge first, where the test set has one), start what the
+    limits allow, end the run when nothing is left. Returns the run, refreshed. Safe to call
+    from several processes at once (the run's row is locked)."""
+    started = []
+    with transaction.atomic():
+        run = TestRun.objects.select_for_update().select_related("test_set").get(pk=run.pk)
+        for result in run.results.filter(scored=False, turn__status__in=Turn.DONE_STATUSES).select_related(
+                "turn", "question", "judge_turn"):
+            started += settle(run, result)
+        if run.status == TestRun.Status.RUNNING:
+            pending = list(run.results.filter(turn__isnull=True).select_related("question").order_by(
+                "question__position", "question_id", "side"))
+            # the turns of one run (a judge's too) are never more than ``concurrency`` at once
+            in_flight = (run.results.filter(turn__status__in=Turn.ACTIVE_STATUSES).count()
+                         + run.results.filter(judge_turn__status__in=Turn.ACTIVE_STATUSES).count() + len(started))
+            over_budget = run.max_cost is not None and spent(run) >= run.max_cost
+            if over_budget:
+                pending = []
+            started += [ask(run, result) for result in pending[:max(0, run.concurrency - in_flight)]]
+            waiting = run.results.filter(scored=False, turn__isnull=False).exists()
+            if not started and not waiting and (over_budget or not run.results.filter(turn__isnull=True).exists()):
+                # Past the cost limit, the questions not asked stay without a result: stopped, not finished.
+                run.status = TestRun.Status.STOPPED if over_budget else TestRun.Status.FINISHED
+                run.finished_at = timezone.now()
+                run.save(update_fields=["status", "finished_at"])
+    for turn in started:
+        try:
+            state.publish(state.state_from_db(turn))
+        except RedisError:
+            logger.exception("Could not publish the queued state of turn %s", turn.id)
+    run.refresh_from_db()
+    return run
+
+
+def advance_for(turn):
+    """``advance`` the run ``turn`` (ended) answered or judged for, if any: what the job of a test
+    run's turn does last, so that a run goes on with only the site's workers running."""
+    run = TestRun.objects.filter(Q(results__turn=turn) | Q(results__judge_turn=turn)).first()
+    return advance(run) if run is not None else None
+
+
+def settle(run, result):
+    """Score ``result``, whose turn ended; with a judge, first start the judge's turn (returned,
+    in a list) and score once it has ended. A stopped run asks no judge."""
+    judge_id = run.test_set.judge_id
+    if judge_id is not None and result.judge_turn_id is None and run.status == TestRun.Status.RUNNING:
+        conversation = Conversation.objects.create(assistant_id=judge_id, internal=True,
+                                                   owner_token=secrets.token_urlsafe(32))
+        judge_turn, _message = lifecycle.create(conversation, judge_prompt(run.test_set, result.question, result.turn))
+        result.judge_turn = judge_turn
+        result.save(update_fields=["judge_turn"])
+        return [judge_turn]
+    if result.judge_turn_id is not None and not result.judge_turn.done:
+        return []
+    record(result, judged(result.judge_turn) if judge_id is not None else None)
+    return []
+
+
+def unfinished(run):
+    """Whether ``run`` still runs or has turns to score (a stopped run's last turns ending)."""
+    run.refresh_from_db()
+    return run.status == TestRun.Status.RUNNING or run.results.filter(scored=False, turn__isnull=False).exists()
+
+
+def spent(run):
+    """What the run's turns cost so far, the judge's included."""
+    found = run.results.aggregate(answers=Sum("turn__cost"), judge=Sum("judge_turn__cost"))
+    return (found["answers"] or Decimal(0)) + (found["judge"] or Decimal(0))
+
+
+def test_visitor():
+    model = get_user_model()
+    user, created = model._default_manager.get_or_create(**{model.USERNAME_FIELD: TEST_VISITOR})
+    if created:
+        user.set_unusable_password()
+        user.save()
+    return user
+
+
+def ask(run, result):
+    """Start ``result``'s question as a turn in a conversation of its own (the run's, never a
+    visitor's), after its earlier messages. Call inside the run's transaction; returns the turn."""
+    question = result.question
+    signed_in = question.visitor == TestQuestion.Visitor.SIGNED_IN
+    conversation = Conversation.objects.create(
+        assistant_id=run.test_set.assistant_id, internal=True, user=test_visitor() if signed_in else None,
+        owner_token="" if signed_in else secrets.token_urlsafe(32))
+    for earlier in question.earlier_messages or []:
+        if isinstance(earlier, dict) and earlier.get("role") in ("user", "assistant"):
+            Message.objects.create(conversation=conversation, role=earlier["role"],
+                                   content=str(earlier.get("content", "")))
+    draft = run.draft if result.side == TestResult.Side.DRAFT else None
+    turn, _message = lifecycle.create(conversation, question.question, draft=draft)
+    result.turn = turn
+    result.save(update_fields=["turn"])
+    return turn
+
+
+def record(result, verdict=None):
+    """Score ``result``'s ended turn (with the judge's ``verdict``, a check, when there is one) and
+    keep its version, time and cost."""
+    turn = result.turn
+    result.checks = score(result.question, turn) + ([verdict] if verdict is not None else [])
+    result.passed = all(c["passed"] for c in result.checks)
+    result.version_id = turn.assistant_version_id
+    result.seconds = turn.duration
+    result.cost = turn.cost
+    result.scored = True
+    result.save(update_fields=["checks", "passed", "version", "seconds", "cost", "scored"])
+
+
+def stop(run):
+    """End ``run`` now: no more turns start, and its queued and running turns are stopped (each
+    ends cancelled, and is scored so). Returns the run."""
+    with transaction.atomic():
+        updated = TestRun.objects.filter(pk=run.pk, status=TestRun.Status.RUNNING).update(
+            status=TestRun.Status.STOPPED, finished_at=timezone.now())
+    if updated:
+        active = Turn.objects.filter(status__in=Turn.ACTIVE_STATUSES).filter(
+            pk__in=[pk for pair in run.results.values_list("turn", "judge_turn") for pk in pair if pk])
+        for turn in active:
+            try:
+                lifecycle.stop(turn, end_orphaned=True)
+            except RedisError:
+                logger.exception("Could not stop turn %s of test run %s", turn.pk, run.pk)
+    return advance(run)
+
+
+def summary(run):
+    """Per side: questions, answered, passed, pass rate (of all questions), cost, seconds (total
+    and slowest); and the questions whose result differs between the sides."""
+    sides = {}
+    results = list(run.results.select_related("question").order_by("question__position", "question_id"))
+    for side in TestResult.Side.values:
+        rows = [r for r in results if r.side == side]
+        if not rows:
+            continue
+        passed = sum(1 for r in rows if r.passed)
+        sides[side] = {
+            "questions": len(rows), "answered": sum(1 for r in rows if r.scored), "passed": passed,
+            "pass_rate": passed / len(rows),
+            # None when no answer had a price (a model without one in PRICES, the demo's)
+            "cost": sum((r.cost for r in rows if r.cost is not None), Decimal(0))
+            if any(r.cost is not None for r in rows) else None,
+            "seconds": sum(r.seconds for r in rows if r.seconds is not None),
+            "slowest": max((r.seconds for r in rows if r.seconds is not None), default=None),
+        }
+    by_question = {}
+    for r in results:
+        by_question.setdefault(r.question_id, {})[r.side] = r
+    changed = [pair["live"].question for pair in by_question.values()
+               if "live" in pair and "draft" in pair and pair["live"].scored and pair["draft"].scored
+               and pair["live"].passed != pair["draft"].passed]
+    return {"sides": sides, "changed": changed}
+
+
+def failed_reasons(result):
+    """The reasons of ``result``'s failed checks, or why it has none."""
+    if not result.scored:
+        return [_("Not run.")]
+    return [c["reason"] for c in result.checks if not c["passed"]]

@@ -1,0 +1,87 @@
+"""The admin of test sets: a CSV adds questions, a run starts from the set, its page compares the
+live version with the draft question by question, and Stop and promote are one action each."""
+
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from conversations.evals import runs
+from conversations.models import Assistant, AssistantDraft, TestRun, TestSet
+from tests.evals.test_test_sets import REFUNDS, TIME, drive, make_assistant, make_set
+
+
+@pytest.mark.django_db(transaction=True)
+def test_csv_upload_run_comparison_page_and_promotion(admin_client):
+    assistant = make_assistant()
+    test_set = make_set(assistant, [])
+    upload = ("question,must_contain,must_use_tool\n"
+              f"{TIME},Tokyo,current_time\n{REFUNDS},30 days,\n").encode()
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    changed = admin_client.post(f"/admin/conversations/testset/{test_set.pk}/change/", {
+        "name": test_set.name, "assistant": assistant.pk, "description": "",
+        "csv_file": SimpleUploadedFile("questions.csv", upload, content_type="text/csv"),
+        "questions-TOTAL_FORMS": 0, "questions-INITIAL_FORMS": 0}, follow=True)
+    assert "2 questions added from the CSV file." in changed.content.decode()
+    draft = admin_client.post("/admin/conversations/assistantdraft/add/", {
+        "assistant": assistant.pk, "note": "no clock", "changes": '{"tools": ["search_faq"]}'})
+    assert draft.status_code == 302
+    refused = admin_client.post("/admin/conversations/assistantdraft/add/", {
+        "assistant": assistant.pk, "note": "", "changes": '{"tools": ["no_such_tool"], "slug": "x"}'})
+    assert "A JSON object whose keys are among" in refused.content.decode()
+
+    admin_client.post("/admin/conversations/testset/", {"action": "run_with_draft", "_selected_action": [test_set.pk]})
+    run = drive(TestRun.objects.get())
+
+    page = admin_client.get(f"/admin/conversations/testrun/{run.pk}/change/").content.decode()
+    assert "✓" in page and ("✗ The answer does not contain “Tokyo”. It did not use the tool current_time (used: "
+                            "search_faq).</td>") in page
+    assert "<td>2/2 (100%)</td>" in page and "<td>1/2 (50%)</td>" in page and "<strong>changed</strong>" in page
+
+    admin_client.post("/admin/conversations/testrun/", {"action": "promote", "_selected_action": [run.pk]})
+    assert Assistant.objects.get().tools == ["search_faq"]
+    admin_client.post("/admin/conversations/assistantdraft/", {
+        "action": "roll_back", "_selected_action": [AssistantDraft.objects.get().pk]})
+    assert Assistant.objects.get().tools == ["current_time", "search_faq"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stop_in_the_admin_and_a_draft_changing_the_endpoint_needs_the_configure_permission(client):
+    assistant = make_assistant()
+    run = runs.start_run(make_set(assistant, [{"question": TIME}] * 4), concurrency=1)
+    staff = User.objects.create_user("editor", password="pw-123456789", is_staff=True)
+    staff.user_permissions.set(Permission.objects.filter(codename__in=[
+        "view_testrun", "change_testrun", "add_assistantdraft", "view_assistantdraft"]))
+    client.force_login(staff)
+
+    client.post("/admin/conversations/testrun/", {"action": "stop", "_selected_action": [run.pk]})
+    assert drive(run).status == TestRun.Status.STOPPED
+
+    refused = client.post("/admin/conversations/assistantdraft/add/", {
+        "assistant": assistant.pk, "note": "", "changes": '{"provider": "openai"}'})
+    assert refused.status_code == 403 and not AssistantDraft.objects.exists()
+    assert TestSet.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_badly_rated_turn_becomes_a_question_of_the_assistants_test_set(admin_client, client):
+    from tests.evals.test_test_sets import ask_as_visitor
+    from tests.support.helpers import make_client
+
+    assistant = make_assistant()
+    visitor = make_client()
+    turn, _answer = ask_as_visitor(visitor, REFUNDS)
+    turn.rating = "down"
+    turn.save()
+    run = drive(runs.start_run(make_set(assistant, [{"question": TIME}])))  # a test run's turn is never added
+
+    staff = User.objects.create_user("reader", password="pw-123456789", is_staff=True)
+    staff.user_permissions.set(Permission.objects.filter(codename__in=["view_turn", "change_turn"]))
+    client.force_login(staff)
+    refused = client.post("/admin/conversations/turn/", {"action": "add_to_test_set", "_selected_action": [turn.pk]})
+    assert refused.status_code == 403  # change_turn alone: no adding questions
+
+    done = admin_client.post("/admin/conversations/turn/", {
+        "action": "add_to_test_set", "_selected_action": [turn.pk, run.results.get().turn_id]}, follow=True)
+    assert "1 question added to the test set help-from-turns." in done.content.decode()
+    (question,) = TestSet.objects.get(name="help-from-turns").questions.all()
+    assert (question.question, question.visitor, question.earlier_messages) == (REFUNDS, "anonymous", [])
