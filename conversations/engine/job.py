@@ -79,14 +79,14 @@ def _perform(turn_id, cfg, job, job_timeout, clock, trace):
     if turn.done:  # cancelled (or repaired) before a worker picked it up
         return turn.status
     if not turn.conversation.internal:
-        return _perform(turn, job, cfg, clock, job_timeout)
+        return _run_turn(turn, job, cfg, clock, job_timeout, trace)
     try:
-        return _perform(turn, job, cfg, clock, job_timeout)
+        return _run_turn(turn, job, cfg, clock, job_timeout, trace)
     finally:  # a test run's turn: the run scores it and starts its next one, with no process watching
         _advance_test_run(turn)
 
 
-def _perform(turn, job, cfg, clock, job_timeout):
+def _run_turn(turn, job, cfg, clock, job_timeout, trace):
     turn_id = turn.id
     if turn.status == Turn.Status.RUNNING:  # a continuation, or a job whose turn moved on
         if job is None or job.id != turn.job_id:
