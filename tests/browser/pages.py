@@ -76,3 +76,11 @@ def admin_page(browser, live_server, viewport=None):
         yield page
     finally:
         context.close()
+
+
+def settled(page):
+    """Wait until the page's finite CSS animations have finished (a new message fades in over
+    0.15 s): an audit taken mid-fade measures a half-transparent text's contrast."""
+    page.evaluate("""() => Promise.all(document.getAnimations()
+        .filter(a => a.effect && a.effect.getComputedTiming().iterations !== Infinity)
+        .map(a => a.finished.catch(() => null)))""")

@@ -10,7 +10,7 @@ from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect
 
 from conversations.models import Assistant
-from tests.browser.pages import open_host_page
+from tests.browser.pages import open_host_page, settled
 from tests.browser.scripted import QUESTION, USER, ScriptedApi, assistant, state, streaming, tool_call, tool_result
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -28,6 +28,7 @@ FAILED = "The model service is not available right now. Please try again in a mi
 
 def audit(page):
     """axe-core's violations on the widget: a list of (rule, impact, elements)."""
+    settled(page)
     results = Axe().run(page, context={"include": [[WIDGET]]},
                         options={"runOnly": {"type": "tag", "values": TAGS}, "resultTypes": ["violations"]})
     return [(v["id"], v["impact"], len(v["nodes"])) for v in results.response["violations"]]

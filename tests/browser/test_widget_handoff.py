@@ -17,6 +17,7 @@ from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect
 
 from conversations.models import Assistant, Conversation, Turn
+from tests.browser.pages import settled
 from tests.support.fakes import FakeProvider, openai_text, openai_tool_calls
 from tests.support.helpers import ROOT, local_key
 
@@ -53,6 +54,7 @@ def staff_member():
 
 def audit(page):
     """axe-core's violations in the widget (WCAG 2.x A and AA, best practices), as test_widget_a11y.py runs it."""
+    settled(page)
     tags = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"]
     results = Axe().run(page, context={"include": [["[data-conversations-widget]"]]},
                         options={"runOnly": {"type": "tag", "values": tags}, "resultTypes": ["violations"]})
