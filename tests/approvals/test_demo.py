@@ -2,6 +2,7 @@
 email_answer tool, which waits for the visitor's approval; approved, the answer is mailed (to the
 console in the demo; to files here, since the work horse is another process); declined, nothing is sent."""
 
+import django
 import pytest
 
 from tests.support.helpers import api_post, make_client, poll_until_done, run_worker
@@ -13,8 +14,11 @@ DEMO_TOOLS = ["chatproject.tools.current_time", "chatproject.tools.search_faq", 
 
 @pytest.fixture
 def mailbox(settings, conversations_settings, tmp_path):
-    settings.EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
-    settings.EMAIL_FILE_PATH = str(tmp_path)
+    files = "django.core.mail.backends.filebased.EmailBackend"
+    if django.VERSION >= (6, 1):  # the demo settings configure mail with MAILERS there, as Django 6.1 asks
+        settings.MAILERS = {"default": {"BACKEND": files, "OPTIONS": {"file_path": str(tmp_path)}}}
+    else:
+        settings.EMAIL_BACKEND, settings.EMAIL_FILE_PATH = files, str(tmp_path)
     conversations_settings.update(PROVIDER="demo", MODEL="", TOOLS=DEMO_TOOLS, DEMO_DELAY=0, STREAM=False)
     return tmp_path
 
