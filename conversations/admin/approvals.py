@@ -14,39 +14,25 @@ from django.utils.translation import gettext_lazy
 from ..engine import approvals
 from ..models import StaffApproval
 from ..redaction import hide_keys
+from .readonly import PermissionGatedAdmin
 
 PERMISSION = "conversations.approve_toolcall"
 
 
 @admin.register(StaffApproval)
-class StaffApprovalAdmin(admin.ModelAdmin):
+class StaffApprovalAdmin(PermissionGatedAdmin):
+    permission = PERMISSION
     list_display = ("requested_at", "tool_name", "summary", "arguments_text", "turn_link", "expires_at")
     list_display_links = None
     list_per_page = 50
     sortable_by = ()
     actions = ["approve", "decline"]
 
-    def has_view_permission(self, request, obj=None):
-        return request.user.has_perm(PERMISSION)
-
-    has_change_permission = has_view_permission
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
     def get_queryset(self, request):
         return approvals.staff_waiting()
 
     def get_ordering(self, request):
         return ("requested_at",)
-
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
 
     @admin.display(description=gettext_lazy("arguments"))
     def arguments_text(self, obj):

@@ -30,6 +30,7 @@ from ..conf import get_config
 from ..engine import handoff
 from ..models import Conversation, Message, WaitingConversation
 from ..redaction import hide_keys
+from .readonly import PermissionGatedAdmin
 from .timeline import build_transcript
 
 PERMISSION = "conversations.answer_handoff"
@@ -82,25 +83,15 @@ def live_strings():
 
 
 @admin.register(WaitingConversation)
-class WaitingConversationAdmin(admin.ModelAdmin):
+class WaitingConversationAdmin(PermissionGatedAdmin):
     """The inbox: every conversation staff hold, the longest wait first, with who took it."""
 
+    permission = PERMISSION
     list_display = ("waited", "assistant", "state", "taken_by", "last_words")
     list_display_links = ("waited", "last_words")
     list_per_page = 50
     actions = None
     sortable_by = ()  # the longest wait first, always: the live page keeps the rows in that order
-
-    def has_view_permission(self, request, obj=None):
-        return request.user.has_perm(PERMISSION)
-
-    has_change_permission = has_view_permission
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def get_queryset(self, request):
         # What the visitor wrote last, not the assistant's answer or its hand_to_person tool's text.

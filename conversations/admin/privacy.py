@@ -9,6 +9,7 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from ..engine import privacy
 from ..models import Erasure, RetainedTotal, user_label
+from .readonly import ReadOnlyAdmin
 
 ERASE_PERMISSION = "conversations.erase_conversations"
 
@@ -81,7 +82,7 @@ class EraseActions:
 
 
 @admin.register(Erasure)
-class ErasureAdmin(admin.ModelAdmin):
+class ErasureAdmin(ReadOnlyAdmin):
     """The audit entries: what was erased, when, by whom; nothing of what it was."""
 
     list_display = ("created_at", "kind", "by", "what_went")
@@ -90,33 +91,15 @@ class ErasureAdmin(admin.ModelAdmin):
     readonly_fields = fields
     date_hierarchy = "created_at"
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
     @admin.display(description=gettext_lazy("what went"))
     def what_went(self, obj):
         return ", ".join(f"{number} {label}" for label, number in labelled(obj.counts) if number)
 
 
 @admin.register(RetainedTotal)
-class RetainedTotalAdmin(admin.ModelAdmin):
+class RetainedTotalAdmin(ReadOnlyAdmin):
     """What retention kept of the conversations it deleted: anonymous daily totals, read-only."""
 
     list_display = ("day", "assistant", "turns", "rated_up", "rated_down", "input_tokens", "output_tokens", "cost")
     list_filter = ("assistant",)
     date_hierarchy = "day"
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
