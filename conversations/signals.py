@@ -4,6 +4,9 @@ deactivated or deleted is what their visitors read next (``handoff.staff_changed
 that fails because Redis is unreachable is logged where an operator looks, and staff are mailed
 when a visitor asks for a person.
 
+A test run's turn that ended, however it ended, is scored and its run goes on
+(``lifecycle.turn_ended``).
+
 The app's own signals, for a site to connect its chat tool or pager to:
 ``handoff_requested(sender=Conversation, conversation, how, reason)`` and
 ``handoff_taken(sender=Conversation, conversation, user)``, each sent once, after the commit.
@@ -26,9 +29,10 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from .infra import state
-from .engine import handoff
+from .engine import handoff, lifecycle
 from .engine.handoff import handoff_requested, handoff_taken
 from .conf import get_config
+from .evals import runs as test_runs
 from .models import Conversation, Turn
 from .infra.network import describe_redis_error
 from .owners import SESSION_KEY
@@ -74,6 +78,16 @@ def mail_handoff(sender, conversation, how, reason="", **kwargs):
     except Exception:  # noqa: BLE001 - a mail server down must not undo the handoff, which is saved
         logging.getLogger("conversations.handoff").exception("Could not mail %s about conversation %s",
                                                              recipients, conversation.pk)
+
+
+@receiver(lifecycle.turn_ended, dispatch_uid="conversations_advance_test_run")
+def advance_test_run(sender, turn, **kwargs):
+    """A turn of a test run (its answer to a question, or the judge's verdict) has ended, by its
+    job, Stop or the repair: the run scores it and starts its next questions, so that it goes on
+    with only the site's workers running and nobody looking at it. A visitor's turn (in the job,
+    its conversation is already loaded) costs no query."""
+    if turn.conversation.internal:
+        test_runs.advance_for(turn)
 
 
 @receiver(user_logged_in, dispatch_uid="conversations_claim_on_login")

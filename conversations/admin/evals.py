@@ -172,10 +172,6 @@ class TestRunAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
-    def get_object(self, request, object_id, from_field=None):
-        found = super().get_object(request, object_id, from_field)
-        return runs.advance(found) if found is not None else None  # what ended since is scored now
-
     @admin.display(description=gettext_lazy("pass rate"))
     def pass_rates(self, obj):
         found = runs.summary(obj)["sides"]

@@ -30,7 +30,7 @@ from ..core.types import Outcome, ToolResult
 from ..infra import queue, state
 from ..models import CallRecord, ToolApproval, Turn
 from ..tools import InvalidArguments, arguments_hash, validate_arguments
-from .lifecycle import save_cost
+from .lifecycle import ended, save_cost
 
 logger = logging.getLogger("conversations.approvals")
 
@@ -230,6 +230,7 @@ def expire(turn, now=None):
         record(turn, "approval", Outcome.TIMEOUT, "expired: nobody decided within APPROVAL_WAIT")
     turn.refresh_from_db()
     save_cost(turn)
+    ended(turn)
     logger.info("Turn %s ended: its approval expired", turn.id, extra={"turn_id": str(turn.id)})
     return state.publish(state.state_from_db(turn))
 

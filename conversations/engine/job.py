@@ -26,7 +26,6 @@ from rq.timeouts import JobTimeoutException
 from .. import assistants
 from ..infra import state, telemetry
 from . import configure, lifecycle
-from ..evals import runs as test_runs
 from ..core.budget import TurnClock
 from ..conf import get_config
 from ..models import CallRecord, Turn
@@ -78,15 +77,6 @@ def _perform(turn_id, cfg, job, job_timeout, clock, trace):
         return None
     if turn.done:  # cancelled (or repaired) before a worker picked it up
         return turn.status
-    if not turn.conversation.internal:
-        return _run_turn(turn, job, cfg, clock, job_timeout, trace)
-    try:
-        return _run_turn(turn, job, cfg, clock, job_timeout, trace)
-    finally:  # a test run's turn: the run scores it and starts its next one, with no process watching
-        _advance_test_run(turn)
-
-
-def _run_turn(turn, job, cfg, clock, job_timeout, trace):
     turn_id = turn.id
     if turn.status == Turn.Status.RUNNING:  # a continuation, or a job whose turn moved on
         if job is None or job.id != turn.job_id:
@@ -104,13 +94,6 @@ def _run_turn(turn, job, cfg, clock, job_timeout, trace):
     # The runner claims it (``lifecycle.claim``) with its clocks in one UPDATE: a turn stopped or
     # ended a moment ago, between the read above and now, is left as it is.
     return _run(turn, cfg, lambda cfg: clock, job_timeout=job_timeout, trace=trace)
-
-
-def _advance_test_run(turn):
-    try:
-        test_runs.advance_for(turn)
-    except Exception:  # the turn itself has ended as it should; the run's page or command goes on from here
-        logger.exception("Could not advance the test run of turn %s", turn.id)
 
 
 def _continue(turn, cfg, trace=None):

@@ -11,6 +11,7 @@ import functools
 import logging
 
 from django.db import IntegrityError, transaction
+from django.dispatch import Signal
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -24,6 +25,11 @@ from ..core.sentences import not_picked_up_message, unavailable_message
 
 logger = logging.getLogger("conversations.turns")
 
+# Sent once for each turn that ends, after the commit of the write that ended it, whoever made
+# that write: its job, Stop, the worker's parent, the repair, an approval that expired.
+# ``sender`` is ``Turn``; ``turn`` the ended turn. A test run (``evals.runs``) goes on from it.
+turn_ended = Signal()
+
 
 class TurnActive(Exception):
     """``start()`` refused: another turn of the conversation is still queued or running."""
@@ -31,6 +37,18 @@ class TurnActive(Exception):
 
 class QueueUnavailable(Exception):
     """``start()`` could not enqueue the turn (Redis unreachable); a turn it had saved has ended failed."""
+
+
+def ended(turn):
+    """Announce that a write has just ended ``turn`` (``turn_ended``), once it commits; every
+    write of a turn's final status calls it, and only when that write changed the row. A
+    receiver that raises is logged: the turn has ended either way."""
+    def send():
+        for receiver, result in turn_ended.send_robust(sender=Turn, turn=turn):
+            if isinstance(result, Exception):
+                logger.error("%s failed after turn %s ended", getattr(receiver, "__qualname__", receiver), turn.pk,
+                             exc_info=result)
+    transaction.on_commit(send)
 
 
 def ensure_idle(conversation):
@@ -164,6 +182,8 @@ def stop(turn, *, end_orphaned=False):
             updated = ToolApproval.objects.filter(turn=turn, status=ToolApproval.Status.PENDING).update(
                 status=ToolApproval.Status.REFUSED) or 1
     turn.refresh_from_db()
+    if updated:
+        ended(turn)
     try:
         # Also for a turn that was queued: a work horse may have loaded it a moment before, and
         # will mark it running; the flag still stops it before its first call.
@@ -210,6 +230,7 @@ def finalize(turn, status, error, *, job_id=None):
     if updated:
         keep_streamed_text(turn)
         save_cost(turn)
+        ended(turn)
         telemetry.count_turn(status, assistant_label(turn),
                              duration=(turn.finished_at - turn.enqueued_at).total_seconds() if turn.enqueued_at else None)
     return state.publish(state.state_from_db(turn))
@@ -271,6 +292,7 @@ def _end_unclaimed_row(turn):
         status=Turn.Status.FAILED, error=not_picked_up_message(), finished_at=timezone.now())
     turn.refresh_from_db()
     if updated:
+        ended(turn)
         logger.warning("Turn %s ended: no worker picked it up within QUEUE_WAIT (%ss)", turn.id,
                        get_config()["QUEUE_WAIT"], extra={"turn_id": str(turn.id)})
     return bool(updated)

@@ -42,7 +42,7 @@ from ..tools import ToolContext, arguments_hash, interrupted_result, load_tools,
 from ..core.types import ChatMessage, ErrorCode, Finish, Outcome, ToolResult, record_call
 from . import approvals
 from .handoff import hands_over
-from .lifecycle import assistant_label, claim, unended
+from .lifecycle import assistant_label, claim, ended, unended
 from .limits import turn_address
 from .recovery import can_hand_over, continue_turn
 
@@ -753,6 +753,8 @@ class TurnRunner:
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             interrupted = interrupted or exc
         self.trace_saved(committed)  # after the visitor has the answer: the spans cost them no wait
+        if committed:
+            ended(turn)
         if interrupted is not None:
             raise interrupted
         self.finished = True

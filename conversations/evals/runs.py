@@ -3,11 +3,11 @@ under the same clocks as a visitor's, of the live assistant and (optionally) a d
 ``concurrency`` turns at a time and within a cost limit; each answer scored (``scoring``).
 
 Nothing here blocks on a turn: ``advance(run)`` scores the turns that ended, starts the next
-ones the limits allow and ends the run when every question has a result. The job of each test
-run's turn calls it last (``advance_for``), so a run goes on with only the site's workers;
-``manage.py run_test_set`` calls it too until the run ends, and the admin's run page when shown.
-A turn whose work horse died is ended by the worker's parent as any turn is (its job never gets
-to call it), and scored as failed at the next call: no question is left without a result.
+ones the limits allow and ends the run when every question has a result. Every write that ends
+a test run's turn calls it (``advance_for``, through ``lifecycle.turn_ended``): the turn's job,
+Stop, the worker's parent for a work horse that died, the repair of a dead job. So a run goes on
+with only the site's workers, and no page or command has to be watching; ``manage.py
+run_test_set`` calls it too while it waits. Showing a run changes nothing.
 """
 
 import logging
@@ -68,7 +68,7 @@ def advance(run):
             # the turns of one run (a judge's too) are never more than ``concurrency`` at once
             in_flight = (run.results.filter(turn__status__in=Turn.ACTIVE_STATUSES).count()
                          + run.results.filter(judge_turn__status__in=Turn.ACTIVE_STATUSES).count() + len(started))
-            over_budget = run.max_cost is not None and spent(run) >= run.max_cost
+            over_budget = past_cost_limit(run)
             if over_budget:
                 pending = []
             started += [ask(run, result) for result in pending[:max(0, run.concurrency - in_flight)]]
@@ -121,6 +121,18 @@ def spent(run):
     """What the run's turns cost so far, the judge's included."""
     found = run.results.aggregate(answers=Sum("turn__cost"), judge=Sum("judge_turn__cost"))
     return (found["answers"] or Decimal(0)) + (found["judge"] or Decimal(0))
+
+
+def past_cost_limit(run):
+    """Whether ``run`` has a cost limit and its turns have cost that much: it starts no more
+    questions (those not asked yet stay without a result) and ends stopped."""
+    return run.max_cost is not None and spent(run) >= run.max_cost
+
+
+def not_asked(run):
+    """How many of ``run``'s questions were not asked (of one side or both): left out by Stop or
+    the cost limit."""
+    return run.results.filter(turn__isnull=True).values("question").distinct().count()
 
 
 def test_visitor():

@@ -359,3 +359,39 @@ def test_a_run_goes_on_with_only_the_workers_running():
     run.refresh_from_db()
     assert run.status == TestRun.Status.FINISHED
     assert run.results.filter(scored=True, passed=True).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_test_turn_ended_by_stop_or_by_the_repair_advances_its_run(conversations_settings, admin_client):
+    """No job ends these turns, nobody calls advance() and nobody opens the run's page: the write
+    that ends each turn scores it and starts the run's next question."""
+    from rq.job import Job
+
+    from conversations.engine import lifecycle, recovery
+    from conversations.infra import queue
+
+    conversations_settings.update(MAX_RESUMES=0)  # a turn whose job died ends failed, rather than continued
+    run = runs.start_run(make_set(make_assistant(), [{"question": TIME, "must_contain": ["Tokyo"]}] * 3),
+                         concurrency=1)
+    first, second, third = run.results.order_by("question__position")
+
+    lifecycle.stop(first.turn)  # the turn's own Stop (a visitor's button, or an operator's), not the run's
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.scored and not first.passed and first.turn.status == "cancelled"
+    assert second.turn is not None and second.turn.status == "queued"  # the next question, started there
+
+    # The second turn's work horse died as it ran: its job is gone, and the repair ends the turn.
+    Turn.objects.filter(pk=second.turn_id).update(status="running", started_at=second.turn.enqueued_at)
+    Job.fetch(second.turn.job_id, connection=queue.get_queue().connection).delete()
+    assert recovery.repair(Turn.objects.get(pk=second.turn_id)) is not None
+    second.refresh_from_db()
+    third.refresh_from_db()
+    assert second.scored and not second.passed and second.turn.status == "failed"
+    assert third.turn is not None and not third.scored
+
+    # Showing the run changes nothing: a turn ended behind the engine's back stays unscored.
+    Turn.objects.filter(pk=third.turn_id).update(status="completed")
+    assert admin_client.get(f"/admin/conversations/testrun/{run.pk}/change/").status_code == 200
+    third.refresh_from_db()
+    assert not third.scored and TestRun.objects.get().status == TestRun.Status.RUNNING
