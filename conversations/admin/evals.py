@@ -4,10 +4,13 @@ a promotion is on the draft)."""
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count
+from django.http import HttpResponseRedirect
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 from django.utils.translation import gettext_lazy
 
 from ..assistants import problems
@@ -57,9 +60,21 @@ class TestSetForm(forms.ModelForm):
             raise ValidationError(_("The file must be UTF-8 text.")) from None
 
 
+class RunActionForm(ActionForm):
+    """The changelist's action bar, with a run's limits beside the action that starts it."""
+
+    concurrency = forms.IntegerField(label=gettext_lazy("turns at a time"), initial=2, min_value=1,
+                                     max_value=runs.MAX_CONCURRENCY, required=False)
+    max_cost = forms.DecimalField(label=gettext_lazy("cost limit"), min_value=0, max_digits=14, decimal_places=8,
+                                  required=False, help_text=gettext_lazy(
+                                      "Both sides together; the run asks no more questions once its turns have "
+                                      "cost this much. Empty: no limit."))
+
+
 @admin.register(TestSet)
 class TestSetAdmin(admin.ModelAdmin):
     form = TestSetForm
+    action_form = RunActionForm
     list_display = ("name", "assistant", "question_count")
     inlines = [TestQuestionInline]
     actions = ["run_live", "run_with_draft"]
@@ -82,7 +97,26 @@ class TestSetAdmin(admin.ModelAdmin):
             else:
                 self.message_user(request, _("%(count)d questions added from the CSV file.") % {"count": count})
 
+    def run_limits(self, request):
+        """The action bar's form, bound to ``request``'s POST and validated."""
+        limits = self.action_form(request.POST, auto_id=None)
+        limits.fields["action"].choices = self.get_action_choices(request)
+        limits.is_valid()
+        return limits
+
+    def response_action(self, request, queryset):
+        # Django's own answer to an invalid action bar is "No action selected": say what is wrong.
+        limits = self.run_limits(request)
+        wrong = [f"{limits.fields[name].label}: {' '.join(found)}" for name, found in limits.errors.items()
+                 if name in ("concurrency", "max_cost")]
+        if wrong:
+            self.message_user(request, " ".join(wrong), messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset)
+
     def _start(self, request, queryset, with_draft):
+        limits = self.run_limits(request).cleaned_data
+        concurrency, max_cost = limits.get("concurrency") or 2, limits.get("max_cost")
         for test_set in queryset:
             draft = None
             if with_draft:
@@ -91,7 +125,7 @@ class TestSetAdmin(admin.ModelAdmin):
                     self.message_user(request, _("%(assistant)s has no unpromoted draft.") % {
                         "assistant": test_set.assistant}, messages.WARNING)
                     continue
-            run = runs.start_run(test_set, draft=draft, user=request.user)
+            run = runs.start_run(test_set, draft=draft, concurrency=concurrency, max_cost=max_cost, user=request.user)
             self.message_user(request, _("Test run %(run)s started.") % {"run": run})
 
     @admin.action(description=gettext_lazy("Run against the live version"), permissions=["change"])
@@ -161,8 +195,7 @@ class AssistantDraftAdmin(admin.ModelAdmin):
 class TestRunAdmin(admin.ModelAdmin):
     list_display = ("__str__", "draft", "status", "created_at", "pass_rates")
     list_filter = ("status",)
-    fields = ("test_set", "draft", "status", "concurrency", "max_cost", "started_by", "created_at", "finished_at",
-              "comparison")
+    fields = ("test_set", "draft", "status", "limits", "started_by", "created_at", "finished_at", "comparison")
     readonly_fields = fields
     actions = ["stop", "promote"]
 
@@ -171,6 +204,23 @@ class TestRunAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    @admin.display(description=gettext_lazy("limits"))
+    def limits(self, obj):
+        spent = runs.spent(obj)
+        at_once = ngettext("At most %(count)d turn at a time.", "At most %(count)d turns at a time.",
+                           obj.concurrency) % {"count": obj.concurrency}
+        if obj.max_cost is None:
+            return format_html("{} {}", at_once, _("No cost limit; spent %(spent)s.") % {"spent": f"{spent:f}"})
+        cost = _("Cost limit %(limit)s; spent %(spent)s.") % {"limit": f"{obj.max_cost:f}", "spent": f"{spent:f}"}
+        if not runs.past_cost_limit(obj):
+            return format_html("{} {}", at_once, cost)
+        left = runs.not_asked(obj)
+        reached = (ngettext("The cost limit is reached: the run asks no more questions (%(count)d was not asked).",
+                            "The cost limit is reached: the run asks no more questions (%(count)d were not asked).",
+                            left) % {"count": left} if left else
+                   _("The cost limit is reached: the run asks no more questions."))
+        return format_html('{} {} <strong class="test-run-cost-limit">{}</strong>', at_once, cost, reached)
 
     @admin.display(description=gettext_lazy("pass rate"))
     def pass_rates(self, obj):

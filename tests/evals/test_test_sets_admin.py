@@ -85,3 +85,30 @@ def test_a_badly_rated_turn_becomes_a_question_of_the_assistants_test_set(admin_
     assert "1 question added to the test set help-from-turns." in done.content.decode()
     (question,) = TestSet.objects.get(name="help-from-turns").questions.all()
     assert (question.question, question.visitor, question.earlier_messages) == (REFUNDS, "anonymous", [])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_started_in_the_admin_keeps_its_limits_and_its_page_says_the_cost_limit_stopped_it(
+        admin_client, conversations_settings):
+    from decimal import Decimal
+
+    conversations_settings.update(PRICES={"demo": {"input": 1000, "output": 1000}})
+    test_set = make_set(make_assistant(), [{"question": TIME}] * 4)
+    listed = admin_client.get("/admin/conversations/testset/").content.decode()
+    assert 'name="concurrency"' in listed and 'name="max_cost"' in listed
+
+    refused = admin_client.post("/admin/conversations/testset/", {
+        "action": "run_live", "_selected_action": [test_set.pk], "concurrency": 0, "max_cost": ""}, follow=True)
+    assert "Turns at a time: Ensure this value is greater than or equal to 1." in refused.content.decode()
+    assert not TestRun.objects.exists()
+
+    admin_client.post("/admin/conversations/testset/", {
+        "action": "run_live", "_selected_action": [test_set.pk], "concurrency": 3, "max_cost": "0.000001"})
+    run = TestRun.objects.get()
+    assert (run.concurrency, run.max_cost) == (3, Decimal("0.000001"))
+    run = drive(run, limit=3)  # three at once; their cost passes the limit, so the fourth is never asked
+
+    assert run.status == TestRun.Status.STOPPED
+    page = admin_client.get(f"/admin/conversations/testrun/{run.pk}/change/").content.decode()
+    assert "At most 3 turns at a time. Cost limit 0.000001" in page
+    assert "The cost limit is reached: the run asks no more questions (1 was not asked)." in page
