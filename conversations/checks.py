@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from django.apps import apps
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
@@ -537,6 +538,30 @@ def check_knowledge_built(app_configs=None, databases=None, **kwargs):
                              hint=f"Run manage.py rebuild_knowledge {name} (rows created by loaddata, a data "
                                   "migration or bulk_create are indexed only by it).", id="conversations.W054")
                      for name in unbuilt]
+    return messages
+
+
+@register(Tags.database)
+def check_test_member_groups(app_configs=None, databases=None, **kwargs):
+    """``TEST_MEMBER_GROUPS`` naming a group that does not exist (``conversations.W090``): a test
+    question asked by a member would be asked by a user outside it, who sees only what any
+    signed-in visitor sees, and the run would score the member's answers wrongly. A database
+    check, like ``check_assistants``."""
+    from django.db import DatabaseError, connections
+
+    names = get_config()["TEST_MEMBER_GROUPS"]
+    messages = []
+    for alias in (databases or []) if names else []:
+        try:
+            if Group._meta.db_table not in connections[alias].introspection.table_names():
+                continue
+            found = set(Group.objects.using(alias).filter(name__in=names).values_list("name", flat=True))
+        except DatabaseError:
+            continue
+        messages += [Warning(f"CONVERSATIONS['TEST_MEMBER_GROUPS'] names the group {name!r}, which does not exist: "
+                             "a test question asked by a member is asked by a user outside it.",
+                             hint="Name the groups your site's rules count as members, or create this one.",
+                             id="conversations.W090") for name in names if name not in found]
     return messages
 
 

@@ -220,9 +220,15 @@ DEFAULTS = {
     "RETENTION_PAUSE": 0.2,
     # Show visitors, under the widget, how long their chat is kept (RETENTION_DAYS, or the assistant's).
     "WIDGET_RETENTION_NOTE": False,
+    # The groups (django.contrib.auth) that make a user a member for the site's own rules (a
+    # knowledge source's visible=, a permission granted through a group): a test question asked by
+    # a "member" is asked by a user of the run's own in these groups. Empty: a member is any
+    # signed-in user, as the demo's members-only articles have it.
+    "TEST_MEMBER_GROUPS": [],
 }
 
-_LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS", "HANDOFF_EMAILS", "REDACT"}
+_LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS", "HANDOFF_EMAILS", "REDACT",
+              "TEST_MEMBER_GROUPS"}
 _DICT_KEYS = {"CREDENTIALS", "PRICES", "SEARCH_SYNONYMS"}
 
 

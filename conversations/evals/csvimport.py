@@ -1,6 +1,6 @@
 """Questions of a test set from CSV: a header row, then one question per row.
 
-Columns: ``question`` (required), ``visitor`` (anonymous or signed_in), ``must_contain`` and
+Columns: ``question`` (required), ``visitor`` (anonymous, signed_in or member), ``must_contain`` and
 ``must_not_contain`` (phrases separated by ``|``), ``must_cite``, ``must_use_tool``,
 ``max_seconds``, ``max_cost``, ``earlier_messages`` (JSON). Unknown columns are refused, so
 that a misspelt check is not silently dropped."""

@@ -51,6 +51,7 @@ class TestQuestion(models.Model):
     class Visitor(models.TextChoices):
         ANONYMOUS = "anonymous", _("anonymous visitor")
         SIGNED_IN = "signed_in", _("signed-in visitor")
+        MEMBER = "member", _("member (signed in, in TEST_MEMBER_GROUPS)")
 
     MAX_LENGTH = 4000
 

@@ -15,12 +15,14 @@ import secrets
 from decimal import Decimal
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.db import transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 
+from ..conf import get_config
 from ..engine import lifecycle
 from ..infra import state
 from ..models import Conversation, Message, Turn
@@ -32,8 +34,9 @@ logger = logging.getLogger("conversations.evals")
 # Test turns at a time, at most: a run must leave the workers to the visitors.
 MAX_CONCURRENCY = 10
 
-# The user a signed-in question's conversation belongs to: no password, no staff flag.
-TEST_VISITOR = "conversations-test-visitor"
+# The users a signed-in and a member question's conversations belong to: no password, no staff flag.
+TEST_VISITORS = {TestQuestion.Visitor.SIGNED_IN: "conversations-test-visitor",
+                 TestQuestion.Visitor.MEMBER: "conversations-test-member"}
 
 
 def start_run(test_set, *, draft=None, concurrency=2, max_cost=None, user=None):
@@ -135,12 +138,18 @@ def not_asked(run):
     return run.results.filter(turn__isnull=True).values("question").distinct().count()
 
 
-def test_visitor():
+def test_visitor(kind):
+    """The user who asks a ``kind`` question (signed in, or member), created when missing. The
+    member is in the ``TEST_MEMBER_GROUPS`` (those that exist) and the signed-in visitor in no
+    group, whatever was changed by hand since: each sees what a real visitor of its kind would."""
     model = get_user_model()
-    user, created = model._default_manager.get_or_create(**{model.USERNAME_FIELD: TEST_VISITOR})
+    user, created = model._default_manager.get_or_create(**{model.USERNAME_FIELD: TEST_VISITORS[kind]})
     if created:
         user.set_unusable_password()
         user.save()
+    if hasattr(user, "groups"):  # a custom user model may have none
+        names = get_config()["TEST_MEMBER_GROUPS"] if kind == TestQuestion.Visitor.MEMBER else ()
+        user.groups.set(Group.objects.filter(name__in=names))
     return user
 
 
@@ -148,10 +157,10 @@ def ask(run, result):
     """Start ``result``'s question as a turn in a conversation of its own (the run's, never a
     visitor's), after its earlier messages. Call inside the run's transaction; returns the turn."""
     question = result.question
-    signed_in = question.visitor == TestQuestion.Visitor.SIGNED_IN
+    user = test_visitor(question.visitor) if question.visitor in TEST_VISITORS else None
     conversation = Conversation.objects.create(
-        assistant_id=run.test_set.assistant_id, internal=True, user=test_visitor() if signed_in else None,
-        owner_token="" if signed_in else secrets.token_urlsafe(32))
+        assistant_id=run.test_set.assistant_id, internal=True, user=user,
+        owner_token="" if user is not None else secrets.token_urlsafe(32))
     for earlier in question.earlier_messages or []:
         if isinstance(earlier, dict) and earlier.get("role") in ("user", "assistant"):
             Message.objects.create(conversation=conversation, role=earlier["role"],

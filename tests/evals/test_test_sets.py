@@ -259,7 +259,7 @@ def test_a_csv_adds_its_questions_and_a_bad_row_adds_none():
         REFUNDS, "signed_in", ["30 days", "refund"], "/help/refunds/", 5.0)
     assert first.earlier_messages == [{"role": "user", "content": "Hi"}] and second.visitor == "anonymous"
     with pytest.raises(ValidationError, match="Row 3: visitor must be one of"):
-        import_csv(test_set, f"question,visitor\n{TIME},\n{TIME},member\n")
+        import_csv(test_set, f"question,visitor\n{TIME},\n{TIME},staff\n")
     with pytest.raises(ValidationError, match="unknown: must_contian"):
         import_csv(test_set, f"question,must_contian\n{TIME},x\n")
     assert test_set.questions.count() == 2
@@ -395,3 +395,49 @@ def test_a_test_turn_ended_by_stop_or_by_the_repair_advances_its_run(conversatio
     assert admin_client.get(f"/admin/conversations/testrun/{run.pk}/change/").status_code == 200
     third.refresh_from_db()
     assert not third.scored and TestRun.objects.get().status == TestRun.Status.RUNNING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_member_sees_members_only_knowledge_in_a_test_turn_as_a_real_member_would(conversations_settings):
+    """The site's own rule decides who is a member (here: the group "members"), for a test turn as
+    for a visitor's: only the member's answer finds and cites the members-only article."""
+    from django.contrib.auth.models import Group
+    from django.core.checks import Warning
+
+    from chatproject.models import Article
+    from conversations import knowledge
+    from conversations.checks import check_test_member_groups
+    from conversations.knowledge.registry import sources
+
+    def in_members_group(queryset, user):
+        return queryset if user.groups.filter(name="members").exists() else queryset.filter(members_only=False)
+
+    demo = sources()["help"]
+    fields = {"name": demo.name, "title": demo.title, "body": demo.body, "url": demo.url, "published": demo.published,
+              "html": demo.html, "updated": demo.updated}
+    knowledge.register(demo.model, **fields, visible=in_members_group)
+    try:
+        Group.objects.create(name="members")
+        conversations_settings.update(TEST_MEMBER_GROUPS=["members"])
+        Article.objects.create(slug="member-lounge", title="The members' lounge", members_only=True, published=True,
+                               body="<p>The lounge on the second floor is open to members.</p>")
+        lounge = {"question": "Where is the members lounge?", "must_cite": "/help/member-lounge/"}
+        test_set = make_set(make_assistant(tools=["search_site"]), [
+            {**lounge, "visitor": kind} for kind in ("anonymous", "signed_in", "member")])
+        run = drive(runs.start_run(test_set, concurrency=3))
+    finally:
+        knowledge.register(demo.model, **fields, visible=demo.visible)
+
+    results = {r.question.visitor: r for r in run.results.select_related("question", "turn__conversation__user")}
+    assert {kind: r.passed for kind, r in results.items()} == {"anonymous": False, "signed_in": False, "member": True}
+    assert "The members' lounge" in results["member"].turn.messages.filter(role="assistant").last().content
+    member, signed_in = results["member"].turn.conversation.user, results["signed_in"].turn.conversation.user
+    assert [g.name for g in member.groups.all()] == ["members"] and not signed_in.groups.exists()
+    assert member != signed_in and not member.has_usable_password()
+
+    # A group the setting names but the site does not have: the member would be no member.
+    conversations_settings.update(TEST_MEMBER_GROUPS=["members", "club"])
+    assert check_test_member_groups(databases=["default"]) == [Warning(
+        "CONVERSATIONS['TEST_MEMBER_GROUPS'] names the group 'club', which does not exist: a test question asked by "
+        "a member is asked by a user outside it.",
+        hint="Name the groups your site's rules count as members, or create this one.", id="conversations.W090")]
