@@ -11,13 +11,16 @@ shows is built in ``timeline``.
 import csv
 import uuid
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.utils import flatten_fieldsets
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError
 from django.db.models import DurationField, ExpressionWrapper, F, Q
 from django.http import HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.formats import date_format
@@ -30,7 +33,7 @@ from redis.exceptions import RedisError
 
 from ..engine import handoff, lifecycle
 from ..evals.collect import add_turns
-from ..models import Turn
+from ..models import TestSet, Turn
 from .filters import NearDeadlineFilter, QueueFilter, RatingFilter
 from ..redaction import hide_keys
 from .timeline import job_status, seconds, turn_page
@@ -140,6 +143,20 @@ class TurnAssistantColumns:
                 turn.rating_comment, turn.question, turn.answer, turn.status, turn.model, turn.input_tokens,
                 turn.output_tokens, turn.cost)])
         return response
+
+
+class TestSetChoiceForm(forms.Form):
+    """Which test set the visitor's messages of some turns go to: one of their assistants', or
+    (empty) each assistant's ``<slug>-from-turns``."""
+
+    test_set = forms.ModelChoiceField(queryset=TestSet.objects.none(), required=False,
+                                      label=gettext_lazy("test set"),
+                                      empty_label=gettext_lazy("the assistant's “…-from-turns” (created when missing)"))
+
+    def __init__(self, *args, assistants=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["test_set"].queryset = TestSet.objects.filter(assistant_id__in=assistants).select_related(
+            "assistant")
 
 
 @admin.register(Turn)
@@ -279,7 +296,9 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         if obj is not None:
-            context.update(turn_page(obj), can_operate=self.has_operate_permission(request, obj))
+            context.update(turn_page(obj), can_operate=self.has_operate_permission(request, obj),
+                           can_add_question=self.may_add_questions(request) and obj.assistant_id is not None
+                           and not obj.conversation.internal)
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
     def get_urls(self):
@@ -289,6 +308,8 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
                  name="%s_%s_rerun" % info),
             path("<path:object_id>/cancel/", self.admin_site.admin_view(require_POST(self.cancel_view)),
                  name="%s_%s_cancel" % info),
+            path("<path:object_id>/add-to-test-set/", self.admin_site.admin_view(self.add_to_test_set_view),
+                 name="%s_%s_add_to_test_set" % info),
         ] + super().get_urls()
 
     def _operated_turn(self, request, object_id):
@@ -321,6 +342,15 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
         self._report_cancel(request, [(turn, stop_turn(turn))])
         return HttpResponseRedirect(self._change_url(turn))
 
+    def add_to_test_set_view(self, request, object_id):
+        """The turn page's "Add to a test set": GET shows the choice of test set, POST adds the
+        turn's question to it and redirects back to the turn."""
+        if not self.may_add_questions(request):
+            raise PermissionDenied
+        turn = self._operated_turn(request, object_id)
+        response = self.choose_test_set(request, Turn.objects.filter(pk=turn.pk), turn=turn)
+        return response or HttpResponseRedirect(self._change_url(turn))
+
     # -- actions on the turn list ----------------------------------------------------------
 
     @admin.action(description=gettext_lazy("Re-run selected turns (same visitor message, new turn)"),
@@ -339,19 +369,40 @@ class TurnAdmin(TurnAssistantColumns, ReadOnlyMixin, admin.ModelAdmin):
         if refused:
             self.message_user(request, _("Not re-run: %s.") % "; ".join(refused), messages.WARNING)
 
-    # Visitors' words copied into a test set: for staff trusted to operate on turns who may add questions.
-    @admin.action(description=gettext_lazy("Add the visitor's message to the assistant's test set “…-from-turns”"),
-                  permissions=["operate"])
+    def may_add_questions(self, request):
+        # Visitors' words copied into a test set: for staff trusted to operate on turns who may add questions.
+        return self.has_operate_permission(request) and request.user.has_perm("conversations.add_testquestion")
+
+    @admin.action(description=gettext_lazy("Add the visitor's message to a test set…"), permissions=["operate"])
     def add_to_test_set(self, request, queryset):
-        if not request.user.has_perm("conversations.add_testquestion"):
+        if not self.may_add_questions(request):
             raise PermissionDenied
-        added = add_turns(queryset)
+        return self.choose_test_set(request, queryset)
+
+    def choose_test_set(self, request, turns, turn=None):
+        """The page where staff pick the test set ``turns`` go to (``turn``: from its own page), or,
+        when that page's form is posted, add them to it and return None."""
+        assistants = set(turns.exclude(assistant=None).values_list("assistant_id", flat=True))
+        form = TestSetChoiceForm(request.POST if request.method == "POST" and "apply" in request.POST else None,
+                                 assistants=assistants)
+        if form.is_bound and form.is_valid():
+            self.report_added(request, add_turns(turns, form.cleaned_data["test_set"]))
+            return None
+        chosen = list(turns.select_related("assistant").order_by("enqueued_at"))
+        return TemplateResponse(request, "admin/conversations/turn/add_to_test_set.html", {
+            **self.admin_site.each_context(request), "opts": self.opts, "title": _("Add to a test set"),
+            "form": form, "turns": chosen, "turn": turn, "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "back": self._change_url(turn) if turn is not None else reverse(
+                f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist")})
+
+    def report_added(self, request, added):
         for test_set, count in added.items():
             self.message_user(request, ngettext("%(count)d question added to the test set %(name)s.",
                                                 "%(count)d questions added to the test set %(name)s.", count) % {
                 "count": count, "name": test_set.name}, messages.SUCCESS)
         if not added:
-            self.message_user(request, _("No turn of an assistant was selected; nothing added."), messages.WARNING)
+            self.message_user(request, _("No visitor's turn of the test set's assistant was selected; nothing added."),
+                              messages.WARNING)
 
     @admin.action(description=gettext_lazy("Cancel selected turns"), permissions=["operate"])
     def cancel_selected(self, request, queryset):

@@ -63,28 +63,67 @@ def test_stop_in_the_admin_and_a_draft_changing_the_endpoint_needs_the_configure
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_badly_rated_turn_becomes_a_question_of_the_assistants_test_set(admin_client, client):
+def test_a_badly_rated_turn_becomes_a_question_of_the_test_set_staff_pick(admin_client, client, conversations_settings):
+    from django.contrib.auth.models import Group
+
+    from conversations.models import TestQuestion, Turn
     from tests.evals.test_test_sets import ask_as_visitor
-    from tests.support.helpers import make_client
+    from tests.support.helpers import api_post, logged_in_client, make_client, make_worker, poll_until_done
 
     assistant = make_assistant()
-    visitor = make_client()
-    turn, _answer = ask_as_visitor(visitor, REFUNDS)
-    turn.rating = "down"
-    turn.save()
+    turn, _answer = ask_as_visitor(make_client(), REFUNDS)
+    Turn.objects.filter(pk=turn.pk).update(rating="down")
     run = drive(runs.start_run(make_set(assistant, [{"question": TIME}])))  # a test run's turn is never added
+    regulars = TestSet.objects.create(name="regulars", assistant=assistant)
+    TestSet.objects.create(name="other-assistant", assistant=Assistant.objects.create(slug="other", name="Other"))
 
     staff = User.objects.create_user("reader", password="pw-123456789", is_staff=True)
     staff.user_permissions.set(Permission.objects.filter(codename__in=["view_turn", "change_turn"]))
     client.force_login(staff)
-    refused = client.post("/admin/conversations/turn/", {"action": "add_to_test_set", "_selected_action": [turn.pk]})
+    refused = client.post("/admin/conversations/turn/", {"action": "add_to_test_set", "_selected_action": [turn.pk],
+                                                         "index": 0})
     assert refused.status_code == 403  # change_turn alone: no adding questions
+    assert "Add to a test set" not in client.get(f"/admin/conversations/turn/{turn.pk}/change/").content.decode()
+    assert client.get(f"/admin/conversations/turn/{turn.pk}/add-to-test-set/").status_code == 403
 
+    # From the turn list: the action asks which test set (the turn's assistant's only), then adds.
+    asked = admin_client.post("/admin/conversations/turn/", {
+        "action": "add_to_test_set", "_selected_action": [turn.pk, run.results.get().turn_id], "index": 0})
+    page = asked.content.decode()
+    assert asked.status_code == 200 and "regulars" in page and "other-assistant" not in page
+    assert not TestQuestion.objects.filter(test_set=regulars).exists()  # nothing added until chosen
     done = admin_client.post("/admin/conversations/turn/", {
-        "action": "add_to_test_set", "_selected_action": [turn.pk, run.results.get().turn_id]}, follow=True)
+        "action": "add_to_test_set", "_selected_action": [turn.pk, run.results.get().turn_id], "apply": "yes",
+        "test_set": ""}, follow=True)
     assert "1 question added to the test set help-from-turns." in done.content.decode()
     (question,) = TestSet.objects.get(name="help-from-turns").questions.all()
     assert (question.question, question.visitor, question.earlier_messages) == (REFUNDS, "anonymous", [])
+
+    # From the turn's own page, a member's turn (its second message) goes to the set picked, with
+    # the message before it and the member's kind; a GET adds nothing, a POST needs the CSRF token.
+    conversations_settings.update(TEST_MEMBER_GROUPS=["members"])
+    member = logged_in_client("member")
+    member.user.groups.add(Group.objects.create(name="members"))
+    first, _answer = ask_as_visitor(member, "Hello")
+    posted = api_post(member, f"/api/conversations/{first.conversation_id}/turns/", {"content": TIME})
+    make_worker().work(burst=True)
+    member_turn = Turn.objects.get(pk=poll_until_done(member, posted.json()["poll_url"])["id"])
+    turn_page = admin_client.get(f"/admin/conversations/turn/{member_turn.pk}/change/").content.decode()
+    assert f"/admin/conversations/turn/{member_turn.pk}/add-to-test-set/" in turn_page
+    shown = admin_client.get(f"/admin/conversations/turn/{member_turn.pk}/add-to-test-set/")
+    assert shown.status_code == 200 and not regulars.questions.exists()
+    from django.test import Client
+
+    guarded = Client(enforce_csrf_checks=True)
+    guarded.force_login(User.objects.get(username="admin"))
+    assert guarded.post(f"/admin/conversations/turn/{member_turn.pk}/add-to-test-set/", {
+        "apply": "yes", "test_set": regulars.pk}).status_code == 403
+    added = admin_client.post(f"/admin/conversations/turn/{member_turn.pk}/add-to-test-set/", {
+        "apply": "yes", "test_set": regulars.pk})
+    assert added.status_code == 302 and added.url.endswith(f"/turn/{member_turn.pk}/change/")
+    (question,) = regulars.questions.all()
+    assert question.question == TIME and question.visitor == "member"
+    assert [m["content"] for m in question.earlier_messages][0] == "Hello"
 
 
 @pytest.mark.django_db(transaction=True)
