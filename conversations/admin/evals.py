@@ -6,7 +6,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.http import HttpResponseRedirect
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
@@ -207,12 +207,14 @@ class TestRunAdmin(admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("limits"))
     def limits(self, obj):
-        spent = runs.spent(obj)
+        # "—" rather than 0 while no turn had a price (a model not in PRICES, the demo's), as the comparison shows it
+        priced = obj.results.filter(Q(turn__cost__isnull=False) | Q(judge_turn__cost__isnull=False)).exists()
+        spent = f"{runs.spent(obj).normalize():f}" if priced else "—"
         at_once = ngettext("At most %(count)d turn at a time.", "At most %(count)d turns at a time.",
                            obj.concurrency) % {"count": obj.concurrency}
         if obj.max_cost is None:
-            return format_html("{} {}", at_once, _("No cost limit; spent %(spent)s.") % {"spent": f"{spent:f}"})
-        cost = _("Cost limit %(limit)s; spent %(spent)s.") % {"limit": f"{obj.max_cost:f}", "spent": f"{spent:f}"}
+            return format_html("{} {}", at_once, _("No cost limit; spent %(spent)s.") % {"spent": spent})
+        cost = _("Cost limit %(limit)s; spent %(spent)s.") % {"limit": f"{obj.max_cost.normalize():f}", "spent": spent}
         if not runs.past_cost_limit(obj):
             return format_html("{} {}", at_once, cost)
         left = runs.not_asked(obj)

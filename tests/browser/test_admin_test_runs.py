@@ -2,6 +2,8 @@
 side, question by question. With ``SCREENSHOTS=docs/images`` the page is also saved there (the
 image in docs/admin.md)."""
 
+from decimal import Decimal
+
 import pytest
 
 from conversations.models import AssistantDraft
@@ -23,9 +25,11 @@ def test_a_runs_comparison_page(browser, live_server):
                                           changes={"tools": ["search_faq"], "system_prompt": "Answer from the FAQ."})
     from conversations.evals import runs
 
-    run = drive(runs.start_run(test_set, draft=draft, concurrency=2))
+    run = drive(runs.start_run(test_set, draft=draft, concurrency=2, max_cost=Decimal("0.5")))
     with admin_page(browser, live_server) as page:
         page.goto(f"{live_server.url}/admin/conversations/testrun/{run.pk}/change/")
+        assert page.locator(".field-limits .readonly").inner_text() == (
+            "At most 2 turns at a time. Cost limit 0.5; spent —.")  # the demo model has no price
         summary = page.locator("table.test-run-summary tr")
         assert summary.nth(1).inner_text().split("\t")[:3] == ["live", "4/4 (100%)", "—"]  # the demo has no price
         assert summary.nth(2).inner_text().split("\t")[:2] == ["draft", "2/4 (50%)"]
