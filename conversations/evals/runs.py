@@ -91,8 +91,8 @@ def advance(run):
 
 
 def advance_for(turn):
-    """``advance`` the run ``turn`` (ended) answered or judged for, if any: what the job of a test
-    run's turn does last, so that a run goes on with only the site's workers running."""
+    """``advance`` the run ``turn`` (ended) answered or judged for, if any; called once each test
+    run's turn has ended, however it ended (``lifecycle.turn_ended``). Returns the run, or None."""
     run = TestRun.objects.filter(Q(results__turn=turn) | Q(results__judge_turn=turn)).first()
     return advance(run) if run is not None else None
 
