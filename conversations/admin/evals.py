@@ -104,7 +104,7 @@ class TestSetAdmin(admin.ModelAdmin):
         limits.is_valid()
         return limits
 
-    def response_action(self, request, queryset):
+    def response_action(self, request, queryset, **kwargs):  # Django 6.1 adds action_location
         # Django's own answer to an invalid action bar is "No action selected": say what is wrong.
         limits = self.run_limits(request)
         wrong = [f"{limits.fields[name].label}: {' '.join(found)}" for name, found in limits.errors.items()
@@ -112,7 +112,7 @@ class TestSetAdmin(admin.ModelAdmin):
         if wrong:
             self.message_user(request, " ".join(wrong), messages.ERROR)
             return HttpResponseRedirect(request.get_full_path())
-        return super().response_action(request, queryset)
+        return super().response_action(request, queryset, **kwargs)
 
     def _start(self, request, queryset, with_draft):
         limits = self.run_limits(request).cleaned_data
