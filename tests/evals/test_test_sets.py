@@ -441,3 +441,20 @@ def test_a_member_sees_members_only_knowledge_in_a_test_turn_as_a_real_member_wo
         "CONVERSATIONS['TEST_MEMBER_GROUPS'] names the group 'club', which does not exist: a test question asked by "
         "a member is asked by a user outside it.",
         hint="Name the groups your site's rules count as members, or create this one.", id="conversations.W090")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_visitors_turn_ending_costs_the_test_runs_no_query():
+    """Every turn's ending is announced; a visitor's, with its conversation loaded (as its job has
+    it), is no test run's and is left at once."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from conversations.engine import lifecycle
+
+    make_assistant()
+    ended, _answer = ask_as_visitor(make_client())
+    turn = Turn.objects.select_related("conversation").get(pk=ended.pk)
+    with CaptureQueriesContext(connection) as queries:
+        lifecycle.turn_ended.send(sender=Turn, turn=turn)
+    assert len(queries) == 0
