@@ -147,3 +147,37 @@ def test_a_turns_own_round_trip_commits_do_not_wait_for_the_disk(conversations_s
         assert (site, inside, after) == ("on", "off", "on")
     else:
         assert inside == site == after == ("wal", 1)  # 1: NORMAL, no flush at a commit in WAL mode
+
+
+@pytest.mark.django_db(transaction=True)  # a transaction of its own, as in a worker (not inside a test's)
+def test_each_round_trip_is_one_transaction_of_its_own_rows_and_nothing_is_read_again(conversations_settings):
+    """What a running turn asks of the database, pinned so that a regression shows: its claim is one
+    UPDATE; each round trip one transaction with the turn's counters and its new row (and the tool's
+    call record; a model called over HTTP has one too); the final write one more. Nothing is read
+    that the runner already holds, and nothing is written outside those transactions. Counted on
+    the runner's own connection (a tool runs on another)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    turn, model, runner = run_turn(conversations_settings)
+    with CaptureQueriesContext(connection) as queries:
+        runner.run()
+
+    transactions, current = [], None
+    for query in queries.captured_queries:
+        verb = query["sql"].split()[0].upper()
+        if verb == "BEGIN":
+            current = []
+        elif verb == "COMMIT":
+            transactions.append(current)
+            current = None
+        elif verb != "SET":  # PostgreSQL's SET LOCAL synchronous_commit of a round trip's transaction
+            assert current is not None, f"{query['sql']} outside a transaction"
+            current.append(verb)
+    assert transactions == [
+        ["UPDATE"],  # the claim
+        ["UPDATE", "INSERT"],  # the reply asking for the tool: counters, its row
+        ["INSERT", "UPDATE", "INSERT"],  # the tool's result: its call record, counters, its row
+        ["INSERT", "UPDATE"],  # the final write: the answer, the turn's end
+    ]
+    assert state.read(turn.id)["status"] == "completed"
