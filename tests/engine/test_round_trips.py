@@ -181,3 +181,26 @@ def test_each_round_trip_is_one_transaction_of_its_own_rows_and_nothing_is_read_
         ["INSERT", "UPDATE"],  # the final write: the answer, the turn's end
     ]
     assert state.read(turn.id)["status"] == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_post_that_starts_a_turn_reads_the_visitors_session_once(conversations_settings, monkeypatch):
+    """The POST's Redis round trips, pinned: the session read once (its load is the check that the
+    store answers), the enqueue (RQ's two), the queued state (two), the look for a worker, the
+    turn's address; never an EXISTS before the session's GET."""
+    from tests.support.helpers import api_post, make_client
+
+    conversations_settings.update(TURN_RATE_PER_OWNER="", TURN_RATE_PER_IP="", CONVERSATION_RATE_PER_OWNER="",
+                                  CONVERSATION_RATE_PER_IP="", DAILY_TOKEN_BUDGET=0, MAX_ACTIVE_TURNS_PER_OWNER=0)
+    client = make_client()
+    for _ in range(2):  # the connections made, and the session saved, before counting
+        conversation = api_post(client, "/api/conversations/").json()
+        api_post(client, f"/api/conversations/{conversation['id']}/turns/", {"content": "Hi"})
+    conversation = api_post(client, "/api/conversations/").json()
+    sent = count_round_trips(monkeypatch)
+    response = api_post(client, f"/api/conversations/{conversation['id']}/turns/", {"content": "Hello?"})
+    monkeypatch.undo()
+
+    assert response.status_code == 202
+    assert "exists" not in sent and sent.count("get") == 1, sent
+    assert len(sent) <= 7, sent
