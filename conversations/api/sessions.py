@@ -40,8 +40,8 @@ def check_session_store(request):
     store = getattr(request, "session", None)
     if not key or not isinstance(store, CacheSessionStore):
         return
-    if store.accessed or store.session_key != key:  # loaded already, or a malformed cookie
-        store.exists(key)
+    if store.accessed or store.session_key != key or type(store).load is not CacheSessionStore.load:
+        store.exists(key)  # loaded already, a malformed cookie, or a store that loads its own way
         return
     data = store._cache.get(store.cache_key)
     if data is not None:
