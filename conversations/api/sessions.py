@@ -32,12 +32,20 @@ def check_session_store(request):
     session lives in a cache that cannot be reached; else return None.
 
     Uses the cookie, not ``request.session.session_key``: a load that already failed has
-    forgotten the key. Costs one Redis ``EXISTS`` for a cache-backed session, nothing otherwise.
-    """
+    forgotten the key. For a cache-backed session not loaded yet this is its load, one Redis
+    ``GET`` whose error is not swallowed: the session found is handed to the request's store,
+    so the view reads it without asking Redis again (an ``EXISTS`` then the ``GET`` before). A
+    key the cache does not hold is left to Django's own load, which drops it."""
     key = request.COOKIES.get(settings.SESSION_COOKIE_NAME)
     store = getattr(request, "session", None)
-    if key and isinstance(store, CacheSessionStore):
-        store.exists(key)
+    if not key or not isinstance(store, CacheSessionStore):
+        return
+    if store.accessed or store.session_key != key or type(store).load is not CacheSessionStore.load:
+        store.exists(key)  # loaded already, a malformed cookie, or a store that loads its own way
+        return
+    data = store._cache.get(store.cache_key)
+    if data is not None:
+        store._session_cache = data
 
 
 def save_session(request):

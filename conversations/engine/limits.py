@@ -25,7 +25,7 @@ from redis.exceptions import LockError, RedisError
 
 from ..conf import get_config
 from ..owners import owned_by
-from ..infra.queue import get_queue
+from ..infra.queue import get_queue, site_key
 from ..models import Turn
 
 
@@ -116,11 +116,11 @@ class AddressTurns:
         return get_queue().connection  # the queue's Redis: always there, whatever the cache is
 
     def _set_key(self):
-        return f"conversations:address-turns:{self.key}"
+        return site_key("address-turns", self.key)
 
     def __enter__(self):
         if self.limit:
-            lock = self._redis.lock(f"conversations:address-lock:{self.key}", timeout=self.LOCK_TIMEOUT,
+            lock = self._redis.lock(site_key("address-lock", self.key), timeout=self.LOCK_TIMEOUT,
                                     blocking_timeout=self.LOCK_WAIT)
             if lock.acquire():
                 self._lock = lock
@@ -173,7 +173,7 @@ class AddressTurns:
 
 
 def _turn_address_key(turn_id):
-    return f"conversations:turn-address:{turn_id}"
+    return site_key("turn-address", turn_id)
 
 
 def turn_address(turn):

@@ -16,7 +16,8 @@ circuit opened cannot close it by succeeding; only the probe can. A success whil
 forgets the failures so far.
 
 State lives in the Redis of the turns' queue (the app needs it anyway), under
-``conversations:breaker:<provider key>:…``. When Redis cannot be read the breaker lets every
+``conversations:breaker:<queue>:<provider key>:…`` (``queue.site_key``: two sites sharing that
+Redis keep breakers of their own). When Redis cannot be read the breaker lets every
 call through: it must never be the reason a turn fails.
 """
 
@@ -26,6 +27,8 @@ import time
 import uuid
 
 from redis.exceptions import RedisError
+
+from .queue import site_key
 
 logger = logging.getLogger("conversations.breaker")
 
@@ -58,7 +61,7 @@ class CircuitBreaker:
     clock = staticmethod(time.time)
 
     def __init__(self, key, *, failures, window, cooldown, probe_timeout, connection, label=""):
-        self.prefix = f"conversations:breaker:{key}"
+        self.prefix = site_key("breaker", key)
         self.failures, self.window, self.cooldown = int(failures), float(window), float(cooldown)
         self.probe_timeout = max(1, int(probe_timeout))
         self.redis = connection

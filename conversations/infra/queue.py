@@ -29,6 +29,13 @@ JOB_PREFIX = "conversations-turn-"
 HEARTBEAT_GRACE = 90
 
 
+def site_key(kind, name):
+    """``conversations:<kind>:<queue>:<name>``: a key of this site's on the queue's Redis, naming the
+    turns' queue (``QUEUE``) as RQ's own keys and the leases do, so that two sites sharing one Redis
+    database never read each other's breakers or address counts."""
+    return f"conversations:{kind}:{get_config()['QUEUE']}:{name}"
+
+
 def job_id_for(turn):
     return f"{JOB_PREFIX}{turn.id}"
 

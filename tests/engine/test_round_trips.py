@@ -147,3 +147,60 @@ def test_a_turns_own_round_trip_commits_do_not_wait_for_the_disk(conversations_s
         assert (site, inside, after) == ("on", "off", "on")
     else:
         assert inside == site == after == ("wal", 1)  # 1: NORMAL, no flush at a commit in WAL mode
+
+
+@pytest.mark.django_db(transaction=True)  # a transaction of its own, as in a worker (not inside a test's)
+def test_each_round_trip_is_one_transaction_of_its_own_rows_and_nothing_is_read_again(conversations_settings):
+    """What a running turn asks of the database, pinned so that a regression shows: its claim is one
+    UPDATE; each round trip one transaction with the turn's counters and its new row (and the tool's
+    call record; a model called over HTTP has one too); the final write one more. Nothing is read
+    that the runner already holds, and nothing is written outside those transactions. Counted on
+    the runner's own connection (a tool runs on another)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    turn, model, runner = run_turn(conversations_settings)
+    with CaptureQueriesContext(connection) as queries:
+        runner.run()
+
+    transactions, current = [], None
+    for query in queries.captured_queries:
+        verb = query["sql"].split()[0].upper()
+        if verb == "BEGIN":
+            current = []
+        elif verb == "COMMIT":
+            transactions.append(current)
+            current = None
+        elif verb != "SET":  # PostgreSQL's SET LOCAL synchronous_commit of a round trip's transaction
+            assert current is not None, f"{query['sql']} outside a transaction"
+            current.append(verb)
+    assert transactions == [
+        ["UPDATE"],  # the claim
+        ["UPDATE", "INSERT"],  # the reply asking for the tool: counters, its row
+        ["INSERT", "UPDATE", "INSERT"],  # the tool's result: its call record, counters, its row
+        ["INSERT", "UPDATE"],  # the final write: the answer, the turn's end
+    ]
+    assert state.read(turn.id)["status"] == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_post_that_starts_a_turn_reads_the_visitors_session_once(conversations_settings, monkeypatch):
+    """The POST's Redis round trips, pinned: the session read once (its load is the check that the
+    store answers), the enqueue (RQ's two), the queued state (two), the look for a worker, the
+    turn's address; never an EXISTS before the session's GET."""
+    from tests.support.helpers import api_post, make_client
+
+    conversations_settings.update(TURN_RATE_PER_OWNER="", TURN_RATE_PER_IP="", CONVERSATION_RATE_PER_OWNER="",
+                                  CONVERSATION_RATE_PER_IP="", DAILY_TOKEN_BUDGET=0, MAX_ACTIVE_TURNS_PER_OWNER=0)
+    client = make_client()
+    for _ in range(2):  # the connections made, and the session saved, before counting
+        conversation = api_post(client, "/api/conversations/").json()
+        api_post(client, f"/api/conversations/{conversation['id']}/turns/", {"content": "Hi"})
+    conversation = api_post(client, "/api/conversations/").json()
+    sent = count_round_trips(monkeypatch)
+    response = api_post(client, f"/api/conversations/{conversation['id']}/turns/", {"content": "Hello?"})
+    monkeypatch.undo()
+
+    assert response.status_code == 202
+    assert "exists" not in sent and sent.count("get") == 1, sent
+    assert len(sent) <= 7, sent

@@ -132,6 +132,30 @@ def turn_from(address, content="Hello?"):
     return visitor, start_turn(visitor, content, REMOTE_ADDR=address)
 
 
+def test_another_site_sharing_the_redis_keeps_breakers_and_address_counts_of_its_own(chain, conversations_settings,
+                                                                                    monkeypatch):
+    """Two sites on one Redis database, each with its own queue (as RQ requires): the provider an
+    outage opened for one is still closed for the other, and a turn's address is its site's."""
+    from conversations.engine.limits import AddressTurns, turn_address
+
+    primary, fallback = chain
+    for owner in ("a", "b", "c"):
+        turn_of(owner)
+    assert primary_state()["state"] == "open"
+    conversation = Conversation.objects.create(owner_token="token-of-d")
+    turn = conversation.turns.create()
+    AddressTurns("203.0.113.9").add(turn)
+    assert turn_address(turn) == "203.0.113.9"
+
+    import django_rq.settings
+
+    queues = django_rq.settings.QUEUES
+    conversations_settings.update(QUEUE="the-other-site")
+    monkeypatch.setitem(django_rq.settings.QUEUES, "the-other-site", next(iter(queues.values())))  # the same Redis
+    assert primary_state() == {"state": "closed", "recent_failures": 0, "open_for": 0}
+    assert turn_address(turn) == ""
+
+
 def test_outage_events_in_a_stream_count_like_the_status_they_stand_for(chain, conversations_settings):
     primary, fallback = chain
     conversations_settings.update(STREAM=True)
