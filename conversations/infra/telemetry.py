@@ -46,6 +46,9 @@ SCOPE = "conversations"
 AVAILABLE = trace is not None
 # The meta key of an RQ job that carries the trace context of the request that enqueued it.
 META_KEY = "otel"
+# The key, beside the trace context in a continuation's meta, of what its job span says of the
+# job before it (``resume_span``): propagators read only their own keys (``traceparent``...).
+PREVIOUS_KEY = "conversations.previous_job"
 
 # The outcomes of a call record that are no error (``core.types.Outcome``'s values).
 NOT_ERRORS = {"ok", "skipped", "cancelled"}
@@ -297,9 +300,12 @@ def job_span(meta, **attributes):
         yield None
         return
     content = bool(attributes.pop("content", False))
-    parent = _extract((meta or {}).get(META_KEY))
+    carried = (meta or {}).get(META_KEY) or {}
+    parent = _extract(carried)
     span = _tracer().start_span("conversations.turn.job", context=parent, kind=SpanKind.CONSUMER,
                                 attributes=_clean(attributes))
+    if carried.get(PREVIOUS_KEY):  # a continuation: the job before it died (its span with it) or handed over
+        span.add_event("conversations.job.previous_attempt", attributes=_clean(carried[PREVIOUS_KEY]))
     token = otel_context.attach(trace.set_span_in_context(span, parent))
     job = JobTrace(span, trace.set_span_in_context(span, parent), content=content)
     try:
@@ -313,9 +319,11 @@ def job_span(meta, **attributes):
         span.end()
 
 
-def resume_span(meta, **attributes):
+def resume_span(meta, *, died=True, **attributes):
     """The span of a turn continued by a new job (instant: made where the death or the stop was
-    noticed), child of the request's span; returns the context for the continuation's meta."""
+    noticed), child of the request's span; returns what the continuation's meta carries: this
+    span's context, and what its job span records as an event of the job before it (``died``:
+    that job was killed, so its own span was lost with it, or False: it handed the turn over)."""
     if not AVAILABLE:
         return None
     parent = _extract((meta or {}).get(META_KEY))
@@ -324,6 +332,9 @@ def resume_span(meta, **attributes):
     span.end()
     data = {}
     propagate.inject(data, context=trace.set_span_in_context(span, parent))
+    data[PREVIOUS_KEY] = {key: attributes.get(key) for key in (
+        "conversations.resume.from_job", "conversations.resume.cause", "conversations.resume.number")}
+    data[PREVIOUS_KEY]["conversations.resume.previous_job_died"] = died
     return data
 
 

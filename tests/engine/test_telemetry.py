@@ -85,6 +85,7 @@ def as_dict(span):
             "parent_id": f"{span.parent.span_id:016x}" if span.parent else None, "kind": span.kind.name,
             "start": span.start_time, "end": span.end_time,
             "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in span.attributes.items()},
+            "events": [{"name": event.name, "attributes": dict(event.attributes)} for event in span.events],
             "status": span.status.status_code.value}
 
 
@@ -295,6 +296,12 @@ def test_a_turn_resumed_after_sigkill_is_still_one_trace(chain, telemetry, recei
     assert resume["attributes"]["conversations.resume.from_job"] == f"conversations-turn-{turn.id}"
     assert resume["attributes"]["messaging.message.id"] == turn.job_id
     assert job["parent_id"] == resume["span_id"] and job["attributes"]["conversations.turn.status"] == "completed"
+    # The continuation's span tells what the killed job's own span can no longer say.
+    (previous,) = [e for e in job["events"] if e["name"] == "conversations.job.previous_attempt"]
+    assert previous["attributes"]["conversations.resume.previous_job_died"] is True
+    assert previous["attributes"]["conversations.resume.from_job"] == f"conversations-turn-{turn.id}"
+    assert previous["attributes"]["conversations.resume.cause"] == resume["attributes"]["conversations.resume.cause"]
+    assert previous["attributes"]["conversations.resume.number"] == 1
     ids = {s["span_id"] for s in spans}
     first, second = [s for s in by_name(spans, "chat ") if s["parent_id"] not in ids], \
         [s for s in by_name(spans, "chat ") if s["parent_id"] == job["span_id"]]
