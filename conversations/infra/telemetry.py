@@ -28,6 +28,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from ..redaction import hide_keys
 from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND
@@ -261,13 +262,13 @@ class JobTrace:
             metric_attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": provider,
                                  "gen_ai.request.model": record.name, "error.type": error}
             if record.outcome != "skipped":
-                instruments().operation_duration.record(record.duration or 0.0, _clean(metric_attributes))
+                _measure("operation_duration", record.duration or 0.0, _clean(metric_attributes))
                 if error:
-                    instruments().provider_errors.add(1, _clean(metric_attributes))
+                    _measure("provider_errors", 1, _clean(metric_attributes), "add")
                 if reply is not None:
                     for token_type in ("input", "output"):
                         if reply.get(f"{token_type}_tokens") is not None:
-                            instruments().token_usage.record(reply[f"{token_type}_tokens"], _clean(
+                            _measure("token_usage", reply[f"{token_type}_tokens"], _clean(
                                 {**metric_attributes, "gen_ai.response.model": reply.get("model") or record.name,
                                  "gen_ai.token.type": token_type}))
         if record.outcome == "timeout":
@@ -300,6 +301,11 @@ def job_span(meta, **attributes):
         yield None
         return
     content = bool(attributes.pop("content", False))
+    # A forked work horse exports its metrics when its job ends (``flush``), not before: it makes
+    # its measurements then too, after the turn's final write, which an operator cannot tell
+    # apart, and the visitor's turn no longer waits for the SDK's first touch, in a fresh
+    # process, of each instrument and aggregation.
+    pending = _pending.set([]) if forked() else None
     carried = (meta or {}).get(META_KEY) or {}
     parent = _extract(carried)
     span = _tracer().start_span("conversations.turn.job", context=parent, kind=SpanKind.CONSUMER,
@@ -315,6 +321,9 @@ def job_span(meta, **attributes):
         span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
         raise
     finally:
+        if pending is not None:
+            _measure_pending()
+            _pending.reset(pending)
         otel_context.detach(token)
         span.end()
 
@@ -342,6 +351,24 @@ def resume_span(meta, *, died=True, **attributes):
 
 _instruments = None
 _instruments_lock = threading.Lock()
+# The measurements a forked work horse's job keeps until it ends (``job_span``); None: make them now.
+_pending = ContextVar("conversations_telemetry_pending", default=None)
+
+
+def _measure(instrument, value, attributes, method="record"):
+    """``instruments().<instrument>.<method>(value, attributes)``, now or when the job ends."""
+    pending = _pending.get()
+    if pending is not None:
+        pending.append((instrument, method, value, attributes))
+    else:
+        getattr(getattr(instruments(), instrument), method)(value, attributes)
+
+
+def _measure_pending():
+    recorded, pending = instruments(), _pending.get()
+    for instrument, method, value, attributes in pending:
+        getattr(getattr(recorded, instrument), method)(value, attributes)
+    pending.clear()
 
 
 class _Instruments:
@@ -398,39 +425,38 @@ def count_turn(status, assistant, *, duration=None, first_word=None, margin=None
     if not AVAILABLE:
         return
     attributes = _clean({"conversations.turn.status": status, "conversations.assistant": assistant})
-    recorded = instruments()
-    recorded.turns.add(1, attributes)
+    _measure("turns", 1, attributes, "add")
     if duration is not None:
-        recorded.duration.record(max(0.0, duration), attributes)
+        _measure("duration", max(0.0, duration), attributes)
     if margin is not None:
-        recorded.margin.record(max(0.0, margin), attributes)
+        _measure("margin", max(0.0, margin), attributes)
     if first_word is not None:
-        recorded.first_word.record(max(0.0, first_word), _clean({"conversations.assistant": assistant}))
+        _measure("first_word", max(0.0, first_word), _clean({"conversations.assistant": assistant}))
 
 
 def first_word(assistant, seconds):
     if AVAILABLE:
-        instruments().first_word.record(max(0.0, seconds), _clean({"conversations.assistant": assistant}))
+        _measure("first_word", max(0.0, seconds), _clean({"conversations.assistant": assistant}))
 
 
 def queue_wait(seconds, assistant):
     if AVAILABLE:
-        instruments().queue_wait.record(max(0.0, seconds), _clean({"conversations.assistant": assistant}))
+        _measure("queue_wait", max(0.0, seconds), _clean({"conversations.assistant": assistant}))
 
 
 def in_flight(change, worker):
     if AVAILABLE:
-        instruments().in_flight.add(change, {"conversations.worker.class": worker})
+        _measure("in_flight", change, {"conversations.worker.name": worker}, "add")
 
 
 def breaker_state(label, state):
     if AVAILABLE:
-        instruments().breaker.set(BREAKER_STATES.get(state, 0), {"conversations.provider": label})
+        _measure("breaker", BREAKER_STATES.get(state, 0), {"conversations.provider": label}, "set")
 
 
 def poll_answered(status_code, seconds):
     if AVAILABLE:
-        instruments().polls.record(seconds, {"http.response.status_code": status_code})
+        _measure("polls", seconds, {"http.response.status_code": status_code})
 
 
 _handoff_count = None
