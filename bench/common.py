@@ -213,6 +213,20 @@ def cpu_seconds(*pids):
     return total / tick
 
 
+def minor_faults(*pids):
+    """Minor page faults of ``pids`` and all their descendants, reaped children included, from
+    /proc: in a forked child, each first write to a page it shares with its parent is one (a
+    copy on write)."""
+    total = 0
+    for pid in process_tree(*pids):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[7]) + int(fields[8])  # minflt, cminflt
+    return total
+
+
 def memory_kib(pid):
     """(RSS, PSS) of one process in KiB from /proc/<pid>/smaps_rollup, or (0, 0) if it is gone."""
     rss = pss = 0

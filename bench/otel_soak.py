@@ -1,8 +1,16 @@
 """Telemetry soak: many turns through both worker classes with ``TELEMETRY="otlp"``, every span
-and metric sent over OTLP/HTTP to a receiver on loopback that decodes the protobuf; then what it
-received is counted against what the database recorded.
+and metric sent over OTLP/HTTP to a receiver on loopback; then what it received is counted
+against what the database recorded.
 
     .venv/bin/python -m bench.otel_soak [--turns 100] [--visitors 4] [--database postgres|sqlite|URL]
+                                        [--phoenix PATH]
+
+The spans go to a real trace backend with ``--phoenix``: the path of the ``phoenix`` command of
+Arize Phoenix (``pip install arize-phoenix`` in a virtualenv of its own, as it pins a web stack of
+its own), which the bench starts on loopback; it stores the spans it receives over OTLP/HTTP and
+the bench reads them back through its REST API. Phoenix takes no metrics: they go, as every
+signal does without ``--phoenix``, to a receiver in this process that decodes the protobuf
+(``tests.support.otel.OtlpReceiver``).
 
 Each worker class (``ConcurrentWorker`` on one queue, the forking ``Worker`` on another) gets a
 gunicorn (2 sync workers) of its own; ``--visitors`` visitors per class post tool turns (three
@@ -19,16 +27,95 @@ counting the polls answered 200 and 304 that the visitors saw. Exits 1 on a mism
 """
 
 import argparse
+import contextlib
+import datetime
 import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
 
-from bench.common import PYTHON, ROOT, ScriptedProvider, Stack, machine, visitor
+import requests
+
+from bench.common import PYTHON, ROOT, ScriptedProvider, Stack, free_port, machine, visitor, wait_for_port
 
 CLASSES = {"ConcurrentWorker": ("conversations.worker.ConcurrentWorker", "default"),
            "Worker": ("conversations.worker.Worker", "forking")}
+
+
+class Phoenix:
+    """Arize Phoenix started on loopback with a store of its own: an OTLP/HTTP trace receiver
+    (``traces_endpoint``) whose REST API lists the spans it stored (``spans``)."""
+
+    PROJECT = "conversations-soak"  # set by the resource attribute Phoenix reads (openinference.project.name)
+
+    def __init__(self, command):
+        self.command = command
+
+    def __enter__(self):
+        self.home = tempfile.mkdtemp(prefix="phoenix-")
+        port = free_port()
+        # Phoenix's own environment has none of the OTEL_* variables set for the app's processes.
+        env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+        env.update({"PHOENIX_WORKING_DIR": self.home, "PHOENIX_HOST": "127.0.0.1", "PHOENIX_PORT": str(port),
+                    "PHOENIX_GRPC_PORT": str(free_port())})
+        self.log = open(os.path.join(self.home, "phoenix.log"), "w")
+        self.process = subprocess.Popen([self.command, "serve"], env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        wait_for_port(port, timeout=180)
+        self.url = f"http://127.0.0.1:{port}"
+        self.traces_endpoint = self.url + "/v1/traces"
+        self.version = requests.get(self.url + "/arize_phoenix_version", timeout=10).text.strip()
+        return self
+
+    def __exit__(self, *exc):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def spans(self):
+        """Every span Phoenix stored for the soak's project, in the receiver's shape."""
+        spans, cursor = [], None
+        while True:
+            page = requests.get(f"{self.url}/v1/projects/{self.PROJECT}/spans", timeout=60,
+                                params={"limit": 1000, **({"cursor": cursor} if cursor else {})})
+            page.raise_for_status()
+            page = page.json()
+            spans += [{"name": s["name"], "trace_id": s["context"]["trace_id"], "span_id": s["context"]["span_id"],
+                       "parent_id": s["parent_id"], "start": _nanoseconds(s["start_time"]),
+                       "end": _nanoseconds(s["end_time"]), "attributes": s["attributes"], "events": s["events"]}
+                      for s in page["data"]]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return spans
+
+    def settled_spans(self, expected, timeout=120):
+        """The spans once Phoenix has stored ``expected`` of them (it writes in batches, after
+        answering the export) or their count stopped moving for 10 s."""
+        deadline, last, still_since = time.monotonic() + timeout, -1, time.monotonic()
+        while True:
+            spans = self.spans()
+            if len(spans) != last:
+                last, still_since = len(spans), time.monotonic()
+            if len(spans) >= expected or time.monotonic() - still_since > 10 or time.monotonic() > deadline:
+                return spans
+            time.sleep(1)
+
+
+def _nanoseconds(iso):
+    # Phoenix answers in microseconds: the ±1 ms comparison below is well within that.
+    moment = datetime.datetime.fromisoformat(iso)
+    return (int(moment.timestamp()) * 1_000_000 + moment.microsecond) * 1000
 
 
 def run_visitor(base, turns, polls, errors):
@@ -62,54 +149,68 @@ def main():
     parser.add_argument("--turns", type=int, default=100, help="turns per worker class")
     parser.add_argument("--visitors", type=int, default=4, help="visitors at once per worker class")
     parser.add_argument("--database", default="postgres", help='"postgres", "sqlite" or a DATABASE_URL')
+    parser.add_argument("--phoenix", metavar="PATH", help="the phoenix command of Arize Phoenix: send the spans there")
     args = parser.parse_args()
     from tests.support.otel import OtlpReceiver  # the otel extra
 
     print(machine())
-    with ScriptedProvider(calls=3) as provider, OtlpReceiver() as receiver:
-        conversations = {"PROVIDER": "openai", "BASE_URL": provider.url, "API_KEY": "bench", "MODEL": "bench",
-                         "TELEMETRY": "otlp"}
-        # Every process of the stack (this one, migrate, gunicorn, the workers) exports to the receiver.
-        os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "conversations-soak",
-                           "OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_METRIC_EXPORT_INTERVAL": "1000",
-                           "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta"})
-        with Stack(database=args.database, conversations=conversations) as stack:
-            bases = {}
-            for name, (path, queue_name) in CLASSES.items():
-                env = {"RQ_WORKER_CLASS": path, "CONVERSATIONS_QUEUE": queue_name}
-                bases[name] = stack.gunicorn(2, env=env)
-                stack.spawn(PYTHON, str(ROOT / "manage.py"), "rqworker", queue_name, env=env)
-            stack.wait_for_workers(len(CLASSES))
-            polls, errors, threads = Counter(), [], []
-            began = time.monotonic()
-            for name, base in bases.items():
-                share = [args.turns // args.visitors + (i < args.turns % args.visitors) for i in range(args.visitors)]
-                threads += [threading.Thread(target=run_visitor, args=(base, n, polls, errors)) for n in share]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            took = time.monotonic() - began
-            if errors:
-                from conversations.models import Turn
-
-                for turn in Turn.objects.exclude(status="completed"):
-                    print("not completed:", turn.id, turn.status, turn.queue, turn.job_id, turn.enqueued_at,
-                          turn.started_at, turn.finished_at) if hasattr(turn, "queue") else print(
-                        "not completed:", turn.id, turn.status, turn.job_id, turn.enqueued_at, turn.started_at,
-                        turn.finished_at)
-                raise errors[0]
-            time.sleep(4)  # a batch delay and a few metric intervals: every process has exported
-            ok = report(args, receiver, polls, took)
+    with contextlib.ExitStack() as stack:
+        provider = stack.enter_context(ScriptedProvider(calls=3))
+        receiver = stack.enter_context(OtlpReceiver())
+        phoenix = stack.enter_context(Phoenix(args.phoenix)) if args.phoenix else None
+        if phoenix:
+            print(f"spans to Arize Phoenix {phoenix.version} at {phoenix.traces_endpoint}, metrics to {receiver.url}")
+        ok = soak(args, provider, receiver, phoenix)
     sys.exit(0 if ok else 1)
 
 
-def report(args, receiver, polls, took):
+def soak(args, provider, receiver, phoenix):
+    conversations = {"PROVIDER": "openai", "BASE_URL": provider.url, "API_KEY": "bench", "MODEL": "bench",
+                     "TELEMETRY": "otlp"}
+    # Every process of the stack (this one, migrate, gunicorn, the workers) exports to the
+    # receiver, or its spans to Phoenix; the standard variables alone say where.
+    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "conversations-soak",
+                       "OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+                       "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta"})
+    if phoenix:
+        os.environ.update({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": phoenix.traces_endpoint,
+                           "OTEL_RESOURCE_ATTRIBUTES": f"openinference.project.name={Phoenix.PROJECT}"})
+    with Stack(database=args.database, conversations=conversations) as stack:
+        bases = {}
+        for name, (path, queue_name) in CLASSES.items():
+            env = {"RQ_WORKER_CLASS": path, "CONVERSATIONS_QUEUE": queue_name}
+            bases[name] = stack.gunicorn(2, env=env)
+            stack.spawn(PYTHON, str(ROOT / "manage.py"), "rqworker", queue_name, env=env)
+        stack.wait_for_workers(len(CLASSES))
+        polls, errors, threads = Counter(), [], []
+        began = time.monotonic()
+        for name, base in bases.items():
+            share = [args.turns // args.visitors + (i < args.turns % args.visitors) for i in range(args.visitors)]
+            threads += [threading.Thread(target=run_visitor, args=(base, n, polls, errors)) for n in share]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        took = time.monotonic() - began
+        if errors:
+            from conversations.models import Turn
+
+            for turn in Turn.objects.exclude(status="completed"):
+                print("not completed:", turn.id, turn.status, turn.queue, turn.job_id, turn.enqueued_at,
+                      turn.started_at, turn.finished_at) if hasattr(turn, "queue") else print(
+                    "not completed:", turn.id, turn.status, turn.job_id, turn.enqueued_at, turn.started_at,
+                    turn.finished_at)
+            raise errors[0]
+        time.sleep(4)  # a batch delay and a few metric intervals: every process has exported
+        return report(args, receiver, phoenix, polls, took)
+
+
+def report(args, receiver, phoenix, polls, took):
     from conversations.models import CallRecord, Turn
 
     turns = list(Turn.objects.all())
     records = list(CallRecord.objects.exclude(kind="resume"))
-    spans = receiver.spans
+    spans = phoenix.settled_spans(2 * len(turns) + len(records)) if phoenix else receiver.spans
     by_name = Counter(s["name"].split(" ")[0] for s in spans)
     points = receiver.metric_points
 
@@ -141,8 +242,8 @@ def report(args, receiver, polls, took):
          total("conversations.poll.duration", **{"http.response.status_code": 304})),
     ]
     print(f"\n{len(turns)} turns ({args.turns} per worker class, {args.visitors} visitors each) in {took:.1f} s; "
-          f"{len(spans)} spans and {sum(len(v) for v in points.values())} metric points in {receiver.requests} "
-          f"OTLP requests\n")
+          f"{len(spans)} spans{' (stored by Phoenix)' if phoenix else ''} and "
+          f"{sum(len(v) for v in points.values())} metric points; {receiver.requests} OTLP requests to the receiver\n")
     width = max(len(r[0]) for r in rows), max(len(r[2]) for r in rows)
     ok = True
     for left, expected, right, got in rows:

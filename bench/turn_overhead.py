@@ -41,7 +41,8 @@ import time
 
 import requests
 
-from bench.common import PYTHON, ROOT, ScriptedProvider, Stack, cpu_seconds, machine, median, percentile, table, visitor
+from bench.common import (PYTHON, ROOT, ScriptedProvider, Stack, cpu_seconds, machine, median, minor_faults, percentile,
+                          table, visitor)
 
 RESULT_KEY = "bench:bare:{}"
 
@@ -148,10 +149,12 @@ class CpuMeter:
         self.web, self.worker = web, worker
 
     def start(self):
-        self.before = cpu_seconds(self.web), cpu_seconds(self.worker)
+        self.before = cpu_seconds(self.web), cpu_seconds(self.worker), minor_faults(self.worker)
 
     def stop(self):
-        return {"cpu web": cpu_seconds(self.web) - self.before[0], "cpu worker": cpu_seconds(self.worker) - self.before[1]}
+        return {"cpu web": cpu_seconds(self.web) - self.before[0],
+                "cpu worker": cpu_seconds(self.worker) - self.before[1],
+                "faults worker": minor_faults(self.worker) - self.before[2]}
 
 
 def measured(run, queue, web, worker):
@@ -237,9 +240,12 @@ def report_telemetry(results, receiver):
                      f"{on_overhead * 1000:.1f}", f"{(on_overhead / off_overhead - 1) * 100:+.1f} %",
                      f"{(median([r['total'] for r in on]) / median([r['total'] for r in off]) - 1) * 100:+.1f} %",
                      f"{sum(r['cpu'] for r in on) / len(on) * 1000:.1f} vs "
-                     f"{sum(r['cpu'] for r in off) / len(off) * 1000:.1f}"])
+                     f"{sum(r['cpu'] for r in off) / len(off) * 1000:.1f}",
+                     f"{median([r['faults worker'] for r in on]):.0f} vs "
+                     f"{median([r['faults worker'] for r in off]):.0f}"])
     table(["worker class", "start to done, off", "start to done, on", "overhead, off", "overhead, on",
-           "overhead change", "start to done change", "CPU ms per turn, on vs off"], rows)
+           "overhead change", "start to done change", "CPU ms per turn, on vs off",
+           "worker's page faults per turn, on vs off"], rows)
     print(f"\nThe receiver decoded {len(receiver.spans)} spans in {receiver.requests} OTLP requests.")
 
 
@@ -268,14 +274,14 @@ def report(args, stack, results):
            "CPU web", "CPU worker", "CPU total"], rows)
 
     print("\nWhere a turn's time goes, from the start of the POST (medians in ms; from its row and call records)\n")
-    phases = []
-    for name in CLASSES:
-        turns = results[f"turn, {name}"]
+    phases, labels = [], [label for label in results if label.startswith("turn, ")]
+    for label in labels:
+        turns = results[label]
         for r in turns:
             r["start to running"] = r["running"] - r["job start"]
             r["queued"] = r["job start"] - r["answered"]
         phases.append(turns)
-    table(["phase"] + [f"turn, {name}" for name in CLASSES], [
+    table(["phase"] + labels, [
         [label] + [ms(turns, key) for turns in phases] for label, key in [
             ("POST answered (202)", "answered"),
             ("then until RQ starts the job (a fork included)", "queued"),

@@ -43,11 +43,12 @@ def can_hand_over(turn, cfg):
     return turn.resumes < cfg["MAX_RESUMES"] and left is not None and left >= cfg["MIN_CALL_BUDGET"]
 
 
-def continue_turn(turn, cause, *, from_job_id):
+def continue_turn(turn, cause, *, from_job_id, died=True):
     """Enqueue a new job for running ``turn`` that goes on from its saved transcript, if
     ``from_job_id`` is still its job, it may resume once more (``MAX_RESUMES``), it was not
-    asked to stop, and its deadline leaves ``MIN_CALL_BUDGET``. Returns the new job's id, or
-    None (someone else continued it, or it must end instead)."""
+    asked to stop, and its deadline leaves ``MIN_CALL_BUDGET``. ``died``: that job is dead (False:
+    it hands the turn over itself, as its worker shuts down). Returns the new job's id, or None
+    (someone else continued it, or it must end instead)."""
     cfg = get_config()
     if turn.status != Turn.Status.RUNNING or turn.cancel_requested or not can_hand_over(turn, cfg):
         return None
@@ -66,7 +67,7 @@ def continue_turn(turn, cause, *, from_job_id):
                               started_offset=(timezone.now() - started).total_seconds(), remaining_before=left,
                               timeout=left, outcome=Outcome.OK, detail=f"continued by job {job_id}: {cause}"[:500])
     # The resume's span is the request's child, and the continuation's parent (its job's meta).
-    carried = telemetry.resume_span(queue.job_meta(from_job_id) if telemetry.enabled() else None, **{
+    carried = telemetry.resume_span(queue.job_meta(from_job_id) if telemetry.enabled() else None, died=died, **{
         "conversations.turn.id": str(turn.id), "conversations.resume.cause": cause[:200],
         "conversations.resume.number": number, "conversations.resume.from_job": from_job_id,
         "messaging.message.id": job_id, "conversations.resume.remaining": left})

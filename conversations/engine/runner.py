@@ -626,7 +626,7 @@ class TurnRunner:
         if asked == Stop.CANCEL:
             return Turn.Status.CANCELLED, None
 
-        if continue_turn(self.turn, "its worker shut down", from_job_id=self.turn.job_id):
+        if continue_turn(self.turn, "its worker shut down", from_job_id=self.turn.job_id, died=False):
             return None, None
         state.clear_handoff(self.turn.id)  # no time left to hand over: finish here
         return None

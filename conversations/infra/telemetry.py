@@ -28,6 +28,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from ..redaction import hide_keys
 from .watchdog import BODY, CONNECT, FIRST_BYTE, SEND
@@ -46,6 +47,9 @@ SCOPE = "conversations"
 AVAILABLE = trace is not None
 # The meta key of an RQ job that carries the trace context of the request that enqueued it.
 META_KEY = "otel"
+# The key, beside the trace context in a continuation's meta, of what its job span says of the
+# job before it (``resume_span``): propagators read only their own keys (``traceparent``...).
+PREVIOUS_KEY = "conversations.previous_job"
 
 # The outcomes of a call record that are no error (``core.types.Outcome``'s values).
 NOT_ERRORS = {"ok", "skipped", "cancelled"}
@@ -174,6 +178,19 @@ def warm_up(forking=False):
             _setup_metrics(periodic=False)
         _tracer()
         instruments()
+        _rehearse()
+
+
+def _rehearse():
+    """Start, once, a span as a job does (a parent read from a job's meta, attributes of every
+    type the app sets), so that the work horses forked from this process find the interpreter's
+    ``isinstance`` caches of the API's abstract classes (``Span``, ``Sequence``) filled: each
+    horse filled them again for its turn (about 3 ms of a horse's job span, sampled with py-spy).
+    The span is never ended, so never exported."""
+    parent = _extract({"traceparent": f"00-{'1' * 32}-{'1' * 16}-01"})
+    span = _tracer().start_span("conversations.warm_up", context=parent, kind=SpanKind.CONSUMER,
+                                attributes={"str": "-", "int": 1, "float": 1.0, "bool": True, "list": ["-"]})
+    trace.get_current_span(trace.set_span_in_context(span, parent))
 
 
 # -- context through RQ -------------------------------------------------------------------
@@ -258,13 +275,13 @@ class JobTrace:
             metric_attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": provider,
                                  "gen_ai.request.model": record.name, "error.type": error}
             if record.outcome != "skipped":
-                instruments().operation_duration.record(record.duration or 0.0, _clean(metric_attributes))
+                _measure("operation_duration", record.duration or 0.0, _clean(metric_attributes))
                 if error:
-                    instruments().provider_errors.add(1, _clean(metric_attributes))
+                    _measure("provider_errors", 1, _clean(metric_attributes), "add")
                 if reply is not None:
                     for token_type in ("input", "output"):
                         if reply.get(f"{token_type}_tokens") is not None:
-                            instruments().token_usage.record(reply[f"{token_type}_tokens"], _clean(
+                            _measure("token_usage", reply[f"{token_type}_tokens"], _clean(
                                 {**metric_attributes, "gen_ai.response.model": reply.get("model") or record.name,
                                  "gen_ai.token.type": token_type}))
         if record.outcome == "timeout":
@@ -297,9 +314,17 @@ def job_span(meta, **attributes):
         yield None
         return
     content = bool(attributes.pop("content", False))
-    parent = _extract((meta or {}).get(META_KEY))
+    # A forked work horse exports its metrics when its job ends (``flush``), not before: it makes
+    # its measurements then too, after the turn's final write, which an operator cannot tell
+    # apart, and the visitor's turn no longer waits for the SDK's first touch, in a fresh
+    # process, of each instrument and aggregation.
+    pending = _pending.set([]) if forked() else None
+    carried = (meta or {}).get(META_KEY) or {}
+    parent = _extract(carried)
     span = _tracer().start_span("conversations.turn.job", context=parent, kind=SpanKind.CONSUMER,
                                 attributes=_clean(attributes))
+    if carried.get(PREVIOUS_KEY):  # a continuation: the job before it died (its span with it) or handed over
+        span.add_event("conversations.job.previous_attempt", attributes=_clean(carried[PREVIOUS_KEY]))
     token = otel_context.attach(trace.set_span_in_context(span, parent))
     job = JobTrace(span, trace.set_span_in_context(span, parent), content=content)
     try:
@@ -309,13 +334,18 @@ def job_span(meta, **attributes):
         span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
         raise
     finally:
+        if pending is not None:
+            _measure_pending()
+            _pending.reset(pending)
         otel_context.detach(token)
         span.end()
 
 
-def resume_span(meta, **attributes):
+def resume_span(meta, *, died=True, **attributes):
     """The span of a turn continued by a new job (instant: made where the death or the stop was
-    noticed), child of the request's span; returns the context for the continuation's meta."""
+    noticed), child of the request's span; returns what the continuation's meta carries: this
+    span's context, and what its job span records as an event of the job before it (``died``:
+    that job was killed, so its own span was lost with it, or False: it handed the turn over)."""
     if not AVAILABLE:
         return None
     parent = _extract((meta or {}).get(META_KEY))
@@ -324,6 +354,9 @@ def resume_span(meta, **attributes):
     span.end()
     data = {}
     propagate.inject(data, context=trace.set_span_in_context(span, parent))
+    data[PREVIOUS_KEY] = {key: attributes.get(key) for key in (
+        "conversations.resume.from_job", "conversations.resume.cause", "conversations.resume.number")}
+    data[PREVIOUS_KEY]["conversations.resume.previous_job_died"] = died
     return data
 
 
@@ -331,6 +364,24 @@ def resume_span(meta, **attributes):
 
 _instruments = None
 _instruments_lock = threading.Lock()
+# The measurements a forked work horse's job keeps until it ends (``job_span``); None: make them now.
+_pending = ContextVar("conversations_telemetry_pending", default=None)
+
+
+def _measure(instrument, value, attributes, method="record"):
+    """``instruments().<instrument>.<method>(value, attributes)``, now or when the job ends."""
+    pending = _pending.get()
+    if pending is not None:
+        pending.append((instrument, method, value, attributes))
+    else:
+        getattr(getattr(instruments(), instrument), method)(value, attributes)
+
+
+def _measure_pending():
+    recorded, pending = instruments(), _pending.get()
+    for instrument, method, value, attributes in pending:
+        getattr(getattr(recorded, instrument), method)(value, attributes)
+    pending.clear()
 
 
 class _Instruments:
@@ -387,39 +438,38 @@ def count_turn(status, assistant, *, duration=None, first_word=None, margin=None
     if not AVAILABLE:
         return
     attributes = _clean({"conversations.turn.status": status, "conversations.assistant": assistant})
-    recorded = instruments()
-    recorded.turns.add(1, attributes)
+    _measure("turns", 1, attributes, "add")
     if duration is not None:
-        recorded.duration.record(max(0.0, duration), attributes)
+        _measure("duration", max(0.0, duration), attributes)
     if margin is not None:
-        recorded.margin.record(max(0.0, margin), attributes)
+        _measure("margin", max(0.0, margin), attributes)
     if first_word is not None:
-        recorded.first_word.record(max(0.0, first_word), _clean({"conversations.assistant": assistant}))
+        _measure("first_word", max(0.0, first_word), _clean({"conversations.assistant": assistant}))
 
 
 def first_word(assistant, seconds):
     if AVAILABLE:
-        instruments().first_word.record(max(0.0, seconds), _clean({"conversations.assistant": assistant}))
+        _measure("first_word", max(0.0, seconds), _clean({"conversations.assistant": assistant}))
 
 
 def queue_wait(seconds, assistant):
     if AVAILABLE:
-        instruments().queue_wait.record(max(0.0, seconds), _clean({"conversations.assistant": assistant}))
+        _measure("queue_wait", max(0.0, seconds), _clean({"conversations.assistant": assistant}))
 
 
 def in_flight(change, worker):
     if AVAILABLE:
-        instruments().in_flight.add(change, {"conversations.worker.class": worker})
+        _measure("in_flight", change, {"conversations.worker.name": worker}, "add")
 
 
 def breaker_state(label, state):
     if AVAILABLE:
-        instruments().breaker.set(BREAKER_STATES.get(state, 0), {"conversations.provider": label})
+        _measure("breaker", BREAKER_STATES.get(state, 0), {"conversations.provider": label}, "set")
 
 
 def poll_answered(status_code, seconds):
     if AVAILABLE:
-        instruments().polls.record(seconds, {"http.response.status_code": status_code})
+        _measure("polls", seconds, {"http.response.status_code": status_code})
 
 
 _handoff_count = None

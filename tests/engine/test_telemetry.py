@@ -85,6 +85,7 @@ def as_dict(span):
             "parent_id": f"{span.parent.span_id:016x}" if span.parent else None, "kind": span.kind.name,
             "start": span.start_time, "end": span.end_time,
             "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in span.attributes.items()},
+            "events": [{"name": event.name, "attributes": dict(event.attributes)} for event in span.events],
             "status": span.status.status_code.value}
 
 
@@ -207,6 +208,35 @@ def test_the_metrics_count_the_turn_its_calls_tokens_and_polls(chain, telemetry,
     assert in_flight and all(p.value == 0 for p in in_flight)
 
 
+@pytest.mark.slow
+def test_a_forking_workers_horse_sends_the_turns_metrics_when_its_job_ends(chain, telemetry, receiver,
+                                                                           worker_process, monkeypatch):
+    """A ``manage.py rqworker`` with the forking ``Worker`` and TELEMETRY="otlp": each work horse
+    measures at the end of its job, after the turn's final write, and exports what it measured
+    before it exits; the operator receives the same counts as from a long-lived process."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    worker_process(1, worker_class=FORKING, TELEMETRY="otlp")
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    assert poll_until_done(client, started["poll_url"], timeout=40)["status"] == "completed"
+    wait_for(lambda: "conversations.turns" in receiver.metric_points, timeout=15, what="the horse's metrics")
+
+    def total(name, **attributes):
+        return sum(p.get("count", p.get("as_int", 0)) for p in receiver.metric_points.get(name, [])
+                   if all(p["attributes"].get(k) == v for k, v in attributes.items()))
+
+    assert total("conversations.turns", **{"conversations.turn.status": "completed"}) == 1
+    assert total("gen_ai.client.operation.duration", **{"error.type": "http_error"}) == 4
+    assert total("gen_ai.client.operation.duration", **{"gen_ai.request.model": "fallback-model"}) == 2
+    assert total("conversations.provider.errors") == 4
+    assert total("conversations.queue.wait") == total("conversations.turn.time_to_first_word") == 1
+    assert total("conversations.turn.duration") == total("conversations.turn.deadline_margin") == 1
+    in_flight = receiver.metric_points["conversations.turns.in_flight"]  # the horse's one turn: in, then out
+    assert sum(p["as_int"] for p in in_flight) == 0 and all("conversations.worker.name" in p["attributes"]
+                                                            for p in in_flight)
+
+
 def test_the_hand_overs_waiting_are_a_gauge(telemetry):
     from conversations.models import Conversation
 
@@ -295,6 +325,12 @@ def test_a_turn_resumed_after_sigkill_is_still_one_trace(chain, telemetry, recei
     assert resume["attributes"]["conversations.resume.from_job"] == f"conversations-turn-{turn.id}"
     assert resume["attributes"]["messaging.message.id"] == turn.job_id
     assert job["parent_id"] == resume["span_id"] and job["attributes"]["conversations.turn.status"] == "completed"
+    # The continuation's span tells what the killed job's own span can no longer say.
+    (previous,) = [e for e in job["events"] if e["name"] == "conversations.job.previous_attempt"]
+    assert previous["attributes"]["conversations.resume.previous_job_died"] is True
+    assert previous["attributes"]["conversations.resume.from_job"] == f"conversations-turn-{turn.id}"
+    assert previous["attributes"]["conversations.resume.cause"] == resume["attributes"]["conversations.resume.cause"]
+    assert previous["attributes"]["conversations.resume.number"] == 1
     ids = {s["span_id"] for s in spans}
     first, second = [s for s in by_name(spans, "chat ") if s["parent_id"] not in ids], \
         [s for s in by_name(spans, "chat ") if s["parent_id"] == job["span_id"]]

@@ -73,6 +73,8 @@ class OtlpReceiver:
                         "parent_id": span.parent_span_id.hex() or None, "kind": SPAN_KINDS[span.kind],
                         "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
                         "attributes": {a.key: _value(a.value) for a in span.attributes},
+                        "events": [{"name": e.name, "attributes": {a.key: _value(a.value) for a in e.attributes}}
+                                   for e in span.events],
                         "status": span.status.code, "service": resource.get("service.name"),
                         "pid": resource.get("process.pid")})
         with self.lock:
