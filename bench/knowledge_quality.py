@@ -67,6 +67,41 @@ def quality(results, cut):
             "unanswered_hit": sum(bool(kept(hits)) for hits in unanswerable) / len(unanswerable)}
 
 
+def question_weights(questions):
+    """``{question: the weights of all its terms, added}``: the most any passage can match."""
+    from django.conf import settings
+
+    from conversations.conf import get_config
+    from conversations.knowledge.search import engine, rarities
+    from conversations.knowledge.text import query_terms
+
+    found, weights = engine(["help"]), {}
+    for question in questions:
+        terms = found.terms(query_terms(question, settings.LANGUAGE_CODE, get_config()["SEARCH_SYNONYMS"]))
+        weights[question] = sum(rarities(found, terms).values()) if terms else 0.0
+    return weights
+
+
+def share_sweep(alone, sets, search, slugs):
+    """``[(floor, questions, quality)]`` of floors relative to the question's own weight, alone and
+    beside absolute ones, read from the hits of searches without a floor."""
+    rows = []
+    for answerable in sets:
+        results = alone if answerable is ANSWERABLE else answers(search, slugs, answerable)
+        total = question_weights([q for q, _ in answerable] + UNANSWERABLE)
+        questions = [q for q, _ in answerable] + UNANSWERABLE
+        label = "tuning" if answerable is ANSWERABLE else f"{len(answerable)} held-out"
+        for absolute, share in ((None, 0.45), (None, 0.55), (1.5, 0.45), (1.5, 0.55), (1.5, 0.65), (1.5, 1.0)):
+            def kept(hits, question):
+                return [(slug, match if match >= share * total[question] - 1e-9
+                         or (absolute is not None and match >= absolute) else -1.0) for slug, match in hits]
+            filtered = ([(slug, kept(hits, q)) for (slug, hits), q in zip(results[0], questions)],
+                        [kept(hits, q) for hits, q in zip(results[1], questions[len(answerable):])])
+            name = f"{share:.0%} of the question" + (f", or {absolute}" if absolute is not None else "")
+            rows.append((name, label, quality(filtered, 0.0)))
+    return rows
+
+
 def misses(results, cut, limit=40):
     """The answerable questions whose article is not first, with what was."""
     out = []
@@ -118,6 +153,7 @@ def main():
                      (f"the same, {len(FRESH)} fresh held-out questions", len(slugs),
                       quality(answers(search, slugs, FRESH, cut), cut))]
         sweep = [(each, quality(alone, each)) for each in (0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5)] if cut else []
+        shares = share_sweep(alone, [ANSWERABLE, FRESH] if args.held_out else [ANSWERABLE], search, slugs) if cut else []
         wrong = misses(answers(search, slugs, cut=cut), cut) if args.misses else []
 
         rng = random.Random(39)
@@ -168,6 +204,13 @@ def main():
         table(["floor", "right article first", "MRR", "answerable: nothing shown", "unanswerable: something shown"],
               [[f"{each:.2f}", f"{q['first']:.1%}", f"{q['mrr']:.3f}", f"{q['silent']:.1%}",
                 f"{q['unanswered_hit']:.1%}"] for each, q in sweep])
+    if shares:
+        print("\nfloors relative to the question (a hit kept if its match is at least this share of the weights of all"
+              " the question's words, or, with an absolute floor, at least that floor):\n")
+        table(["floor", "questions", "right article first", "MRR", "answerable: nothing shown",
+               "unanswerable: something shown"],
+              [[name, which, f"{q['first']:.1%}", f"{q['mrr']:.3f}", f"{q['silent']:.1%}", f"{q['unanswered_hit']:.1%}"]
+               for name, which, q in shares])
     if wrong:
         print("\nnot first:\n" + "\n".join(wrong))
 
