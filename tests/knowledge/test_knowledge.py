@@ -223,6 +223,26 @@ def test_a_words_rarity_is_counted_once_and_again_after_any_write_of_the_index()
     assert search("kayak by the lake")[0].match == pytest.approx(first)
 
 
+def test_after_a_save_only_the_rarer_words_are_counted_again(monkeypatch):
+    """A word many passages hold keeps its count through a save (it moves its weight next to
+    nothing, and counting it was the slow part of the first search after a save); a rarer one is
+    counted again at once."""
+    from conversations.knowledge import counts
+
+    monkeypatch.setattr(counts, "COMMON", 3)
+    for number in range(3):
+        article(f"lake-{number}", f"Lake walk {number}", "A walk round the lake.")
+    article("kayak", "Kayak rental", "Rent a kayak at the lake.")
+    search("kayak on the lake")
+    article("canoe", "Canoe trips", "A canoe or a kayak on the lake.")
+    with CaptureQueriesContext(connection) as queries:
+        search("kayak on the lake")
+    counted = dict(counts._kept[connection.alias][2])
+    assert [count for term, count in counted.items() if term and term[0] == "lake"] == [4]  # kept from before
+    assert [count for term, count in counted.items() if term and term[0] == "kayak"] == [2]  # counted again
+    assert [each for each in queries if "count(" in each["sql"].lower()]
+
+
 def test_a_search_with_a_floor_shows_what_the_same_search_without_one_shows_above_it():
     """With a floor, candidates are ranked by the question's rarer words alone (a passage holding
     only the common ones is under the floor): what a visitor is shown is unchanged by it."""
