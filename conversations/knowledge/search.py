@@ -19,7 +19,7 @@ from .counts import counted
 from .models import Passage
 from .registry import sources
 from ..conf import get_config
-from .text import content_words, fts5_query, pg_config, query_terms
+from .text import fts5_query, pg_config, query_terms
 
 FTS_TABLE = "conversations_passage_fts"
 # Ranked candidates read per round while filtering for the visitor, and at most this many in all:
@@ -36,17 +36,6 @@ TITLE_WEIGHT = 4.0
 # measured on bench.knowledge_quality's tuning questions: 2 was best on SQLite (77.4 %, 79.1 %,
 # 80.0 %, 80.0 % first), 1 and 2 equal on PostgreSQL (78.3 %, 82.6 %, 82.6 %).
 TITLE_BONUS = 2.0
-# And a passage whose title is mostly words of the question comes first among those that match
-# about as well: "When will I get my refund?" (every word of its title asked) before "Returning
-# your Larkspur blender" (one in three) for "I returned something, when do I see the refund?". Up
-# to this much is added, for a title all of whose words the question holds: less than a word only
-# one passage holds (1), so that it orders what matched alike rather than outweighing a word.
-# Measured on bench.knowledge_quality's questions without a floor (SQLite / PostgreSQL, right
-# article first): 0 gave 85.2 % / 87.0 % on the tuning questions and 81.0 % / 85.7 % on the 42
-# held-out ones; 0.5 to 2 all gave 88.7 % / 87.8 % and 85.7 % / 85.7 %; 3 was worse. Among 10,000
-# generated articles 1 put the short "Returning your Tern kettle" before "Cleaning and caring for
-# the Tern kettle" for "How do I descale my Tern kettle?" (descale is common there): 0.5 did not.
-TITLE_COVERAGE = 0.5
 
 
 @dataclass
@@ -277,27 +266,12 @@ def essential(weights, bar):
 
 
 def title_matches(engine, weights, pks):
-    """``{passage id: [the terms its title holds]}`` for ``pks``."""
-    held = {pk: [] for pk in pks}
+    """``{passage id: the weights of the terms its title holds, added}`` for ``pks``."""
+    held = dict.fromkeys(pks, 0.0)
     for term, holding in engine.titled(list(weights), pks).items():
         for pk in holding:
-            held[pk].append(term)
+            held[pk] += weights[term]
     return held
-
-
-def title_coverage(title, terms, language_code):
-    """How much of ``title`` the question asked about: the share of its content words (``terms``
-    of the question it holds, one each, against its own words less the language's common ones),
-    from 0 to 1. The product article's title names a product the question may not."""
-    return min(1.0, len(terms) / max(1, len(content_words(title, language_code))))
-
-
-def relevance(match, title_terms, title, weights, language_code):
-    """The order of the hits, higher first (on every database alike): how well the passage
-    matched, plus ``TITLE_BONUS`` times the weights of the question's terms its title holds, plus
-    ``TITLE_COVERAGE`` times the share of its title the question asked about."""
-    return (match + TITLE_BONUS * sum(weights[term] for term in title_terms)
-            + TITLE_COVERAGE * title_coverage(title, title_terms, language_code))
 
 
 _CONFIGS = {}  # database alias -> the text search configuration of its stored document
@@ -358,14 +332,12 @@ def search(query, *, user=None, names=None, limit=5, floor=0.0):
             break
         pks = [pk for pk, _score in batch]
         matched = matches(found, weights, pks)
-        batch = [(pk, score) for pk, score in batch if matched[pk] >= bar]
+        titles = title_matches(found, weights, pks)
+        batch = sorted(((pk, score) for pk, score in batch if matched[pk] >= bar),
+                       key=lambda pair: (-(matched[pair[0]] + TITLE_BONUS * titles[pair[0]]), -pair[1]))
         if not batch:  # the database ranks the rest lower still: none of them is likely to reach the floor
             break
         rows = Passage.objects.in_bulk([pk for pk, _score in batch])
-        titles = title_matches(found, weights, [pk for pk, _score in batch])
-        order = {pk: relevance(matched[pk], titles[pk], rows[pk].title if pk in rows else "", weights,
-                               settings.LANGUAGE_CODE) for pk, _score in batch}
-        batch.sort(key=lambda pair: (-order[pair[0]], -pair[1]))
         wanted = {}
         for pk, _score in batch:
             row = rows.get(pk)
