@@ -15,8 +15,9 @@ On a migrated database with the demo's articles replaced by the set's (all publi
    warranties in general, none about one of the products), inserted with ``bulk_create`` and
    indexed by ``rebuild()``;
 4. query latency there, p50 and p95 of ``--queries`` searches (the set's questions in turn, with
-   the floor, as the search_site tool asks), then
-   of as many again with no word's passage count kept from an earlier search.
+   the floor, as the search_site tool asks), then of as many again with no word's passage count
+   kept from an earlier search, then of as many again each right after a save (a new generation
+   of the index: the counts that a save makes stale are counted again).
 
 It runs unchanged on the code before the relevance floor (``Hit`` without ``match``), so that
 both are measured on the same set, machine and run.
@@ -65,6 +66,41 @@ def quality(results, cut):
     total = len(answerable)
     return {"first": first / total, "mrr": reciprocal / total, "top5": top5 / total, "silent": silent / total,
             "unanswered_hit": sum(bool(kept(hits)) for hits in unanswerable) / len(unanswerable)}
+
+
+def question_weights(questions):
+    """``{question: the weights of all its terms, added}``: the most any passage can match."""
+    from django.conf import settings
+
+    from conversations.conf import get_config
+    from conversations.knowledge.search import engine, rarities
+    from conversations.knowledge.text import query_terms
+
+    found, weights = engine(["help"]), {}
+    for question in questions:
+        terms = found.terms(query_terms(question, settings.LANGUAGE_CODE, get_config()["SEARCH_SYNONYMS"]))
+        weights[question] = sum(rarities(found, terms).values()) if terms else 0.0
+    return weights
+
+
+def share_sweep(alone, sets, search, slugs):
+    """``[(floor, questions, quality)]`` of floors relative to the question's own weight, alone and
+    beside absolute ones, read from the hits of searches without a floor."""
+    rows = []
+    for answerable in sets:
+        results = alone if answerable is ANSWERABLE else answers(search, slugs, answerable)
+        total = question_weights([q for q, _ in answerable] + UNANSWERABLE)
+        questions = [q for q, _ in answerable] + UNANSWERABLE
+        label = "tuning" if answerable is ANSWERABLE else f"{len(answerable)} held-out"
+        for absolute, share in ((None, 0.45), (None, 0.55), (1.5, 0.45), (1.5, 0.55), (1.5, 0.65), (1.5, 1.0)):
+            def kept(hits, question):
+                return [(slug, match if match >= share * total[question] - 1e-9
+                         or (absolute is not None and match >= absolute) else -1.0) for slug, match in hits]
+            filtered = ([(slug, kept(hits, q)) for (slug, hits), q in zip(results[0], questions)],
+                        [kept(hits, q) for hits, q in zip(results[1], questions[len(answerable):])])
+            name = f"{share:.0%} of the question" + (f", or {absolute}" if absolute is not None else "")
+            rows.append((name, label, quality(filtered, 0.0)))
+    return rows
 
 
 def misses(results, cut, limit=40):
@@ -118,6 +154,7 @@ def main():
                      (f"the same, {len(FRESH)} fresh held-out questions", len(slugs),
                       quality(answers(search, slugs, FRESH, cut), cut))]
         sweep = [(each, quality(alone, each)) for each in (0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5)] if cut else []
+        shares = share_sweep(alone, [ANSWERABLE, FRESH] if args.held_out else [ANSWERABLE], search, slugs) if cut else []
         wrong = misses(answers(search, slugs, cut=cut), cut) if args.misses else []
 
         rng = random.Random(39)
@@ -143,11 +180,19 @@ def main():
             from conversations.knowledge.counts import _kept as kept
         except ImportError:
             kept = {}
-        timings, counting = [], []
-        for each in (timings, counting):
+        try:  # what every save's commit does (code before the kept counts has nothing to change)
+            from conversations.knowledge.counts import index_changed
+        except ImportError:
+            def index_changed():
+                pass
+
+        timings, counting, saved = [], [], []
+        for each in (timings, counting, saved):
             for n in range(args.queries):
                 if each is counting:
                     kept.clear()
+                elif each is saved:
+                    index_changed()
                 started = time.perf_counter()
                 search(questions[n % len(questions)], limit=5, **({} if cut is None else {"floor": cut}))
                 each.append(time.perf_counter() - started)
@@ -163,11 +208,21 @@ def main():
     print(f"\nquery latency among {total:,} articles ({len(timings)} searches): p50 {p50:.1f} ms, p95 {p95:.1f} ms")
     p50, p95 = percentiles(counting)
     print(f"the same, every word counted again (no kept counts): p50 {p50:.1f} ms, p95 {p95:.1f} ms")
+    p50, p95 = percentiles(saved)
+    print(f"the same, each the first search after a save (the index's generation changed): p50 {p50:.1f} ms, "
+          f"p95 {p95:.1f} ms")
     if sweep:
         print("\nthe set's articles alone, by relevance floor:\n")
         table(["floor", "right article first", "MRR", "answerable: nothing shown", "unanswerable: something shown"],
               [[f"{each:.2f}", f"{q['first']:.1%}", f"{q['mrr']:.3f}", f"{q['silent']:.1%}",
                 f"{q['unanswered_hit']:.1%}"] for each, q in sweep])
+    if shares:
+        print("\nfloors relative to the question (a hit kept if its match is at least this share of the weights of all"
+              " the question's words, or, with an absolute floor, at least that floor):\n")
+        table(["floor", "questions", "right article first", "MRR", "answerable: nothing shown",
+               "unanswerable: something shown"],
+              [[name, which, f"{q['first']:.1%}", f"{q['mrr']:.3f}", f"{q['silent']:.1%}", f"{q['unanswered_hit']:.1%}"]
+               for name, which, q in shares])
     if wrong:
         print("\nnot first:\n" + "\n".join(wrong))
 
