@@ -199,17 +199,24 @@ def process_tree(*pids):
     return found
 
 
+def _stat_fields(pids):
+    """The fields after the command name in /proc/<pid>/stat of ``pids`` and all their
+    descendants (a process gone is skipped): field 3 of proc(5) is index 0 here."""
+    for pid in process_tree(*pids):
+        try:
+            yield Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+
+
 def cpu_seconds(*pids):
     """User + system CPU seconds of ``pids`` and all their descendants, the children they have
     reaped included (a forking worker's work horses), from /proc; a process gone counts 0."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in process_tree(*pids):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+    total = sum(
+        sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+        for fields in _stat_fields(pids)
+    )
     return total / tick
 
 
@@ -217,14 +224,7 @@ def minor_faults(*pids):
     """Minor page faults of ``pids`` and all their descendants, reaped children included, from
     /proc: in a forked child, each first write to a page it shares with its parent is one (a
     copy on write)."""
-    total = 0
-    for pid in process_tree(*pids):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[7]) + int(fields[8])  # minflt, cminflt
-    return total
+    return sum(int(fields[7]) + int(fields[8]) for fields in _stat_fields(pids))  # minflt, cminflt
 
 
 def memory_kib(pid):
