@@ -1,8 +1,9 @@
 """Retention while visitors chat: ``purge_conversations``' work over 100,000 old messages, and what
-visitors' writes waited meanwhile, against the same visitors without a purge in the same run.
+visitors' writes waited meanwhile, against the same visitors without a purge, and against the
+purge's earlier code, in the same run.
 
     .venv/bin/python -m bench.retention [--database sqlite|postgres|URL] [--messages 100000]
-                                        [--visitors 2] [--baseline 20]
+                                        [--visitors 2] [--baseline 20] [--codes before,after]
 
 A gunicorn (2 sync workers) and one ``manage.py rqworker`` (the demo project's worker class) serve
 the demo model (``DEMO_DELAY`` 0.05 s). ``--messages`` messages in conversations of 10 messages
@@ -12,17 +13,22 @@ conversation, then turn after turn (``POST …/turns/``, then polls every 100 ms
 Beside them, a probe in this process writes what a visitor's message writes, every 20 ms: in one
 transaction, its conversation's row locked (``select_for_update``, as ``lifecycle.start`` does)
 and a message inserted; on SQLite the transaction begins ``IMMEDIATE`` (the demo's setting), so
-its time includes any wait for the database's one write lock. First ``--baseline`` seconds
-without a purge; then ``manage.py purge_conversations`` (a process of its own, as cron runs it,
-with the site's ``RETENTION_BATCH`` and ``RETENTION_PAUSE``) while the visitors and the probe go
-on; then as many seconds again without it. A write that waited on a lock the purge held is
-slower than the baseline's by that wait; the machine's load (printed) slows all of them.
+its time includes any wait for the database's one write lock. For each code of ``--codes`` in
+turn: the old messages are seeded (not measured), ``--baseline`` seconds go without a purge, then
+the purge runs (a process of its own, as cron runs it, with the site's ``RETENTION_BATCH`` and
+``RETENTION_PAUSE``) while the visitors and the probe go on. ``after`` is
+``manage.py purge_conversations``' code; ``before`` is the same purge with the batch of the code
+before it (kept here only to compare): each transaction's statements built by the ORM while it
+is open, its totals read and written through the ORM. A write that waited on a lock the purge
+held is slower than the baseline's by that wait; the machine's load (printed) slows all of them.
 """
 
 import argparse
 import datetime
+import json
 import os
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -35,7 +41,8 @@ OLD_DAYS = 60
 
 
 def seed(messages):
-    """``messages`` old messages in conversations of 10 (5 turns of a question and an answer)."""
+    """``messages`` old messages in conversations of 10 (5 turns of a question and an answer);
+    returns their owner tokens' prefix."""
     from decimal import Decimal
 
     from django.db import transaction
@@ -62,6 +69,66 @@ def seed(messages):
                  for turn in turns for role in ("user", "assistant")])
     Conversation.objects.filter(owner_token__startswith="old-").update(created_at=old)
     Message.objects.filter(conversation__owner_token__startswith="old-").update(created_at=old)
+
+
+def delete_batch_before(policy, now, chunk, keep_totals, plan, result):
+    """The batch of the purge's code before this one (``plan`` unused): its statements built, and
+    its totals read and added, through the ORM inside the transaction. Returns the seconds it held it."""
+    from django.db import connection, transaction
+    from django.db.models import Count, F, Q, Sum
+    from django.db.models.functions import TruncDate
+
+    from conversations.engine.retention import due
+    from conversations.models import CallRecord, Conversation, Message, RetainedTotal, Turn
+
+    began = time.monotonic()
+    with transaction.atomic():
+        rows = due(policy, now).filter(pk__in=chunk)
+        if connection.features.has_select_for_update_skip_locked:
+            rows = Conversation.objects.filter(pk__in=list(rows.values_list("pk", flat=True))).select_for_update(
+                skip_locked=True)
+        ids = list(rows.values_list("pk", flat=True))
+        if not ids:
+            return time.monotonic() - began
+        turns = Turn.objects.filter(conversation_id__in=ids)
+        if keep_totals:
+            groups = (turns.filter(enqueued_at__isnull=False).annotate(day=TruncDate("enqueued_at"))
+                      .values("day", "assistant_id").order_by()
+                      .annotate(turns=Count("pk"), up=Count("pk", filter=Q(rating=Turn.Rating.UP)),
+                                down=Count("pk", filter=Q(rating=Turn.Rating.DOWN)), input=Sum("input_tokens"),
+                                output=Sum("output_tokens"), cost=Sum("cost")))
+            for group in groups:
+                total = (RetainedTotal.objects.select_for_update()
+                         .filter(day=group["day"], assistant_id=group["assistant_id"]).first())
+                if total is None:
+                    total = RetainedTotal.objects.create(day=group["day"], assistant_id=group["assistant_id"])
+                RetainedTotal.objects.filter(pk=total.pk).update(
+                    turns=F("turns") + group["turns"], rated_up=F("rated_up") + group["up"],
+                    rated_down=F("rated_down") + group["down"],
+                    input_tokens=F("input_tokens") + (group["input"] or 0),
+                    output_tokens=F("output_tokens") + (group["output"] or 0), cost=F("cost") + (group["cost"] or 0))
+        result.add("ratings", turns.exclude(rating="").count())
+        for kind, rows in (("calls", CallRecord.objects.filter(turn__conversation_id__in=ids)),
+                           ("messages", Message.objects.filter(conversation_id__in=ids)),
+                           ("turns", turns), ("conversations", Conversation.objects.filter(pk__in=ids))):
+            result.add(kind, rows._raw_delete(rows.db))
+    return time.monotonic() - began
+
+
+def run_purge(code):
+    """``python -m bench.retention --purge before|after``, in the stack's environment: one purge
+    as ``purge_conversations`` runs it, with ``code``'s batch; prints what it did as JSON."""
+    import django
+
+    django.setup()
+    from conversations.engine import retention
+
+    if code == "before":
+        retention._delete_batch = delete_batch_before
+    done = retention.purge()
+    held = done.held or [0.0]
+    print(json.dumps({"counts": done.counts, "batches": done.batches, "held_median": median(held),
+                      "held_p99": percentile(held, 0.99), "held_max": max(held)}))
 
 
 class Probe:
@@ -150,43 +217,56 @@ def main():
     parser.add_argument("--messages", type=int, default=100000)
     parser.add_argument("--visitors", type=int, default=2)
     parser.add_argument("--baseline", type=float, default=20.0)
+    parser.add_argument("--codes", default="before,after", help="the purges to run, in this order")
+    parser.add_argument("--purge", choices=("before", "after"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.purge:
+        return run_purge(args.purge)
+    codes = args.codes.split(",")
 
     settings = {"PROVIDER": "demo", "DEMO_DELAY": "0.05", "RETENTION_DAYS": "30", "MAX_TURNS_PER_CONVERSATION": "0"}
     with Stack(database=args.database, conversations=settings) as stack:
-        seeded = time.monotonic()
-        seed(args.messages)
-        seeded = time.monotonic() - seeded
         base = stack.gunicorn(2)
         stack.workers(1)
         from conversations.conf import get_config
         from conversations.models import Message
 
-        before = Message.objects.count()
         crowd, probe = Visitors(base, args.visitors), Probe()
+        crowd.phase = probe.phase = "seeding"
         crowd.start()
         probe.thread.start()
-        time.sleep(args.baseline)
-        crowd.phase = probe.phase = "during the purge"
-        load_before = os.getloadavg()[0]
-        began = time.monotonic()
-        purged = subprocess.run([PYTHON, str(ROOT / "manage.py"), "purge_conversations"], env=stack.env, cwd=ROOT,
-                                capture_output=True, text=True, check=True).stdout.strip()
-        took = time.monotonic() - began
-        crowd.phase = probe.phase = "after"
-        time.sleep(args.baseline)
+        purges, phases = [], []
+        for code in codes:
+            crowd.phase = probe.phase = "seeding"
+            seeded = time.monotonic()
+            seed(args.messages)
+            seeded = time.monotonic() - seeded
+            crowd.phase = probe.phase = f"without a purge (before {code})"
+            time.sleep(args.baseline)
+            crowd.phase = probe.phase = f"purge: {code}"
+            load = os.getloadavg()[0]
+            began = time.monotonic()
+            done = subprocess.run([PYTHON, "-m", "bench.retention", "--purge", code], env=stack.env, cwd=ROOT,
+                                  capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+            took = time.monotonic() - began
+            left = Message.objects.filter(conversation__owner_token__startswith="old-").count()
+            purges.append((code, seeded, load, os.getloadavg()[0], took, json.loads(done), left))
+            phases += [f"without a purge (before {code})", f"purge: {code}"]
         crowd.finish()
         probe.stop.set()
         probe.thread.join(10)
-        after = Message.objects.filter(conversation__owner_token__startswith="old-").count()
 
-        print(f"{machine()}; {stack.database_label}; 1-min load {load_before:.2f} at the purge's start, "
-              f"{os.getloadavg()[0]:.2f} after")
-        print(f"{args.messages} old messages seeded in {seeded:.0f} s, {after} left after the purge; "
+        print(f"{machine()}; {stack.database_label}; {args.messages} old messages per purge; "
               f"RETENTION_BATCH {get_config()['RETENTION_BATCH']}, RETENTION_PAUSE {get_config()['RETENTION_PAUSE']}")
-        print(f"purge_conversations: {purged} Wall time {took:.1f} s.")
+        table(["code", "seeded (s)", "1-min load at start → end", "deleted", "transactions", "wall time (s)",
+               "held: median / p99 / max (ms)", "old messages left"],
+              [[code, f"{seeded:.0f}", f"{start:.2f} → {end:.2f}",
+                f"{done['counts'].get('messages', 0)} messages, {done['counts'].get('conversations', 0)} conv.",
+                done["batches"], f"{took:.1f}",
+                f"{ms(done['held_median'])} / {ms(done['held_p99'])} / {ms(done['held_max'])}", left]
+               for code, seeded, start, end, took, done, left in purges])
         rows = []
-        for phase in ("baseline", "during the purge", "after"):
+        for phase in phases:
             for kind, samples in (("probe: its lock", probe.waits), ("probe: the whole write", probe.samples)):
                 writes = [seconds for p, seconds in samples if p == phase]
                 rows.append([phase, kind, len(writes), ms(median(writes)), ms(percentile(writes, 0.99)),
@@ -202,4 +282,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
