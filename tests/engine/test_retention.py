@@ -162,3 +162,21 @@ def test_a_due_conversation_goes_with_its_tool_approvals_and_leaves_its_test_res
     assert not ToolApproval.objects.exists() and not Turn.objects.exists()
     result.refresh_from_db()
     assert result.turn_id is None and result.judge_turn_id is None and result.passed is True
+
+
+def test_a_conversation_that_stops_being_due_after_the_purge_read_it_is_left_and_the_rest_of_its_batch_goes(
+        conversations_settings):
+    """The batch checks again, in its transaction, what it read before: a turn that started since
+    keeps its conversation (and its totals are not counted); the others of the batch still go."""
+    from conversations.engine.retention import Purge, _delete_batch, deletion_plan, policies
+
+    conversations_settings.update(RETENTION_DAYS=30, RETENTION_FROM="created")
+    gone, busy = conversation(45, rating="up"), conversation(45, rating="down")
+    Turn.objects.create(conversation_id=busy, status="running")  # after the purge read what is due
+    done = Purge()
+
+    _delete_batch(policies()[0], NOW, [gone, busy], True, deletion_plan(), done)
+
+    assert left() == {busy} and Turn.objects.filter(conversation_id=busy).count() == 2
+    assert done.counts == {"conversations": 1, "turns": 1, "messages": 2, "calls": 1, "ratings": 1}
+    assert [(t.turns, t.rated_up, t.rated_down) for t in RetainedTotal.objects.all()] == [(1, 1, 0)]
