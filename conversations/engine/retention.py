@@ -6,9 +6,11 @@ The purge finds what is due in one read, then deletes it in short transactions o
 ``RETENTION_BATCH`` messages each, ``RETENTION_PAUSE`` seconds apart, so that a visitor's turn
 never waits long behind it: each transaction takes only the conversation rows no one holds
 (``skip_locked``, on PostgreSQL), and checks again that each is still due (no new message, no
-turn in flight, not held by staff). Before deleting, it can add the turns' ratings, tokens and
-costs to anonymous daily totals (``RetainedTotal``); each run that deleted anything leaves one
-``Erasure`` audit entry saying how many of what.
+turn in flight, not held by staff). Its SQL is built before it begins, so that it holds its
+locks (on SQLite, the database's only write lock) for the database's work alone. Before
+deleting, it can add the turns' ratings, tokens and costs to anonymous daily totals
+(``RetainedTotal``); each run that deleted anything leaves one ``Erasure`` audit entry saying how
+many of what.
 """
 
 import dataclasses
@@ -232,8 +234,8 @@ def _add_totals(cursor, groups):
         same = f"{quote(fields['day'].column)} = %s AND " + (
             f"{assistant} IS NULL" if assistant_id is None else f"{assistant} = %s")
         key = [day] if assistant_id is None else [day, assistant_id]
-        cursor.execute(f"UPDATE {table} SET " + ", ".join(f"{quote(name)} = {quote(name)} + %s" for name in added)
-                       + f" WHERE {same}", values + key)
+        sums = ", ".join(f"{column} = {column} + %s" for column in (quote(fields[name].column) for name in added))
+        cursor.execute(f"UPDATE {table} SET {sums} WHERE {same}", values + key)
         if not cursor.rowcount:
             columns = ", ".join(quote(fields[name].column) for name in ("day", "assistant", *added))
             cursor.execute(f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * 8)})",
