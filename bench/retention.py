@@ -13,8 +13,9 @@ conversation, then turn after turn (``POST …/turns/``, then polls every 100 ms
 Beside them, a probe in this process writes what a visitor's message writes, every 20 ms: in one
 transaction, its conversation's row locked (``select_for_update``, as ``lifecycle.start`` does)
 and a message inserted; on SQLite the transaction begins ``IMMEDIATE`` (the demo's setting), so
-its time includes any wait for the database's one write lock. For each code of ``--codes`` in
-turn: the old messages are seeded (not measured), ``--baseline`` seconds go without a purge, then
+its time includes any wait for the database's one write lock. The messages of every purge are
+written first, not yet old; then, for each code of ``--codes`` in turn, its messages are made old
+(not measured), ``--baseline`` seconds go without a purge, then
 the purge runs (a process of its own, as cron runs it, with the site's ``RETENTION_BATCH`` and
 ``RETENTION_PAUSE``) while the visitors and the probe go on. ``after`` is
 ``manage.py purge_conversations``' code; ``before`` is the same purge with the batch of the code
@@ -40,9 +41,9 @@ from bench.common import PYTHON, ROOT, Stack, machine, median, percentile, table
 OLD_DAYS = 60
 
 
-def seed(messages):
-    """``messages`` old messages in conversations of 10 (5 turns of a question and an answer);
-    returns their owner tokens' prefix."""
+def seed(messages, prefix="old-"):
+    """``messages`` messages in conversations of 10 (5 turns of a question and an answer), owned
+    by ``prefix`` + a number; not due until ``age(prefix)``."""
     from decimal import Decimal
 
     from django.db import transaction
@@ -55,7 +56,7 @@ def seed(messages):
     for start in range(0, conversations, 500):
         with transaction.atomic():
             rows = Conversation.objects.bulk_create(
-                [Conversation(id=uuid.uuid4(), owner_token=f"old-{n}") for n in range(start, min(start + 500,
+                [Conversation(id=uuid.uuid4(), owner_token=f"{prefix}{n}") for n in range(start, min(start + 500,
                                                                                               conversations))])
             turns = Turn.objects.bulk_create(
                 [Turn(id=uuid.uuid4(), conversation=row, status="completed", enqueued_at=old, input_tokens=200,
@@ -67,8 +68,17 @@ def seed(messages):
                 [Message(conversation_id=turn.conversation_id, turn=turn, role=role,
                          content=f"{role} words of an old conversation, about as long as a real question")
                  for turn in turns for role in ("user", "assistant")])
-    Conversation.objects.filter(owner_token__startswith="old-").update(created_at=old)
-    Message.objects.filter(conversation__owner_token__startswith="old-").update(created_at=old)
+
+
+def age(prefix="old-"):
+    """Make the conversations ``seed`` wrote for ``prefix`` ``OLD_DAYS`` days old: due."""
+    from django.utils import timezone
+
+    from conversations.models import Conversation, Message
+
+    old = timezone.now() - datetime.timedelta(days=OLD_DAYS)
+    Conversation.objects.filter(owner_token__startswith=prefix).update(created_at=old)
+    Message.objects.filter(conversation__owner_token__startswith=prefix).update(created_at=old)
 
 
 def delete_batch_before(policy, now, chunk, keep_totals, plan, result):
@@ -245,21 +255,25 @@ def main():
 
     settings = {"PROVIDER": "demo", "DEMO_DELAY": "0.05", "RETENTION_DAYS": "30", "MAX_TURNS_PER_CONVERSATION": "0"}
     with Stack(database=args.database, conversations=settings) as stack:
+        # Every purge's messages are written first, before anyone chats (writing them beside the
+        # visitors took ten minutes on a loaded machine); each purge's are made old just before it.
+        seeded = time.monotonic()
+        for code in codes:
+            seed(args.messages, f"old-{code}-")
+        seeded = (time.monotonic() - seeded) / len(codes)
         base = stack.gunicorn(2)
         stack.workers(1)
         from conversations.conf import get_config
         from conversations.models import Message
 
         crowd, probe = Visitors(base, args.visitors), Probe()
-        crowd.phase = probe.phase = "seeding"
+        crowd.phase = probe.phase = "starting"
         crowd.start()
         probe.thread.start()
         purges, phases = [], []
         for code in codes:
-            crowd.phase = probe.phase = "seeding"
-            seeded = time.monotonic()
-            seed(args.messages)
-            seeded = time.monotonic() - seeded
+            crowd.phase = probe.phase = "making them old"
+            age(f"old-{code}-")
             crowd.phase = probe.phase = f"without a purge (before {code})"
             time.sleep(args.baseline)
             crowd.phase = probe.phase = f"purge: {code}"
@@ -268,7 +282,7 @@ def main():
             done = subprocess.run([PYTHON, "-m", "bench.retention", "--purge", code], env=stack.env, cwd=ROOT,
                                   capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             took = time.monotonic() - began
-            left = Message.objects.filter(conversation__owner_token__startswith="old-").count()
+            left = Message.objects.filter(conversation__owner_token__startswith=f"old-{code}-").count()
             purges.append((code, seeded, load, os.getloadavg()[0], took, json.loads(done), left))
             phases += [f"without a purge (before {code})", f"purge: {code}"]
         crowd.finish()
