@@ -81,8 +81,8 @@ def age(prefix="old-"):
     Message.objects.filter(conversation__owner_token__startswith=prefix).update(created_at=old)
 
 
-def delete_batch_before(policy, now, chunk, keep_totals, plan, result):
-    """The batch of the purge's code before this one (``plan`` unused): its statements built, and
+def delete_batch_before(policy, now, chunk, keep_totals, plan, result, compiled=None):
+    """The batch of the purge's code before this one (``plan`` and ``compiled`` unused): its statements built, and
     its totals read and added, through the ORM inside the transaction. Returns the seconds it held it."""
     from django.db import connection, transaction
     from django.db.models import Count, F, Q, Sum

@@ -101,9 +101,12 @@ def purge(*, now=None, batch=None, pause=None, keep_totals=None, dry_run=False):
             result.add("messages", sum(size for _pk, size in candidates))
             continue
         for chunk in _chunks(candidates, batch):
+            # Built before the pause: on a busy machine a process just woken gets a core at once,
+            # and should spend it holding the lock, not building SQL.
+            compiled = _compile(policy, now, chunk, plan)
             if result.batches:
                 time.sleep(pause)
-            result.held.append(_delete_batch(policy, now, chunk, keep_totals, plan, result))
+            result.held.append(_delete_batch(policy, now, chunk, keep_totals, plan, result, compiled))
             result.batches += 1
     if result.counts.get("conversations") and not dry_run:
         Erasure.objects.create(kind=Erasure.Kind.RETENTION, counts=result.counts)
@@ -162,13 +165,15 @@ def deletion_plan():
     return statements if cascade(Conversation, root) else None
 
 
-def _delete_batch(policy, now, chunk, keep_totals, plan, result):
+def _delete_batch(policy, now, chunk, keep_totals, plan, result, compiled=None):
     """Delete the conversations of ``chunk`` still due, in one transaction; returns how long it
-    held it (seconds). Every statement is compiled before the transaction begins, so that it
-    holds the write lock (the database's only one, on SQLite) for the database's work alone."""
+    held it (seconds). Every statement is compiled (``_compile``; ``compiled`` if given) before
+    the transaction begins, so that it holds the write lock (the database's only one, on SQLite)
+    for the database's work alone."""
     pk = Conversation._meta.pk
     while chunk:
-        recheck, totals, deletes = _compile(policy, now, chunk, plan)
+        recheck, totals, deletes = compiled or _compile(policy, now, chunk, plan)
+        compiled = None
         began = time.monotonic()
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(*recheck)
