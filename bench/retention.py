@@ -1,8 +1,9 @@
 """Retention while visitors chat: ``purge_conversations``' work over 100,000 old messages, and what
-visitors' writes waited meanwhile, against the same visitors without a purge in the same run.
+visitors' writes waited meanwhile, against the same visitors without a purge, and against the
+purge's earlier code, in the same run.
 
     .venv/bin/python -m bench.retention [--database sqlite|postgres|URL] [--messages 100000]
-                                        [--visitors 2] [--baseline 20]
+                                        [--visitors 2] [--baseline 20] [--codes before,after]
 
 A gunicorn (2 sync workers) and one ``manage.py rqworker`` (the demo project's worker class) serve
 the demo model (``DEMO_DELAY`` 0.05 s). ``--messages`` messages in conversations of 10 messages
@@ -12,17 +13,23 @@ conversation, then turn after turn (``POST …/turns/``, then polls every 100 ms
 Beside them, a probe in this process writes what a visitor's message writes, every 20 ms: in one
 transaction, its conversation's row locked (``select_for_update``, as ``lifecycle.start`` does)
 and a message inserted; on SQLite the transaction begins ``IMMEDIATE`` (the demo's setting), so
-its time includes any wait for the database's one write lock. First ``--baseline`` seconds
-without a purge; then ``manage.py purge_conversations`` (a process of its own, as cron runs it,
-with the site's ``RETENTION_BATCH`` and ``RETENTION_PAUSE``) while the visitors and the probe go
-on; then as many seconds again without it. A write that waited on a lock the purge held is
-slower than the baseline's by that wait; the machine's load (printed) slows all of them.
+its time includes any wait for the database's one write lock. The messages of every purge are
+written first, not yet old; then, for each code of ``--codes`` in turn, its messages are made old
+(not measured), ``--baseline`` seconds go without a purge, then
+the purge runs (a process of its own, as cron runs it, with the site's ``RETENTION_BATCH`` and
+``RETENTION_PAUSE``) while the visitors and the probe go on. ``after`` is
+``manage.py purge_conversations``' code; ``before`` is the same purge with the batch of the code
+before it (kept here only to compare): each transaction's statements built by the ORM while it
+is open, its totals read and written through the ORM. A write that waited on a lock the purge
+held is slower than the baseline's by that wait; the machine's load (printed) slows all of them.
 """
 
 import argparse
 import datetime
+import json
 import os
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -34,8 +41,9 @@ from bench.common import PYTHON, ROOT, Stack, machine, median, percentile, table
 OLD_DAYS = 60
 
 
-def seed(messages):
-    """``messages`` old messages in conversations of 10 (5 turns of a question and an answer)."""
+def seed(messages, prefix="old-"):
+    """``messages`` messages in conversations of 10 (5 turns of a question and an answer), owned
+    by ``prefix`` + a number; not due until ``age(prefix)``."""
     from decimal import Decimal
 
     from django.db import transaction
@@ -48,7 +56,7 @@ def seed(messages):
     for start in range(0, conversations, 500):
         with transaction.atomic():
             rows = Conversation.objects.bulk_create(
-                [Conversation(id=uuid.uuid4(), owner_token=f"old-{n}") for n in range(start, min(start + 500,
+                [Conversation(id=uuid.uuid4(), owner_token=f"{prefix}{n}") for n in range(start, min(start + 500,
                                                                                               conversations))])
             turns = Turn.objects.bulk_create(
                 [Turn(id=uuid.uuid4(), conversation=row, status="completed", enqueued_at=old, input_tokens=200,
@@ -60,37 +68,125 @@ def seed(messages):
                 [Message(conversation_id=turn.conversation_id, turn=turn, role=role,
                          content=f"{role} words of an old conversation, about as long as a real question")
                  for turn in turns for role in ("user", "assistant")])
-    Conversation.objects.filter(owner_token__startswith="old-").update(created_at=old)
-    Message.objects.filter(conversation__owner_token__startswith="old-").update(created_at=old)
+
+
+def age(prefix="old-"):
+    """Make the conversations ``seed`` wrote for ``prefix`` ``OLD_DAYS`` days old: due."""
+    from django.utils import timezone
+
+    from conversations.models import Conversation, Message
+
+    old = timezone.now() - datetime.timedelta(days=OLD_DAYS)
+    Conversation.objects.filter(owner_token__startswith=prefix).update(created_at=old)
+    Message.objects.filter(conversation__owner_token__startswith=prefix).update(created_at=old)
+
+
+def delete_batch_before(policy, now, chunk, keep_totals, plan, result, compiled=None):
+    """The batch of the purge's code before this one (``plan`` and ``compiled`` unused): its statements built, and
+    its totals read and added, through the ORM inside the transaction. Returns the seconds it held it."""
+    from django.db import connection, transaction
+    from django.db.models import Count, F, Q, Sum
+    from django.db.models.functions import TruncDate
+
+    from conversations.engine.retention import due
+    from conversations.models import CallRecord, Conversation, Message, RetainedTotal, Turn
+
+    began = time.monotonic()
+    with transaction.atomic():
+        rows = due(policy, now).filter(pk__in=chunk)
+        if connection.features.has_select_for_update_skip_locked:
+            rows = Conversation.objects.filter(pk__in=list(rows.values_list("pk", flat=True))).select_for_update(
+                skip_locked=True)
+        ids = list(rows.values_list("pk", flat=True))
+        if not ids:
+            return time.monotonic() - began
+        turns = Turn.objects.filter(conversation_id__in=ids)
+        if keep_totals:
+            groups = (turns.filter(enqueued_at__isnull=False).annotate(day=TruncDate("enqueued_at"))
+                      .values("day", "assistant_id").order_by()
+                      .annotate(turns=Count("pk"), up=Count("pk", filter=Q(rating=Turn.Rating.UP)),
+                                down=Count("pk", filter=Q(rating=Turn.Rating.DOWN)), input=Sum("input_tokens"),
+                                output=Sum("output_tokens"), cost=Sum("cost")))
+            for group in groups:
+                total = (RetainedTotal.objects.select_for_update()
+                         .filter(day=group["day"], assistant_id=group["assistant_id"]).first())
+                if total is None:
+                    total = RetainedTotal.objects.create(day=group["day"], assistant_id=group["assistant_id"])
+                RetainedTotal.objects.filter(pk=total.pk).update(
+                    turns=F("turns") + group["turns"], rated_up=F("rated_up") + group["up"],
+                    rated_down=F("rated_down") + group["down"],
+                    input_tokens=F("input_tokens") + (group["input"] or 0),
+                    output_tokens=F("output_tokens") + (group["output"] or 0), cost=F("cost") + (group["cost"] or 0))
+        result.add("ratings", turns.exclude(rating="").count())
+        for kind, rows in (("calls", CallRecord.objects.filter(turn__conversation_id__in=ids)),
+                           ("messages", Message.objects.filter(conversation_id__in=ids)),
+                           ("turns", turns), ("conversations", Conversation.objects.filter(pk__in=ids))):
+            result.add(kind, rows._raw_delete(rows.db))
+    return time.monotonic() - began
+
+
+def run_purge(code):
+    """``python -m bench.retention --purge before|after``, in the stack's environment: one purge
+    as ``purge_conversations`` runs it, with ``code``'s batch; prints what it did as JSON."""
+    import django
+
+    django.setup()
+    from conversations.engine import retention
+
+    if code == "before":
+        retention._delete_batch = delete_batch_before
+    done = retention.purge()
+    held = done.held or [0.0]
+    print(json.dumps({"counts": done.counts, "batches": done.batches, "held_median": median(held),
+                      "held_p99": percentile(held, 0.99), "held_max": max(held)}))
 
 
 class Probe:
     """Writes a visitor's message every 20 ms (see the module): every (phase, seconds) of the whole
     write, and of getting its lock (``waits``): on SQLite, beginning the transaction (the
-    database's one write lock), on PostgreSQL locking the conversation's row."""
+    database's one write lock), on PostgreSQL locking the conversation's row.
+
+    The clock also counts the probe's own waits for a core on a loaded machine. So the database
+    itself is asked to give up a wait for a lock past ``LOCK_LIMIT`` (SQLite's busy timeout,
+    PostgreSQL's ``lock_timeout``): ``over`` lists the phase of each write that waited that long
+    for a lock, which is then not timed."""
+
+    LOCK_LIMIT = 0.05
 
     def __init__(self):
         from conversations.models import Conversation
 
         self.conversation = Conversation.objects.create(owner_token="probe").pk
-        self.phase, self.samples, self.waits = "baseline", [], []
+        self.phase, self.samples, self.waits, self.over = "baseline", [], [], []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self):
-        from django.db import connections, transaction
+        from django.db import OperationalError, connection, connections, transaction
 
         from conversations.models import Conversation, Message
 
+        limit = int(self.LOCK_LIMIT * 1000)
         try:
+            connection.ensure_connection()
+            if connection.vendor == "sqlite":
+                with connection.cursor() as cursor:
+                    cursor.execute(f"PRAGMA busy_timeout = {limit}")
             while not self.stop.is_set():
                 phase, began = self.phase, time.monotonic()
-                with transaction.atomic():
-                    Conversation.objects.select_for_update().get(pk=self.conversation)
-                    locked = time.monotonic()
-                    Message.objects.create(conversation_id=self.conversation, role="user", content="probe")
-                self.samples.append((phase, time.monotonic() - began))
-                self.waits.append((phase, locked - began))
+                try:
+                    with transaction.atomic():
+                        if connection.vendor == "postgresql":
+                            with connection.cursor() as cursor:
+                                cursor.execute(f"SET LOCAL lock_timeout = '{limit}ms'")
+                        Conversation.objects.select_for_update().get(pk=self.conversation)
+                        locked = time.monotonic()
+                        Message.objects.create(conversation_id=self.conversation, role="user", content="probe")
+                except OperationalError:  # "database is locked", or "canceling statement due to lock timeout"
+                    self.over.append(phase)
+                else:
+                    self.samples.append((phase, time.monotonic() - began))
+                    self.waits.append((phase, locked - began))
                 time.sleep(0.02)
         finally:
             connections.close_all()
@@ -150,47 +246,66 @@ def main():
     parser.add_argument("--messages", type=int, default=100000)
     parser.add_argument("--visitors", type=int, default=2)
     parser.add_argument("--baseline", type=float, default=20.0)
+    parser.add_argument("--codes", default="before,after", help="the purges to run, in this order")
+    parser.add_argument("--purge", choices=("before", "after"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.purge:
+        return run_purge(args.purge)
+    codes = args.codes.split(",")
 
     settings = {"PROVIDER": "demo", "DEMO_DELAY": "0.05", "RETENTION_DAYS": "30", "MAX_TURNS_PER_CONVERSATION": "0"}
     with Stack(database=args.database, conversations=settings) as stack:
+        # Every purge's messages are written first, before anyone chats (writing them beside the
+        # visitors took ten minutes on a loaded machine); each purge's are made old just before it.
         seeded = time.monotonic()
-        seed(args.messages)
-        seeded = time.monotonic() - seeded
+        for code in codes:
+            seed(args.messages, f"old-{code}-")
+        seeded = (time.monotonic() - seeded) / len(codes)
         base = stack.gunicorn(2)
         stack.workers(1)
         from conversations.conf import get_config
         from conversations.models import Message
 
-        before = Message.objects.count()
         crowd, probe = Visitors(base, args.visitors), Probe()
+        crowd.phase = probe.phase = "starting"
         crowd.start()
         probe.thread.start()
-        time.sleep(args.baseline)
-        crowd.phase = probe.phase = "during the purge"
-        load_before = os.getloadavg()[0]
-        began = time.monotonic()
-        purged = subprocess.run([PYTHON, str(ROOT / "manage.py"), "purge_conversations"], env=stack.env, cwd=ROOT,
-                                capture_output=True, text=True, check=True).stdout.strip()
-        took = time.monotonic() - began
-        crowd.phase = probe.phase = "after"
-        time.sleep(args.baseline)
+        purges, phases = [], []
+        for code in codes:
+            crowd.phase = probe.phase = "making them old"
+            age(f"old-{code}-")
+            crowd.phase = probe.phase = f"without a purge (before {code})"
+            time.sleep(args.baseline)
+            crowd.phase = probe.phase = f"purge: {code}"
+            load = os.getloadavg()[0]
+            began = time.monotonic()
+            done = subprocess.run([PYTHON, "-m", "bench.retention", "--purge", code], env=stack.env, cwd=ROOT,
+                                  capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+            took = time.monotonic() - began
+            left = Message.objects.filter(conversation__owner_token__startswith=f"old-{code}-").count()
+            purges.append((code, seeded, load, os.getloadavg()[0], took, json.loads(done), left))
+            phases += [f"without a purge (before {code})", f"purge: {code}"]
         crowd.finish()
         probe.stop.set()
         probe.thread.join(10)
-        after = Message.objects.filter(conversation__owner_token__startswith="old-").count()
 
-        print(f"{machine()}; {stack.database_label}; 1-min load {load_before:.2f} at the purge's start, "
-              f"{os.getloadavg()[0]:.2f} after")
-        print(f"{args.messages} old messages seeded in {seeded:.0f} s, {after} left after the purge; "
+        print(f"{machine()}; {stack.database_label}; {args.messages} old messages per purge; "
               f"RETENTION_BATCH {get_config()['RETENTION_BATCH']}, RETENTION_PAUSE {get_config()['RETENTION_PAUSE']}")
-        print(f"purge_conversations: {purged} Wall time {took:.1f} s.")
+        table(["code", "seeded (s)", "1-min load at start → end", "deleted", "transactions", "wall time (s)",
+               "held: median / p99 / max (ms)", "old messages left"],
+              [[code, f"{seeded:.0f}", f"{start:.2f} → {end:.2f}",
+                f"{done['counts'].get('messages', 0)} messages, {done['counts'].get('conversations', 0)} conv.",
+                done["batches"], f"{took:.1f}",
+                f"{ms(done['held_median'])} / {ms(done['held_p99'])} / {ms(done['held_max'])}", left]
+               for code, seeded, start, end, took, done, left in purges])
         rows = []
-        for phase in ("baseline", "during the purge", "after"):
+        for phase in phases:
             for kind, samples in (("probe: its lock", probe.waits), ("probe: the whole write", probe.samples)):
                 writes = [seconds for p, seconds in samples if p == phase]
                 rows.append([phase, kind, len(writes), ms(median(writes)), ms(percentile(writes, 0.99)),
                              ms(max(writes) if writes else float("nan"))])
+            rows.append([phase, f"probe: waited > {ms(Probe.LOCK_LIMIT)} ms for a lock (the database says)",
+                         probe.over.count(phase), "", "", ""])
             for kind in ("POST turn", "poll"):
                 values = [s for p, k, s in crowd.samples if p == phase and k == kind]
                 rows.append([phase, kind, len(values), ms(median(values)), ms(percentile(values, 0.99)),
@@ -202,4 +317,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,9 +6,11 @@ The purge finds what is due in one read, then deletes it in short transactions o
 ``RETENTION_BATCH`` messages each, ``RETENTION_PAUSE`` seconds apart, so that a visitor's turn
 never waits long behind it: each transaction takes only the conversation rows no one holds
 (``skip_locked``, on PostgreSQL), and checks again that each is still due (no new message, no
-turn in flight, not held by staff). Before deleting, it can add the turns' ratings, tokens and
-costs to anonymous daily totals (``RetainedTotal``); each run that deleted anything leaves one
-``Erasure`` audit entry saying how many of what.
+turn in flight, not held by staff). Its SQL is built before it begins, so that it holds its
+locks (on SQLite, the database's only write lock) for the database's work alone. Before
+deleting, it can add the turns' ratings, tokens and costs to anonymous daily totals
+(``RetainedTotal``); each run that deleted anything leaves one ``Erasure`` audit entry saying how
+many of what.
 """
 
 import dataclasses
@@ -16,8 +18,10 @@ import datetime
 import logging
 import time
 
+from django.apps import apps
 from django.db import connection, transaction
-from django.db.models import Count, F, Q, Sum
+from django.db.models import CASCADE, DO_NOTHING, SET_NULL, Count, Q, Sum
+from django.db.models.deletion import get_candidate_relations_to_delete
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -66,11 +70,16 @@ def due(policy, now):
 
 @dataclasses.dataclass
 class Purge:
-    """What one run did: counts per kind, the batches, and the longest transaction (seconds)."""
+    """What one run did: counts per kind, the batches, and how long each transaction held its lock
+    (seconds, ``held``; the longest is ``longest``)."""
 
     counts: dict = dataclasses.field(default_factory=dict)
     batches: int = 0
-    longest: float = 0.0
+    held: list = dataclasses.field(default_factory=list)
+
+    @property
+    def longest(self):
+        return max(self.held, default=0.0)
 
     def add(self, kind, number):
         self.counts[kind] = self.counts.get(kind, 0) + number
@@ -84,7 +93,7 @@ def purge(*, now=None, batch=None, pause=None, keep_totals=None, dry_run=False):
     batch = cfg["RETENTION_BATCH"] if batch is None else batch
     pause = cfg["RETENTION_PAUSE"] if pause is None else pause
     keep_totals = cfg["RETENTION_KEEP_TOTALS"] if keep_totals is None else keep_totals
-    result = Purge()
+    result, plan = Purge(), deletion_plan()
     for policy in policies():
         candidates = list(due(policy, now).annotate(size=Count("messages")).values_list("pk", "size"))
         if dry_run:
@@ -92,11 +101,12 @@ def purge(*, now=None, batch=None, pause=None, keep_totals=None, dry_run=False):
             result.add("messages", sum(size for _pk, size in candidates))
             continue
         for chunk in _chunks(candidates, batch):
+            # Built before the pause: on a busy machine a process just woken gets a core at once,
+            # and should spend it holding the lock, not building SQL.
+            compiled = _compile(policy, now, chunk, plan)
             if result.batches:
                 time.sleep(pause)
-            began = time.monotonic()
-            _delete_batch(policy, now, chunk, keep_totals, result)
-            result.longest = max(result.longest, time.monotonic() - began)
+            result.held.append(_delete_batch(policy, now, chunk, keep_totals, plan, result, compiled))
             result.batches += 1
     if result.counts.get("conversations") and not dry_run:
         Erasure.objects.create(kind=Erasure.Kind.RETENTION, counts=result.counts)
@@ -118,44 +128,123 @@ def _chunks(candidates, batch):
         yield chunk
 
 
-def _delete_batch(policy, now, chunk, keep_totals, result):
-    with transaction.atomic():
-        rows = due(policy, now).filter(pk__in=chunk)
-        if connection.features.has_select_for_update_skip_locked:
-            # A conversation a visitor's turn is starting in is left for the next run.
-            rows = Conversation.objects.filter(pk__in=list(rows.values_list("pk", flat=True))).select_for_update(
-                skip_locked=True)
-        ids = list(rows.values_list("pk", flat=True))
-        if not ids:
-            return
-        turns = Turn.objects.filter(conversation_id__in=ids)
-        if keep_totals:
-            _add_totals(turns)
-        result.add("ratings", turns.exclude(rating="").count())
-        # Children first, each one DELETE statement: the ORM's delete() would first read every row
-        # of a turn or conversation it deletes to find what cascades, which is already gone here.
-        for kind, rows in (("calls", CallRecord.objects.filter(turn__conversation_id__in=ids)),
-                           ("messages", Message.objects.filter(conversation_id__in=ids)),
-                           ("turns", turns), ("conversations", Conversation.objects.filter(pk__in=ids))):
-            result.add(kind, rows._raw_delete(rows.db))
+# What each deleted model counts as in a purge's counts (and its audit entry).
+KINDS = {Conversation: "conversations", Turn: "turns", Message: "messages", CallRecord: "calls"}
 
 
-def _add_totals(turns):
-    """Add ``turns`` to the anonymous daily totals, per day and assistant."""
-    groups = (turns.filter(enqueued_at__isnull=False).annotate(day=TruncDate("enqueued_at"))
+def deletion_plan():
+    """The SQL statements that delete conversations and everything that points at them, as the
+    models' ``on_delete`` say (deleted, or set to NULL), children first; each is (model, sql) with
+    ``{ids}`` where the conversations' ids go. None when a relation asks for anything else
+    (PROTECT, a callable): then the ORM's collector deletes, honouring it.
+
+    Why not the ORM's ``delete()``: it first reads every row of every related table it will
+    delete, in Python, while the write transaction is open; on SQLite that transaction holds the
+    database's one write lock, which every visitor's message waits for."""
+    quote = connection.ops.quote_name
+    statements = []
+
+    def cascade(model, where):
+        table = quote(model._meta.db_table)
+        for relation in get_candidate_relations_to_delete(model._meta):
+            field, child = relation.field, relation.related_model
+            pointed = f"SELECT {quote(field.target_field.column)} FROM {table} WHERE {where}"
+            child_where = f"{quote(field.column)} IN ({pointed})"
+            if field.remote_field.on_delete is CASCADE:
+                if not cascade(child, child_where):
+                    return False
+            elif field.remote_field.on_delete is SET_NULL:
+                statements.append((child, f"UPDATE {quote(child._meta.db_table)} SET {quote(field.column)} = NULL "
+                                          f"WHERE {child_where}"))
+            elif field.remote_field.on_delete is not DO_NOTHING:
+                return False
+        statements.append((model, f"DELETE FROM {table} WHERE {where}"))
+        return True
+
+    root = f"{quote(Conversation._meta.pk.column)} IN ({{ids}})"
+    return statements if cascade(Conversation, root) else None
+
+
+def _delete_batch(policy, now, chunk, keep_totals, plan, result, compiled=None):
+    """Delete the conversations of ``chunk`` still due, in one transaction; returns how long it
+    held it (seconds). Every statement is compiled (``_compile``; ``compiled`` if given) before
+    the transaction begins, so that it holds the write lock (the database's only one, on SQLite)
+    for the database's work alone."""
+    pk = Conversation._meta.pk
+    while chunk:
+        recheck, totals, deletes = compiled or _compile(policy, now, chunk, plan)
+        compiled = None
+        began = time.monotonic()
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(*recheck)
+            still = {pk.to_python(row[0]) for row in cursor.fetchall()}
+            if still == set(chunk):
+                cursor.execute(*totals)
+                groups = cursor.fetchall()
+                if keep_totals:
+                    _add_totals(cursor, groups)
+                result.add("ratings", sum(group[-1] for group in groups))
+                if deletes is None:
+                    for model, number in Conversation.objects.filter(pk__in=chunk).delete()[1].items():
+                        kind = KINDS.get(apps.get_model(model))
+                        if kind:
+                            result.add(kind, number)
+                else:
+                    for model, sql, params in deletes:
+                        cursor.execute(sql, params)
+                        if model in KINDS and sql.startswith("DELETE"):
+                            result.add(KINDS[model], cursor.rowcount)
+                return time.monotonic() - began
+        # Some changed since they were read (a new message, a turn started, or, on PostgreSQL,
+        # a visitor's request holds the row): the rest goes on its own, those wait for the next run.
+        chunk = [key for key in chunk if key in still]
+    return 0.0
+
+
+def _compile(policy, now, chunk, plan):
+    """The SQL of one batch: the check of what is still due, the totals of its turns, the deletes."""
+    recheck = due(policy, now).filter(pk__in=chunk).order_by().values_list("pk").query.sql_with_params()
+    if connection.features.has_select_for_update_skip_locked:
+        # A conversation a visitor's turn is starting in is left for the next run.
+        recheck = (f"{recheck[0]} {connection.ops.for_update_sql(skip_locked=True)}", recheck[1])
+    totals = (Turn.objects.filter(conversation_id__in=chunk).annotate(day=TruncDate("enqueued_at"))
               .values("day", "assistant_id").order_by()
               .annotate(turns=Count("pk"), up=Count("pk", filter=Q(rating=Turn.Rating.UP)),
                         down=Count("pk", filter=Q(rating=Turn.Rating.DOWN)), input=Sum("input_tokens"),
-                        output=Sum("output_tokens"), cost=Sum("cost")))
-    for group in groups:
-        total = (RetainedTotal.objects.select_for_update().filter(day=group["day"], assistant_id=group["assistant_id"])
-                 .first())
-        if total is None:
-            total = RetainedTotal.objects.create(day=group["day"], assistant_id=group["assistant_id"])
-        RetainedTotal.objects.filter(pk=total.pk).update(
-            turns=F("turns") + group["turns"], rated_up=F("rated_up") + group["up"],
-            rated_down=F("rated_down") + group["down"], input_tokens=F("input_tokens") + (group["input"] or 0),
-            output_tokens=F("output_tokens") + (group["output"] or 0), cost=F("cost") + (group["cost"] or 0))
+                        output=Sum("output_tokens"), cost=Sum("cost"), rated=Count("pk", filter=~Q(rating="")))
+              .values_list("day", "assistant_id", "turns", "up", "down", "input", "output", "cost", "rated")
+              .query.sql_with_params())
+    if plan is None:
+        return recheck, totals, None
+    ids = [Conversation._meta.pk.get_db_prep_value(key, connection) for key in chunk]
+    holes = ", ".join(["%s"] * len(ids))
+    return recheck, totals, [(model, sql.format(ids=holes), ids) for model, sql in plan]
+
+
+def _add_totals(cursor, groups):
+    """Add the turns' totals (rows of ``_compile``'s totals query) to the anonymous daily totals,
+    per day and assistant (turns never enqueued have no day, and no tokens or cost)."""
+    fields = {name: RetainedTotal._meta.get_field(name) for name in
+              ("day", "assistant", "turns", "rated_up", "rated_down", "input_tokens", "output_tokens", "cost")}
+    quote = connection.ops.quote_name
+    table = quote(RetainedTotal._meta.db_table)
+    added = ("turns", "rated_up", "rated_down", "input_tokens", "output_tokens", "cost")
+    for day, assistant_id, *numbers, _rated in groups:
+        if day is None:
+            continue
+        day = fields["day"].get_db_prep_value(fields["day"].to_python(day), connection)
+        values = [fields[name].get_db_prep_value(fields[name].to_python(number or 0), connection)
+                  for name, number in zip(added, numbers)]
+        assistant = quote(fields["assistant"].column)
+        same = f"{quote(fields['day'].column)} = %s AND " + (
+            f"{assistant} IS NULL" if assistant_id is None else f"{assistant} = %s")
+        key = [day] if assistant_id is None else [day, assistant_id]
+        sums = ", ".join(f"{column} = {column} + %s" for column in (quote(fields[name].column) for name in added))
+        cursor.execute(f"UPDATE {table} SET {sums} WHERE {same}", values + key)
+        if not cursor.rowcount:
+            columns = ", ".join(quote(fields[name].column) for name in ("day", "assistant", *added))
+            cursor.execute(f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * 8)})",
+                           [day, assistant_id, *values])
 
 
 def purge_job():

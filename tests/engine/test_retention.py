@@ -136,3 +136,47 @@ def test_the_purge_runs_as_an_rq_job_in_either_worker_class(conversations_settin
     assert left() == {kept} and gone not in left()
     finished = Job.fetch(job.id, connection=django_rq.get_connection("default"))
     assert finished.get_status() == "finished" and finished.return_value()["conversations"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_due_conversation_goes_with_its_tool_approvals_and_leaves_its_test_result(conversations_settings):
+    """Every row that points at a deleted turn goes with it, or lets go of it, as the models say
+    (a tool approval is deleted; a test run's result keeps its score without its turn)."""
+    from conversations.evals.models import TestQuestion, TestResult, TestRun, TestSet
+    from conversations.models import ToolApproval
+
+    conversations_settings.update(RETENTION_DAYS=30, RETENTION_PAUSE=0)
+    shop = Assistant.objects.create(slug="shop", name="Shop", system_prompt=".", provider="demo")
+    gone = conversation(45, assistant=shop)
+    turn = Turn.objects.get(conversation_id=gone)
+    ToolApproval.objects.create(turn=turn, call_id="c1", tool_name="refund", arguments_sha256="0" * 64,
+                                status="approved", expires_at=ago(44))
+    question = TestQuestion.objects.create(test_set=TestSet.objects.create(name="shop-set", assistant=shop),
+                                           position=1, question="Where is my parcel?")
+    result = TestResult.objects.create(run=TestRun.objects.create(test_set=question.test_set), question=question,
+                                       side="live", turn=turn, judge_turn=turn, scored=True, passed=True)
+
+    done = purge(now=NOW)
+
+    assert done.counts["conversations"] == 1 and not left()
+    assert not ToolApproval.objects.exists() and not Turn.objects.exists()
+    result.refresh_from_db()
+    assert result.turn_id is None and result.judge_turn_id is None and result.passed is True
+
+
+def test_a_conversation_that_stops_being_due_after_the_purge_read_it_is_left_and_the_rest_of_its_batch_goes(
+        conversations_settings):
+    """The batch checks again, in its transaction, what it read before: a turn that started since
+    keeps its conversation (and its totals are not counted); the others of the batch still go."""
+    from conversations.engine.retention import Purge, _delete_batch, deletion_plan, policies
+
+    conversations_settings.update(RETENTION_DAYS=30, RETENTION_FROM="created")
+    gone, busy = conversation(45, rating="up"), conversation(45, rating="down")
+    Turn.objects.create(conversation_id=busy, status="running")  # after the purge read what is due
+    done = Purge()
+
+    _delete_batch(policies()[0], NOW, [gone, busy], True, deletion_plan(), done)
+
+    assert left() == {busy} and Turn.objects.filter(conversation_id=busy).count() == 2
+    assert done.counts == {"conversations": 1, "turns": 1, "messages": 2, "calls": 1, "ratings": 1}
+    assert [(t.turns, t.rated_up, t.rated_down) for t in RetainedTotal.objects.all()] == [(1, 1, 0)]
