@@ -20,7 +20,6 @@ assistants' chains) is ``engine.configure``.
 """
 
 import hashlib
-import json
 import logging
 from collections.abc import Mapping
 
@@ -35,7 +34,7 @@ from .endpoints import (
     endpoint_problem, is_embed_origin, origin_allowed, plain_url_problem, provider_problem, resolve_credential,
     unset_variable,
 )
-from .tools import load_tools
+from .tools import canonical_arguments, load_tools
 from .core.rules import clock_errors, reserve_errors
 from .core.types import ErrorCode
 from .providers import get_provider_class
@@ -375,9 +374,9 @@ def snapshot(assistant, cfg):
 
 
 def fingerprint(data):
-    """The first 12 hex digits of the SHA-256 of ``data`` as canonical JSON."""
-    text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    """The first 12 hex digits of the SHA-256 of ``data`` as canonical JSON (the same text an
+    approval's hash is of)."""
+    return hashlib.sha256(canonical_arguments(data).encode()).hexdigest()[:12]
 
 
 # ProviderError codes that mean the assistant's configuration is wrong.
