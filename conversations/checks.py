@@ -13,7 +13,6 @@ from urllib.parse import urlsplit
 
 from django.apps import apps
 from django.conf import settings
-from django.contrib.auth.models import Group
 from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
@@ -547,6 +546,7 @@ def check_test_member_groups(app_configs=None, databases=None, **kwargs):
     question asked by a member would be asked by a user outside it, who sees only what any
     signed-in visitor sees, and the run would score the member's answers wrongly. A database
     check, like ``check_assistants``."""
+    from django.contrib.auth.models import Group
     from django.db import DatabaseError, connections
 
     names = get_config()["TEST_MEMBER_GROUPS"]
