@@ -84,17 +84,20 @@ def record(turn, name, outcome, detail):
                               detail=detail[:500])
 
 
-def _refuse(turn, name, reason, message):
+def _record_refusal(turn, name, reason):
     record(turn, name, Outcome.SKIPPED, f"refused: {reason}")
     logger.warning("Approval for turn %s refused: %s", turn.id, reason, extra={"turn_id": str(turn.id)})
+
+
+def _refuse(turn, name, reason, message):
+    _record_refusal(turn, name, reason)
     raise Refused(message, reason)
 
 
 def refuse_stranger(turn, reason):
     """Record that someone who does not own ``turn``'s conversation tried to decide one of its calls
     (the API answers them 404, as for anything they do not own)."""
-    record(turn, "approval", Outcome.SKIPPED, f"refused: {reason}")
-    logger.warning("Approval for turn %s refused: %s", turn.id, reason, extra={"turn_id": str(turn.id)})
+    _record_refusal(turn, "approval", reason)
 
 
 def decide(turn, call_id, sha256, approve, *, user=None, staff=False):

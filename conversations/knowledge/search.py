@@ -243,13 +243,19 @@ def rarities(engine, terms):
     return {term: max(0.0, math.log((total + 1) / (counts[term] + 0.5)) / unit) for term in terms}
 
 
-def matches(engine, weights, pks):
-    """``{passage id: how well it matched}`` for ``pks``: the weights of the terms it holds, added."""
+def _added(holdings, weights, pks):
+    """``{passage id: the weights of the terms it holds, added}`` for ``pks``, from ``holdings``
+    (``{term: which of pks hold it}``)."""
     held = dict.fromkeys(pks, 0.0)
-    for term, holding in engine.holdings(list(weights), pks).items():
+    for term, holding in holdings.items():
         for pk in holding:
             held[pk] += weights[term]
     return held
+
+
+def matches(engine, weights, pks):
+    """``{passage id: how well it matched}`` for ``pks``: the weights of the terms it holds, added."""
+    return _added(engine.holdings(list(weights), pks), weights, pks)
 
 
 def essential(weights, bar):
@@ -267,11 +273,7 @@ def essential(weights, bar):
 
 def title_matches(engine, weights, pks):
     """``{passage id: the weights of the terms its title holds, added}`` for ``pks``."""
-    held = dict.fromkeys(pks, 0.0)
-    for term, holding in engine.titled(list(weights), pks).items():
-        for pk in holding:
-            held[pk] += weights[term]
-    return held
+    return _added(engine.titled(list(weights), pks), weights, pks)
 
 
 _CONFIGS = {}  # database alias -> the text search configuration of its stored document

@@ -128,16 +128,20 @@ class DemoProvider(BaseProvider):
         return ModelReply(text=reply, finish=Finish.STOP, usage=usage)
 
     @staticmethod
-    def last_answer(messages):
+    def last_question(messages):
+        """The index of the visitor's last message in ``messages``, or -1."""
+        return max((number for number, m in enumerate(messages) if m.role == "user"), default=-1)
+
+    @classmethod
+    def last_answer(cls, messages):
         """The text of the last assistant answer before the visitor's last message, or ""."""
-        last = max((number for number, m in enumerate(messages) if m.role == "user"), default=-1)
+        last = cls.last_question(messages)
         return next((m.content for m in reversed(messages[:max(last, 0)]) if m.role == "assistant" and m.content), "")
 
-    @staticmethod
-    def this_turn(messages):
+    @classmethod
+    def this_turn(cls, messages):
         """The messages after the visitor's last one: what this turn has done so far."""
-        last = max((number for number, m in enumerate(messages) if m.role == "user"), default=-1)
-        return messages[last + 1:]
+        return messages[cls.last_question(messages) + 1:]
 
     def plan(self, question, available, step=1, messages=()):
         """The tool calls a question asks for (possibly several), or [] to answer directly;

@@ -3,25 +3,15 @@ erase permission, show a confirmation page listing what will go, and erase only 
 the audit list then shows what went, when and by whom, and nothing of what it was."""
 
 import pytest
-from django.contrib.auth.models import Permission, User
-from django.test import Client
+from django.contrib.auth.models import User
 from django.urls import reverse
 
 from conversations.models import Conversation, Erasure, Message, Turn
+from tests.engine.test_privacy import staff
 
 pytestmark = pytest.mark.django_db
 
 CHANGELIST = reverse("admin:conversations_conversation_changelist")
-
-
-def staff(username, *codenames):
-    user = User.objects.create_user(username, is_staff=True)
-    for codename in codenames:
-        user.user_permissions.add(Permission.objects.get(codename=codename))
-    client = Client()
-    client.force_login(user)
-    client.user = user
-    return client
 
 
 def life(owner=None, token="a-session-owner-token", words="Quillfeather-7731"):
