@@ -77,7 +77,6 @@ def _perform(turn_id, cfg, job, job_timeout, clock, trace):
         return None
     if turn.done:  # cancelled (or repaired) before a worker picked it up
         return turn.status
-    turn_id = turn.id
     if turn.status == Turn.Status.RUNNING:  # a continuation, or a job whose turn moved on
         if job is None or job.id != turn.job_id:
             return turn.status

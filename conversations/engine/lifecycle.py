@@ -231,8 +231,9 @@ def finalize(turn, status, error, *, job_id=None):
         keep_streamed_text(turn)
         save_cost(turn)
         ended(turn)
-        telemetry.count_turn(status, assistant_label(turn),
-                             duration=(turn.finished_at - turn.enqueued_at).total_seconds() if turn.enqueued_at else None)
+        if telemetry.enabled():  # its label may read the assistant's row: not for a site without the extra
+            telemetry.count_turn(status, assistant_label(turn), duration=(
+                turn.finished_at - turn.enqueued_at).total_seconds() if turn.enqueued_at else None)
     return state.publish(state.state_from_db(turn))
 
 

@@ -742,10 +742,8 @@ class TurnRunner:
             self.finished = True
             return
         except DatabaseError:
-            self.trace_saved(committed=False)
             logger.exception("Could not save the final state of turn %s", turn.id)
         except BaseException as exc:  # noqa: BLE001 - re-raised below
-            self.trace_saved(committed=False)
             interrupted = exc
         try:
             # An answer whose row could not be saved is still shown (the next final write saves it).
@@ -754,7 +752,8 @@ class TurnRunner:
             logger.exception("Could not publish the final state of turn %s", turn.id)
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             interrupted = interrupted or exc
-        self.trace_saved(committed)  # after the visitor has the answer: the spans cost them no wait
+        # After the visitor has the answer: the spans cost them no wait (none when it rolled back).
+        self.trace_saved(committed)
         if committed:
             ended(turn)
         if interrupted is not None:

@@ -434,7 +434,7 @@ def instruments():
     return _instruments
 
 
-def count_turn(status, assistant, *, duration=None, first_word=None, margin=None):
+def count_turn(status, assistant, *, duration=None, margin=None):
     if not AVAILABLE:
         return
     attributes = _clean({"conversations.turn.status": status, "conversations.assistant": assistant})
@@ -443,8 +443,6 @@ def count_turn(status, assistant, *, duration=None, first_word=None, margin=None
         _measure("duration", max(0.0, duration), attributes)
     if margin is not None:
         _measure("margin", max(0.0, margin), attributes)
-    if first_word is not None:
-        _measure("first_word", max(0.0, first_word), _clean({"conversations.assistant": assistant}))
 
 
 def first_word(assistant, seconds):
