@@ -120,7 +120,7 @@ class TestSetAdmin(admin.ModelAdmin):
         for test_set in queryset:
             draft = None
             if with_draft:
-                draft = test_set.assistant.drafts.filter(promoted_at__isnull=True).order_by("-created_at").first()
+                draft = drafts.newest(test_set.assistant)
                 if draft is None:
                     self.message_user(request, _("%(assistant)s has no unpromoted draft.") % {
                         "assistant": test_set.assistant}, messages.WARNING)

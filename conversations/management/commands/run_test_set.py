@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from conversations.assistants import settings_for
 from conversations.conf import get_config
-from conversations.evals import runs
+from conversations.evals import drafts, runs
 from conversations.models import TestRun, TestSet
 
 
@@ -39,7 +39,7 @@ class Command(BaseCommand):
             raise CommandError(f"The test set {name!r} has no questions.")
         chosen = None
         if draft:
-            chosen = test_set.assistant.drafts.filter(promoted_at__isnull=True).order_by("-created_at").first()
+            chosen = drafts.newest(test_set.assistant)
             if chosen is None:
                 raise CommandError(f"The assistant {test_set.assistant.slug!r} has no unpromoted draft.")
         run = runs.start_run(test_set, draft=chosen, concurrency=concurrency, max_cost=max_cost)
