@@ -8,6 +8,7 @@ the run ends (for a CI job with no worker of its own).
 """
 
 import time
+from decimal import Decimal
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -27,7 +28,8 @@ class Command(BaseCommand):
                             help="Run the assistant's newest unpromoted draft too; the threshold applies to it.")
         parser.add_argument("--concurrency", type=int, default=2,
                             help="Turns at a time (queued or running), at most 10.")
-        parser.add_argument("--max-cost", default=None, help="Start no more turns once the run has cost this much.")
+        parser.add_argument("--max-cost", type=Decimal, default=None,
+                            help="Start no more turns once the run has cost this much.")
         parser.add_argument("--burst", action="store_true", help="Run the turns in a worker in this process.")
 
     def handle(self, name, threshold, draft, concurrency, max_cost, burst, **options):
