@@ -21,6 +21,11 @@ def changes_configuration(draft):
     return any(name in (draft.changes or {}) for name in CONFIGURE_FIELDS)
 
 
+def newest(assistant):
+    """``assistant``'s newest draft not promoted yet (what a run "with the draft" runs), or None."""
+    return assistant.drafts.filter(promoted_at__isnull=True).order_by("-created_at").first()
+
+
 def promote(draft, run, user=None):
     """Make ``draft``'s changes the live assistant's, justified by ``run`` (a finished run of this
     draft). Raises ``ValidationError`` when that cannot be, or the result could not answer."""

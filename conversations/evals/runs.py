@@ -76,7 +76,8 @@ def advance(run):
                 pending = []
             started += [ask(run, result) for result in pending[:max(0, run.concurrency - in_flight)]]
             waiting = run.results.filter(scored=False, turn__isnull=False).exists()
-            if not started and not waiting and (over_budget or not run.results.filter(turn__isnull=True).exists()):
+            # ``pending`` is every question not asked yet, unless over budget; with nothing started it is still so
+            if not started and not waiting and (over_budget or not pending):
                 # Past the cost limit, the questions not asked stay without a result: stopped, not finished.
                 run.status = TestRun.Status.STOPPED if over_budget else TestRun.Status.FINISHED
                 run.finished_at = timezone.now()

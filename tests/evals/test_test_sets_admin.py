@@ -36,6 +36,8 @@ def test_csv_upload_run_comparison_page_and_promotion(admin_client):
     assert "✓" in page and ("✗ The answer does not contain “Tokyo”. It did not use the tool current_time (used: "
                             "search_faq).</td>") in page
     assert "<td>2/2 (100%)</td>" in page and "<td>1/2 (50%)</td>" in page and "<strong>changed</strong>" in page
+    listed = admin_client.get("/admin/conversations/testrun/").content.decode()
+    assert "live 100% · draft 50%" in listed  # the pass rates of the run list's column
 
     admin_client.post("/admin/conversations/testrun/", {"action": "promote", "_selected_action": [run.pk]})
     assert Assistant.objects.get().tools == ["search_faq"]

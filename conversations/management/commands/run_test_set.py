@@ -8,12 +8,13 @@ the run ends (for a CI job with no worker of its own).
 """
 
 import time
+from decimal import Decimal
 
 from django.core.management.base import BaseCommand, CommandError
 
 from conversations.assistants import settings_for
 from conversations.conf import get_config
-from conversations.evals import runs
+from conversations.evals import drafts, runs
 from conversations.models import TestRun, TestSet
 
 
@@ -27,7 +28,8 @@ class Command(BaseCommand):
                             help="Run the assistant's newest unpromoted draft too; the threshold applies to it.")
         parser.add_argument("--concurrency", type=int, default=2,
                             help="Turns at a time (queued or running), at most 10.")
-        parser.add_argument("--max-cost", default=None, help="Start no more turns once the run has cost this much.")
+        parser.add_argument("--max-cost", type=Decimal, default=None,
+                            help="Start no more turns once the run has cost this much.")
         parser.add_argument("--burst", action="store_true", help="Run the turns in a worker in this process.")
 
     def handle(self, name, threshold, draft, concurrency, max_cost, burst, **options):
@@ -39,7 +41,7 @@ class Command(BaseCommand):
             raise CommandError(f"The test set {name!r} has no questions.")
         chosen = None
         if draft:
-            chosen = test_set.assistant.drafts.filter(promoted_at__isnull=True).order_by("-created_at").first()
+            chosen = drafts.newest(test_set.assistant)
             if chosen is None:
                 raise CommandError(f"The assistant {test_set.assistant.slug!r} has no unpromoted draft.")
         run = runs.start_run(test_set, draft=chosen, concurrency=concurrency, max_cost=max_cost)
