@@ -303,6 +303,7 @@ def test_a_paid_provider_with_every_limit_off(conversations_settings):
     assert check_deploy() == []
 
 
+@pytest.mark.django_db  # on Django 6.1 the check command opens the database (failed alone there without it)
 def test_a_base_url_in_the_environment_that_the_settings_do_not_read_is_named_by_check(conversations_settings,
                                                                                       monkeypatch, capsys):
     from django.core.management import call_command
