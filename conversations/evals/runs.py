@@ -122,15 +122,26 @@ def unfinished(run):
 
 
 def spent(run):
-    """What the run's turns cost so far, the judge's included."""
+    """What the run's turns cost so far, the judge's included, in one query; None while none of
+    them had a price (a model not in ``PRICES``, the demo's): nothing is known, rather than 0."""
     found = run.results.aggregate(answers=Sum("turn__cost"), judge=Sum("judge_turn__cost"))
+    if found["answers"] is None and found["judge"] is None:
+        return None
     return (found["answers"] or Decimal(0)) + (found["judge"] or Decimal(0))
 
 
-def past_cost_limit(run):
+_NOT_READ = object()
+
+
+def past_cost_limit(run, cost=_NOT_READ):
     """Whether ``run`` has a cost limit and its turns have cost that much: it starts no more
-    questions (those not asked yet stay without a result) and ends stopped."""
-    return run.max_cost is not None and spent(run) >= run.max_cost
+    questions (those not asked yet stay without a result) and ends stopped. ``cost``: what
+    ``spent(run)`` returned, when the caller has it already (else it is read, if there is a limit)."""
+    if run.max_cost is None:
+        return False
+    if cost is _NOT_READ:
+        cost = spent(run)
+    return (cost or Decimal(0)) >= run.max_cost
 
 
 def not_asked(run):
