@@ -60,8 +60,8 @@ def test_a_decision_reads_the_turn_once(fake):
     with CaptureQueriesContext(connection) as queries:
         response = answer(client, started, state["approvals"][0])
     assert response.status_code == 200, response.content
-    statements = [(q["sql"].split()[0], re.search(r'(?:FROM|INTO|UPDATE) "conversations_(\w+)"', q["sql"])[1])
-                  for q in queries.captured_queries if q["sql"].split()[0] in ("SELECT", "INSERT", "UPDATE")]
+    statements = [(q["sql"].split()[0], re.search(r'(?:FROM|INTO|UPDATE) "(\w+)"', q["sql"])[1].removeprefix(
+        "conversations_")) for q in queries.captured_queries if q["sql"].split()[0] in ("SELECT", "INSERT", "UPDATE")]
     assert statements == [
         ("SELECT", "conversation"), ("SELECT", "turn"),  # the view: whose conversation, which turn
         ("SELECT", "toolapproval"), ("UPDATE", "toolapproval"), ("INSERT", "callrecord"),  # the decision
