@@ -54,10 +54,11 @@ def test_a_turn_page_shows_where_the_time_went_and_offers_the_message_to_a_test_
         conversations_settings, "What time is it in Tokyo, and how do refunds work?",
         retry_after(1),
         openai_tool_calls(("call_1", "current_time", {"city": "Tokyo"}),
-                          ("call_2", "search_faq", {"query": "refund <policy>"}), prompt_tokens=280, completion_tokens=41),
+                          ("call_2", "search_faq", {"query": "refund <policy>"}),
+                          prompt_tokens=280, completion_tokens=41),
         hang,
-        openai_text("It is evening in Tokyo. Refunds: you can return items within 30 days of delivery <b>(not HTML)</b>.",
-                    prompt_tokens=320, completion_tokens=36))
+        openai_text("It is evening in Tokyo. Refunds: you can return items within 30 days of delivery "
+                    "<b>(not HTML)</b>.", prompt_tokens=320, completion_tokens=36))
     assert turn.status == "completed"
     with admin_page(browser, live_server) as page:
         calls = open_turn_page(page, live_server, turn)

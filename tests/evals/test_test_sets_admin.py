@@ -174,5 +174,6 @@ def test_the_run_page_sums_the_runs_cost_once(admin_client, conversations_settin
     assert f"Cost limit 0.000001; spent {spent.normalize():f}." in page
     assert "The cost limit is reached: the run asks no more questions (1 was not asked)." in page
     # the queries that add up, or look for, the turns' costs (the results' rows are read for the comparison)
-    costs = [q["sql"] for q in queries.captured_queries if re.search(r'SUM\([^)]*"cost"\)|"cost" IS NOT NULL', q["sql"])]
+    summing = re.compile(r'SUM\([^)]*"cost"\)|"cost" IS NOT NULL')
+    costs = [q["sql"] for q in queries.captured_queries if summing.search(q["sql"])]
     assert len(costs) == 1, costs
