@@ -45,6 +45,10 @@ logger = logging.getLogger("conversations.assistants")
 # The keys of an entry of ``Assistant.fallbacks``; upper-cased, those of a ``FALLBACKS`` entry.
 CHAIN_KEYS = ("provider", "model", "base_url", "credential")
 
+# The fields that decide where an assistant's calls go and with which key: editing them, in the
+# assistant or in a draft of it, needs the ``configure_provider`` permission.
+CONFIGURE_FIELDS = ("provider", "base_url", "credential", "fallbacks")
+
 # Assistant field → the setting it replaces when set (None keeps the site's).
 LIMITS = {"max_steps": "MAX_STEPS", "max_tokens": "MAX_TOKENS", "call_timeout": "CALL_TIMEOUT",
           "job_timeout": "JOB_TIMEOUT"}

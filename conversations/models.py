@@ -109,7 +109,7 @@ class Assistant(models.Model):
         verbose_name = _("assistant")
         verbose_name_plural = _("assistants")
         # Where an assistant's calls go and with which key: more than changing what it says
-        # (assistant_admin.CONFIGURE_FIELDS are read-only without it).
+        # (assistants.CONFIGURE_FIELDS are read-only without it).
         permissions = [("configure_provider", _("Can change an assistant's provider, endpoint, credential and "
                                                 "fallbacks"))]
 

@@ -16,7 +16,7 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from ..assistants import CHAIN_KEYS, registered_tools
+from ..assistants import CHAIN_KEYS, CONFIGURE_FIELDS, registered_tools
 from ..conf import get_config
 from ..knowledge.registry import sources as knowledge_sources
 from ..models import Assistant, AssistantVersion, Turn
@@ -27,8 +27,6 @@ from .timeline import seconds
 OVERVIEW_DAYS = (7, 30, 90)
 
 
-# The fields that decide where an assistant's calls go and with which key.
-CONFIGURE_FIELDS = ("provider", "base_url", "credential", "fallbacks")
 CONFIGURE_PERMISSION = "conversations.configure_provider"
 
 

@@ -207,22 +207,22 @@ class TestRunAdmin(admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("limits"))
     def limits(self, obj):
+        cost = runs.spent(obj)  # summed once: shown, and compared with the limit below
         # "—" rather than 0 while no turn had a price (a model not in PRICES, the demo's), as the comparison shows it
-        priced = obj.results.filter(Q(turn__cost__isnull=False) | Q(judge_turn__cost__isnull=False)).exists()
-        spent = f"{runs.spent(obj).normalize():f}" if priced else "—"
+        spent = "—" if cost is None else f"{cost.normalize():f}"
         at_once = ngettext("At most %(count)d turn at a time.", "At most %(count)d turns at a time.",
                            obj.concurrency) % {"count": obj.concurrency}
         if obj.max_cost is None:
             return format_html("{} {}", at_once, _("No cost limit; spent %(spent)s.") % {"spent": spent})
-        cost = _("Cost limit %(limit)s; spent %(spent)s.") % {"limit": f"{obj.max_cost.normalize():f}", "spent": spent}
-        if not runs.past_cost_limit(obj):
-            return format_html("{} {}", at_once, cost)
+        limit = _("Cost limit %(limit)s; spent %(spent)s.") % {"limit": f"{obj.max_cost.normalize():f}", "spent": spent}
+        if not runs.past_cost_limit(obj, cost):
+            return format_html("{} {}", at_once, limit)
         left = runs.not_asked(obj)
         reached = (ngettext("The cost limit is reached: the run asks no more questions (%(count)d was not asked).",
                             "The cost limit is reached: the run asks no more questions (%(count)d were not asked).",
                             left) % {"count": left} if left else
                    _("The cost limit is reached: the run asks no more questions."))
-        return format_html('{} {} <strong class="test-run-cost-limit">{}</strong>', at_once, cost, reached)
+        return format_html('{} {} <strong class="test-run-cost-limit">{}</strong>', at_once, limit, reached)
 
     def get_queryset(self, request):
         # The list's pass rates as counts of each side's results, in its one query (not a summary per row).

@@ -106,8 +106,12 @@ def decide(turn, call_id, sha256, approve, *, user=None, staff=False):
     ``approve_toolcall``), else by the conversation's owner. Returns the ``ToolApproval``; raises
     ``Refused`` (recorded in the timeline, nothing run) for a call that does not exist in this turn,
     a turn stopped or ended, a call already decided (a replay), one expired, other arguments, or a
-    visitor approving a call only staff may approve. Continues the turn once nothing waits."""
-    turn.refresh_from_db()
+    visitor approving a call only staff may approve. Continues the turn once nothing waits.
+
+    ``turn`` is the row as its caller just read it (the API to see who owns it, the admin with the
+    approval): it is judged as read and passed along, not read again. What changed since cannot
+    slip through: the decision lands only by the conditional UPDATE from ``pending``, and the turn
+    goes on only by ``continue_after``'s from ``waiting_approval``, not stopped."""
     approval = ToolApproval.objects.filter(turn=turn, call_id=str(call_id)[:200]).first()
     name = approval.tool_name if approval else "approval"
     if approval is None:
@@ -143,7 +147,8 @@ def decide(turn, call_id, sha256, approve, *, user=None, staff=False):
     if not won:  # another request decided it a moment ago
         _refuse(turn, name, "already decided (a concurrent request)",
                 _("This action was already decided; nothing more was done."))
-    approval.refresh_from_db()
+    approval.status, approval.decided_at, approval.decided_by_visitor = status, now, not staff
+    approval.decided_by = user if staff else None
     if not ToolApproval.objects.filter(turn=turn, status=Status.PENDING).exists():
         continue_after(turn, approval)
     else:
@@ -154,17 +159,19 @@ def decide(turn, call_id, sha256, approve, *, user=None, staff=False):
 def continue_after(turn, approval):
     """Enqueue the job that goes on with ``turn`` now that no call waits (``approval`` the last decided),
     under a fresh deadline: the wait was a person's, not the turn's. Only one caller moves the turn
-    out of ``waiting_approval``; returns the job id, or None."""
-    turn.refresh_from_db()
+    out of ``waiting_approval``; returns the job id, or None. ``turn`` is as its caller read it
+    (``decide``, ``expire``); what this changes on its row is set on it too, for the state published."""
     job_id = queue.continuation_job_id(turn, f"a{approval.pk}")
     timeout = turn.job_timeout or get_config()["JOB_TIMEOUT"]
     margin = turn.deadline_margin if turn.deadline_margin is not None else get_config()["DEADLINE_MARGIN"]
     now = timezone.now()
+    moved = {"status": Turn.Status.RUNNING, "job_id": job_id,
+             "deadline_at": now + timezone.timedelta(seconds=timeout - margin)}
     state.mark_enqueueing(turn.id, job_id)  # until it is in the queue, nobody takes it for dead
-    if not Turn.objects.filter(pk=turn.pk, status=Turn.Status.WAITING, cancel_requested=False).update(
-            status=Turn.Status.RUNNING, job_id=job_id, deadline_at=now + timezone.timedelta(seconds=timeout - margin)):
+    if not Turn.objects.filter(pk=turn.pk, status=Turn.Status.WAITING, cancel_requested=False).update(**moved):
         return None
-    turn.refresh_from_db()
+    for name, value in moved.items():
+        setattr(turn, name, value)
     record(turn, "continued", Outcome.OK, f"continued by job {job_id} after the approvals")
     queue.enqueue_continuation(turn, job_id, job_timeout=math.ceil(timeout))
     _publish(turn)

@@ -8,11 +8,9 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from ..assistants import CONFIGURE_FIELDS
 from ..models import Assistant
 from .models import DRAFT_FIELDS, AssistantDraft, TestRun
-
-# Fields that decide where calls go and with which key (admin.assistants.CONFIGURE_FIELDS).
-CONFIGURE_FIELDS = ("provider", "base_url", "credential", "fallbacks")
 
 
 def changes_configuration(draft):

@@ -16,8 +16,9 @@ from decimal import Decimal
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.db import transaction
-from django.db.models import Q, Sum
+from django.core.exceptions import ImproperlyConfigured
+from django.db import IntegrityError, transaction
+from django.db.models import CharField, EmailField, Q, Sum, TextField
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
@@ -122,15 +123,26 @@ def unfinished(run):
 
 
 def spent(run):
-    """What the run's turns cost so far, the judge's included."""
+    """What the run's turns cost so far, the judge's included, in one query; None while none of
+    them had a price (a model not in ``PRICES``, the demo's): nothing is known, rather than 0."""
     found = run.results.aggregate(answers=Sum("turn__cost"), judge=Sum("judge_turn__cost"))
+    if found["answers"] is None and found["judge"] is None:
+        return None
     return (found["answers"] or Decimal(0)) + (found["judge"] or Decimal(0))
 
 
-def past_cost_limit(run):
+_NOT_READ = object()
+
+
+def past_cost_limit(run, cost=_NOT_READ):
     """Whether ``run`` has a cost limit and its turns have cost that much: it starts no more
-    questions (those not asked yet stay without a result) and ends stopped."""
-    return run.max_cost is not None and spent(run) >= run.max_cost
+    questions (those not asked yet stay without a result) and ends stopped. ``cost``: what
+    ``spent(run)`` returned, when the caller has it already (else it is read, if there is a limit)."""
+    if run.max_cost is None:
+        return False
+    if cost is _NOT_READ:
+        cost = spent(run)
+    return (cost or Decimal(0)) >= run.max_cost
 
 
 def not_asked(run):
@@ -142,15 +154,68 @@ def not_asked(run):
 def test_visitor(kind):
     """The user who asks a ``kind`` question (signed in, or member), created when missing. The
     member is in the ``TEST_MEMBER_GROUPS`` (those that exist) and the signed-in visitor in no
-    group, whatever was changed by hand since: each sees what a real visitor of its kind would."""
+    group, whatever was changed by hand since: each sees what a real visitor of its kind would.
+    Nothing assumes Django's own user model: the user is found by its ``USERNAME_FIELD`` and
+    created as ``createsuperuser`` creates one (``test_user_fields``, ``create_user``)."""
     model = get_user_model()
-    user, created = model._default_manager.get_or_create(**{model.USERNAME_FIELD: TEST_VISITORS[kind]})
-    if created:
-        user.set_unusable_password()
-        user.save()
+    name = TEST_VISITORS[kind]
+    login = {model.USERNAME_FIELD: test_field_value(model, model.USERNAME_FIELD, name)}
+    user = model._default_manager.filter(**login).first()
+    if user is None:
+        try:
+            with transaction.atomic():
+                user = create_user(model, test_user_fields(model, name))
+        except IntegrityError:  # another run created it a moment ago
+            user = model._default_manager.get(**login)
     if hasattr(user, "groups"):  # a custom user model may have none
         names = get_config()["TEST_MEMBER_GROUPS"] if kind == TestQuestion.Visitor.MEMBER else ()
         user.groups.set(Group.objects.filter(name__in=names))
+    return user
+
+
+def test_user_fields(model, name):
+    """The fields a test visitor named ``name`` is created with, for the site's user ``model``: its
+    login (``USERNAME_FIELD``) and those of the ``REQUIRED_FIELDS`` that must be filled in, the
+    fields ``createsuperuser`` asks for."""
+    values = {field_name: test_field_value(model, field_name, name)
+              for field_name in (model.USERNAME_FIELD, *model.REQUIRED_FIELDS)}
+    return {field_name: value for field_name, value in values.items() if value is not None}
+
+
+def test_field_value(model, field_name, name):
+    """What a test visitor named ``name`` has in ``model``'s field ``field_name``: None for a
+    required field that has a default or may be left empty (the login is always filled in); an
+    address at a domain that never receives mail for an e-mail field; else ``name``. Raises
+    ``ImproperlyConfigured``, saying what to do, for a field that a name cannot fill."""
+    field = model._meta.get_field(field_name)
+    if field_name != model.USERNAME_FIELD and (field.has_default() or field.blank or field.null):
+        return None
+    if isinstance(field, EmailField):
+        return f"{name}@example.invalid"  # RFC 2606: never a real mailbox
+    if isinstance(field, (CharField, TextField)):
+        return name[:field.max_length] if field.max_length else name
+    problem = (f"The test visitor {name!r} cannot be created: the user model {model._meta.label} requires "
+               f"{field_name!r}, which a name cannot fill and has no default.")
+    if field_name == model.USERNAME_FIELD:
+        raise ImproperlyConfigured(f"{problem} Ask the test set's questions as an anonymous visitor.")
+    login = test_field_value(model, model.USERNAME_FIELD, name)
+    raise ImproperlyConfigured(f"{problem} Create the user whose {model.USERNAME_FIELD} is {login!r} yourself, "
+                               "without a usable password, or give the field a default.")
+
+
+def create_user(model, fields):
+    """A user of ``model`` with ``fields`` and no usable password, made by its manager's
+    ``create_user`` (as ``createsuperuser`` calls it: the fields by name) where it has one."""
+    manager = model._default_manager
+    if hasattr(manager, "create_user"):
+        user = manager.create_user(**fields, password=None)  # Django's makes the password unusable
+        if user.has_usable_password():
+            user.set_unusable_password()
+            user.save(update_fields=["password"])
+        return user
+    user = model(**fields)
+    user.set_unusable_password()
+    user.save()
     return user
 
 

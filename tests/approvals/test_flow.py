@@ -46,6 +46,32 @@ def test_an_approved_call_runs_once_and_the_model_answers_with_its_result(fake):
     assert CallRecord.objects.filter(turn_id=started["id"], kind="approval", detail="approved by the visitor").exists()
 
 
+def test_a_decision_reads_the_turn_once(fake):
+    """The view reads the turn to check who owns it; deciding, continuing the turn and publishing
+    its state go on with that row instead of reading it (and its conversation) again."""
+    import re
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    fake.add(openai_tool_calls(("call_1", "refund", {"order": "A1"})), openai_text("Refunded."))
+    client = make_client()
+    started, state = waiting_turn(client)
+    with CaptureQueriesContext(connection) as queries:
+        response = answer(client, started, state["approvals"][0])
+    assert response.status_code == 200, response.content
+    statements = [(q["sql"].split()[0], re.search(r'(?:FROM|INTO|UPDATE) "(\w+)"', q["sql"])[1].removeprefix(
+        "conversations_")) for q in queries.captured_queries if q["sql"].split()[0] in ("SELECT", "INSERT", "UPDATE")]
+    assert statements == [
+        ("SELECT", "conversation"), ("SELECT", "turn"),  # the view: whose conversation, which turn
+        ("SELECT", "toolapproval"), ("UPDATE", "toolapproval"), ("INSERT", "callrecord"),  # the decision
+        ("SELECT", "toolapproval"),  # does another call still wait?
+        ("UPDATE", "turn"), ("INSERT", "callrecord"), ("SELECT", "message"),  # continued, its state published
+    ]
+    assert client.get(started["poll_url"]).json()["status"] == "running"
+    assert finish(client, started)["status"] == "completed" and runs() == 1
+
+
 def test_a_declined_call_is_not_run_and_the_model_is_told(fake):
     fake.add(openai_tool_calls(("call_1", "refund", {"order": "A1"})), openai_text("Fine, I did not refund it."))
     client = make_client()

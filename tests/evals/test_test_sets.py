@@ -443,6 +443,48 @@ def test_a_member_sees_members_only_knowledge_in_a_test_turn_as_a_real_member_wo
         hint="Name the groups your site's rules count as members, or create this one.", id="conversations.W090")]
 
 
+@pytest.mark.django_db
+def test_the_test_visitors_are_made_from_the_user_models_own_fields(monkeypatch):
+    """A site's user model may log in with another field than ``username`` and require others
+    (``REQUIRED_FIELDS``): the test visitors are looked up by its login field and created by its
+    manager with each required field filled in, as ``createsuperuser`` would."""
+    from django.contrib.auth import get_user_model
+
+    model = get_user_model()
+    signed_in = runs.test_visitor("signed_in")
+    assert signed_in.get_username() == "conversations-test-visitor" and not signed_in.has_usable_password()
+    assert not signed_in.is_staff and not signed_in.groups.exists()
+    assert runs.test_visitor("signed_in").pk == signed_in.pk and model.objects.count() == 1
+
+    # An e-mail login, with the username required beside it
+    monkeypatch.setattr(model, "USERNAME_FIELD", "email")
+    monkeypatch.setattr(model, "REQUIRED_FIELDS", ["username", "first_name"])
+    member = runs.test_visitor("member")
+    assert member.get_username() == "conversations-test-member@example.invalid"
+    assert (member.username, member.first_name) == ("conversations-test-member", "")  # may be left empty
+    assert not member.has_usable_password()
+    assert runs.test_visitor("member").pk == member.pk and model.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_a_required_user_field_no_name_can_fill_is_a_clear_error(monkeypatch):
+    from django.contrib.auth import get_user_model
+    from django.core.exceptions import ImproperlyConfigured
+
+    model = get_user_model()
+    field = model._meta.get_field("last_login")
+    monkeypatch.setattr(model, "REQUIRED_FIELDS", ["last_login"])
+    monkeypatch.setattr(field, "null", False)
+    monkeypatch.setattr(field, "blank", False)
+    with pytest.raises(ImproperlyConfigured) as error:
+        runs.test_visitor("signed_in")
+    assert str(error.value) == (
+        "The test visitor 'conversations-test-visitor' cannot be created: the user model auth.User requires "
+        "'last_login', which a name cannot fill and has no default. Create the user whose username is "
+        "'conversations-test-visitor' yourself, without a usable password, or give the field a default.")
+    assert not model.objects.exists()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_visitors_turn_ending_costs_the_test_runs_no_query():
     """Every turn's ending is announced; a visitor's, with its conversation loaded (as its job has

@@ -153,3 +153,27 @@ def test_a_run_started_in_the_admin_keeps_its_limits_and_its_page_says_the_cost_
     page = admin_client.get(f"/admin/conversations/testrun/{run.pk}/change/").content.decode()
     assert "At most 3 turns at a time. Cost limit 0.000001" in page
     assert "The cost limit is reached: the run asks no more questions (1 was not asked)." in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_run_page_sums_the_runs_cost_once(admin_client, conversations_settings):
+    """What a run spent is shown beside its limit and decides whether the limit is reached: one
+    query sums it (and tells a run with no priced turn, shown "—", from one that cost 0)."""
+    import re
+    from decimal import Decimal
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    conversations_settings.update(PRICES={"demo": {"input": 1000, "output": 1000}})
+    run = drive(runs.start_run(make_set(make_assistant(), [{"question": TIME}] * 2), concurrency=1,
+                               max_cost=Decimal("0.000001")))
+    spent = sum(result.turn.cost for result in run.results.exclude(turn=None))
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(f"/admin/conversations/testrun/{run.pk}/change/").content.decode()
+    assert f"Cost limit 0.000001; spent {spent.normalize():f}." in page
+    assert "The cost limit is reached: the run asks no more questions (1 was not asked)." in page
+    # the queries that add up, or look for, the turns' costs (the results' rows are read for the comparison)
+    summing = re.compile(r'SUM\([^)]*"cost"\)|"cost" IS NOT NULL')
+    costs = [q["sql"] for q in queries.captured_queries if summing.search(q["sql"])]
+    assert len(costs) == 1, costs

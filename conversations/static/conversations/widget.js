@@ -319,7 +319,8 @@
   /* Follows one turn at a time: looks at its poll URL with its ETag, backs off while nothing
    * changes, does not look while the tab is hidden, and gives up `jobTimeout + giveUpMargin`
    * seconds after the message was sent. It tells the widget through `events`:
-   *   changed(turn, state) -> whether an answer is still being streamed (a new version landed)
+   *   changed(turn, state) -> whether an answer is still being streamed (a new version landed;
+   *                           `turn.approvals` already holds the calls it waits for a person to decide)
    *   looked(turn, recovered)  after every look that landed, changed or not
    *   lost(turn)               a look failed (network, 5xx); it tries again, backing off
    *   ended(turn, state)       the turn is over (or given up on, or gone); it is no longer followed
@@ -432,9 +433,10 @@
           turn.delay = turn.streaming ? FIRST_DELAY : Math.min(turn.delay * GROWTH, MAX_DELAY);
         } else {
           turn.version = state.version;
+          // The calls it waits for a person to decide, worked out once: the widget draws them from here.
+          turn.approvals = state.status === "waiting_approval" ? (state.approvals || []) : [];
           turn.streaming = self.events.changed(turn, state);
           turn.resuming = Boolean(state.resuming);  // its worker died: another takes the answer over
-          turn.approvals = state.status === "waiting_approval" ? (state.approvals || []) : [];
           // Waiting for a person costs the turn no time: it may go on until the approval expires,
           // then for a whole job's time.
           turn.approvals.forEach(function (a) {
@@ -1164,7 +1166,7 @@
     changed(turn, state) {
       var self = this, streaming = false;
       (state.messages || []).forEach(function (m) { streaming = self.draw(m, turn.id); });
-      this.askApproval(turn, state.status === "waiting_approval" ? state.approvals || [] : []);
+      this.askApproval(turn, turn.approvals);
       if (!state.done && state.status === "running" && this.status === "waiting") { this.setState("running"); }
       return streaming;
     }
