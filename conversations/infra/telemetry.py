@@ -62,6 +62,10 @@ _configured_in = None  # the pid of the process whose configure() set up the SDK
 _metrics_mode = None  # the mode whose meter provider is still to be set up (at the first measurement)
 _setup_lock = threading.Lock()
 _flushing = False  # a work horse sending what it holds before it exits (``flush``)
+# The pid of a forking worker's parent, whose meter provider exports only when flushed: what it
+# measures (a turn it ends for a dead horse) is exported at once (``_measure``), or every horse
+# forked after would inherit the reading and export it again.
+_export_at_once_in = None
 
 
 def enabled():
@@ -112,7 +116,7 @@ def _resource():
 def _setup_metrics(periodic=True):
     """Set up the meter provider ``configure()`` left for later, once: exporting every
     ``OTEL_METRIC_EXPORT_INTERVAL`` in a thread, or (``periodic`` False) only when flushed."""
-    global _metrics_mode
+    global _metrics_mode, _export_at_once_in
     with _setup_lock:
         mode, _metrics_mode = _metrics_mode, None
         if mode is None:
@@ -129,6 +133,7 @@ def _setup_metrics(periodic=True):
                 exporter = ConsoleMetricExporter()
             reader = PeriodicExportingMetricReader(exporter, export_interval_millis=None if periodic else math.inf)
             otel_metrics.set_meter_provider(MeterProvider(resource=_resource(), metric_readers=[reader]))
+            _export_at_once_in = None if periodic else os.getpid()
         except Exception:  # noqa: BLE001 - telemetry never stops a site
             logger.exception("Could not set up OpenTelemetry's metrics (TELEMETRY=%r)", mode)
 
@@ -373,8 +378,13 @@ def _measure(instrument, value, attributes, method="record"):
     pending = _pending.get()
     if pending is not None:
         pending.append((instrument, method, value, attributes))
-    else:
-        getattr(getattr(instruments(), instrument), method)(value, attributes)
+        return
+    getattr(getattr(instruments(), instrument), method)(value, attributes)
+    if _export_at_once_in == os.getpid():
+        try:
+            otel_metrics.get_meter_provider().force_flush(5000)
+        except Exception:  # noqa: BLE001 - telemetry never stops a worker
+            logger.warning("Could not export a measurement", exc_info=True)
 
 
 def _measure_pending():
