@@ -60,6 +60,9 @@ BREAKER_STATES = {"closed": 0, "half-open": 1, "open": 2}
 
 _configured_in = None  # the pid of the process whose configure() set up the SDK
 _metrics_mode = None  # the mode whose meter provider is still to be set up (at the first measurement)
+_span_exporter = None  # the exporter whose tracer provider is still to be set up (at the first span)
+_sdk_resource = None  # the resource configure() made, which every provider of this process and its forks shares
+_horses_of = None  # the pid of a forking worker's parent (``warm_up(forking=True)``)
 _setup_lock = threading.Lock()
 _flushing = False  # a work horse sending what it holds before it exits (``flush``)
 # The pid of a forking worker's parent, whose meter provider exports only when flushed: what it
@@ -73,37 +76,66 @@ def enabled():
 
 
 def configure(mode):
-    """Set up the SDK's providers for ``mode`` (``"otlp"``, ``"console"``; ``""`` leaves the
-    process's providers as the site set them). Once per process; never raises: a site whose
-    exporter cannot be built still serves its visitors (the reason is logged).
+    """Set up the SDK for ``mode`` (``"otlp"``, ``"console"``; ``""`` leaves the process's
+    providers as the site set them). Once per process; never raises: a site whose exporter cannot
+    be built still serves its visitors (the reason is logged).
 
-    The tracer provider is set up now; the meter provider at the first measurement
-    (``instruments``), or by a forking worker's parent (``warm_up(forking=True)``) without a
-    periodic export: a thread collecting in the parent at the moment of a fork would leave the
-    SDK's locks held in the work horse for ever."""
-    global _configured_in, _metrics_mode
+    The exporter and the resource are made now; the providers when the process first needs
+    them: the tracer provider at the first span (``_tracer``), the meter provider at the first
+    measurement (``instruments``). A forking worker's parent (``warm_up(forking=True)``) makes
+    neither until it makes a span or a measurement of its own (a horse died): each horse makes
+    its own, with the parent's resource, at its job's start. A provider in the parent would run
+    the SDK's at-fork handlers in every horse (each recomputes the process's resource in a new
+    thread pool: milliseconds of every fork), and a thread exporting metrics in the parent at
+    the moment of a fork would leave the SDK's locks held in the horse for ever."""
+    global _configured_in, _metrics_mode, _span_exporter, _sdk_resource
     if not mode or not AVAILABLE or _configured_in is not None:
         return False
     try:
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-
-        if mode == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            span_exporter = OTLPSpanExporter()
-        elif mode == "console":
-            span_exporter = ConsoleSpanExporter()
-        else:
-            raise ValueError(f"unknown TELEMETRY mode {mode!r}")
-        tracer_provider = TracerProvider(resource=_resource())
-        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
-        trace.set_tracer_provider(tracer_provider)
+        span_exporter = _make_span_exporter(mode)
+        resource = _resource()
     except Exception:  # noqa: BLE001 - telemetry never stops a site
         logger.exception("Could not set up OpenTelemetry (TELEMETRY=%r)", mode)
         return False
-    _configured_in, _metrics_mode = os.getpid(), mode
+    _configured_in, _metrics_mode, _span_exporter, _sdk_resource = os.getpid(), mode, span_exporter, resource
     return True
+
+
+def _make_span_exporter(mode):
+    if mode == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    if mode == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    raise ValueError(f"unknown TELEMETRY mode {mode!r}")
+
+
+def _setup_traces():
+    """Set up the tracer provider ``configure()`` left for later, once per process (a horse
+    forked before its parent made one makes its own)."""
+    global _span_exporter
+    with _setup_lock:
+        exporter, _span_exporter = _span_exporter, None
+        if exporter is None:
+            return
+        try:
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+            provider = TracerProvider(resource=_sdk_resource)
+            provider.add_span_processor(BatchSpanProcessor(exporter))
+            trace.set_tracer_provider(provider)
+        except Exception:  # noqa: BLE001 - telemetry never stops a site
+            logger.exception("Could not set up OpenTelemetry's traces")
+
+
+def _exports_when_flushed():
+    """Whether this process's metrics are exported only when flushed: a forking worker's parent
+    and its horses (see ``configure``)."""
+    return _horses_of is not None and (forked() or _horses_of == os.getpid())
 
 
 def _resource():
@@ -132,8 +164,9 @@ def _setup_metrics(periodic=True):
             else:
                 exporter = ConsoleMetricExporter()
             reader = PeriodicExportingMetricReader(exporter, export_interval_millis=None if periodic else math.inf)
-            otel_metrics.set_meter_provider(MeterProvider(resource=_resource(), metric_readers=[reader]))
-            _export_at_once_in = None if periodic else os.getpid()
+            otel_metrics.set_meter_provider(MeterProvider(resource=_sdk_resource or _resource(),
+                                                          metric_readers=[reader]))
+            _export_at_once_in = os.getpid() if _horses_of == os.getpid() else None
         except Exception:  # noqa: BLE001 - telemetry never stops a site
             logger.exception("Could not set up OpenTelemetry's metrics (TELEMETRY=%r)", mode)
 
@@ -167,6 +200,8 @@ _tracers = {}
 
 def _tracer():
     """The app's tracer, made once per tracer provider (a test or a site may set the provider late)."""
+    if _span_exporter is not None:
+        _setup_traces()
     provider = trace.get_tracer_provider()
     tracer = _tracers.get(id(provider))
     if tracer is None:
@@ -175,26 +210,39 @@ def _tracer():
 
 
 def warm_up(forking=False):
-    """Make the tracer and the instruments now, so that no work horse makes them again for its
-    one turn. ``forking``: this is a forking worker's parent, whose horses export their metrics
-    when they end (``flush``), never in a thread of this process (see ``configure``)."""
+    """Make the tracer and the instruments now, so that no turn waits for their making. ``forking``:
+    this is a forking worker's parent, which makes no provider (each horse makes its own at its
+    job's start, and exports its metrics when it ends: see ``configure``), only rehearses a span."""
+    global _horses_of
     if AVAILABLE:
         if forking:
-            _setup_metrics(periodic=False)
+            _horses_of = os.getpid()
+            _rehearse(forking=True)
+            return
         _tracer()
         instruments()
         _rehearse()
 
 
-def _rehearse():
+def _rehearse(forking=False):
     """Start, once, a span as a job does (a parent read from a job's meta, attributes of every
     type the app sets), so that the work horses forked from this process find the interpreter's
     ``isinstance`` caches of the API's abstract classes (``Span``, ``Sequence``) filled: each
     horse filled them again for its turn (about 3 ms of a horse's job span, sampled with py-spy).
-    The span is never ended, so never exported."""
+    The span is never ended, so never exported. ``forking``: with a tracer provider of its own,
+    dropped at once (not shut down at exit: nothing holds it), so that no horse runs its
+    at-fork handler."""
+    if forking:
+        if _sdk_resource is None:  # the SDK is not this app's to set up (TELEMETRY="")
+            return
+        from opentelemetry.sdk.trace import TracerProvider
+
+        tracer = TracerProvider(resource=_sdk_resource, shutdown_on_exit=False).get_tracer(SCOPE)
+    else:
+        tracer = _tracer()
     parent = _extract({"traceparent": f"00-{'1' * 32}-{'1' * 16}-01"})
-    span = _tracer().start_span("conversations.warm_up", context=parent, kind=SpanKind.CONSUMER,
-                                attributes={"str": "-", "int": 1, "float": 1.0, "bool": True, "list": ["-"]})
+    span = tracer.start_span("conversations.warm_up", context=parent, kind=SpanKind.CONSUMER,
+                             attributes={"str": "-", "int": 1, "float": 1.0, "bool": True, "list": ["-"]})
     trace.get_current_span(trace.set_span_in_context(span, parent))
 
 
@@ -435,7 +483,7 @@ def instruments():
     global _instruments
     if _instruments is None:
         if _metrics_mode is not None:
-            _setup_metrics()
+            _setup_metrics(periodic=not _exports_when_flushed())
         with _instruments_lock:
             if _instruments is None:
                 _instruments = _Instruments(otel_metrics.get_meter(SCOPE))

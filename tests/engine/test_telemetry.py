@@ -476,3 +476,24 @@ def test_a_turn_a_forking_workers_parent_ends_is_counted_once(chain, receiver, w
     wait_for(lambda: counted().get("completed") == 2, timeout=15, what="the two horses' metrics")
     time.sleep(1)  # anything sent late would be counted too
     assert counted() == {"failed": 1, "completed": 2}
+
+
+@pytest.mark.slow
+def test_a_forking_workers_horses_make_their_own_tracer_provider_as_one_instance(answering, receiver, worker_process,
+                                                                                monkeypatch):
+    """The parent of a forking worker makes no tracer or meter provider (the SDK's at-fork handlers
+    would run in every horse, and each gave its horse a ``service.instance.id`` of its own): each
+    horse makes its own at its job's start, with the resource the parent made once, so that a
+    backend sees one instance per worker, not one per turn; the spans and metrics still arrive."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    worker_process(1, worker_class=FORKING, TELEMETRY="otlp")
+    client = make_client()
+    for _ in range(2):
+        started = start_turn(client, QUESTION)
+        assert poll_until_done(client, started["poll_url"], timeout=40)["status"] == "completed"
+    wait_for(lambda: len(by_name(receiver.spans, "conversations.turn.job")) == 2, timeout=15, what="two job spans")
+    jobs = by_name(receiver.spans, "conversations.turn.job")
+    assert len({s["instance"] for s in jobs}) == 1 and None not in {s["instance"] for s in jobs}
+    wait_for(lambda: sum(p["as_int"] for p in receiver.metric_points.get("conversations.turns", [])) == 2,
+             timeout=15, what="both horses' counts")
