@@ -61,6 +61,7 @@ BREAKER_STATES = {"closed": 0, "half-open": 1, "open": 2}
 _configured_in = None  # the pid of the process whose configure() set up the SDK
 _metrics_mode = None  # the mode whose meter provider is still to be set up (at the first measurement)
 _span_exporter = None  # the exporter whose tracer provider is still to be set up (at the first span)
+_metric_exporter = None  # the same for the meter provider (at the first measurement)
 _sdk_resource = None  # the resource configure() made, which every provider of this process and its forks shares
 _horses_of = None  # the pid of a forking worker's parent (``warm_up(forking=True)``)
 _setup_lock = threading.Lock()
@@ -88,28 +89,34 @@ def configure(mode):
     the SDK's at-fork handlers in every horse (each recomputes the process's resource in a new
     thread pool: milliseconds of every fork), and a thread exporting metrics in the parent at
     the moment of a fork would leave the SDK's locks held in the horse for ever."""
-    global _configured_in, _metrics_mode, _span_exporter, _sdk_resource
+    global _configured_in, _metrics_mode, _span_exporter, _metric_exporter, _sdk_resource
     if not mode or not AVAILABLE or _configured_in is not None:
         return False
     try:
-        span_exporter = _make_span_exporter(mode)
+        span_exporter, metric_exporter = _make_exporters(mode)
         resource = _resource()
     except Exception:  # noqa: BLE001 - telemetry never stops a site
         logger.exception("Could not set up OpenTelemetry (TELEMETRY=%r)", mode)
         return False
-    _configured_in, _metrics_mode, _span_exporter, _sdk_resource = os.getpid(), mode, span_exporter, resource
+    _configured_in, _metrics_mode, _sdk_resource = os.getpid(), mode, resource
+    _span_exporter, _metric_exporter = span_exporter, metric_exporter
     return True
 
 
-def _make_span_exporter(mode):
+def _make_exporters(mode):
+    """The span and the metric exporter of ``mode``. Made once, in the process that configures the
+    SDK: a forking worker's horses inherit them unused (no connection open yet) rather than each
+    making its own."""
     if mode == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter()
+        return OTLPSpanExporter(), OTLPMetricExporter()
     if mode == "console":
+        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        return ConsoleSpanExporter()
+        return ConsoleSpanExporter(), ConsoleMetricExporter()
     raise ValueError(f"unknown TELEMETRY mode {mode!r}")
 
 
@@ -155,17 +162,11 @@ def _setup_metrics(periodic=True):
             return
         try:
             from opentelemetry.sdk.metrics import MeterProvider
-            from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-            if mode == "otlp":
-                from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-                exporter = OTLPMetricExporter()
-            else:
-                exporter = ConsoleMetricExporter()
-            reader = PeriodicExportingMetricReader(exporter, export_interval_millis=None if periodic else math.inf)
-            otel_metrics.set_meter_provider(MeterProvider(resource=_sdk_resource or _resource(),
-                                                          metric_readers=[reader]))
+            reader = PeriodicExportingMetricReader(_metric_exporter,
+                                                   export_interval_millis=None if periodic else math.inf)
+            otel_metrics.set_meter_provider(MeterProvider(resource=_sdk_resource, metric_readers=[reader]))
             _export_at_once_in = os.getpid() if _horses_of == os.getpid() else None
         except Exception:  # noqa: BLE001 - telemetry never stops a site
             logger.exception("Could not set up OpenTelemetry's metrics (TELEMETRY=%r)", mode)
