@@ -212,30 +212,30 @@ def _tracer():
 
 def warm_up(forking=False):
     """Make the tracer and the instruments now, so that no turn waits for their making. ``forking``:
-    this is a forking worker's parent, which makes no provider (each horse makes its own at its
-    job's start, and exports its metrics when it ends: see ``configure``), only rehearses a span."""
+    this is a forking worker's parent; when the app set up the SDK here (``configure``), it makes
+    no provider (each horse makes its own at its job's start, and exports its metrics when it
+    ends: see ``configure``) and only rehearses a span. The providers a site set up itself are
+    its own: their tracer and instruments are made here for every horse to inherit."""
     global _horses_of
     if AVAILABLE:
-        if forking:
+        if forking and _configured_in == os.getpid():
             _horses_of = os.getpid()
-            _rehearse(forking=True)
+            _rehearse(own_provider=True)
             return
         _tracer()
         instruments()
         _rehearse()
 
 
-def _rehearse(forking=False):
+def _rehearse(own_provider=False):
     """Start, once, a span as a job does (a parent read from a job's meta, attributes of every
     type the app sets), so that the work horses forked from this process find the interpreter's
     ``isinstance`` caches of the API's abstract classes (``Span``, ``Sequence``) filled: each
     horse filled them again for its turn (about 3 ms of a horse's job span, sampled with py-spy).
-    The span is never ended, so never exported. ``forking``: with a tracer provider of its own,
-    dropped at once (not shut down at exit: nothing holds it), so that no horse runs its
+    The span is never ended, so never exported. ``own_provider``: with a tracer provider of its
+    own, dropped at once (not shut down at exit: nothing holds it), so that no horse runs its
     at-fork handler."""
-    if forking:
-        if _sdk_resource is None:  # the SDK is not this app's to set up (TELEMETRY="")
-            return
+    if own_provider:
         from opentelemetry.sdk.trace import TracerProvider
 
         tracer = TracerProvider(resource=_sdk_resource, shutdown_on_exit=False).get_tracer(SCOPE)
