@@ -9,7 +9,8 @@ spans with their GenAI attributes, the queue wait, the first word, the breaker, 
 and durations), then what the job does after its final write (``flush``: the export before
 ``os._exit``). Per child: the time from the parent's ``os.fork()`` to the child running (the
 at-fork handlers, the SDK's among them); the wall and CPU time to the final write, and after it;
-the CPU of its whole job (every thread's: the export thread's too); its minor page faults (each a first write to a page shared with the parent). Three ways, alternated in rounds:
+the CPU of its whole job (every thread's: the export thread's too); its minor page faults (each
+a first write to a page shared with the parent). Three ways, alternated in rounds:
 
 - ``off``: the package installed, ``TELEMETRY=""`` (the API's no-op providers);
 - ``providers made in the parent``: the parent sets up the tracer and meter providers after its

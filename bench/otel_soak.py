@@ -218,8 +218,8 @@ def run_visitor(base, turns, polls, errors, stop_every=0):
                 if answer.status_code == 200:
                     etag = answer.headers["ETag"]
                     if answer.json()["done"]:
-                        assert answer.json()["status"] in (("cancelled", "completed") if stopping else ("completed",)), \
-                            answer.json()
+                        ended_as = ("cancelled", "completed") if stopping else ("completed",)
+                        assert answer.json()["status"] in ended_as, answer.json()
                         break
                 if time.monotonic() > deadline:
                     raise RuntimeError("a turn did not end within 60 s")
