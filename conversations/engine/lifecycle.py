@@ -39,11 +39,19 @@ class QueueUnavailable(Exception):
     """``start()`` could not enqueue the turn (Redis unreachable); a turn it had saved has ended failed."""
 
 
-def ended(turn):
+def ended(turn, *, margin=None):
     """Announce that a write has just ended ``turn`` (``turn_ended``), once it commits; every
     write of a turn's final status calls it, and only when that write changed the row. A
-    receiver that raises is logged: the turn has ended either way."""
+    receiver that raises is logged: the turn has ended either way.
+
+    It is also where the turn is counted (``conversations.turns``, with its time to done and,
+    from its job's final write, ``margin``: the seconds left before RQ's job timeout), so that
+    every ending is counted once, whoever wrote it, and a write rolled back is not."""
     def send():
+        if telemetry.enabled():  # its label may read the assistant's row: not for a site without the extra
+            telemetry.count_turn(turn.status, assistant_label(turn), margin=margin, duration=(
+                (turn.finished_at - turn.enqueued_at).total_seconds()
+                if turn.finished_at and turn.enqueued_at else None))
         for receiver, result in turn_ended.send_robust(sender=Turn, turn=turn):
             if isinstance(result, Exception):
                 logger.error("%s failed after turn %s ended", getattr(receiver, "__qualname__", receiver), turn.pk,
@@ -231,9 +239,6 @@ def finalize(turn, status, error, *, job_id=None):
         keep_streamed_text(turn)
         save_cost(turn)
         ended(turn)
-        if telemetry.enabled():  # its label may read the assistant's row: not for a site without the extra
-            telemetry.count_turn(status, assistant_label(turn), duration=(
-                turn.finished_at - turn.enqueued_at).total_seconds() if turn.enqueued_at else None)
     return state.publish(state.state_from_db(turn))
 
 

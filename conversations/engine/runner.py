@@ -755,7 +755,7 @@ class TurnRunner:
         # After the visitor has the answer: the spans cost them no wait (none when it rolled back).
         self.trace_saved(committed)
         if committed:
-            ended(turn)
+            ended(turn, margin=turn.margin_left)
         if interrupted is not None:
             raise interrupted
         self.finished = True
@@ -770,16 +770,14 @@ class TurnRunner:
 
 
     def report(self, status):
-        """The turn's outcome and its margin at the final write, on the job's span and in the metrics."""
+        """The turn's outcome and its margin at the final write, on the job's span (its count is made by
+        ``ended``, as every ending's is)."""
         turn = self.turn
         if self.trace is not None:
             self.trace.outcome(status, turn.margin_left, **{
                 "conversations.turn.model_calls": turn.model_calls, "conversations.turn.tool_calls": turn.tool_calls,
                 "conversations.turn.resumes": turn.resumes, "gen_ai.usage.input_tokens": turn.input_tokens,
                 "gen_ai.usage.output_tokens": turn.output_tokens})
-        if turn.enqueued_at is not None:
-            telemetry.count_turn(status, assistant_label(turn), margin=turn.margin_left,
-                                 duration=(turn.finished_at - turn.enqueued_at).total_seconds())
 
 
 class _Superseded(Exception):

@@ -60,8 +60,16 @@ BREAKER_STATES = {"closed": 0, "half-open": 1, "open": 2}
 
 _configured_in = None  # the pid of the process whose configure() set up the SDK
 _metrics_mode = None  # the mode whose meter provider is still to be set up (at the first measurement)
+_span_exporter = None  # the exporter whose tracer provider is still to be set up (at the first span)
+_metric_exporter = None  # the same for the meter provider (at the first measurement)
+_sdk_resource = None  # the resource configure() made, which every provider of this process and its forks shares
+_horses_of = None  # the pid of a forking worker's parent (``warm_up(forking=True)``)
 _setup_lock = threading.Lock()
 _flushing = False  # a work horse sending what it holds before it exits (``flush``)
+# The pid of a forking worker's parent, whose meter provider exports only when flushed: what it
+# measures (a turn it ends for a dead horse) is exported at once (``_measure``), or every horse
+# forked after would inherit the reading and export it again.
+_export_at_once_in = None
 
 
 def enabled():
@@ -69,37 +77,72 @@ def enabled():
 
 
 def configure(mode):
-    """Set up the SDK's providers for ``mode`` (``"otlp"``, ``"console"``; ``""`` leaves the
-    process's providers as the site set them). Once per process; never raises: a site whose
-    exporter cannot be built still serves its visitors (the reason is logged).
+    """Set up the SDK for ``mode`` (``"otlp"``, ``"console"``; ``""`` leaves the process's
+    providers as the site set them). Once per process; never raises: a site whose exporter cannot
+    be built still serves its visitors (the reason is logged).
 
-    The tracer provider is set up now; the meter provider at the first measurement
-    (``instruments``), or by a forking worker's parent (``warm_up(forking=True)``) without a
-    periodic export: a thread collecting in the parent at the moment of a fork would leave the
-    SDK's locks held in the work horse for ever."""
-    global _configured_in, _metrics_mode
+    The exporter and the resource are made now; the providers when the process first needs
+    them: the tracer provider at the first span (``_tracer``), the meter provider at the first
+    measurement (``instruments``). A forking worker's parent (``warm_up(forking=True)``) makes
+    neither until it makes a span or a measurement of its own (a horse died): each horse makes
+    its own, with the parent's resource, at its job's start. A provider in the parent would run
+    the SDK's at-fork handlers in every horse (each recomputes the process's resource in a new
+    thread pool: milliseconds of every fork), and a thread exporting metrics in the parent at
+    the moment of a fork would leave the SDK's locks held in the horse for ever."""
+    global _configured_in, _metrics_mode, _span_exporter, _metric_exporter, _sdk_resource
     if not mode or not AVAILABLE or _configured_in is not None:
         return False
     try:
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-
-        if mode == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            span_exporter = OTLPSpanExporter()
-        elif mode == "console":
-            span_exporter = ConsoleSpanExporter()
-        else:
-            raise ValueError(f"unknown TELEMETRY mode {mode!r}")
-        tracer_provider = TracerProvider(resource=_resource())
-        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
-        trace.set_tracer_provider(tracer_provider)
+        span_exporter, metric_exporter = _make_exporters(mode)
+        resource = _resource()
     except Exception:  # noqa: BLE001 - telemetry never stops a site
         logger.exception("Could not set up OpenTelemetry (TELEMETRY=%r)", mode)
         return False
-    _configured_in, _metrics_mode = os.getpid(), mode
+    _configured_in, _metrics_mode, _sdk_resource = os.getpid(), mode, resource
+    _span_exporter, _metric_exporter = span_exporter, metric_exporter
     return True
+
+
+def _make_exporters(mode):
+    """The span and the metric exporter of ``mode``. Made once, in the process that configures the
+    SDK: a forking worker's horses inherit them unused (no connection open yet) rather than each
+    making its own."""
+    if mode == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(), OTLPMetricExporter()
+    if mode == "console":
+        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter(), ConsoleMetricExporter()
+    raise ValueError(f"unknown TELEMETRY mode {mode!r}")
+
+
+def _setup_traces():
+    """Set up the tracer provider ``configure()`` left for later, once per process (a horse
+    forked before its parent made one makes its own)."""
+    global _span_exporter
+    with _setup_lock:
+        exporter, _span_exporter = _span_exporter, None
+        if exporter is None:
+            return
+        try:
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+            provider = TracerProvider(resource=_sdk_resource)
+            provider.add_span_processor(BatchSpanProcessor(exporter))
+            trace.set_tracer_provider(provider)
+        except Exception:  # noqa: BLE001 - telemetry never stops a site
+            logger.exception("Could not set up OpenTelemetry's traces")
+
+
+def _exports_when_flushed():
+    """Whether this process's metrics are exported only when flushed: a forking worker's parent
+    and its horses (see ``configure``)."""
+    return _horses_of is not None and (forked() or _horses_of == os.getpid())
 
 
 def _resource():
@@ -112,23 +155,19 @@ def _resource():
 def _setup_metrics(periodic=True):
     """Set up the meter provider ``configure()`` left for later, once: exporting every
     ``OTEL_METRIC_EXPORT_INTERVAL`` in a thread, or (``periodic`` False) only when flushed."""
-    global _metrics_mode
+    global _metrics_mode, _export_at_once_in
     with _setup_lock:
         mode, _metrics_mode = _metrics_mode, None
         if mode is None:
             return
         try:
             from opentelemetry.sdk.metrics import MeterProvider
-            from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-            if mode == "otlp":
-                from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-                exporter = OTLPMetricExporter()
-            else:
-                exporter = ConsoleMetricExporter()
-            reader = PeriodicExportingMetricReader(exporter, export_interval_millis=None if periodic else math.inf)
-            otel_metrics.set_meter_provider(MeterProvider(resource=_resource(), metric_readers=[reader]))
+            reader = PeriodicExportingMetricReader(_metric_exporter,
+                                                   export_interval_millis=None if periodic else math.inf)
+            otel_metrics.set_meter_provider(MeterProvider(resource=_sdk_resource, metric_readers=[reader]))
+            _export_at_once_in = os.getpid() if _horses_of == os.getpid() else None
         except Exception:  # noqa: BLE001 - telemetry never stops a site
             logger.exception("Could not set up OpenTelemetry's metrics (TELEMETRY=%r)", mode)
 
@@ -162,6 +201,8 @@ _tracers = {}
 
 def _tracer():
     """The app's tracer, made once per tracer provider (a test or a site may set the provider late)."""
+    if _span_exporter is not None:
+        _setup_traces()
     provider = trace.get_tracer_provider()
     tracer = _tracers.get(id(provider))
     if tracer is None:
@@ -170,26 +211,39 @@ def _tracer():
 
 
 def warm_up(forking=False):
-    """Make the tracer and the instruments now, so that no work horse makes them again for its
-    one turn. ``forking``: this is a forking worker's parent, whose horses export their metrics
-    when they end (``flush``), never in a thread of this process (see ``configure``)."""
+    """Make the tracer and the instruments now, so that no turn waits for their making. ``forking``:
+    this is a forking worker's parent; when the app set up the SDK here (``configure``), it makes
+    no provider (each horse makes its own at its job's start, and exports its metrics when it
+    ends: see ``configure``) and only rehearses a span. The providers a site set up itself are
+    its own: their tracer and instruments are made here for every horse to inherit."""
+    global _horses_of
     if AVAILABLE:
-        if forking:
-            _setup_metrics(periodic=False)
+        if forking and _configured_in == os.getpid():
+            _horses_of = os.getpid()
+            _rehearse(own_provider=True)
+            return
         _tracer()
         instruments()
         _rehearse()
 
 
-def _rehearse():
+def _rehearse(own_provider=False):
     """Start, once, a span as a job does (a parent read from a job's meta, attributes of every
     type the app sets), so that the work horses forked from this process find the interpreter's
     ``isinstance`` caches of the API's abstract classes (``Span``, ``Sequence``) filled: each
     horse filled them again for its turn (about 3 ms of a horse's job span, sampled with py-spy).
-    The span is never ended, so never exported."""
+    The span is never ended, so never exported. ``own_provider``: with a tracer provider of its
+    own, dropped at once (not shut down at exit: nothing holds it), so that no horse runs its
+    at-fork handler."""
+    if own_provider:
+        from opentelemetry.sdk.trace import TracerProvider
+
+        tracer = TracerProvider(resource=_sdk_resource, shutdown_on_exit=False).get_tracer(SCOPE)
+    else:
+        tracer = _tracer()
     parent = _extract({"traceparent": f"00-{'1' * 32}-{'1' * 16}-01"})
-    span = _tracer().start_span("conversations.warm_up", context=parent, kind=SpanKind.CONSUMER,
-                                attributes={"str": "-", "int": 1, "float": 1.0, "bool": True, "list": ["-"]})
+    span = tracer.start_span("conversations.warm_up", context=parent, kind=SpanKind.CONSUMER,
+                             attributes={"str": "-", "int": 1, "float": 1.0, "bool": True, "list": ["-"]})
     trace.get_current_span(trace.set_span_in_context(span, parent))
 
 
@@ -373,8 +427,13 @@ def _measure(instrument, value, attributes, method="record"):
     pending = _pending.get()
     if pending is not None:
         pending.append((instrument, method, value, attributes))
-    else:
-        getattr(getattr(instruments(), instrument), method)(value, attributes)
+        return
+    getattr(getattr(instruments(), instrument), method)(value, attributes)
+    if _export_at_once_in == os.getpid():
+        try:
+            otel_metrics.get_meter_provider().force_flush(5000)
+        except Exception:  # noqa: BLE001 - telemetry never stops a worker
+            logger.warning("Could not export a measurement", exc_info=True)
 
 
 def _measure_pending():
@@ -425,7 +484,7 @@ def instruments():
     global _instruments
     if _instruments is None:
         if _metrics_mode is not None:
-            _setup_metrics()
+            _setup_metrics(periodic=not _exports_when_flushed())
         with _instruments_lock:
             if _instruments is None:
                 _instruments = _Instruments(otel_metrics.get_meter(SCOPE))

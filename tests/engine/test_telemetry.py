@@ -4,6 +4,7 @@ them; and the metrics an operator graphs. Real Redis, real workers of both class
 servers on 127.0.0.1, the SDK's in-memory exporter and metric reader, and a small OTLP/HTTP
 receiver for the spans made in other processes (a forking worker's work horses)."""
 
+import datetime
 import json
 import os
 import signal
@@ -14,14 +15,15 @@ import time
 import django_rq
 import pytest
 from django.core.cache import cache
+from django.utils import timezone
 
 from conversations.infra import lease
 from conversations.models import CallRecord, Turn
 from conversations.tools import tool
 from tests.support.fake_stream import openai_stream, streaming
-from tests.support.fakes import FakeProvider, hang, unavailable
-from tests.support.helpers import (CONCURRENT, FORKING, ROOT, make_client, poll_until_done, run_worker, start_turn,
-                                   wait_for)
+from tests.support.fakes import FakeProvider, hang, openai_text, unavailable
+from tests.support.helpers import (CONCURRENT, FORKING, ROOT, api_post, make_client, poll_until_done, run_worker,
+                                   start_turn, wait_for)
 
 otel = pytest.importorskip("tests.support.otel", reason="the otel extra is not installed")
 
@@ -360,3 +362,138 @@ def test_a_call_that_times_out_names_its_phase_and_the_turn_fails_in_the_trace(c
     assert abs((call["end"] - call["start"]) / 1e9 - record.duration) < 0.001
     (job,) = by_name(spans, "conversations.turn.job")
     assert job["attributes"]["conversations.turn.status"] == "failed" and job["status"] == 2
+
+
+# -- every ending counted once (``lifecycle.ended``) ------------------------------------------------
+
+
+def turns_counted(points):
+    """``{status: count}`` of ``conversations.turns``; the time-to-done and the margin readings."""
+    counted = {}
+    for point in points.get("conversations.turns", []):
+        status = point.attributes["conversations.turn.status"]
+        counted[status] = counted.get(status, 0) + point.value
+    readings = lambda name: sum(p.count for p in points.get(name, []))  # noqa: E731
+    return counted, readings("conversations.turn.duration"), readings("conversations.turn.deadline_margin")
+
+
+@pytest.fixture
+def answering(conversations_settings):
+    with FakeProvider(default=openai_text("Hello!")) as fake:
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="k", MODEL="m", STREAM=False)
+        yield fake
+
+
+def test_a_queued_turn_stopped_is_counted_once_cancelled(answering, telemetry):
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    assert api_post(client, started["cancel_url"]).json()["status"] == "cancelled"
+    assert api_post(client, started["cancel_url"]).json()["status"] == "cancelled"  # pressed again
+    run_worker(CONCURRENT)  # its job finds it ended
+
+    assert answering.requests == []
+    assert turns_counted(telemetry.metric_points()) == ({"cancelled": 1}, 1, 0)  # no job: no margin
+
+
+def test_a_turn_no_worker_took_in_time_is_counted_once_failed(answering, telemetry, conversations_settings):
+    conversations_settings.update(QUEUE_WAIT=1)
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    assert poll_until_done(client, started["poll_url"], timeout=20)["status"] == "failed"
+    client.get(started["poll_url"])  # polled again
+    conversations_settings.update(QUEUE_WAIT=30)
+    api_post(client, f"/api/conversations/{started['conversation']}/turns/", {"content": "Hello again"})
+    run_worker(CONCURRENT)  # the late job leaves the first turn as it ended, and runs the second
+
+    assert turns_counted(telemetry.metric_points()) == ({"failed": 1, "completed": 1}, 2, 1)
+
+
+def test_a_turn_whose_job_started_past_queue_wait_is_counted_once_failed(answering, telemetry):
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    Turn.objects.filter(pk=started["id"]).update(enqueued_at=timezone.now() - datetime.timedelta(seconds=31))
+    run_worker(CONCURRENT)
+
+    assert answering.requests == []
+    assert client.get(started["poll_url"]).json()["status"] == "failed"
+    assert turns_counted(telemetry.metric_points()) == ({"failed": 1}, 1, 0)
+
+
+def test_a_running_turn_whose_job_is_gone_is_counted_once_when_stop_ends_it(answering, telemetry):
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    turn = Turn.objects.get(pk=started["id"])
+    Turn.objects.filter(pk=turn.pk).update(status="running", started_at=timezone.now())  # claimed by a job...
+    django_rq.get_queue("default").fetch_job(turn.job_id).delete()  # ...that is gone since
+
+    assert api_post(client, started["cancel_url"]).json()["status"] == "cancelled"  # finalize() ends it
+    assert api_post(client, started["cancel_url"]).json()["status"] == "cancelled"
+    assert turns_counted(telemetry.metric_points()) == ({"cancelled": 1}, 1, 0)
+
+
+def test_a_turn_its_job_ended_is_counted_once_with_its_margin(answering, telemetry):
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    run_worker(CONCURRENT)
+    assert poll_until_done(client, started["poll_url"])["status"] == "completed"
+    assert api_post(client, started["cancel_url"]).json()["status"] == "completed"  # Stop after the end
+    settled(telemetry)
+
+    assert turns_counted(telemetry.metric_points()) == ({"completed": 1}, 1, 1)
+
+
+@pytest.mark.slow
+def test_a_turn_a_forking_workers_parent_ends_is_counted_once(chain, receiver, worker_process, monkeypatch,
+                                                              conversations_settings):
+    """The horse is SIGKILLed and the turn may not resume: the worker's parent ends it failed. Its
+    parent exports only when it measures, so the horses it forks afterwards do not inherit that
+    reading and send it again with theirs."""
+    conversations_settings.update(MAX_RESUMES=0, TOOL_TIMEOUT=15, TOOL_RESERVE=1)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    cache.set("test:hold", True)
+    worker_process(1, worker_class=FORKING, TELEMETRY="otlp")
+    client = make_client()
+    killed = start_turn(client, QUESTION)
+    wait_for(lambda: cache.get("test:tool-pid"), timeout=30, what="the tool to run")
+    os.kill(cache.get("test:tool-pid"), signal.SIGKILL)
+    assert poll_until_done(client, killed["poll_url"], timeout=40)["status"] == "failed"
+    cache.delete("test:hold")
+    _primary, fallback = chain
+    for _ in range(2):  # two more turns, two more horses
+        fallback.add(streaming(openai_stream(calls=[("call_1", "look_up_order", {"order": "4411"})])),
+                     streaming(openai_stream(ANSWER)))
+        started = start_turn(client, QUESTION)
+        assert poll_until_done(client, started["poll_url"], timeout=40)["status"] == "completed"
+
+    def counted():
+        totals = {}
+        for point in receiver.metric_points.get("conversations.turns", []):
+            status = point["attributes"]["conversations.turn.status"]
+            totals[status] = totals.get(status, 0) + point["as_int"]
+        return totals
+
+    wait_for(lambda: counted().get("completed") == 2, timeout=15, what="the two horses' metrics")
+    time.sleep(1)  # anything sent late would be counted too
+    assert counted() == {"failed": 1, "completed": 2}
+
+
+@pytest.mark.slow
+def test_a_forking_workers_horses_make_their_own_tracer_provider_as_one_instance(answering, receiver, worker_process,
+                                                                                monkeypatch):
+    """The parent of a forking worker makes no tracer or meter provider (the SDK's at-fork handlers
+    would run in every horse, and each gave its horse a ``service.instance.id`` of its own): each
+    horse makes its own at its job's start, with the resource the parent made once, so that a
+    backend sees one instance per worker, not one per turn; the spans and metrics still arrive."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    worker_process(1, worker_class=FORKING, TELEMETRY="otlp")
+    client = make_client()
+    for _ in range(2):
+        started = start_turn(client, QUESTION)
+        assert poll_until_done(client, started["poll_url"], timeout=40)["status"] == "completed"
+    wait_for(lambda: len(by_name(receiver.spans, "conversations.turn.job")) == 2, timeout=15, what="two job spans")
+    jobs = by_name(receiver.spans, "conversations.turn.job")
+    assert len({s["instance"] for s in jobs}) == 1 and None not in {s["instance"] for s in jobs}
+    wait_for(lambda: sum(p["as_int"] for p in receiver.metric_points.get("conversations.turns", [])) == 2,
+             timeout=15, what="both horses' counts")

@@ -76,7 +76,7 @@ class OtlpReceiver:
                         "events": [{"name": e.name, "attributes": {a.key: _value(a.value) for a in e.attributes}}
                                    for e in span.events],
                         "status": span.status.code, "service": resource.get("service.name"),
-                        "pid": resource.get("process.pid")})
+                        "instance": resource.get("service.instance.id"), "pid": resource.get("process.pid")})
         with self.lock:
             self.spans += spans
             self.requests += 1
