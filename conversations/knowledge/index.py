@@ -11,6 +11,7 @@ from django.db import Error, connections, router, transaction
 from django.db.models import Max
 from django.db.models.signals import post_delete, post_save
 
+from . import embeddings
 from .counts import index_changed
 from .models import IndexedObject, Passage, StaleObject
 from .registry import follow, source_for_model, sources
@@ -49,12 +50,31 @@ def lock_object(using, source_name, pk):
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s), hashtext(%s))", [source_name, str(pk)])
 
 
+def with_vectors(source, obj, rows):
+    """With ``SEARCH_EMBEDDINGS``, give ``rows`` their vectors from the endpoint (one request per
+    object); returns why it could not (the rows are then kept without: found by their words
+    alone), or "". Off: nothing, and no request."""
+    if not rows or embeddings.options() is None:
+        return ""
+    try:
+        vectors = embeddings.embed(embeddings.passage_texts(rows))
+    except embeddings.EmbeddingsUnavailable as exc:
+        logger.warning("Could not embed %s:%s, indexed without vectors (rebuild_knowledge tries again): %s",
+                       source.name, obj.pk, exc)
+        return f"embeddings: {exc}"
+    for row, kept in zip(rows, embeddings.stored(vectors, embeddings.model_name())):
+        row.embedding = kept
+    return ""
+
+
 def index_object(source, obj):
     """Replace the passages of ``obj`` with its current ones (none if it is not published); returns
-    how many it has now. One transaction: a search sees the old passages or the new, never none."""
+    how many it has now. One transaction: a search sees the old passages or the new, never none.
+    Passages that could not get their vectors (``with_vectors``) mark the object stale."""
     model = type(obj)
     published = model._default_manager.filter(source.published_filter(), pk=obj.pk).exists()
     rows = passages_of(source, obj) if published else []
+    unembedded = with_vectors(source, obj, rows)
     using = router.db_for_write(Passage)
     with transaction.atomic(using=using):
         lock_object(using, source.name, obj.pk)
@@ -67,6 +87,8 @@ def index_object(source, obj):
         else:
             IndexedObject.objects.filter(source=source.name, object_pk=str(obj.pk)).delete()
         transaction.on_commit(index_changed, using=using)
+    if unembedded:
+        mark_stale(source.name, obj.pk, unembedded)
     return len(rows)
 
 
