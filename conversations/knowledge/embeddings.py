@@ -35,6 +35,37 @@ DEPTH = 10
 TIMEOUT = 5.0
 
 
+KEYS = {"BASE_URL", "MODEL", "API_KEY", "CREDENTIAL", "TIMEOUT", "FLOOR"}
+
+
+def setting_problems(config=None):
+    """``[(check id, message, hint)]`` of what is wrong with ``SEARCH_EMBEDDINGS`` (for the checks):
+    a setting that is not off but could never be used, or whose key would never be sent."""
+    config = get_config() if config is None else config
+    chosen = config["SEARCH_EMBEDDINGS"]
+    if not chosen:
+        return []
+    found = []
+    if not chosen.get("BASE_URL") or locate(chosen["BASE_URL"]) is None:
+        found.append(("conversations.E065", f"SEARCH_EMBEDDINGS' BASE_URL {chosen.get('BASE_URL')!r} is not a plain "
+                      "URL: search_site cannot weigh meaning.",
+                      'Give the API root, e.g. "http://127.0.0.1:8011/v1" ({BASE_URL}/embeddings is called), or set '
+                      "SEARCH_EMBEDDINGS to {} to turn it off."))
+    unknown = sorted(set(chosen) - KEYS)
+    numbers = [key for key in ("TIMEOUT", "FLOOR") if key in chosen and not isinstance(chosen[key], (int, float))]
+    if unknown or numbers or (chosen.get("API_KEY") and chosen.get("CREDENTIAL")):
+        found.append(("conversations.E066", "SEARCH_EMBEDDINGS " + "; ".join(filter(None, [
+            unknown and f"has unknown keys {', '.join(unknown)}",
+            numbers and f"needs numbers for {', '.join(numbers)}",
+            chosen.get("API_KEY") and chosen.get("CREDENTIAL") and "names both API_KEY and CREDENTIAL"])) + ".",
+            f"It takes {', '.join(sorted(KEYS))} (docs/knowledge.md, 'Meaning: an embeddings endpoint')."))
+    if chosen.get("CREDENTIAL") and chosen["CREDENTIAL"] not in config["CREDENTIALS"]:
+        found.append(("conversations.E067", f"SEARCH_EMBEDDINGS names the credential {chosen['CREDENTIAL']!r}, which "
+                      "is not in CREDENTIALS: every search falls back to the words alone.",
+                      'Add it to CREDENTIALS, with "ORIGINS" holding the endpoint\'s origin.'))
+    return found
+
+
 class EmbeddingsUnavailable(Exception):
     """The endpoint could not give vectors: unreachable, refused, slow, or a reply it cannot read."""
 

@@ -8,9 +8,11 @@ import json
 import logging
 
 import pytest
+from django.core.checks import Error
 from django.core.management import call_command
 
 from chatproject.models import Article
+from conversations.checks import check_knowledge
 from conversations.conf import get_config
 from conversations.knowledge.models import Passage, StaleObject
 from conversations.knowledge.search import search
@@ -138,3 +140,14 @@ def test_nothing_is_ever_sent_when_the_option_is_off(endpoint):
     assert titles(search("Where can I hire a canoe?"))
     assert endpoint.requests == []
     assert Passage.objects.filter(embedding__isnull=False).count() == 0
+
+
+def test_a_setting_that_could_never_be_used_is_a_system_check_error(conversations_settings):
+    assert check_knowledge() == []
+    conversations_settings.update(SEARCH_EMBEDDINGS={"BASE_URL": "127.0.0.1:8011", "MODLE": "x", "TIMEOUT": "5",
+                                                     "CREDENTIAL": "gateway"})
+    found = {error.id: error for error in check_knowledge()}
+    assert set(found) == {"conversations.E065", "conversations.E066", "conversations.E067"}
+    assert all(isinstance(error, Error) and error.hint for error in found.values())
+    assert "has unknown keys MODLE; needs numbers for TIMEOUT" in found["conversations.E066"].msg
+    assert "'gateway', which is not in CREDENTIALS" in found["conversations.E067"].msg
