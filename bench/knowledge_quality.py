@@ -62,6 +62,27 @@ def meaning(chosen):
     get_config.cache_clear()
 
 
+def meaning_alone(slugs, cosines=(0.0, 0.4, 0.45, 0.5)):
+    """``[(cosine floor, questions, quality)]`` of a search by meaning alone, without the words:
+    every passage of the set ordered by the cosine similarity of its vector (its title and text)
+    to the question's, those under the floor left out. What the embeddings are worth by themselves."""
+    from conversations.knowledge import embeddings
+    from conversations.knowledge.models import Passage
+
+    kept = [(slugs[pk], vector["text"]) for pk, vector in Passage.objects.values_list("object_pk", "embedding")]
+    rows = []
+    for answerable, which in ((ANSWERABLE, "115 tuned-on"), (HELD_OUT + FRESH, f"{len(HELD_OUT) + len(FRESH)} held-out")):
+        questions = [q for q, _ in answerable] + UNANSWERABLE
+        vectors = embeddings.embed(questions)
+        ranked = [sorted(((sum(a * b for a, b in zip(v, text)), slug) for slug, text in kept), reverse=True)
+                  for v in vectors]
+        for cosine in cosines:
+            found = [[(slug, 1.0) for close, slug in each[:5] if close >= cosine] for each in ranked]
+            results = ([(slug, hits) for (_, slug), hits in zip(answerable, found)], found[len(answerable):])
+            rows.append((f"cosine ≥ {cosine}", which, quality(results, None)))
+    return rows
+
+
 def floor():
     from conversations.conf import get_config
 
@@ -205,6 +226,7 @@ def measure(args, chosen):
         sweep = [(each, quality(alone, each)) for each in (0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5)] if cut else []
         shares = share_sweep(alone, [ANSWERABLE, FRESH] if args.held_out else [ANSWERABLE], search, slugs) if cut else []
         meaning(chosen)
+        alone_rows = meaning_alone(slugs) if chosen else []
         wrong = misses(answers(search, slugs, cut=cut), cut) if args.misses else []
 
         rng = random.Random(39)
@@ -291,6 +313,13 @@ def measure(args, chosen):
                "unanswerable: something shown"],
               [[name, which, f"{q['first']:.1%}", f"{q['mrr']:.3f}", f"{q['silent']:.1%}", f"{q['unanswered_hit']:.1%}"]
                for name, which, q in shares])
+    if alone_rows:
+        print("\nby meaning alone (no words: the set's passages ordered by the cosine similarity of their vectors to the"
+              " question's):\n")
+        table(["floor", "questions", "right article first", "MRR", "answerable: nothing shown",
+               "unanswerable: something shown"],
+              [[name, which, f"{q['first']:.1%}", f"{q['mrr']:.3f}", f"{q['silent']:.1%}", f"{q['unanswered_hit']:.1%}"]
+               for name, which, q in alone_rows])
     if wrong:
         print("\nnot first:\n" + "\n".join(wrong))
 
