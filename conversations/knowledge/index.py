@@ -237,7 +237,7 @@ def changed_pks(source, published, digests):
 
 def status():
     """What is out of date, per source: ``[{"name", "model", "registered", "objects", "indexed",
-    "passages", "last_update", "missing", "changed", "orphans", "stale"}]``, sources with
+    "passages", "last_update", "missing", "changed", "orphans", "stale", "unembedded"}]``, sources with
     passages but no registration included (``registered`` False: a rebuild drops them). An object
     is found changed by its content (``IndexedObject.digest``), whatever changed it."""
     rows = []
@@ -250,7 +250,8 @@ def status():
         digests.update({pk: "" for pk in set(passages.values_list("object_pk", flat=True)) - set(digests)})
         row = {"name": source.name, "model": source.model, "registered": True, "passages": passages.count(),
                "indexed": len(digests), "last_update": kept.aggregate(at=Max("indexed_at"))["at"],
-               "stale": sorted(StaleObject.objects.filter(source=source.name).values_list("object_pk", flat=True))}
+               "stale": sorted(StaleObject.objects.filter(source=source.name).values_list("object_pk", flat=True)),
+               "unembedded": unembedded(passages)}
         if model is None:
             row.update(objects=None, missing=[], changed=[], orphans=sorted(digests))
         else:
@@ -264,8 +265,18 @@ def status():
         rows.append({"name": name, "model": "", "registered": False, "objects": None, "passages": passages.count(),
                      "indexed": passages.values("object_pk").distinct().count(),
                      "last_update": passages.aggregate(at=Max("updated"))["at"], "missing": [], "changed": [],
-                     "orphans": [], "stale": []})
+                     "orphans": [], "stale": [], "unembedded": []})
     return rows
+
+
+def unembedded(passages):
+    """With ``SEARCH_EMBEDDINGS``, the objects (pks, sorted) some of whose ``passages`` have no vector
+    of its model (indexed before the option, or while the endpoint was down): their searches fall
+    back to the words. Off: none."""
+    if embeddings.options() is None:
+        return []
+    embedded = passages.filter(embedding__model=embeddings.model_name()).values("pk")
+    return sorted(set(passages.exclude(pk__in=embedded).values_list("object_pk", flat=True)))
 
 
 def never_built(source):
@@ -281,4 +292,5 @@ def never_built(source):
 
 def out_of_date(row):
     """Whether a ``status()`` row needs a rebuild."""
-    return not row["registered"] or bool(row["missing"] or row["changed"] or row["orphans"] or row["stale"])
+    return not row["registered"] or bool(row["missing"] or row["changed"] or row["orphans"] or row["stale"]
+                                         or row.get("unembedded"))

@@ -151,3 +151,17 @@ def test_a_setting_that_could_never_be_used_is_a_system_check_error(conversation
     assert all(isinstance(error, Error) and error.hint for error in found.values())
     assert "has unknown keys MODLE; needs numbers for TIMEOUT" in found["conversations.E066"].msg
     assert "'gateway', which is not in CREDENTIALS" in found["conversations.E067"].msg
+
+
+def test_status_reports_the_articles_indexed_before_the_option_and_the_rebuild_gives_them_vectors(
+        conversations_settings, endpoint, capsys):
+    articles()
+    call_command("knowledge_status")
+    assert "Up to date." in capsys.readouterr().out
+    meaning_on(conversations_settings, endpoint.url)
+    with pytest.raises(SystemExit):
+        call_command("knowledge_status")
+    assert "3 without vectors of SEARCH_EMBEDDINGS' model" in capsys.readouterr().out
+    call_command("rebuild_knowledge")
+    call_command("knowledge_status")
+    assert "Up to date." in capsys.readouterr().out
