@@ -21,15 +21,66 @@ On a migrated database with the demo's articles replaced by the set's (all publi
 
 It runs unchanged on the code before the relevance floor (``Hit`` without ``match``), so that
 both are measured on the same set, machine and run.
+
+``--embeddings PYTHON`` measures the ``SEARCH_EMBEDDINGS`` option: it starts
+``bench/embeddings_server.py`` (all-MiniLM-L6-v2 behind ``/v1/embeddings`` on 127.0.0.1) with that
+Python (a venv of its own: the server's docstring says how to make it), indexes with vectors, and
+gives each row twice in the same run, by the words alone (the option off) and with meaning; the
+latency likewise, alternated. Indexing the generated articles then embeds every one of them
+(about 25 a second on two busy cores): ``--articles 2000`` keeps it to minutes.
 """
 
 import argparse
+import json
+import os
 import random
+import subprocess
 import time
+from pathlib import Path
 
-from bench.common import Stack, machine, table
+from bench.common import Stack, free_port, machine, table, wait_for_port
 from bench.knowledge import percentiles
 from bench.knowledge_set import ANSWERABLE, ARTICLES, FRESH, HELD_OUT, PRODUCTS, UNANSWERABLE
+
+
+def embeddings_server(python):
+    """Start bench/embeddings_server.py with ``python``; returns (process, SEARCH_EMBEDDINGS)."""
+    port = free_port()
+    server = subprocess.Popen([python, str(Path(__file__).with_name("embeddings_server.py")), "--port", str(port)],
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
+    wait_for_port(port, timeout=120)
+    return server, {"BASE_URL": f"http://127.0.0.1:{port}/v1", "MODEL": "all-MiniLM-L6-v2", "TIMEOUT": 30}
+
+
+def meaning(chosen):
+    """Search with ``SEARCH_EMBEDDINGS`` = ``chosen`` ({} : off) from now on, in this process."""
+    from django.conf import settings
+
+    from conversations.conf import get_config
+
+    settings.CONVERSATIONS = {**settings.CONVERSATIONS, "SEARCH_EMBEDDINGS": chosen}
+    get_config.cache_clear()
+
+
+def meaning_alone(slugs, cosines=(0.0, 0.4, 0.45, 0.5)):
+    """``[(cosine floor, questions, quality)]`` of a search by meaning alone, without the words:
+    every passage of the set ordered by the cosine similarity of its vector (its title and text)
+    to the question's, those under the floor left out. What the embeddings are worth by themselves."""
+    from conversations.knowledge import embeddings
+    from conversations.knowledge.models import Passage
+
+    kept = [(slugs[pk], vector["text"]) for pk, vector in Passage.objects.values_list("object_pk", "embedding")]
+    rows = []
+    for answerable, which in ((ANSWERABLE, "115 tuned-on"), (HELD_OUT + FRESH, f"{len(HELD_OUT) + len(FRESH)} held-out")):
+        questions = [q for q, _ in answerable] + UNANSWERABLE
+        vectors = embeddings.embed(questions)
+        ranked = [sorted(((sum(a * b for a, b in zip(v, text)), slug) for slug, text in kept), reverse=True)
+                  for v in vectors]
+        for cosine in cosines:
+            found = [[(slug, 1.0) for close, slug in each[:5] if close >= cosine] for each in ranked]
+            results = ([(slug, hits) for (_, slug), hits in zip(answerable, found)], found[len(answerable):])
+            rows.append((f"cosine ≥ {cosine}", which, quality(results, None)))
+    return rows
 
 
 def floor():
@@ -124,10 +175,23 @@ def main():
                         help="also measure the held-out questions (HELD_OUT, FRESH): never while tuning")
     parser.add_argument("--no-synonyms", action="store_true",
                         help="without the built-in synonyms (conversations.knowledge.text.SYNONYMS)")
+    parser.add_argument("--embeddings", metavar="PYTHON",
+                        help="also with SEARCH_EMBEDDINGS: all-MiniLM-L6-v2 served by bench/embeddings_server.py run "
+                             "with this Python (e.g. /tmp/emb/bin/python)")
     args = parser.parse_args()
 
     print(machine())
-    with Stack(database=args.database) as stack:
+    server, chosen = embeddings_server(args.embeddings) if args.embeddings else (None, {})
+    try:
+        measure(args, chosen)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=10)
+
+
+def measure(args, chosen):
+    with Stack(database=args.database, conversations={"SEARCH_EMBEDDINGS": json.dumps(chosen)} if chosen else None) as stack:
         from django.db import connection
 
         from chatproject.models import Article
@@ -146,15 +210,23 @@ def main():
             from conversations.knowledge import text
 
             text.SYNONYMS.clear()
+        rows = []
+        for on in ([{}, chosen] if chosen else [{}]):
+            meaning(on)
+            how = (", with meaning" if on else ", words alone") if chosen else ""
+            shown = None if on else cut  # with meaning the search applies its own floor, on match and meaning
+            rows += [(f"the set's articles alone{how}", len(slugs), quality(answers(search, slugs, cut=cut), shown))]
+            if args.held_out:
+                rows += [(f"the same, {len(HELD_OUT)} held-out questions{how}", len(slugs),
+                          quality(answers(search, slugs, HELD_OUT, cut), shown)),
+                         (f"the same, {len(FRESH)} fresh held-out questions{how}", len(slugs),
+                          quality(answers(search, slugs, FRESH, cut), shown))]
+        meaning({})  # the floors' sweeps read the words' match
         alone = answers(search, slugs)
-        rows = [("the set's articles alone", len(slugs), quality(answers(search, slugs, cut=cut), cut))]
-        if args.held_out:
-            rows += [(f"the same, {len(HELD_OUT)} held-out questions", len(slugs),
-                      quality(answers(search, slugs, HELD_OUT, cut), cut)),
-                     (f"the same, {len(FRESH)} fresh held-out questions", len(slugs),
-                      quality(answers(search, slugs, FRESH, cut), cut))]
         sweep = [(each, quality(alone, each)) for each in (0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5)] if cut else []
         shares = share_sweep(alone, [ANSWERABLE, FRESH] if args.held_out else [ANSWERABLE], search, slugs) if cut else []
+        meaning(chosen)
+        alone_rows = meaning_alone(slugs) if chosen else []
         wrong = misses(answers(search, slugs, cut=cut), cut) if args.misses else []
 
         rng = random.Random(39)
@@ -170,10 +242,15 @@ def main():
             with connection.cursor() as cursor:
                 cursor.execute("ANALYZE conversations_passage")
         total = Article.objects.count()
-        rows.append((f"among {args.articles:,} generated articles", total, quality(answers(search, slugs, cut=cut), cut)))
-        if args.held_out:
-            rows.append((f"the same, {len(HELD_OUT) + len(FRESH)} held-out questions", total,
-                         quality(answers(search, slugs, HELD_OUT + FRESH, cut), cut)))
+        for on in ([{}, chosen] if chosen else [{}]):
+            meaning(on)
+            how = (", with meaning" if on else ", words alone") if chosen else ""
+            shown = None if on else cut
+            rows.append((f"among {args.articles:,} generated articles{how}", total,
+                         quality(answers(search, slugs, cut=cut), shown)))
+            if args.held_out:
+                rows.append((f"the same, {len(HELD_OUT) + len(FRESH)} held-out questions{how}", total,
+                             quality(answers(search, slugs, HELD_OUT + FRESH, cut), shown)))
 
         questions = [q for q, _ in ANSWERABLE] + UNANSWERABLE
         try:  # the words' passage counts a process keeps (code before them has none)
@@ -186,8 +263,16 @@ def main():
             def index_changed():
                 pass
 
-        timings, counting, saved = [], [], []
-        for each in (timings, counting, saved):
+        timings, counting, saved, words = [], [], [], []
+        if chosen:  # with meaning and by the words alone, one query of each in turn
+            for n in range(args.queries):
+                for on, each in ((chosen, timings), ({}, words)):
+                    meaning(on)
+                    started = time.perf_counter()
+                    search(questions[n % len(questions)], limit=5, floor=cut)
+                    each.append(time.perf_counter() - started)
+            meaning(chosen)
+        for each in ((counting, saved) if chosen else (timings, counting, saved)):
             for n in range(args.queries):
                 if each is counting:
                     kept.clear()
@@ -205,7 +290,12 @@ def main():
           [[name, f"{count:,}", f"{q['first']:.1%}", f"{q['mrr']:.3f}", f"{q['top5']:.1%}", f"{q['silent']:.1%}",
             f"{q['unanswered_hit']:.1%}"] for name, count, q in rows])
     p50, p95 = percentiles(timings)
-    print(f"\nquery latency among {total:,} articles ({len(timings)} searches): p50 {p50:.1f} ms, p95 {p95:.1f} ms")
+    print(f"\nquery latency among {total:,} articles ({len(timings)} searches{', with meaning' if words else ''}): "
+          f"p50 {p50:.1f} ms, p95 {p95:.1f} ms")
+    if words:
+        p50, p95 = percentiles(words)
+        print(f"the same by the words alone (SEARCH_EMBEDDINGS off), alternated with those: p50 {p50:.1f} ms, "
+              f"p95 {p95:.1f} ms")
     p50, p95 = percentiles(counting)
     print(f"the same, every word counted again (no kept counts): p50 {p50:.1f} ms, p95 {p95:.1f} ms")
     p50, p95 = percentiles(saved)
@@ -223,6 +313,13 @@ def main():
                "unanswerable: something shown"],
               [[name, which, f"{q['first']:.1%}", f"{q['mrr']:.3f}", f"{q['silent']:.1%}", f"{q['unanswered_hit']:.1%}"]
                for name, which, q in shares])
+    if alone_rows:
+        print("\nby meaning alone (no words: the set's passages ordered by the cosine similarity of their vectors to the"
+              " question's):\n")
+        table(["floor", "questions", "right article first", "MRR", "answerable: nothing shown",
+               "unanswerable: something shown"],
+              [[name, which, f"{q['first']:.1%}", f"{q['mrr']:.3f}", f"{q['silent']:.1%}", f"{q['unanswered_hit']:.1%}"]
+               for name, which, q in alone_rows])
     if wrong:
         print("\nnot first:\n" + "\n".join(wrong))
 

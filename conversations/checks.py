@@ -29,6 +29,7 @@ from .tools import load_tools
 from .core.pricing import price_problem
 from .assistants import chain_problems, problems
 from .models import Assistant
+from .knowledge.embeddings import setting_problems as embeddings_problems
 from .knowledge.index import never_built
 from .knowledge.models import IndexedObject
 from .knowledge.registry import sources as knowledge_sources
@@ -511,7 +512,8 @@ def check_knowledge(app_configs=None, **kwargs):
     """Knowledge sources (``conversations.knowledge.register``) naming a model or field that does
     not exist, or giving no URL: errors, since a search of them could only fail."""
     return [Error(message, hint=hint, id=check_id)
-            for source in knowledge_sources().values() for check_id, message, hint in source.problems()]
+            for source in knowledge_sources().values() for check_id, message, hint in source.problems()] + [
+        Error(message, hint=hint, id=check_id) for check_id, message, hint in embeddings_problems()]
 
 
 @register(Tags.database)

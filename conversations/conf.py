@@ -100,6 +100,11 @@ DEFAULTS = {
     # The site's own synonyms for search_site, added to the built-in ones of its language:
     # {"word" or "two words": ["alternative", ...]}, e.g. {"telly": ["television"]}.
     "SEARCH_SYNONYMS": {},
+    # Optional: search_site also weighs a passage by meaning, from an OpenAI-compatible embeddings
+    # endpoint: {"BASE_URL": "http://127.0.0.1:8011/v1", "MODEL": "…", "API_KEY": "…" or
+    # "CREDENTIAL": "<a name in CREDENTIALS>", "TIMEOUT": 5, "FLOOR": 5.5}. Empty (the default):
+    # off, and no call is ever made (docs/knowledge.md#meaning-an-embeddings-endpoint).
+    "SEARCH_EMBEDDINGS": {},
     "HISTORY_MAX_CHARS": 24000,
     # The longest answer one model call may write, in tokens (required by Anthropic's API).
     "MAX_TOKENS": 1024,
@@ -229,7 +234,7 @@ DEFAULTS = {
 
 _LIST_KEYS = {"TOOLS", "ALLOWED_ENDPOINTS", "ALLOWED_PROVIDERS", "ALLOWED_ORIGINS", "HANDOFF_EMAILS", "REDACT",
               "TEST_MEMBER_GROUPS"}
-_DICT_KEYS = {"CREDENTIALS", "PRICES", "SEARCH_SYNONYMS"}
+_DICT_KEYS = {"CREDENTIALS", "PRICES", "SEARCH_SYNONYMS", "SEARCH_EMBEDDINGS"}
 
 
 def _frozen(value):

@@ -11,6 +11,7 @@ from django.db import Error, connections, router, transaction
 from django.db.models import Max
 from django.db.models.signals import post_delete, post_save
 
+from . import embeddings
 from .counts import index_changed
 from .models import IndexedObject, Passage, StaleObject
 from .registry import follow, source_for_model, sources
@@ -49,12 +50,31 @@ def lock_object(using, source_name, pk):
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s), hashtext(%s))", [source_name, str(pk)])
 
 
+def with_vectors(source, obj, rows):
+    """With ``SEARCH_EMBEDDINGS``, give ``rows`` their vectors from the endpoint (one request per
+    object); returns why it could not (the rows are then kept without: found by their words
+    alone), or "". Off: nothing, and no request."""
+    if not rows or embeddings.options() is None:
+        return ""
+    try:
+        vectors = embeddings.embed(embeddings.passage_texts(rows))
+    except embeddings.EmbeddingsUnavailable as exc:
+        logger.warning("Could not embed %s:%s, indexed without vectors (rebuild_knowledge tries again): %s",
+                       source.name, obj.pk, exc)
+        return f"embeddings: {exc}"
+    for row, kept in zip(rows, embeddings.stored(vectors, embeddings.model_name())):
+        row.embedding = kept
+    return ""
+
+
 def index_object(source, obj):
     """Replace the passages of ``obj`` with its current ones (none if it is not published); returns
-    how many it has now. One transaction: a search sees the old passages or the new, never none."""
+    how many it has now. One transaction: a search sees the old passages or the new, never none.
+    Passages that could not get their vectors (``with_vectors``) mark the object stale."""
     model = type(obj)
     published = model._default_manager.filter(source.published_filter(), pk=obj.pk).exists()
     rows = passages_of(source, obj) if published else []
+    unembedded = with_vectors(source, obj, rows)
     using = router.db_for_write(Passage)
     with transaction.atomic(using=using):
         lock_object(using, source.name, obj.pk)
@@ -67,6 +87,8 @@ def index_object(source, obj):
         else:
             IndexedObject.objects.filter(source=source.name, object_pk=str(obj.pk)).delete()
         transaction.on_commit(index_changed, using=using)
+    if unembedded:
+        mark_stale(source.name, obj.pk, unembedded)
     return len(rows)
 
 
@@ -215,7 +237,7 @@ def changed_pks(source, published, digests):
 
 def status():
     """What is out of date, per source: ``[{"name", "model", "registered", "objects", "indexed",
-    "passages", "last_update", "missing", "changed", "orphans", "stale"}]``, sources with
+    "passages", "last_update", "missing", "changed", "orphans", "stale", "unembedded"}]``, sources with
     passages but no registration included (``registered`` False: a rebuild drops them). An object
     is found changed by its content (``IndexedObject.digest``), whatever changed it."""
     rows = []
@@ -228,7 +250,8 @@ def status():
         digests.update({pk: "" for pk in set(passages.values_list("object_pk", flat=True)) - set(digests)})
         row = {"name": source.name, "model": source.model, "registered": True, "passages": passages.count(),
                "indexed": len(digests), "last_update": kept.aggregate(at=Max("indexed_at"))["at"],
-               "stale": sorted(StaleObject.objects.filter(source=source.name).values_list("object_pk", flat=True))}
+               "stale": sorted(StaleObject.objects.filter(source=source.name).values_list("object_pk", flat=True)),
+               "unembedded": unembedded(passages)}
         if model is None:
             row.update(objects=None, missing=[], changed=[], orphans=sorted(digests))
         else:
@@ -242,8 +265,18 @@ def status():
         rows.append({"name": name, "model": "", "registered": False, "objects": None, "passages": passages.count(),
                      "indexed": passages.values("object_pk").distinct().count(),
                      "last_update": passages.aggregate(at=Max("updated"))["at"], "missing": [], "changed": [],
-                     "orphans": [], "stale": []})
+                     "orphans": [], "stale": [], "unembedded": []})
     return rows
+
+
+def unembedded(passages):
+    """With ``SEARCH_EMBEDDINGS``, the objects (pks, sorted) some of whose ``passages`` have no vector
+    of its model (indexed before the option, or while the endpoint was down): their searches fall
+    back to the words. Off: none."""
+    if embeddings.options() is None:
+        return []
+    embedded = passages.filter(embedding__model=embeddings.model_name()).values("pk")
+    return sorted(set(passages.exclude(pk__in=embedded).values_list("object_pk", flat=True)))
 
 
 def never_built(source):
@@ -259,4 +292,5 @@ def never_built(source):
 
 def out_of_date(row):
     """Whether a ``status()`` row needs a rebuild."""
-    return not row["registered"] or bool(row["missing"] or row["changed"] or row["orphans"] or row["stale"])
+    return not row["registered"] or bool(row["missing"] or row["changed"] or row["orphans"] or row["stale"]
+                                         or row.get("unembedded"))

@@ -18,6 +18,9 @@ class Passage(models.Model):
     text = models.TextField(_("text"))
     position = models.PositiveIntegerField(_("position"), default=0)
     updated = models.DateTimeField(_("indexed at"), auto_now=True)
+    # Only with SEARCH_EMBEDDINGS: {"model", "text": the vector of its title and text, "title": its
+    # title's}, from the embeddings endpoint when it was indexed (knowledge.embeddings).
+    embedding = models.JSONField(_("embedding"), null=True, blank=True, editable=False)
 
     class Meta:
         app_label = "conversations"

@@ -5,9 +5,11 @@ parameter: no SQL is ever built from what a visitor typed."""
 
 from dataclasses import asdict, dataclass
 from functools import reduce
+import logging
 import math
 import operator
 import re
+from typing import Optional
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
@@ -15,11 +17,14 @@ from django.db import connections, router
 from django.db.models import BooleanField, Case, Count, Q, Value, When
 from django.db.models.expressions import RawSQL
 
+from . import embeddings
 from .counts import counted
 from .models import Passage
 from .registry import sources
 from ..conf import get_config
 from .text import fts5_query, pg_config, query_terms
+
+logger = logging.getLogger("conversations.knowledge")
 
 FTS_TABLE = "conversations_passage_fts"
 # Ranked candidates read per round while filtering for the visitor, and at most this many in all:
@@ -43,7 +48,8 @@ class Hit:
     """One passage found: where it comes from, its title, URL and text, how well it matched
     (``match``: the question's words the passage holds, each counted by its rarity among the
     passages, 1 for a word only one passage holds; comparable between searches) and the
-    database's own rank (``score``, higher is better, comparable only within one search)."""
+    database's own rank (``score``, higher is better, comparable only within one search); with
+    ``SEARCH_EMBEDDINGS``, ``meaning``: the cosine similarity of its text to the question's."""
 
     source: str
     object_pk: str
@@ -52,6 +58,7 @@ class Hit:
     text: str
     score: float
     match: float = 0.0
+    meaning: Optional[float] = None
 
     def as_dict(self):
         return asdict(self)
@@ -310,10 +317,50 @@ def search(query, *, user=None, names=None, limit=5, floor=0.0):
     """The passages best matching ``query`` that ``user`` (None: an anonymous visitor) may see,
     from the sources ``names`` (None or empty: every registered one), at most ``limit`` (≤ 10),
     one per object, none that matched less than ``floor`` (``Hit.match``) unless it holds every
-    word of the question, the best matched first. Returns ``[Hit]``."""
+    word of the question, the best matched first. Returns ``[Hit]``.
+
+    With ``SEARCH_EMBEDDINGS``, the first ``embeddings.DEPTH`` of those found without a floor are
+    ordered again by their match and their meaning together (``by_meaning``), and, with a floor,
+    those under ``embeddings.floor()`` left out; when the endpoint fails, or a candidate has no
+    vector yet, the search is the words' alone, with a warning logged."""
+    limit = max(1, min(int(limit), MAX_LIMIT))
+    if embeddings.options() is not None and query_terms(query, settings.LANGUAGE_CODE, get_config()["SEARCH_SYNONYMS"]):
+        try:
+            question = embeddings.embed([query])[0]
+        except embeddings.EmbeddingsUnavailable as exc:
+            logger.warning("search_site by words alone, the embeddings endpoint failed: %s", exc)
+        else:
+            found = by_meaning(question, _ranked(query, user, names, embeddings.DEPTH, 0.0), floor)
+            if found is not None:
+                return found[:limit]
+    return [hit for _pk, hit, _every in _ranked(query, user, names, limit, floor)]
+
+
+def by_meaning(question, ranked, floor):
+    """The hits of ``ranked`` (``_ranked``'s) ordered by their match + how close their meaning is
+    to the ``question``'s vector (``embeddings.MEANING`` × the text's cosine similarity +
+    ``embeddings.TITLE_MEANING`` × the title's), without those under ``embeddings.floor()``
+    (with ``floor`` > 0) unless they hold every word of the question; each hit's ``meaning`` set.
+    None when a candidate has no vector of the model (indexed before the option was set)."""
+    model = embeddings.model_name()
+    kept = dict(Passage.objects.filter(pk__in=[pk for pk, _hit, _every in ranked]).values_list("pk", "embedding"))
+    scored = []
+    for pk, hit, every in ranked:
+        close = embeddings.closeness(question, kept.get(pk), model)
+        if close is None:
+            logger.warning("search_site by words alone: passage %s of %s:%s has no vector of %r yet "
+                           "(rebuild_knowledge gives it one)", pk, hit.source, hit.object_pk, model)
+            return None
+        hit.meaning = close[0]
+        scored.append((hit.match + embeddings.MEANING * close[0] + embeddings.TITLE_MEANING * close[1], every, hit))
+    bar = embeddings.floor() if floor > 0 else -math.inf
+    return [hit for total, every, hit in sorted(scored, key=lambda each: -each[0]) if total >= bar or every]
+
+
+def _ranked(query, user, names, limit, floor):
+    """``search()`` by the words alone: ``[(passage id, Hit, whether it holds every word of the question)]``."""
     registered = sources()
     chosen = [name for name in (names or registered) if name in registered]
-    limit = max(1, min(int(limit), MAX_LIMIT))
     terms = query_terms(query, settings.LANGUAGE_CODE, get_config()["SEARCH_SYNONYMS"])
     if not chosen or not terms:
         return []
@@ -324,7 +371,8 @@ def search(query, *, user=None, names=None, limit=5, floor=0.0):
     user = AnonymousUser() if user is None else user
     weights = rarities(found, terms)
     # A passage holding every word of the question is never left out, however common they are.
-    bar = min(floor, sum(weights.values()) * (1 - 1e-9))
+    total = sum(weights.values()) * (1 - 1e-9)
+    bar = min(floor, total)
     wanted_terms = essential(weights, bar)
     hits, seen, offset = [], set(), 0
     while len(hits) < limit and offset < MAX_CANDIDATES:
@@ -339,7 +387,7 @@ def search(query, *, user=None, names=None, limit=5, floor=0.0):
                        key=lambda pair: (-(matched[pair[0]] + TITLE_BONUS * titles[pair[0]]), -pair[1]))
         if not batch:  # the database ranks the rest lower still: none of them is likely to reach the floor
             break
-        rows = Passage.objects.in_bulk([pk for pk, _score in batch])
+        rows = Passage.objects.defer("embedding").in_bulk([pk for pk, _score in batch])
         wanted = {}
         for pk, _score in batch:
             row = rows.get(pk)
@@ -351,7 +399,8 @@ def search(query, *, user=None, names=None, limit=5, floor=0.0):
             if row is None or (row.source, row.object_pk) in seen or row.object_pk not in allowed[row.source]:
                 continue
             seen.add((row.source, row.object_pk))
-            hits.append(Hit(row.source, row.object_pk, row.title, row.url, row.text, float(score), matched[pk]))
+            hits.append((pk, Hit(row.source, row.object_pk, row.title, row.url, row.text, float(score), matched[pk]),
+                         matched[pk] >= total))
             if len(hits) == limit:
                 break
         if fetched < BATCH:

@@ -350,3 +350,23 @@ def together(size, text):
             return
         handler.send_json(200, openai_text(text))
     return behaviour
+
+
+def embeddings_from(concepts, size=8):
+    """A behaviour of an OpenAI-compatible ``/v1/embeddings`` endpoint with deterministic vectors:
+    each text's vector adds up the axes (0 … ``size`` - 1) of the words of ``concepts``
+    (``{word: axis}``) it holds; a text holding none of them points along the last axis, which no
+    word has. So two texts are as close in meaning as the concepts they share."""
+    def behaviour(handler):
+        body = handler.server.fake.requests[-1]["json"] or {}
+        data = []
+        for number, text in enumerate(body.get("input") or []):
+            vector = [0.0] * size
+            for word in "".join(c.lower() if c.isalnum() else " " for c in text).split():
+                if word in concepts:
+                    vector[concepts[word]] += 1.0
+            if not any(vector):
+                vector[-1] = 1.0
+            data.append({"object": "embedding", "index": number, "embedding": vector})
+        handler.send_json(200, {"object": "list", "data": data, "model": body.get("model", "")})
+    return behaviour

@@ -1,6 +1,6 @@
 """``manage.py knowledge_status``: each knowledge source's counts and last update, and what is
 out of date (objects not indexed, changed since, indexed but gone or unpublished, failed to
-index; sources no longer registered). Exits 1 when anything is, so cron or a deploy can act."""
+index, without vectors when ``SEARCH_EMBEDDINGS`` is on; sources no longer registered). Exits 1 when anything is, so cron or a deploy can act."""
 
 import sys
 
@@ -32,7 +32,8 @@ class Command(BaseCommand):
             self.stdout.write(f"{row['name']} ({row['model']}): {objects}, {row['indexed']} indexed in "
                               f"{row['passages']} passages, last update {row['last_update'] or 'never'}")
             for key, what in (("missing", "not indexed"), ("changed", "changed since indexed"),
-                              ("orphans", "indexed but deleted or unpublished"), ("stale", "failed to index")):
+                              ("orphans", "indexed but deleted or unpublished"), ("stale", "failed to index"),
+                              ("unembedded", "without vectors of SEARCH_EMBEDDINGS' model")):
                 if row[key]:
                     self.stdout.write(f"  {len(row[key])} {what}: {_few(row[key])}")
             stale = stale or out_of_date(row)
