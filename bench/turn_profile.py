@@ -53,6 +53,7 @@ def main():
     parser.add_argument("--turns", type=int, default=40)
     parser.add_argument("--database", default="sqlite", help='"postgres", "sqlite" or a DATABASE_URL')
     parser.add_argument("--top", type=int, default=25, help="functions listed by their own time")
+    parser.add_argument("--dump", help="also write the profile to this file (for pstats or snakeviz)")
     args = parser.parse_args()
 
     print(machine())
@@ -76,6 +77,8 @@ def main():
                 assert state.read(turn_id)["status"] == "completed"
             label = stack.database_label
     stats = pstats.Stats(profile)
+    if args.dump:
+        stats.dump_stats(args.dump)
     per = 1000 / args.turns
     print(f"\n{args.turns} turns in process, {label}; profiled CPU ms per turn (cumulative; calls per turn)\n")
     for name, suffix, function in PARTS:
