@@ -25,7 +25,7 @@ from rq.timeouts import JobTimeoutException
 
 from .. import assistants
 from ..infra import state, telemetry
-from . import configure, lifecycle
+from . import configure, lifecycle, statements
 from ..core.budget import TurnClock
 from ..conf import get_config
 from ..models import CallRecord, Turn
@@ -71,7 +71,7 @@ def _perform(turn_id, cfg, job, job_timeout, clock, trace):
     """``perform_turn``'s body, inside the job's span (``trace``: its ``JobTrace``, or None)."""
     close_old_connections()
     try:
-        turn = Turn.objects.select_related("conversation", "conversation__user", "assistant").get(pk=turn_id)
+        turn = statements.get(Turn, turn_id, related=("conversation", "conversation__user", "assistant"))
     except Turn.DoesNotExist:
         logger.warning("Turn %s no longer exists; nothing to do", turn_id)
         return None

@@ -15,7 +15,6 @@ import logging
 import time
 
 from django.db import DatabaseError, transaction
-from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -330,10 +329,7 @@ class TurnRunner:
     def transcript(self):
         """``(earlier, rows)``: the conversation's messages from its earlier finished turns, and
         this turn's own, each in order, read in one query."""
-        messages = Message.objects.filter(
-            Q(turn_id=self.turn.id) | ~Q(turn__status__in=Turn.ACTIVE_STATUSES),
-            conversation_id=self.turn.conversation_id,
-        ).order_by("id")
+        messages = statements.transcript(self.turn.conversation_id, self.turn.id)
         earlier, rows = [], []
         for message in messages:
             if message.turn_id == self.turn.id:

@@ -21,9 +21,12 @@ elsewhere the driver's last row id), so PostgreSQL, SQLite and MySQL/MariaDB run
 """
 
 from django.db import connections, router
-from django.db.models import signals
+from django.db.models import Q, signals
+
+from ..models import Conversation, Message, Turn
 
 _SQL = {}  # (connection alias, kind, model, shape) -> the statement's text, built once
+_ACTIVE = sorted(Turn.ACTIVE_STATUSES)
 
 
 def _connection(model):
@@ -149,3 +152,125 @@ def insert_many(objs):
                     obj.pk = pk
         for obj in batch:
             _saved(obj, connection)
+
+
+# -- reads: a job's first two queries ------------------------------------------------------
+
+
+def _reader(connection, model, alias):
+    """``(columns, converters)`` to read ``model``'s row under the table alias ``alias``: its
+    columns' SQL, and for each column that needs them, the converters the ORM would apply (a UUID
+    or a JSON column on SQLite, a datetime, a boolean, a decimal)."""
+    key = (connection.alias, "read", model, alias)
+    found = _SQL.get(key)
+    if found is None:
+        quote = connection.ops.quote_name
+        fields = model._meta.concrete_fields
+        converters = []
+        for index, field in enumerate(fields):
+            column = field.get_col(alias)
+            found_converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            if found_converters:
+                converters.append((index, found_converters, column))
+        columns = ", ".join(f"{quote(alias)}.{quote(field.column)}" for field in fields)
+        found = _SQL[key] = (columns, converters)
+    return found
+
+
+def _row(model, connection, values, converters):
+    """The instance of ``model`` the ORM would make of ``values`` (every concrete column, in order)."""
+    for index, functions, column in converters:
+        value = values[index]
+        for function in functions:
+            value = function(value, column, connection)
+        values[index] = value
+    return model.from_db(connection.alias, None, values)
+
+
+def _plain(*models):
+    # A model whose fields live in more than one table (multi-table inheritance) is read by the ORM.
+    return not any(model._meta.parents for model in models)
+
+
+def get(model, pk, related=()):
+    """``model.objects.select_related(*related).get(pk=pk)`` as one raw statement, built once:
+    ``related`` names foreign keys (``a`` or ``a__b``), each joined as ``select_related`` joins it
+    and cached on its instance. Raises ``model.DoesNotExist``."""
+    connection = connections[router.db_for_read(model)]
+    meta = model._meta
+    chain = [(None, None, model)]  # (parent index, foreign key, model) for each table, in order
+    for path in related:
+        parent = 0
+        for name in path.split("__"):
+            field = chain[parent][2]._meta.get_field(name)
+            found = next((i for i, (p, f, _m) in enumerate(chain) if p == parent and f is field), None)
+            if found is None:
+                chain.append((parent, field, field.related_model))
+                found = len(chain) - 1
+            parent = found
+    if not _plain(*(m for _p, _f, m in chain)):
+        return model._default_manager.select_related(*related).get(pk=pk)
+    key = (connection.alias, "get", model, tuple(related))
+    sql = _SQL.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        columns, joins, inner = [], [], {0}
+        for index, (parent, field, table_model) in enumerate(chain):
+            columns.append(_reader(connection, table_model, f"T{index}")[0])
+            if field is not None:
+                kind = "INNER" if parent in inner and not field.null else "LEFT OUTER"
+                if kind == "INNER":
+                    inner.add(index)
+                joins.append(f" {kind} JOIN {quote(table_model._meta.db_table)} {quote(f'T{index}')} ON "
+                             f"{quote(f'T{index}')}.{quote(field.target_field.column)} = "
+                             f"{quote(f'T{parent}')}.{quote(field.column)}")
+        sql = _SQL[key] = (f"SELECT {', '.join(columns)} FROM {quote(meta.db_table)} {quote('T0')}{''.join(joins)} "
+                           f"WHERE {quote('T0')}.{quote(meta.pk.column)} = %s")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [meta.pk.get_db_prep_value(meta.pk.to_python(pk), connection)])
+        values = cursor.fetchone()
+    if values is None:
+        raise model.DoesNotExist(f"{meta.object_name} matching query does not exist.")
+    instances, start = [], 0
+    for index, (parent, field, table_model) in enumerate(chain):
+        width = len(table_model._meta.concrete_fields)
+        part = list(values[start:start + width])
+        start += width
+        pk_value = part[table_model._meta.concrete_fields.index(table_model._meta.pk)]
+        instance = None if pk_value is None else _row(table_model, connection, part,
+                                                       _reader(connection, table_model, f"T{index}")[1])
+        instances.append(instance)
+        if field is not None and instances[parent] is not None:
+            field.set_cached_value(instances[parent], instance)
+    return instances[0]
+
+
+def transcript(conversation_id, turn_id):
+    """The messages a turn's history is made of, in order, as ``runner.transcript`` asks for them:
+    the conversation's rows of ``turn_id`` and of its turns that are not active (and the rows of
+    no turn: a handoff's), as ``Message.objects.filter(Q(turn_id=turn_id) |
+    ~Q(turn__status__in=Turn.ACTIVE_STATUSES), conversation_id=conversation_id).order_by("id")``."""
+    connection = connections[router.db_for_read(Message)]
+    if not _plain(Message, Turn):
+        return list(Message.objects.filter(Q(turn_id=turn_id) | ~Q(turn__status__in=Turn.ACTIVE_STATUSES),
+                                           conversation_id=conversation_id).order_by("id"))
+    key = (connection.alias, "transcript")
+    sql = _SQL.get(key)
+    message, turn = Message._meta, Turn._meta
+    if sql is None:
+        quote = connection.ops.quote_name
+        m, t = quote("T0"), quote("T1")
+        turn_column = quote(message.get_field("turn").column)
+        status = f"{t}.{quote(turn.get_field('status').column)}"
+        sql = _SQL[key] = (
+            f"SELECT {_reader(connection, Message, 'T0')[0]} FROM {quote(message.db_table)} {m} "
+            f"LEFT OUTER JOIN {quote(turn.db_table)} {t} ON {m}.{turn_column} = {t}.{quote(turn.pk.column)} "
+            f"WHERE ({m}.{turn_column} = %s OR NOT ({status} IN ({', '.join(['%s'] * len(_ACTIVE))}) "
+            f"AND {status} IS NOT NULL)) AND {m}.{quote(message.get_field('conversation').column)} = %s "
+            f"ORDER BY {m}.{quote(message.pk.column)} ASC")
+    params = [turn.pk.get_db_prep_value(turn_id, connection), *_ACTIVE,
+              Conversation._meta.pk.get_db_prep_value(conversation_id, connection)]
+    converters = _reader(connection, Message, "T0")[1]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [_row(Message, connection, list(values), converters) for values in cursor.fetchall()]

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from django.db import connection, models
 from django.db.models.signals import post_save
-from django.test.utils import isolate_apps
+from django.test.utils import CaptureQueriesContext, isolate_apps
 from django.utils import timezone
 
 from conversations.core.budget import TurnClock
@@ -174,3 +174,63 @@ def test_the_state_of_a_turn_written_raw_is_published_with_its_rows(conversation
     assert (final["done"], final["status"]) == (True, "completed")
     assert [(m["id"], m["content"]) for m in final["messages"]] == [(r.id, r.content) for r in rows]
     assert Turn.objects.get(pk=turn.pk).status == Turn.Status.COMPLETED
+
+
+def field_values(instance):
+    return {f.attname: getattr(instance, f.attname) for f in type(instance)._meta.concrete_fields}
+
+
+def test_a_job_loads_its_turn_as_select_related_would():
+    """The job's first read, raw: the turn with its conversation, that conversation's user and the
+    turn's assistant, every column as the ORM reads it, each related row cached (no query more)."""
+    from django.contrib.auth import get_user_model
+
+    from conversations.models import Assistant
+
+    user = get_user_model().objects.create_user("reader", email="reader@example.com")
+    assistant = Assistant.objects.create(slug="raw", name="Raw", system_prompt="Be brief.", tools=["a", "b"],
+                                         suggestions=[{"x": 1}])
+    conversation = Conversation.objects.create(user=user, owner_token="t", assistant=assistant)
+    turn = Turn.objects.create(conversation=conversation, assistant=assistant, job_id="job-1", enqueued_at=timezone.now(),
+                               cost=decimal.Decimal("1.5"), usage_estimated=True, job_timeout=30.5)
+    bare = queued_turn()  # no user, no assistant
+    related = ("conversation", "conversation__user", "assistant")
+
+    for pk in (turn.pk, str(bare.pk)):
+        expected = Turn.objects.select_related(*related).get(pk=pk)
+        loaded = statements.get(Turn, pk, related=related)
+        with CaptureQueriesContext(connection) as queries:
+            got = (loaded.conversation, loaded.conversation.user, loaded.assistant)
+        assert queries.captured_queries == []  # every related row is cached, as select_related caches it
+        assert field_values(loaded) == field_values(expected)
+        assert field_values(got[0]) == field_values(expected.conversation)
+        assert (got[1] and field_values(got[1])) == (expected.conversation.user and
+                                                     field_values(expected.conversation.user))
+        assert (got[2] and field_values(got[2])) == (expected.assistant and field_values(expected.assistant))
+        assert not loaded._state.adding and loaded._state.db == "default"
+    with pytest.raises(Turn.DoesNotExist):
+        statements.get(Turn, uuid.uuid4(), related=related)
+
+
+def test_a_turns_transcript_is_its_own_rows_and_the_ended_turns_rows():
+    """The runner's transcript, raw: the conversation's rows of this turn, of its ended turns and of
+    no turn (a handoff's), in order, not those of another turn still active; as the ORM reads them."""
+    from django.db.models import Q
+
+    earlier = queued_turn()
+    conversation = earlier.conversation
+    Turn.objects.filter(pk=earlier.pk).update(status=Turn.Status.COMPLETED)
+    Message.objects.create(conversation=conversation, turn=earlier, role="assistant", content="Earlier answer.",
+                           tool_calls=[{"id": "c", "name": "n", "arguments": {}}])
+    Message.objects.create(conversation=conversation, role="staff", content="A person wrote this.")
+    other = Turn.objects.create(conversation=conversation, status=Turn.Status.RUNNING, job_id="job-9")
+    Message.objects.create(conversation=conversation, turn=other, role="user", content="Not this one.")
+    current = Turn.objects.create(conversation=conversation, job_id="job-2")
+    Message.objects.create(conversation=conversation, turn=current, role="user", content="This one.")
+    Message.objects.create(conversation=Conversation.objects.create(), role="user", content="Elsewhere.")
+
+    rows = statements.transcript(conversation.pk, current.pk)
+    expected = Message.objects.filter(Q(turn_id=current.pk) | ~Q(turn__status__in=Turn.ACTIVE_STATUSES),
+                                      conversation_id=conversation.pk).order_by("id")
+    assert [field_values(r) for r in rows] == [field_values(m) for m in expected]
+    assert [r.content for r in rows] == ["How do refunds work?", "Earlier answer.", "A person wrote this.", "This one."]
