@@ -20,7 +20,8 @@ from bench.common import ScriptedProvider, Stack, machine
 # The parts of the job, by the function that does each: (label, file suffix, function name).
 PARTS = [
     ("whole job", "engine/job.py", "perform_turn"),
-    ("load the turn (its conversation, user, assistant)", "query.py", "get"),
+    ("load the turn (its conversation, user, assistant)", "query.py", "get"),  # the ORM's, before
+    ("load the turn, raw (its conversation, user, assistant)", "engine/statements.py", "get"),
     ("runner set-up (provider, tools, transcript)", "engine/runner.py", "__init__"),
     ("claim (one UPDATE)", "engine/lifecycle.py", "claim"),
     ("model calls (HTTP client, watchdog)", "engine/runner.py", "call_model"),
