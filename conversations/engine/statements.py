@@ -21,7 +21,7 @@ elsewhere the driver's last row id), so PostgreSQL, SQLite and MySQL/MariaDB run
 """
 
 from django.db import connections, router
-from django.db.models import Q, signals
+from django.db.models import Model, Q, signals
 
 from ..models import Conversation, Message, Turn
 
@@ -59,7 +59,7 @@ def update(model, values, **where):
                 column = quote(_field(meta, name[:-4]).column)
                 conditions.append(f"{column} IN ({', '.join(['%s'] * size)})" if size else "1 = 0")
         sql = _SQL[key] = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {' AND '.join(conditions)}"
-    params = [_field(meta, name).get_db_prep_save(value, connection) for name, value in values.items()]
+    params = [_prep_save(_field(meta, name), value, connection) for name, value in values.items()]
     for name, value in where.items():
         if name.endswith("__in"):
             field = _field(meta, name[:-4])
@@ -69,6 +69,13 @@ def update(model, values, **where):
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+def _prep_save(field, value, connection):
+    # A foreign key may be given its row, as QuerySet.update takes it: the row's key is stored.
+    if field.is_relation and isinstance(value, Model):
+        value = getattr(value, field.target_field.attname)
+    return field.get_db_prep_save(value, connection)
 
 
 def _hears_saves(model):

@@ -234,3 +234,15 @@ def test_a_turns_transcript_is_its_own_rows_and_the_ended_turns_rows():
                                       conversation_id=conversation.pk).order_by("id")
     assert [field_values(r) for r in rows] == [field_values(m) for m in expected]
     assert [r.content for r in rows] == ["How do refunds work?", "Earlier answer.", "A person wrote this.", "This one."]
+
+
+def test_a_foreign_key_given_its_row_stores_the_rows_key():
+    """As ``QuerySet.update`` does: a claim names the assistant's version as a row (``claim`` passes
+    ``turn.assistant_version``), and its key is stored."""
+    from conversations.models import Assistant, AssistantVersion
+
+    assistant = Assistant.objects.create(slug="versioned", name="V", system_prompt="Be brief.")
+    version = AssistantVersion.objects.create(assistant=assistant, fingerprint="abc", snapshot={})
+    turn = queued_turn()
+    assert lifecycle.claim(turn, assistant_version=version) is True
+    assert Turn.objects.get(pk=turn.pk).assistant_version_id == version.pk
