@@ -1,17 +1,20 @@
 """The statements a running turn sends on its hot path, as raw SQL: its claim, each round trip's
-fenced ``UPDATE`` and its ``INSERT``s (the new transcript row, the call records), and the final
-write.
+fenced ``UPDATE`` and its ``INSERT``s (the new transcript row, the call records), the final
+write, and the job's two reads (its turn with the rows it needs, its transcript).
 
 Why raw: a turn sends one transaction per model or tool round trip (the seed's durable save),
 and Django's ORM spent far more CPU building and compiling each of those statements than the
 database spent running it: the round trip's ``UPDATE`` of the turn cost 345 µs through a prebuilt
 queryset against 25 µs sent as raw SQL (docs/benchmarks.md, turn overhead). The statements are
-the same ones the ORM sent; only their text is built once per process and kept.
+the same ones the ORM sent; only their text is built once per process and kept. Only what the
+hot path needs is here: ``update`` takes plain values (no expressions) and no ``None`` in its
+``where`` (``= NULL`` matches nothing; the ORM writes ``IS NULL``).
 
 What stays the ORM's: every table and column name comes from the models' ``_meta``
 (``db_table``, each field's ``column``), so a swapped table name or a ``db_column`` still works;
 each value goes through its field's own ``pre_save`` (``auto_now_add``) and ``get_db_prep_save``
-(a UUID on SQLite, a JSON column, an aware datetime, a decimal, as each backend wants them); the
+(a UUID on SQLite, a JSON column, an aware datetime, a decimal, as each backend wants them), and
+each value read through the converters the ORM would apply; the
 connection is the one the database router names for writing the model, and the statements run on
 it inside the caller's transaction. An ``INSERT`` of a model that has ``pre_save`` or ``post_save``
 receivers (a site's own, the knowledge index of a registered model) is made by the ORM's ``save()``
