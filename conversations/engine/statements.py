@@ -194,7 +194,7 @@ def _row(model, connection, values, converters):
         for function in functions:
             value = function(value, column, connection)
         values[index] = value
-    return model.from_db(connection.alias, None, values)
+    return model.from_db(connection.alias, [f.attname for f in model._meta.concrete_fields], values)
 
 
 def _plain(*models):
