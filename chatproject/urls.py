@@ -18,12 +18,14 @@ def api_docs(request):
 
 
 urlpatterns = [
+    # First: Django tries the patterns in order, and every widget polls the API's first pattern
+    # while a turn runs (each pattern tried before it cost the poll a few microseconds).
+    path("api/", include("conversations.api.urls", namespace="conversations")),
     path("", TemplateView.as_view(template_name="index.html"), name="home"),
     path("admin/", admin.site.urls),
     path("help/<slug:slug>/", article, name="help-article"),
     # django-rq's dashboard, for superusers only (see conversations/rq_urls.py).
     path("django-rq/", include("conversations.rq_urls")),
-    path("api/", include("conversations.api.urls", namespace="conversations")),
     # The OpenAPI schema of the API (YAML; ?format=json for JSON).
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/schema/ui/", api_docs, name="api-docs"),

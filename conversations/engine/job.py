@@ -25,19 +25,20 @@ from rq.timeouts import JobTimeoutException
 
 from .. import assistants
 from ..infra import state, telemetry
-from . import configure, lifecycle
+from . import configure, lifecycle, statements
 from ..core.budget import TurnClock
 from ..conf import get_config
 from ..models import CallRecord, Turn
 from .runner import TurnRunner
 from ..core.types import Outcome
 from .recovery import time_left
-from ..models import Message
 from ..providers import get_provider_class
 from ..tools import load_tools
 from ..core.sentences import crashed_message, timeout_message
 
 logger = logging.getLogger("conversations.jobs")
+
+RELATED = ("conversation", "conversation__user", "assistant")  # what a job reads with its turn
 
 
 def perform_turn(turn_id):
@@ -71,7 +72,7 @@ def _perform(turn_id, cfg, job, job_timeout, clock, trace):
     """``perform_turn``'s body, inside the job's span (``trace``: its ``JobTrace``, or None)."""
     close_old_connections()
     try:
-        turn = Turn.objects.select_related("conversation", "conversation__user", "assistant").get(pk=turn_id)
+        turn = statements.get(Turn, turn_id, related=RELATED)
     except Turn.DoesNotExist:
         logger.warning("Turn %s no longer exists; nothing to do", turn_id)
         return None
@@ -159,8 +160,11 @@ def warm_up(forking=False):
         get_provider_class(cfg["PROVIDER"])
         load_tools(cfg["TOOLS"])
         missing = uuid.uuid4()
-        Turn.objects.select_related("conversation", "conversation__user").filter(pk=missing).first()
-        list(Message.objects.filter(turn_id=missing).order_by("id"))
+        try:  # the raw statements' text is built once per process: a horse inherits it built
+            statements.get(Turn, missing, related=RELATED)
+        except Turn.DoesNotExist:
+            pass
+        statements.transcript(missing, missing)
         state.read(missing)
         telemetry.warm_up(forking=forking)
     except Exception:  # noqa: BLE001 - a worker that cannot warm up still works, only slower

@@ -22,6 +22,7 @@ from ..conf import get_config
 from ..models import Conversation, Message, ToolApproval, Turn
 from ..redaction import scrub_text
 from ..core.sentences import not_picked_up_message, unavailable_message
+from . import statements
 
 logger = logging.getLogger("conversations.turns")
 
@@ -224,6 +225,16 @@ def unended(turn_pk, *, job_id=None):
     return rows if job_id is None else rows.filter(job_id=job_id)
 
 
+_ACTIVE = sorted(Turn.ACTIVE_STATUSES)
+
+
+def update_unended(turn_pk, values, *, job_id):
+    """``unended(turn_pk, job_id=job_id).update(**values)`` as one raw statement (``statements``):
+    a running turn's own writes, after each round trip and at its end. Returns whether it matched
+    (False: the turn ended, or another job runs it now; nothing was written)."""
+    return bool(statements.update(Turn, values, pk=turn_pk, status__in=_ACTIVE, job_id=job_id))
+
+
 def finalize(turn, status, error, *, job_id=None):
     """Write a final state for ``turn`` from outside its job (worker parent, poll view, admin, cron).
 
@@ -317,7 +328,7 @@ def claim(turn, **fields):
     job may run it (False: it was stopped or ended while it waited, see ``end_unclaimed``)."""
     fields = {"status": Turn.Status.RUNNING, "started_at": timezone.now(), **fields}
     with dbconn.step():
-        claimed = Turn.objects.filter(pk=turn.pk, status=Turn.Status.QUEUED).update(**fields)
+        claimed = statements.update(Turn, fields, pk=turn.pk, status=Turn.Status.QUEUED)
     if claimed:
         for name, value in fields.items():
             setattr(turn, name, value)

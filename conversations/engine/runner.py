@@ -15,7 +15,6 @@ import logging
 import time
 
 from django.db import DatabaseError, transaction
-from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -40,9 +39,9 @@ from ..providers import ProviderError, call_complete
 from ..core.history import chat_message, message_size, trim_history, unfinished_step
 from ..tools import ToolContext, arguments_hash, interrupted_result, load_tools, run_tool, too_many_calls_message
 from ..core.types import ChatMessage, ErrorCode, Finish, Outcome, ToolResult, record_call
-from . import approvals
+from . import approvals, statements
 from .handoff import hands_over
-from .lifecycle import assistant_label, claim, ended, unended
+from .lifecycle import assistant_label, claim, ended, unended, update_unended
 from .limits import turn_address
 from .recovery import can_hand_over, continue_turn
 
@@ -70,9 +69,6 @@ class TurnRunner:
         self.saved_records = []  # saved in the transaction being made, for their spans once it commits
         self.first_word_seen = False
         self.job_id = turn.job_id  # the job running it; the final write is this job's only while it still is
-        # Its row while still this job's to write, built once: each round-trip's UPDATE clones it
-        # instead of building the same filter again (a third of that statement's CPU).
-        self.mine = unended(turn.pk, job_id=self.job_id)
         self.clock = clock
         self.budget = clock.budget
         self.config = config
@@ -123,9 +119,20 @@ class TurnRunner:
         return {"provider": link.provider.name, "fallback": self.provider.links.index(link),
                 "breaker": getattr(link, "breaker_state", None)}
 
+    @property
+    def mine(self):
+        """Its row while still this job's to write (``lifecycle.unended``), as a queryset."""
+        return unended(self.turn.pk, job_id=self.job_id)
+
+    def write_mine(self, fields):
+        """Write the turn's ``fields`` (as they are on ``self.turn``) while it is still this job's
+        (the fence, ``lifecycle.update_unended``); returns whether it was."""
+        turn = self.turn
+        return update_unended(turn.pk, {f: getattr(turn, f) for f in fields}, job_id=self.job_id)
+
     def save_records(self):
         """Insert the kept ``CallRecord`` rows; call inside the transaction that saves the rest."""
-        CallRecord.objects.bulk_create(self.pending_records)
+        statements.insert_many(self.pending_records)
         self.saved_records += self.pending_records
         self.pending_records = []
 
@@ -152,10 +159,10 @@ class TurnRunner:
         try:
             with dbconn.step():
                 self.save_records()
-                if not self.mine.update(**{f: getattr(self.turn, f) for f in turn_fields}):
+                if not self.write_mine(turn_fields):
                     raise _Superseded()
-                row = Message.objects.create(conversation_id=self.turn.conversation_id, turn=self.turn,
-                                             **self.scrubbed(message_fields))
+                row = statements.insert(Message(conversation_id=self.turn.conversation_id, turn=self.turn,
+                                                **self.scrubbed(message_fields)))
         except BaseException:
             self.trace_saved(committed=False)
             raise
@@ -304,8 +311,9 @@ class TurnRunner:
             return None
         self.turn.model_calls += 1
         self.count_estimate("".join(self.streamed))
-        return Message.objects.create(conversation_id=self.turn.conversation_id, turn=self.turn,
-                                      role=Message.Role.ASSISTANT, content=scrub_text("".join(self.streamed), self.config))
+        return statements.insert(Message(conversation_id=self.turn.conversation_id, turn=self.turn,
+                                         role=Message.Role.ASSISTANT,
+                                         content=scrub_text("".join(self.streamed), self.config)))
 
     def cancelled(self):
         """Whether a call in flight must be shut (checked by its watchdog): on a Stop, or when the
@@ -321,10 +329,7 @@ class TurnRunner:
     def transcript(self):
         """``(earlier, rows)``: the conversation's messages from its earlier finished turns, and
         this turn's own, each in order, read in one query."""
-        messages = Message.objects.filter(
-            Q(turn_id=self.turn.id) | ~Q(turn__status__in=Turn.ACTIVE_STATUSES),
-            conversation_id=self.turn.conversation_id,
-        ).order_by("id")
+        messages = statements.transcript(self.turn.conversation_id, self.turn.id)
         earlier, rows = [], []
         for message in messages:
             if message.turn_id == self.turn.id:
@@ -721,12 +726,12 @@ class TurnRunner:
                 self.save_records()
                 last = self.last_reply_row()
                 if last is not None:
-                    last.save()
+                    statements.insert(last)
                 shown = self.save_streamed()
                 turn.cost = pricing.turn_cost(turn.model, turn.input_tokens, turn.output_tokens, self.config["PRICES"])
                 # Only while the turn is still this job's to end: a thread given up past its job
                 # timeout comes back later, when the worker has ended the turn or another job runs it.
-                if not self.mine.update(**{f: getattr(turn, f) for f in self.FINAL_FIELDS}):
+                if not self.write_mine(self.FINAL_FIELDS):
                     raise _Superseded()
             committed = True
             if last is not None:

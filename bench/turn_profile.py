@@ -1,0 +1,104 @@
+"""Where a turn's CPU goes: the job of ``bench.turn_overhead``'s three-round-trip tool turn, run
+in this process under cProfile, timed on the thread's CPU clock (so that other processes' load
+counts less), then the parts of the job it spends that CPU in.
+
+    .venv/bin/python -m bench.turn_profile [--turns 40] [--database sqlite|postgres|URL] [--top 25]
+
+Each turn is saved as the POST saves it (its conversation, the visitor's message, the turn with
+its job id) outside the profile, then ``perform_turn`` runs it as a worker's thread would,
+against the same instant OpenAI-compatible server. The first 5 turns warm up and are not counted.
+"""
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+from bench.common import ScriptedProvider, Stack, machine
+
+# The parts of the job, by the function that does each: (label, file suffix, function name).
+PARTS = [
+    ("whole job", "engine/job.py", "perform_turn"),
+    ("load the turn (its conversation, user, assistant)", "query.py", "get"),  # the ORM's, before
+    ("load the turn, raw (its conversation, user, assistant)", "engine/statements.py", "get"),
+    ("runner set-up (provider, tools, transcript)", "engine/runner.py", "__init__"),
+    ("claim (one UPDATE)", "engine/lifecycle.py", "claim"),
+    ("model calls (HTTP client, watchdog)", "engine/runner.py", "call_model"),
+    ("tools", "engine/runner.py", "run_tool"),
+    ("round trips saved (one transaction each)", "engine/runner.py", "save_step"),
+    ("states published", "engine/runner.py", "publish"),
+    ("  of which the state built from the rows", "infra/state.py", "state_from_db"),
+    ("final write (its state included)", "engine/runner.py", "finish"),
+]
+
+
+def make_turn():
+    """A queued turn as the POST leaves it; returns its id."""
+    from django.utils import timezone
+
+    from conversations.models import Conversation, Message, Turn
+
+    conversation = Conversation.objects.create(owner_token="bench-profile")
+    turn = Turn.objects.create(conversation=conversation, enqueued_at=timezone.now(), job_id="bench-profile",
+                               job_timeout=60, deadline_margin=5)
+    Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER,
+                           content="What time is it in Tokyo, and how do refunds work?")
+    turn.job_id = f"bench-profile-{turn.pk}"
+    Turn.objects.filter(pk=turn.pk).update(job_id=turn.job_id)
+    return turn.pk
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--database", default="sqlite", help='"postgres", "sqlite" or a DATABASE_URL')
+    parser.add_argument("--top", type=int, default=25, help="functions listed by their own time")
+    parser.add_argument("--dump", help="also write the profile to this file (for pstats or snakeviz)")
+    args = parser.parse_args()
+
+    print(machine())
+    with ScriptedProvider(calls=3) as provider:
+        conversations = {"PROVIDER": "openai", "BASE_URL": provider.url, "API_KEY": "bench", "MODEL": "bench"}
+        with Stack(database=args.database, conversations=conversations) as stack:
+            from conversations.engine.job import perform_turn
+            from conversations.infra import state
+
+            profile = cProfile.Profile(time.thread_time)
+            wall = []
+            for number in range(args.turns + 5):
+                turn_id = make_turn()
+                started = time.perf_counter()
+                if number >= 5:
+                    profile.enable()
+                perform_turn(turn_id)
+                if number >= 5:
+                    profile.disable()
+                    wall.append(time.perf_counter() - started)
+                assert state.read(turn_id)["status"] == "completed"
+            label = stack.database_label
+    stats = pstats.Stats(profile)
+    if args.dump:
+        stats.dump_stats(args.dump)
+    per = 1000 / args.turns
+    print(f"\n{args.turns} turns in process, {label}; profiled CPU ms per turn (cumulative; calls per turn)\n")
+    for name, suffix, function in PARTS:
+        found = [(key, value) for key, value in stats.stats.items()
+                 if key[0].endswith(suffix) and key[2] == function]
+        if suffix == "query.py":  # QuerySet.get called by the job itself
+            found = [(key, value) for key, value in found
+                     if any(caller[0].endswith("engine/job.py") for caller in value[4])]
+            cumulative = sum(v[4][c][3] for _k, v in found for c in v[4] if c[0].endswith("engine/job.py"))
+            calls = sum(v[4][c][1] for _k, v in found for c in v[4] if c[0].endswith("engine/job.py"))
+        else:
+            cumulative = sum(value[3] for _key, value in found)
+            calls = sum(value[1] for _key, value in found)
+        print(f"  {name:<55} {cumulative * per:7.2f}  ({calls / args.turns:.1f})")
+    print(f"\nwall per profiled turn (profiling included): median {sorted(wall)[len(wall) // 2] * 1000:.1f} ms\n")
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.top)
+    print(out.getvalue())
+
+
+if __name__ == "__main__":
+    main()

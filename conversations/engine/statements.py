@@ -1,0 +1,286 @@
+"""The statements a running turn sends on its hot path, as raw SQL: its claim, each round trip's
+fenced ``UPDATE`` and its ``INSERT``s (the new transcript row, the call records), the final
+write, and the job's two reads (its turn with the rows it needs, its transcript).
+
+Why raw: a turn sends one transaction per model or tool round trip (the seed's durable save),
+and Django's ORM spent far more CPU building and compiling each of those statements than the
+database spent running it: the round trip's ``UPDATE`` of the turn cost 345 µs through a prebuilt
+queryset against 25 µs sent as raw SQL (docs/benchmarks.md, turn overhead). The statements are
+the same ones the ORM sent; only their text is built once per process and kept. Only what the
+hot path needs is here: ``update`` takes plain values (no expressions) and no ``None`` in its
+``where`` (``= NULL`` matches nothing; the ORM writes ``IS NULL``).
+
+What stays the ORM's: every table and column name comes from the models' ``_meta``
+(``db_table``, each field's ``column``), so a swapped table name or a ``db_column`` still works;
+each value goes through its field's own ``pre_save`` (``auto_now_add``) and ``get_db_prep_save``
+(a UUID on SQLite, a JSON column, an aware datetime, a decimal, as each backend wants them), and
+each value read through the converters the ORM would apply; the
+connection is the one the database router names for writing the model, and the statements run on
+it inside the caller's transaction. An ``INSERT`` of a model that has ``pre_save`` or ``post_save``
+receivers (a site's own, the knowledge index of a registered model) is made by the ORM's ``save()``
+instead, so that they still hear of it (an ``UPDATE`` of a queryset sends no signal either way).
+Placeholders are ``%s`` and the SQL is portable (``RETURNING`` only where the backend says it can;
+elsewhere the driver's last row id), so PostgreSQL, SQLite and MySQL/MariaDB run the same text.
+"""
+
+from django.db import connections, router
+from django.db.models import Model, Q, signals
+
+from ..models import Conversation, Message, Turn
+
+_SQL = {}  # (connection alias, kind, model, shape) -> the statement's text, built once
+_ACTIVE = sorted(Turn.ACTIVE_STATUSES)
+
+
+def _connection(model):
+    return connections[router.db_for_write(model)]
+
+
+def _field(meta, name):
+    return meta.pk if name == "pk" else meta.get_field(name)
+
+
+def update(model, values, **where):
+    """``UPDATE`` the rows of ``model`` matching ``where`` with ``values`` (field name -> value);
+    returns how many rows matched. ``where``: ``name=value`` or ``name__in=[values]`` (``pk`` names
+    the primary key), joined by AND, as ``QuerySet.filter(**where).update(**values)`` would (no
+    signal is sent by either)."""
+    connection = _connection(model)
+    meta = model._meta
+    names = tuple(values)
+    shape = (names, tuple((key, len(value) if key.endswith("__in") else None) for key, value in where.items()))
+    key = (connection.alias, "update", model, shape)
+    sql = _SQL.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        assignments = ", ".join(f"{quote(_field(meta, name).column)} = %s" for name in names)
+        conditions = []
+        for name, size in shape[1]:
+            if size is None:
+                conditions.append(f"{quote(_field(meta, name).column)} = %s")
+            else:
+                column = quote(_field(meta, name[:-4]).column)
+                conditions.append(f"{column} IN ({', '.join(['%s'] * size)})" if size else "1 = 0")
+        sql = _SQL[key] = f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {' AND '.join(conditions)}"
+    params = [_prep_save(_field(meta, name), value, connection) for name, value in values.items()]
+    for name, value in where.items():
+        if name.endswith("__in"):
+            field = _field(meta, name[:-4])
+            params += [field.get_db_prep_value(v, connection) for v in value]
+        else:
+            params.append(_field(meta, name).get_db_prep_value(value, connection))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def _prep_save(field, value, connection):
+    # A foreign key may be given its row, as QuerySet.update takes it: the row's key is stored.
+    if field.is_relation and isinstance(value, Model):
+        value = getattr(value, field.target_field.attname)
+    return field.get_db_prep_save(value, connection)
+
+
+def _hears_saves(model):
+    return signals.pre_save.has_listeners(model) or signals.post_save.has_listeners(model)
+
+
+def _insert_fields(meta):
+    """The concrete fields an ``INSERT`` names: all but a primary key the database numbers."""
+    return [f for f in meta.concrete_fields if not (f.primary_key and getattr(f, "db_returning", False))]
+
+
+def _insert_sql(connection, model, rows):
+    """The ``INSERT`` of ``rows`` rows of ``model``, and whether it returns their primary keys."""
+    key = (connection.alias, "insert", model, rows)
+    found = _SQL.get(key)
+    if found is None:
+        meta = model._meta
+        quote = connection.ops.quote_name
+        fields = _insert_fields(meta)
+        row = f"({', '.join(['%s'] * len(fields))})"
+        sql = (f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+               f"VALUES {', '.join([row] * rows)}")
+        numbered = meta.pk in meta.db_returning_fields
+        returns = numbered and (connection.features.can_return_columns_from_insert if rows == 1
+                                else connection.features.can_return_rows_from_bulk_insert)
+        if returns:
+            sql += f" RETURNING {quote(meta.pk.column)}"
+        found = _SQL[key] = (sql, fields, returns, numbered)
+    return found
+
+
+def _values(obj, fields, connection):
+    # As the ORM's INSERT: each field's pre_save (auto_now_add sets the attribute), then its prep.
+    return [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+
+
+def _saved(obj, connection):
+    obj._state.adding = False
+    obj._state.db = connection.alias
+
+
+def insert(obj):
+    """Save the new instance ``obj`` with one ``INSERT`` (its primary key set from the database);
+    returns ``obj``. A model with save receivers is saved by ``obj.save()`` instead."""
+    model = type(obj)
+    if _hears_saves(model):
+        obj.save(force_insert=True)
+        return obj
+    connection = _connection(model)
+    sql, fields, returns, numbered = _insert_sql(connection, model, 1)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, _values(obj, fields, connection))
+        if returns:
+            obj.pk = cursor.fetchone()[0]
+        elif numbered:
+            obj.pk = connection.ops.last_insert_id(cursor, model._meta.db_table, model._meta.pk.column)
+    _saved(obj, connection)
+    return obj
+
+
+def insert_many(objs):
+    """Save the new instances ``objs`` (of one model) with one ``INSERT``, as ``bulk_create`` does
+    (no signal sent; primary keys set where the backend returns them)."""
+    if not objs:
+        return
+    model = type(objs[0])
+    connection = _connection(model)
+    fields = _insert_fields(model._meta)
+    # As bulk_create: in batches the backend's limit on a statement's parameters allows.
+    size = max(1, connection.ops.bulk_batch_size(fields, objs))
+    for start in range(0, len(objs), size):
+        batch = objs[start:start + size]
+        sql, fields, returns, _numbered = _insert_sql(connection, model, len(batch))
+        params = []
+        for obj in batch:
+            params += _values(obj, fields, connection)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            if returns:
+                for obj, (pk,) in zip(batch, cursor.fetchall()):
+                    obj.pk = pk
+        for obj in batch:
+            _saved(obj, connection)
+
+
+# -- reads: a job's first two queries ------------------------------------------------------
+
+
+def _reader(connection, model, alias):
+    """``(columns, converters)`` to read ``model``'s row under the table alias ``alias``: its
+    columns' SQL, and for each column that needs them, the converters the ORM would apply (a UUID
+    or a JSON column on SQLite, a datetime, a boolean, a decimal)."""
+    key = (connection.alias, "read", model, alias)
+    found = _SQL.get(key)
+    if found is None:
+        quote = connection.ops.quote_name
+        fields = model._meta.concrete_fields
+        converters = []
+        for index, field in enumerate(fields):
+            column = field.get_col(alias)
+            found_converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            if found_converters:
+                converters.append((index, found_converters, column))
+        columns = ", ".join(f"{quote(alias)}.{quote(field.column)}" for field in fields)
+        found = _SQL[key] = (columns, converters)
+    return found
+
+
+def _row(model, connection, values, converters):
+    """The instance of ``model`` the ORM would make of ``values`` (every concrete column, in order)."""
+    for index, functions, column in converters:
+        value = values[index]
+        for function in functions:
+            value = function(value, column, connection)
+        values[index] = value
+    return model.from_db(connection.alias, [f.attname for f in model._meta.concrete_fields], values)
+
+
+def _plain(*models):
+    # A model whose fields live in more than one table (multi-table inheritance) is read by the ORM.
+    return not any(model._meta.parents for model in models)
+
+
+def get(model, pk, related=()):
+    """``model.objects.select_related(*related).get(pk=pk)`` as one raw statement, built once:
+    ``related`` names foreign keys (``a`` or ``a__b``), each joined as ``select_related`` joins it
+    and cached on its instance. Raises ``model.DoesNotExist``."""
+    connection = connections[router.db_for_read(model)]
+    meta = model._meta
+    chain = [(None, None, model)]  # (parent index, foreign key, model) for each table, in order
+    for path in related:
+        parent = 0
+        for name in path.split("__"):
+            field = chain[parent][2]._meta.get_field(name)
+            found = next((i for i, (p, f, _m) in enumerate(chain) if p == parent and f is field), None)
+            if found is None:
+                chain.append((parent, field, field.related_model))
+                found = len(chain) - 1
+            parent = found
+    if not _plain(*(m for _p, _f, m in chain)):
+        return model._default_manager.select_related(*related).get(pk=pk)
+    key = (connection.alias, "get", model, tuple(related))
+    sql = _SQL.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        columns, joins, inner = [], [], {0}
+        for index, (parent, field, table_model) in enumerate(chain):
+            columns.append(_reader(connection, table_model, f"T{index}")[0])
+            if field is not None:
+                kind = "INNER" if parent in inner and not field.null else "LEFT OUTER"
+                if kind == "INNER":
+                    inner.add(index)
+                joins.append(f" {kind} JOIN {quote(table_model._meta.db_table)} {quote(f'T{index}')} ON "
+                             f"{quote(f'T{index}')}.{quote(field.target_field.column)} = "
+                             f"{quote(f'T{parent}')}.{quote(field.column)}")
+        sql = _SQL[key] = (f"SELECT {', '.join(columns)} FROM {quote(meta.db_table)} {quote('T0')}{''.join(joins)} "
+                           f"WHERE {quote('T0')}.{quote(meta.pk.column)} = %s")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [meta.pk.get_db_prep_value(meta.pk.to_python(pk), connection)])
+        values = cursor.fetchone()
+    if values is None:
+        raise model.DoesNotExist(f"{meta.object_name} matching query does not exist.")
+    instances, start = [], 0
+    for index, (parent, field, table_model) in enumerate(chain):
+        width = len(table_model._meta.concrete_fields)
+        part = list(values[start:start + width])
+        start += width
+        pk_value = part[table_model._meta.concrete_fields.index(table_model._meta.pk)]
+        instance = None if pk_value is None else _row(table_model, connection, part,
+                                                       _reader(connection, table_model, f"T{index}")[1])
+        instances.append(instance)
+        if field is not None and instances[parent] is not None:
+            field.set_cached_value(instances[parent], instance)
+    return instances[0]
+
+
+def transcript(conversation_id, turn_id):
+    """The messages a turn's history is made of, in order, as ``runner.transcript`` asks for them:
+    the conversation's rows of ``turn_id`` and of its turns that are not active (and the rows of
+    no turn: a handoff's), as ``Message.objects.filter(Q(turn_id=turn_id) |
+    ~Q(turn__status__in=Turn.ACTIVE_STATUSES), conversation_id=conversation_id).order_by("id")``."""
+    connection = connections[router.db_for_read(Message)]
+    if not _plain(Message, Turn):
+        return list(Message.objects.filter(Q(turn_id=turn_id) | ~Q(turn__status__in=Turn.ACTIVE_STATUSES),
+                                           conversation_id=conversation_id).order_by("id"))
+    key = (connection.alias, "transcript")
+    sql = _SQL.get(key)
+    message, turn = Message._meta, Turn._meta
+    if sql is None:
+        quote = connection.ops.quote_name
+        m, t = quote("T0"), quote("T1")
+        turn_column = quote(message.get_field("turn").column)
+        status = f"{t}.{quote(turn.get_field('status').column)}"
+        sql = _SQL[key] = (
+            f"SELECT {_reader(connection, Message, 'T0')[0]} FROM {quote(message.db_table)} {m} "
+            f"LEFT OUTER JOIN {quote(turn.db_table)} {t} ON {m}.{turn_column} = {t}.{quote(turn.pk.column)} "
+            f"WHERE ({m}.{turn_column} = %s OR NOT ({status} IN ({', '.join(['%s'] * len(_ACTIVE))}) "
+            f"AND {status} IS NOT NULL)) AND {m}.{quote(message.get_field('conversation').column)} = %s "
+            f"ORDER BY {m}.{quote(message.pk.column)} ASC")
+    params = [turn.pk.get_db_prep_value(turn_id, connection), *_ACTIVE,
+              Conversation._meta.pk.get_db_prep_value(conversation_id, connection)]
+    converters = _reader(connection, Message, "T0")[1]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [_row(Message, connection, list(values), converters) for values in cursor.fetchall()]
