@@ -123,7 +123,10 @@ def embed(texts, config=None):
     if chosen.get("MODEL"):
         body["model"] = chosen["MODEL"]
     try:
-        reply = requests.post(url, json=body, headers=headers, timeout=float(chosen.get("TIMEOUT", TIMEOUT)))
+        # Never followed: a redirect would carry the question (and, to the same host, the key) to an
+        # address the operator did not name, as the providers' calls refuse to.
+        reply = requests.post(url, json=body, headers=headers, timeout=float(chosen.get("TIMEOUT", TIMEOUT)),
+                              allow_redirects=False)
     except requests.RequestException as exc:
         raise EmbeddingsUnavailable(f"{endpoint(url)}: {os_reason(exc) or type(exc).__name__}") from None
     if reply.status_code != 200:

@@ -17,7 +17,7 @@ from conversations.conf import get_config
 from conversations.knowledge.models import Passage, StaleObject
 from conversations.knowledge.search import search
 from conversations.knowledge.tool import search_site
-from tests.support.fakes import FakeProvider, embeddings_from, refused_url
+from tests.support.fakes import FakeProvider, Reply, embeddings_from, refused_url
 
 pytestmark = pytest.mark.django_db(transaction=True)  # on_commit indexing
 
@@ -101,6 +101,22 @@ def test_the_search_falls_back_to_the_words_when_the_endpoint_is_down(conversati
         hits = search("Where can I hire a canoe?")
     assert titles(hits)[:2] == ["The canoe club", "Renting a kayak"]
     assert "by words alone, the embeddings endpoint failed" in caplog.text and "connection refused" in caplog.text
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_redirect_is_not_followed_the_question_and_key_stay_with_the_endpoint(conversations_settings, endpoint,
+                                                                                 caplog, status):
+    articles()
+    meaning_on(conversations_settings, endpoint.url)
+    call_command("rebuild_knowledge")
+    with FakeProvider() as elsewhere, FakeProvider() as redirecting:
+        redirecting.add(Reply(status, b"", {"Location": f"{elsewhere.url}/embeddings"}))
+        meaning_on(conversations_settings, redirecting.url, API_KEY="sk-embed-redirect")
+        with caplog.at_level(logging.WARNING, logger="conversations.knowledge"):
+            hits = search("Where can I hire a canoe?")
+        assert elsewhere.requests == [] and len(redirecting.requests) == 1
+    assert titles(hits)[:2] == ["The canoe club", "Renting a kayak"]  # the words alone
+    assert f"answered HTTP {status}" in caplog.text and "sk-embed-redirect" not in caplog.text
 
 
 def test_an_article_saved_while_the_endpoint_is_down_is_searchable_by_its_words_and_marked_for_the_rebuild(
