@@ -3,11 +3,12 @@ last message (``RETENTION_FROM``; an assistant's own values for its conversation
 ``manage.py purge_conversations`` (cron, docs/privacy.md).
 
 The purge finds what is due in one read, then deletes it in short transactions,
-``RETENTION_PAUSE`` seconds apart, so that a visitor's turn never waits long behind it. Each
-transaction is boxed by its time, not by a number of rows (``BatchSize``): the first deletes a
-few messages, and the next ones more while a transaction holds its locks for less than
-``RETENTION_BATCH_TIME`` seconds, fewer when one took longer (a loaded machine, a slow disk),
-``RETENTION_BATCH`` messages at most. Each takes only the conversation rows no one holds
+``RETENTION_PAUSE`` seconds apart, so that a visitor's turn never waits long behind it. On SQLite,
+where a transaction takes the database's one write lock, each is boxed by its time, not by a
+number of rows (``BatchSize``): the first deletes a few messages, and the next ones more while a
+transaction holds its locks for less than ``RETENTION_BATCH_TIME`` seconds, fewer when one took
+longer (a loaded machine, a slow disk), ``RETENTION_BATCH`` messages at most; with row locks
+(PostgreSQL), each deletes ``RETENTION_BATCH`` messages. Each takes only the conversation rows no one holds
 (``skip_locked``, on PostgreSQL), and checks again that each is still due (no new message, no
 turn in flight, not held by staff). Its SQL is built before it begins, so that it holds its
 locks (on SQLite, the database's only write lock) for the database's work alone. Before
@@ -110,20 +111,21 @@ class BatchSize:
     """How many messages the purge's next transaction deletes: it starts at ``START`` (or
     ``maximum``, if smaller) and follows how long each transaction held its locks (``took``), so
     that one lasts about ``target`` seconds: twice as many at most after one that was quick, a
-    quarter as many at least after one that was slow, between 1 and ``maximum``.
+    quarter as many at least after one that was slow, between 1 and ``maximum``. Without a
+    ``target``, always ``maximum``.
 
     Why time and not rows: what a batch of rows costs depends on the machine's load and disk, and
     on SQLite every visitor's write waits for the whole of it (the database's one write lock)."""
 
     START = 10
 
-    def __init__(self, maximum, target):
+    def __init__(self, maximum, target=None):
         self.maximum, self.target = maximum, target
-        self.size = max(1, min(maximum, self.START))
+        self.size = max(1, maximum if target is None else min(maximum, self.START))
 
     def took(self, seconds, messages):
         """Note that a transaction deleting ``messages`` held its locks ``seconds``; returns the next size."""
-        if messages:
+        if messages and self.target is not None:
             factor = min(2.0, max(0.25, self.target / max(seconds, 1e-6)))
             self.size = max(1, min(self.maximum, int(messages * factor)))
         return self.size
@@ -143,7 +145,12 @@ def purge(*, now=None, batch=None, batch_time=None, pause=None, keep_totals=None
     problems = timing_problems(batch, batch_time, pause)
     if problems:
         raise ValueError("; ".join(problems))
-    result, plan, sizes = Purge(), deletion_plan(), BatchSize(batch, batch_time)
+    # Boxed by time where a transaction locks the whole database for writing (SQLite), so that
+    # every visitor's write waits for it. With row locks (PostgreSQL) a visitor's write waits only
+    # for a conversation it holds, which the batch leaves (SKIP LOCKED), and there batches of 10
+    # messages (where a commit's flush took the 10 ms) made a purge six times as long for nothing.
+    sizes = BatchSize(batch, batch_time if connection.vendor == "sqlite" else None)
+    result, plan = Purge(), deletion_plan()
     for policy in policies():
         candidates = list(due(policy, now).annotate(size=Count("messages")).values_list("pk", "size"))
         if dry_run:
