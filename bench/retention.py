@@ -16,12 +16,14 @@ and a message inserted; on SQLite the transaction begins ``IMMEDIATE`` (the demo
 its time includes any wait for the database's one write lock. The messages of every purge are
 written first, not yet old; then, for each code of ``--codes`` in turn, its messages are made old
 (not measured), ``--baseline`` seconds go without a purge, then
-the purge runs (a process of its own, as cron runs it, with the site's ``RETENTION_BATCH`` and
-``RETENTION_PAUSE``) while the visitors and the probe go on. ``after`` is
-``manage.py purge_conversations``' code; ``before`` is the same purge with the batch of the code
-before it (kept here only to compare): each transaction's statements built by the ORM while it
-is open, its totals read and written through the ORM. A write that waited on a lock the purge
-held is slower than the baseline's by that wait; the machine's load (printed) slows all of them.
+the purge runs (a process of its own, as cron runs it, with the site's ``RETENTION_BATCH``,
+``RETENTION_BATCH_TIME`` and ``RETENTION_PAUSE``) while the visitors and the probe go on.
+``after`` is ``manage.py purge_conversations``' code: each transaction boxed by its time;
+``before`` is the same purge with the batches of the code before it, kept here only to compare:
+always 100 messages (``RETENTION_BATCH``'s default then), however long a transaction took. A write
+that waited on a lock the purge held is slower than the baseline's by that wait; the machine's
+load (printed) slows all of them, so the last table sets each purge's writes that waited over
+50 ms beside those of the baseline just before it, per thousand writes.
 """
 
 import argparse
@@ -81,64 +83,35 @@ def age(prefix="old-"):
     Message.objects.filter(conversation__owner_token__startswith=prefix).update(created_at=old)
 
 
-def delete_batch_before(policy, now, chunk, keep_totals, plan, result, compiled=None):
-    """The batch of the purge's code before this one (``plan`` and ``compiled`` unused): its statements built, and
-    its totals read and added, through the ORM inside the transaction. Returns the seconds it held it."""
-    from django.db import connection, transaction
-    from django.db.models import Count, F, Q, Sum
-    from django.db.models.functions import TruncDate
+class FixedBatches:
+    """The purge's batches before they were boxed by time: always ``BEFORE_BATCH`` messages (the
+    default ``RETENTION_BATCH`` then), whatever a transaction took."""
 
-    from conversations.engine.retention import due
-    from conversations.models import CallRecord, Conversation, Message, RetainedTotal, Turn
+    def __init__(self, maximum, target):
+        self.size = BEFORE_BATCH
 
-    began = time.monotonic()
-    with transaction.atomic():
-        rows = due(policy, now).filter(pk__in=chunk)
-        if connection.features.has_select_for_update_skip_locked:
-            rows = Conversation.objects.filter(pk__in=list(rows.values_list("pk", flat=True))).select_for_update(
-                skip_locked=True)
-        ids = list(rows.values_list("pk", flat=True))
-        if not ids:
-            return time.monotonic() - began
-        turns = Turn.objects.filter(conversation_id__in=ids)
-        if keep_totals:
-            groups = (turns.filter(enqueued_at__isnull=False).annotate(day=TruncDate("enqueued_at"))
-                      .values("day", "assistant_id").order_by()
-                      .annotate(turns=Count("pk"), up=Count("pk", filter=Q(rating=Turn.Rating.UP)),
-                                down=Count("pk", filter=Q(rating=Turn.Rating.DOWN)), input=Sum("input_tokens"),
-                                output=Sum("output_tokens"), cost=Sum("cost")))
-            for group in groups:
-                total = (RetainedTotal.objects.select_for_update()
-                         .filter(day=group["day"], assistant_id=group["assistant_id"]).first())
-                if total is None:
-                    total = RetainedTotal.objects.create(day=group["day"], assistant_id=group["assistant_id"])
-                RetainedTotal.objects.filter(pk=total.pk).update(
-                    turns=F("turns") + group["turns"], rated_up=F("rated_up") + group["up"],
-                    rated_down=F("rated_down") + group["down"],
-                    input_tokens=F("input_tokens") + (group["input"] or 0),
-                    output_tokens=F("output_tokens") + (group["output"] or 0), cost=F("cost") + (group["cost"] or 0))
-        result.add("ratings", turns.exclude(rating="").count())
-        for kind, rows in (("calls", CallRecord.objects.filter(turn__conversation_id__in=ids)),
-                           ("messages", Message.objects.filter(conversation_id__in=ids)),
-                           ("turns", turns), ("conversations", Conversation.objects.filter(pk__in=ids))):
-            result.add(kind, rows._raw_delete(rows.db))
-    return time.monotonic() - began
+    def took(self, seconds, messages):
+        return self.size
+
+
+BEFORE_BATCH = 100
 
 
 def run_purge(code):
     """``python -m bench.retention --purge before|after``, in the stack's environment: one purge
-    as ``purge_conversations`` runs it, with ``code``'s batch; prints what it did as JSON."""
+    as ``purge_conversations`` runs it, with ``code``'s batches; prints what it did as JSON."""
     import django
 
     django.setup()
     from conversations.engine import retention
 
     if code == "before":
-        retention._delete_batch = delete_batch_before
+        retention.BatchSize = FixedBatches
     done = retention.purge()
-    held = done.held or [0.0]
+    held, sizes = done.held or [0.0], done.sizes or [0]
     print(json.dumps({"counts": done.counts, "batches": done.batches, "held_median": median(held),
-                      "held_p99": percentile(held, 0.99), "held_max": max(held)}))
+                      "held_p99": percentile(held, 0.99), "held_max": max(held), "size_median": median(sizes),
+                      "size_min": min(sizes), "size_max": max(sizes)}))
 
 
 class Probe:
@@ -289,13 +262,16 @@ def main():
         probe.stop.set()
         probe.thread.join(10)
 
+        cfg = get_config()
         print(f"{machine()}; {stack.database_label}; {args.messages} old messages per purge; "
-              f"RETENTION_BATCH {get_config()['RETENTION_BATCH']}, RETENTION_PAUSE {get_config()['RETENTION_PAUSE']}")
+              f"RETENTION_BATCH {cfg['RETENTION_BATCH']} (before: always {BEFORE_BATCH}), RETENTION_BATCH_TIME "
+              f"{cfg['RETENTION_BATCH_TIME']}, RETENTION_PAUSE {cfg['RETENTION_PAUSE']}")
         table(["code", "seeded (s)", "1-min load at start → end", "deleted", "transactions", "wall time (s)",
-               "held: median / p99 / max (ms)", "old messages left"],
+               "messages per transaction: median (min–max)", "held: median / p99 / max (ms)", "old messages left"],
               [[code, f"{seeded:.0f}", f"{start:.2f} → {end:.2f}",
                 f"{done['counts'].get('messages', 0)} messages, {done['counts'].get('conversations', 0)} conv.",
                 done["batches"], f"{took:.1f}",
+                f"{done['size_median']:.0f} ({done['size_min']}–{done['size_max']})",
                 f"{ms(done['held_median'])} / {ms(done['held_p99'])} / {ms(done['held_max'])}", left]
                for code, seeded, start, end, took, done, left in purges])
         rows = []
@@ -315,6 +291,19 @@ def main():
                          ms(max(turns) if turns else float("nan"))])
         table(["phase", "request", "n", "median (ms)", "p99 (ms)", "max (ms)"], rows)
 
+        # What each purge adds to the waits the visitors' own turns cause: its phase against the
+        # baseline just before it, the probe's lock (its clock) and the writes the database gave up.
+        summary = []
+        for code in codes:
+            cells = [code]
+            for phase in (f"without a purge (before {code})", f"purge: {code}"):
+                waits = [seconds for p, seconds in probe.waits if p == phase]
+                over, writes = probe.over.count(phase), len(waits) + probe.over.count(phase)
+                cells += [f"{ms(percentile(waits, 0.99))} / {ms(max(waits) if waits else float('nan'))}",
+                          f"{over} of {writes} ({1000 * over / max(writes, 1):.1f}‰)"]
+            summary.append(cells)
+        table(["code", "without a purge: lock p99 / max (ms)", "without: waited > 50 ms",
+               "purge: lock p99 / max (ms)", "purge: waited > 50 ms"], summary)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -20,6 +20,7 @@ from .conf import get_config, unknown_keys
 from .infra.network import describe_redis_error, redis_endpoint
 from .core.rules import clock_errors, rate_is_on, reserve_errors
 from .engine.handoff import staff_name_problem
+from .engine.retention import timing_problems
 from .engine.worker import ConcurrentWorker, Worker
 from .providers import get_provider_class
 from .endpoints import (calls_url, credential_parts, credential_shape_problem, is_embed_origin, origin, origin_pattern,
@@ -411,13 +412,17 @@ def _check_privacy(cfg):
     problems_found = redaction_problems(cfg["REDACT"], cfg["REDACT_PATTERNS"])
     if cfg["RETENTION_FROM"] not in ("created", "last_message"):
         problems_found.append(f"RETENTION_FROM is {cfg['RETENTION_FROM']!r}, not \"created\" or \"last_message\"")
-    for key in ("RETENTION_DAYS", "RETENTION_BATCH"):
-        if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < (0 if key == "RETENTION_DAYS" else 1):
-            problems_found.append(f"{key} is {cfg[key]!r}, not a whole number of at least "
-                                  f"{0 if key == 'RETENTION_DAYS' else 1}")
-    return [Error(f"{problem}.", hint='For example "REDACT": ["card", "email"], "REDACT_PATTERNS": [r"ORD-\\d+"], '
-                  '"RETENTION_DAYS": 90, "RETENTION_FROM": "last_message", "RETENTION_BATCH": 100.',
-                  id="conversations.E085") for problem in problems_found]
+    days = cfg["RETENTION_DAYS"]
+    if isinstance(days, bool) or not isinstance(days, int) or days < 0:
+        problems_found.append(f"RETENTION_DAYS is {days!r}, not a whole number of at least 0")
+    errors = [Error(f"{problem}.", hint='For example "REDACT": ["card", "email"], "REDACT_PATTERNS": [r"ORD-\\d+"], '
+                    '"RETENTION_DAYS": 90, "RETENTION_FROM": "last_message".',
+                    id="conversations.E085") for problem in problems_found]
+    return errors + [Error(f"{problem}.", hint='The defaults: "RETENTION_BATCH": 500 (messages per transaction at '
+                           'most), "RETENTION_BATCH_TIME": 0.01 (seconds a transaction aims at), '
+                           '"RETENTION_PAUSE": 0.2 (seconds between two).', id="conversations.E086")
+                     for problem in timing_problems(cfg["RETENTION_BATCH"], cfg["RETENTION_BATCH_TIME"],
+                                                    cfg["RETENTION_PAUSE"])]
 
 
 def _check_handoff(cfg):

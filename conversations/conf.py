@@ -218,10 +218,13 @@ DEFAULTS = {
     # Before deleting, add the purged turns' ratings and costs to anonymous daily totals
     # (RetainedTotal: per day and assistant, no conversation, owner or text).
     "RETENTION_KEEP_TOTALS": True,
-    # Messages deleted per transaction by the purge, and seconds it pauses between two batches, so
-    # that a visitor's turn never waits long behind it for a lock (SQLite's busy handler retries a
-    # waiting writer after up to 100 ms: a shorter pause can let the next batch go first again).
-    "RETENTION_BATCH": 100,
+    # The purge deletes in short transactions, so that a visitor's turn never waits long behind it
+    # for a lock: each aims to hold its locks RETENTION_BATCH_TIME seconds (its size follows how
+    # long the ones before took), deletes RETENTION_BATCH messages at most, and the next begins
+    # RETENTION_PAUSE seconds later (SQLite's busy handler retries a waiting writer after up to
+    # 100 ms: a shorter pause can let the next batch go first again).
+    "RETENTION_BATCH": 500,
+    "RETENTION_BATCH_TIME": 0.01,
     "RETENTION_PAUSE": 0.2,
     # Show visitors, under the widget, how long their chat is kept (RETENTION_DAYS, or the assistant's).
     "WIDGET_RETENTION_NOTE": False,

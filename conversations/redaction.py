@@ -1,6 +1,6 @@
 """The one rule for keeping API keys out of what the operator reads, and the one for keeping
 what a site must not store (card numbers, e-mail addresses, phone numbers, its own patterns) out
-of what it stores (``scrub_text``, below).
+of what it stores (``scrubber``, below).
 
 Every key the site knows (its ``API_KEY``, its ``FALLBACKS`` keys, each of its ``CREDENTIALS``)
 and the key of the call at hand are hidden wherever they appear, with the same marker. Text
@@ -12,6 +12,7 @@ arguments) keeps its words and loses only the known keys (``hide_keys``).
 
 import contextlib
 import contextvars
+import functools
 import re
 from collections.abc import Mapping
 
@@ -173,35 +174,56 @@ def redaction_problems(kinds, patterns):
     return problems
 
 
+class Scrubber:
+    """What ``cfg`` (a turn's configuration: ``REDACT``, ``REDACT_PATTERNS``) says must not be
+    stored, replaced in text (``text``), JSON-like values (``value``) and a growing answer
+    (``growing``). The site's rules are built once, at the first text that needs them: a turn
+    builds one ``scrubber`` and scrubs every streamed piece of its answer with it."""
+
+    def __init__(self, cfg):
+        self.kinds, self.patterns = tuple(cfg["REDACT"]), cfg["REDACT_PATTERNS"]
+        self.on = bool(self.kinds or self.patterns)
+
+    @functools.cached_property
+    def rules(self):
+        return [_site_rule(entry) for entry in self.patterns]
+
+    def text(self, text):
+        """``text`` with what must not be stored replaced; ``text`` itself when nothing is to be."""
+        if not text or not isinstance(text, str) or not self.on:
+            return text
+        return scrub(text, self.kinds, _markers(), self.rules)[0]
+
+    def value(self, value):
+        """``value`` (text, or JSON-like lists and dicts of it: tool call arguments) scrubbed as
+        ``text`` scrubs text."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, list):
+            return [self.value(item) for item in value]
+        if isinstance(value, dict):
+            return {key: self.value(item) for key, item in value.items()}
+        return value
+
+    def growing(self, text):
+        """A streamed answer so far, scrubbed as ``text`` does, without its unfinished end (a
+        number or address still being written would not be found yet)."""
+        if not text or not self.on:
+            return text
+        return _UNFINISHED.sub("", self.text(text))
+
+
+def scrubber(cfg):
+    """A ``Scrubber`` for ``cfg``: build one per turn (or per message) and use it for all its text."""
+    return Scrubber(cfg)
+
+
 def scrub_text(text, cfg):
-    """``text`` with what ``cfg`` (a turn's configuration: ``REDACT``, ``REDACT_PATTERNS``) says
-    must not be stored replaced; ``text`` itself when nothing is to be redacted."""
-    kinds, patterns = tuple(cfg["REDACT"]), cfg["REDACT_PATTERNS"]
-    if not text or not isinstance(text, str) or not (kinds or patterns):
-        return text
-    return scrub(text, kinds, _markers(), [_site_rule(entry) for entry in patterns])[0]
-
-
-def scrub_value(value, cfg):
-    """``value`` (text, or JSON-like lists and dicts of it: tool call arguments) scrubbed as
-    ``scrub_text`` scrubs text."""
-    if isinstance(value, str):
-        return scrub_text(value, cfg)
-    if isinstance(value, list):
-        return [scrub_value(item, cfg) for item in value]
-    if isinstance(value, dict):
-        return {key: scrub_value(item, cfg) for key, item in value.items()}
-    return value
+    """``text`` with what ``cfg`` says must not be stored replaced (``Scrubber.text``); for one
+    text: a turn scrubbing many keeps a ``scrubber``."""
+    return scrubber(cfg).text(text)
 
 
 # The end of a growing answer that may be the start of a card number, phone number or e-mail
 # address still being written: held back until the next words show what it is.
 _UNFINISHED = re.compile(r"(?:\+?\d[\d .()\-/]*|\S*@\S*)$")
-
-
-def scrub_growing(text, cfg):
-    """A streamed answer so far, scrubbed as ``scrub_text`` does, without its unfinished end
-    (a number or address still being written would not be found yet)."""
-    if not text or not (cfg["REDACT"] or cfg["REDACT_PATTERNS"]):
-        return text
-    return _UNFINISHED.sub("", scrub_text(text, cfg))

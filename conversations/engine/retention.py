@@ -2,9 +2,13 @@
 last message (``RETENTION_FROM``; an assistant's own values for its conversations), by
 ``manage.py purge_conversations`` (cron, docs/privacy.md).
 
-The purge finds what is due in one read, then deletes it in short transactions of about
-``RETENTION_BATCH`` messages each, ``RETENTION_PAUSE`` seconds apart, so that a visitor's turn
-never waits long behind it: each transaction takes only the conversation rows no one holds
+The purge finds what is due in one read, then deletes it in short transactions,
+``RETENTION_PAUSE`` seconds apart, so that a visitor's turn never waits long behind it. On SQLite,
+where a transaction takes the database's one write lock, each is boxed by its time, not by a
+number of rows (``BatchSize``): the first deletes a few messages, and the next ones more while a
+transaction holds its locks for less than ``RETENTION_BATCH_TIME`` seconds, fewer when one took
+longer (a loaded machine, a slow disk), ``RETENTION_BATCH`` messages at most; with row locks
+(PostgreSQL), each deletes ``RETENTION_BATCH`` messages. Each takes only the conversation rows no one holds
 (``skip_locked``, on PostgreSQL), and checks again that each is still due (no new message, no
 turn in flight, not held by staff). Its SQL is built before it begins, so that it holds its
 locks (on SQLite, the database's only write lock) for the database's work alone. Before
@@ -70,12 +74,13 @@ def due(policy, now):
 
 @dataclasses.dataclass
 class Purge:
-    """What one run did: counts per kind, the batches, and how long each transaction held its lock
-    (seconds, ``held``; the longest is ``longest``)."""
+    """What one run did: counts per kind, the batches, how long each transaction held its locks
+    (seconds, ``held``; the longest is ``longest``) and how many messages it was given (``sizes``)."""
 
     counts: dict = dataclasses.field(default_factory=dict)
     batches: int = 0
     held: list = dataclasses.field(default_factory=list)
+    sizes: list = dataclasses.field(default_factory=list)
 
     @property
     def longest(self):
@@ -85,14 +90,66 @@ class Purge:
         self.counts[kind] = self.counts.get(kind, 0) + number
 
 
-def purge(*, now=None, batch=None, pause=None, keep_totals=None, dry_run=False):
-    """Delete every conversation that is due (see the module); returns a ``Purge``. With
-    ``dry_run``, nothing is deleted and the counts say what would be."""
+def timing_problems(batch, batch_time, pause, names=("RETENTION_BATCH", "RETENTION_BATCH_TIME", "RETENTION_PAUSE")):
+    """Why a purge's ``batch`` (messages at most per transaction), ``batch_time`` (the seconds a
+    transaction aims at) or ``pause`` (seconds between two) cannot work, each named as ``names``
+    say: a list of sentences (the system check's ``conversations.E086``, the command's errors)."""
+    problems = []
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        problems.append(f"{names[0]} is {batch!r}, not a whole number of messages of at least 1")
+    for name, value, lowest, highest in ((names[1], batch_time, None, 1), (names[2], pause, 0, 60)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            problems.append(f"{name} is {value!r}, not a number of seconds")
+        elif lowest is None and not 0 < value <= highest:
+            problems.append(f"{name} is {value!r} seconds, not more than 0 and at most {highest}")
+        elif lowest is not None and not lowest <= value <= highest:
+            problems.append(f"{name} is {value!r} seconds, not from {lowest} to {highest}")
+    return problems
+
+
+class BatchSize:
+    """How many messages the purge's next transaction deletes: it starts at ``START`` (or
+    ``maximum``, if smaller) and follows how long each transaction held its locks (``took``), so
+    that one lasts about ``target`` seconds: twice as many at most after one that was quick, a
+    quarter as many at least after one that was slow, between 1 and ``maximum``. Without a
+    ``target``, always ``maximum``.
+
+    Why time and not rows: what a batch of rows costs depends on the machine's load and disk, and
+    on SQLite every visitor's write waits for the whole of it (the database's one write lock)."""
+
+    START = 10
+
+    def __init__(self, maximum, target=None):
+        self.maximum, self.target = maximum, target
+        self.size = max(1, maximum if target is None else min(maximum, self.START))
+
+    def took(self, seconds, messages):
+        """Note that a transaction deleting ``messages`` held its locks ``seconds``; returns the next size."""
+        if messages and self.target is not None:
+            factor = min(2.0, max(0.25, self.target / max(seconds, 1e-6)))
+            self.size = max(1, min(self.maximum, int(messages * factor)))
+        return self.size
+
+
+def purge(*, now=None, batch=None, batch_time=None, pause=None, keep_totals=None, dry_run=False):
+    """Delete every conversation that is due (see the module); returns a ``Purge``. ``batch``
+    (messages per transaction at most), ``batch_time`` (the seconds a transaction aims at) and
+    ``pause`` default to the site's settings. With ``dry_run``, nothing is deleted and the counts
+    say what would be."""
     cfg = get_config()
     now = now or timezone.now()
     batch = cfg["RETENTION_BATCH"] if batch is None else batch
+    batch_time = cfg["RETENTION_BATCH_TIME"] if batch_time is None else batch_time
     pause = cfg["RETENTION_PAUSE"] if pause is None else pause
     keep_totals = cfg["RETENTION_KEEP_TOTALS"] if keep_totals is None else keep_totals
+    problems = timing_problems(batch, batch_time, pause)
+    if problems:
+        raise ValueError("; ".join(problems))
+    # Boxed by time where a transaction locks the whole database for writing (SQLite), so that
+    # every visitor's write waits for it. With row locks (PostgreSQL) a visitor's write waits only
+    # for a conversation it holds, which the batch leaves (SKIP LOCKED), and there batches of 10
+    # messages (where a commit's flush took the 10 ms) made a purge six times as long for nothing.
+    sizes = BatchSize(batch, batch_time if connection.vendor == "sqlite" else None)
     result, plan = Purge(), deletion_plan()
     for policy in policies():
         candidates = list(due(policy, now).annotate(size=Count("messages")).values_list("pk", "size"))
@@ -100,32 +157,35 @@ def purge(*, now=None, batch=None, pause=None, keep_totals=None, dry_run=False):
             result.add("conversations", len(candidates))
             result.add("messages", sum(size for _pk, size in candidates))
             continue
-        for chunk in _chunks(candidates, batch):
+        for chunk, messages in _chunks(candidates, sizes):
             # Built before the pause: on a busy machine a process just woken gets a core at once,
             # and should spend it holding the lock, not building SQL.
             compiled = _compile(policy, now, chunk, plan)
             if result.batches:
                 time.sleep(pause)
-            result.held.append(_delete_batch(policy, now, chunk, keep_totals, plan, result, compiled))
+            held = _delete_batch(policy, now, chunk, keep_totals, plan, result, compiled)
+            result.held.append(held)
+            result.sizes.append(messages)
             result.batches += 1
+            sizes.took(held, messages)
     if result.counts.get("conversations") and not dry_run:
         Erasure.objects.create(kind=Erasure.Kind.RETENTION, counts=result.counts)
         logger.info("Retention deleted %s", ", ".join(f"{n} {k}" for k, n in sorted(result.counts.items())))
     return result
 
 
-def _chunks(candidates, batch):
-    """``candidates`` ((pk, messages)) in chunks of about ``batch`` messages (a bigger
-    conversation goes alone)."""
+def _chunks(candidates, sizes):
+    """``candidates`` ((pk, messages)) in chunks of about ``sizes.size`` messages, read as each
+    chunk is cut (a bigger conversation goes alone): (pks, messages) each."""
     chunk, size = [], 0
     for pk, messages in candidates:
-        if chunk and size + messages > batch:
-            yield chunk
+        if chunk and size + messages > sizes.size:
+            yield chunk, size
             chunk, size = [], 0
         chunk.append(pk)
         size += messages
     if chunk:
-        yield chunk
+        yield chunk, size
 
 
 # What each deleted model counts as in a purge's counts (and its audit entry).
@@ -167,38 +227,43 @@ def deletion_plan():
 
 def _delete_batch(policy, now, chunk, keep_totals, plan, result, compiled=None):
     """Delete the conversations of ``chunk`` still due, in one transaction; returns how long it
-    held it (seconds). Every statement is compiled (``_compile``; ``compiled`` if given) before
-    the transaction begins, so that it holds the write lock (the database's only one, on SQLite)
-    for the database's work alone."""
+    held its locks (seconds): from the moment it had begun (on SQLite in ``IMMEDIATE`` mode, once
+    it holds the write lock) to the end of its commit. Every statement is compiled (``_compile``;
+    ``compiled`` if given) before the transaction begins, so that it holds the write lock (the
+    database's only one, on SQLite) for the database's work alone."""
     pk = Conversation._meta.pk
+    held = 0.0
     while chunk:
         recheck, totals, deletes = compiled or _compile(policy, now, chunk, plan)
         compiled = None
-        began = time.monotonic()
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(*recheck)
-            still = {pk.to_python(row[0]) for row in cursor.fetchall()}
-            if still == set(chunk):
-                cursor.execute(*totals)
-                groups = cursor.fetchall()
-                if keep_totals:
-                    _add_totals(cursor, groups)
-                result.add("ratings", sum(group[-1] for group in groups))
-                if deletes is None:
-                    for model, number in Conversation.objects.filter(pk__in=chunk).delete()[1].items():
-                        kind = KINDS.get(apps.get_model(model))
-                        if kind:
-                            result.add(kind, number)
-                else:
-                    for model, sql, params in deletes:
-                        cursor.execute(sql, params)
-                        if model in KINDS and sql.startswith("DELETE"):
-                            result.add(KINDS[model], cursor.rowcount)
-                return time.monotonic() - began
+        with transaction.atomic():
+            began = time.monotonic()
+            with connection.cursor() as cursor:
+                cursor.execute(*recheck)
+                still = {pk.to_python(row[0]) for row in cursor.fetchall()}
+                if still == set(chunk):
+                    cursor.execute(*totals)
+                    groups = cursor.fetchall()
+                    if keep_totals:
+                        _add_totals(cursor, groups)
+                    result.add("ratings", sum(group[-1] for group in groups))
+                    if deletes is None:
+                        for model, number in Conversation.objects.filter(pk__in=chunk).delete()[1].items():
+                            kind = KINDS.get(apps.get_model(model))
+                            if kind:
+                                result.add(kind, number)
+                    else:
+                        for model, sql, params in deletes:
+                            cursor.execute(sql, params)
+                            if model in KINDS and sql.startswith("DELETE"):
+                                result.add(KINDS[model], cursor.rowcount)
+        held = time.monotonic() - began  # its commit included: the locks are held until it ends
+        if still == set(chunk):
+            return held
         # Some changed since they were read (a new message, a turn started, or, on PostgreSQL,
         # a visitor's request holds the row): the rest goes on its own, those wait for the next run.
         chunk = [key for key in chunk if key in still]
-    return 0.0
+    return held
 
 
 def _compile(policy, now, chunk, plan):

@@ -34,7 +34,7 @@ from ..core.sentences import (
 from ..providers.chain import build_provider
 from ..infra.http import CallCancelled, ensure_call_budget
 from ..models import CallRecord, Message, Turn
-from ..redaction import scrub_growing, scrub_text, scrub_value
+from ..redaction import scrubber
 from ..providers import ProviderError, call_complete
 from ..core.history import chat_message, message_size, trim_history, unfinished_step
 from ..tools import ToolContext, arguments_hash, interrupted_result, load_tools, run_tool, too_many_calls_message
@@ -72,6 +72,7 @@ class TurnRunner:
         self.clock = clock
         self.budget = clock.budget
         self.config = config
+        self.scrub = scrubber(config)  # the site's rules built once for all the turn's text (REDACT)
         if publisher is not None:
             self.publisher = self.stream_publisher = publisher
         self.tools = load_tools(config["TOOLS"]) if tools is None else tools
@@ -175,9 +176,9 @@ class TurnRunner:
         its tool calls' arguments; the model and the tools had the originals."""
         fields = dict(fields)
         if "content" in fields:
-            fields["content"] = scrub_text(fields["content"], self.config)
+            fields["content"] = self.scrub.text(fields["content"])
         if fields.get("tool_calls"):
-            fields["tool_calls"] = [{**call, "arguments": scrub_value(call.get("arguments"), self.config)}
+            fields["tool_calls"] = [{**call, "arguments": self.scrub.value(call.get("arguments"))}
                                     for call in fields["tool_calls"]]
         return fields
 
@@ -228,7 +229,7 @@ class TurnRunner:
             self.note_first_word()
         data = state.state_from_db(self.turn, self.rows)
         data["messages"].append({"id": None, "role": Message.Role.ASSISTANT,
-                                 "content": scrub_growing("".join(self.streamed), self.config), "streaming": True})
+                                 "content": self.scrub.growing("".join(self.streamed)), "streaming": True})
         try:
             self.stream_publisher(data)
         except (RedisError, OSError):
@@ -313,7 +314,7 @@ class TurnRunner:
         self.count_estimate("".join(self.streamed))
         return statements.insert(Message(conversation_id=self.turn.conversation_id, turn=self.turn,
                                          role=Message.Role.ASSISTANT,
-                                         content=scrub_text("".join(self.streamed), self.config)))
+                                         content=self.scrub.text("".join(self.streamed))))
 
     def cancelled(self):
         """Whether a call in flight must be shut (checked by its watchdog): on a Stop, or when the

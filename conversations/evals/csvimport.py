@@ -6,6 +6,7 @@ Columns: ``question`` (required), ``visitor`` (anonymous, signed_in or member), 
 that a misspelt check is not silently dropped."""
 
 import csv
+import io
 import json
 from decimal import Decimal, InvalidOperation
 
@@ -58,17 +59,25 @@ def question_from_row(number, row):
 
 def import_csv(test_set, text):
     """Add the questions of CSV ``text`` to ``test_set``, after its own; all or none. Returns how many."""
-    reader = csv.DictReader(text.splitlines())
-    unknown = sorted(set(reader.fieldnames or []) - set(COLUMNS))
-    if "question" not in (reader.fieldnames or []) or unknown:
-        raise ValidationError(_("The CSV's first row must name its columns, among: %(columns)s (unknown: "
-                                "%(unknown)s).") % {"columns": ", ".join(COLUMNS),
-                                                    "unknown": ", ".join(unknown) or "—"})
-    questions = []
-    for number, row in enumerate(reader, start=2):
-        if len(questions) >= MAX_ROWS:
-            raise ValidationError(_("At most %(limit)d questions at a time.") % {"limit": MAX_ROWS})
-        questions.append(question_from_row(number, row))
+    # The whole text to the reader, not its lines one by one: a quoted field may hold a line break
+    # (a question of two paragraphs). Its CRLF and CR become LF, in a field too, as a form's text does.
+    reader = csv.DictReader(io.StringIO(text, newline=None))
+    number = 0  # the last record read (the header is the first): the next one failed
+    try:
+        fieldnames, number = reader.fieldnames or [], 1
+        unknown = sorted(set(fieldnames) - set(COLUMNS))
+        if "question" not in fieldnames or unknown:
+            raise ValidationError(_("The CSV's first row must name its columns, among: %(columns)s (unknown: "
+                                    "%(unknown)s).") % {"columns": ", ".join(COLUMNS),
+                                                        "unknown": ", ".join(unknown) or "—"})
+        questions = []
+        for number, row in enumerate(reader, start=2):
+            if len(questions) >= MAX_ROWS:
+                raise ValidationError(_("At most %(limit)d questions at a time.") % {"limit": MAX_ROWS})
+            questions.append(question_from_row(number, row))
+    except csv.Error as exc:  # a field past the csv module's size limit, say
+        raise ValidationError(_("Row %(number)d: this is not CSV the importer can read (%(reason)s).")
+                              % {"number": number + 1, "reason": exc}) from None
     last = test_set.questions.order_by("-position").values_list("position", flat=True).first() or 0
     for offset, question in enumerate(questions, start=1):
         question.test_set = test_set

@@ -187,3 +187,27 @@ def test_a_sites_own_patterns_apply_after_the_kinds_in_each_of_their_forms(fake,
 
     assert Message.objects.filter(role="user").get().content == \
         "Order [removed] for [member], code [code], mail [e-mail address removed]"
+
+
+def test_a_streamed_answer_is_scrubbed_with_the_sites_rules_built_once_for_the_whole_turn(
+        fake, conversations_settings, monkeypatch):
+    """Every published piece of a growing answer is scrubbed; the site's rules are built once for
+    the turn (and once for the visitor's message), not again for each piece."""
+    from conversations import redaction
+
+    built, build = [], redaction._site_rule
+    monkeypatch.setattr(redaction, "_site_rule", lambda entry: built.append(entry) or build(entry))
+    conversations_settings.update(REDACT_PATTERNS=[r"\bORD-\d{6,}\b"])
+    fake.add(streaming(openai_stream("Your parcel ORD-123456 left this morning and will be with you soon. " * 4),
+                       interval=0.005))
+    client = make_client()
+    turn = start_turn(client, "Where is ORD-654321?")
+
+    with Poller(client, turn["poll_url"], interval=0.002) as poller:
+        run_worker("conversations.worker.ConcurrentWorker")  # in this process, so ``built`` sees its turn
+    final = poll_until_done(client, turn["poll_url"])
+
+    assert [m["content"] for m in final["messages"]] == [
+        "Where is [removed]?", "Your parcel [removed] left this morning and will be with you soon. " * 4]
+    assert len(poller.states) >= 3 and not [state for state in poller.states if "ORD-" in str(state)]
+    assert len(built) == 2  # the visitor's message, then the whole turn: its every piece and its answer

@@ -8,6 +8,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.utils import timezone
 
 from conversations.engine.retention import purge
@@ -180,3 +181,76 @@ def test_a_conversation_that_stops_being_due_after_the_purge_read_it_is_left_and
     assert left() == {busy} and Turn.objects.filter(conversation_id=busy).count() == 2
     assert done.counts == {"conversations": 1, "turns": 1, "messages": 2, "calls": 1, "ratings": 1}
     assert [(t.turns, t.rated_up, t.rated_down) for t in RetainedTotal.objects.all()] == [(1, 1, 0)]
+
+
+def test_a_purge_with_a_tiny_time_target_still_purges_everything_due_and_keeps_what_is_not(conversations_settings):
+    """Every transaction takes longer than a target of a microsecond: the batches shrink to one
+    conversation each, and the purge still goes through everything that is due, keeping the
+    totals of all of it, and leaves what is not due."""
+    conversations_settings.update(RETENTION_DAYS=30, RETENTION_FROM="last_message")
+    gone = {conversation(45, rating="up" if n % 3 == 0 else "") for n in range(12)}
+    kept = {conversation(45, 2), conversation(5), conversation(45, status="running")}
+
+    done = purge(now=NOW, batch_time=0.000001, pause=0)
+
+    assert left() == kept and not gone & left()
+    assert not Message.objects.filter(conversation_id__in=gone).exists()
+    assert done.counts == {"conversations": 12, "turns": 12, "messages": 24, "calls": 12, "ratings": 4}
+    if connection.vendor == "sqlite":  # 5 conversations first, then one (2 messages) each
+        assert done.batches == 8 and done.sizes == [10] + [2] * 7
+    else:  # row locks: no visitor waits for the batch, which is RETENTION_BATCH messages whatever it takes
+        assert done.batches == 1 and done.sizes == [24]
+    assert sum(total.turns for total in RetainedTotal.objects.all()) == 12
+
+
+def test_the_batches_grow_while_each_transaction_is_quick_and_never_past_retention_batch(conversations_settings):
+    """On SQLite, where the batch holds the database's one write lock; with row locks, each is
+    RETENTION_BATCH messages."""
+    conversations_settings.update(RETENTION_DAYS=30, RETENTION_BATCH=60)
+    for _ in range(80):
+        conversation(45)  # 2 messages each: 160 in all
+
+    done = purge(now=NOW, batch_time=1.0, pause=0)  # a second: every transaction is quick
+
+    assert done.sizes == ([10, 20, 40, 60, 30] if connection.vendor == "sqlite" else [60, 60, 40])
+    assert done.counts["messages"] == 160 and not left()
+
+
+def test_a_batch_size_follows_the_time_its_transaction_held_its_locks():
+    from conversations.engine.retention import BatchSize
+
+    sizes = BatchSize(maximum=500, target=0.01)
+    assert sizes.size == 10  # a few messages first
+    assert sizes.took(0.002, 10) == 20  # quick: twice as many at most
+    assert sizes.took(0.008, 20) == 25  # nearly the target: a little more
+    assert sizes.took(0.05, 25) == 6  # five times too long: a quarter as many, the most it shrinks at once
+    assert sizes.took(1.0, 6) == 1  # never less than one
+    assert BatchSize(maximum=3, target=0.01).size == 3
+    fixed = BatchSize(maximum=500)  # no target (row locks): always the maximum
+    assert fixed.size == 500 and fixed.took(1.0, 500) == 500
+
+
+def test_timing_settings_that_cannot_work_stop_the_check_with_a_sentence(conversations_settings):
+    from django.core.management.base import SystemCheckError
+
+    conversations_settings.update(RETENTION_BATCH=0, RETENTION_BATCH_TIME=0, RETENTION_PAUSE=-1)
+    with pytest.raises(SystemCheckError) as failed:
+        call_command("check")
+
+    report = str(failed.value)
+    assert report.count("conversations.E086") == 3
+    assert "RETENTION_BATCH is 0, not a whole number of messages of at least 1." in report
+    assert "RETENTION_BATCH_TIME is 0 seconds, not more than 0 and at most 1." in report
+    assert "RETENTION_PAUSE is -1 seconds, not from 0 to 60." in report
+
+
+def test_the_command_refuses_a_batch_time_or_pause_that_cannot_work_and_deletes_nothing(conversations_settings):
+    from django.core.management.base import CommandError
+
+    conversations_settings.update(RETENTION_DAYS=30)
+    conversation(45)
+    with pytest.raises(CommandError, match=r"^--batch-time is 0.0 seconds, not more than 0 and at most 1\.$"):
+        call_command("purge_conversations", "--batch-time", "0")
+    with pytest.raises(CommandError, match=r"^--batch is 0, .*; --pause is -1.0 seconds, not from 0 to 60\.$"):
+        call_command("purge_conversations", "--batch", "0", "--pause", "-1")
+    assert len(left()) == 1

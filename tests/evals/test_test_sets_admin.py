@@ -177,3 +177,32 @@ def test_the_run_page_sums_the_runs_cost_once(admin_client, conversations_settin
     summing = re.compile(r'SUM\([^)]*"cost"\)|"cost" IS NOT NULL')
     costs = [q["sql"] for q in queries.captured_queries if summing.search(q["sql"])]
     assert len(costs) == 1, costs
+
+
+@pytest.mark.django_db
+def test_a_csv_question_of_two_paragraphs_keeps_its_line_break_and_unreadable_csv_is_refused(admin_client):
+    """A spreadsheet's export: CRLF rows, and a quoted question holding a line break. A field the
+    csv module refuses (past its size limit) is a sentence on the page, nothing added."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from conversations.models import TestQuestion
+
+    test_set = make_set(make_assistant(), [])
+
+    def upload(body):
+        return admin_client.post(f"/admin/conversations/testset/{test_set.pk}/change/", {
+            "name": test_set.name, "assistant": test_set.assistant_id, "description": "",
+            "csv_file": SimpleUploadedFile("questions.csv", body.encode(), content_type="text/csv"),
+            "questions-TOTAL_FORMS": 0, "questions-INITIAL_FORMS": 0}, follow=True)
+
+    added = upload('question,must_contain\r\n"I bought a lamp 40 days ago.\r\nCan I still return it?",refund\r\n'
+                   f"{TIME},Tokyo\r\n")
+    assert "2 questions added from the CSV file." in added.content.decode()
+    assert list(TestQuestion.objects.order_by("position").values_list("question", "must_contain")) == [
+        ("I bought a lamp 40 days ago.\nCan I still return it?", ["refund"]), (TIME, ["Tokyo"])]
+
+    refused = upload(f'question\n{TIME}\n"{"x" * 200_000}"\n')
+    assert refused.status_code == 200
+    assert "Row 3: this is not CSV the importer can read (field larger than field limit (131072))." in \
+        refused.content.decode()
+    assert TestQuestion.objects.count() == 2
