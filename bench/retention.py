@@ -36,8 +36,6 @@ import threading
 import time
 import uuid
 
-import requests
-
 from bench.common import PYTHON, ROOT, Stack, machine, median, percentile, table, visitor
 
 OLD_DAYS = 60

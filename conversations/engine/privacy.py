@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from rq.job import Job
 
 from ..conf import get_config
-from ..infra import queue, state
+from ..infra import queue
 from ..models import Assistant, CallRecord, Conversation, Erasure, Message, Turn
 from ..owners import visitor_owner_token
 from . import lifecycle

@@ -20,7 +20,7 @@ kept as it is, never asked again of another provider.
 import logging
 
 from ..infra import telemetry
-from ..infra.breaker import CircuitBreaker, owner_key, provider_key
+from ..infra.breaker import CircuitBreaker, provider_key
 from ..core.budget import Budget, BudgetExhausted
 from ..endpoints import bind_settings_key, calls_url
 from ..infra.http import BudgetedHTTP

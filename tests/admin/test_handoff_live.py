@@ -6,7 +6,6 @@ reply box). The pages themselves in Chromium: tests/browser/test_admin_handoff.p
 import datetime
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 

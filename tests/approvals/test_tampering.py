@@ -12,7 +12,7 @@ from conversations.engine import lifecycle
 from conversations.models import CallRecord, ToolApproval, Turn
 from conversations.tools import arguments_hash
 from tests.support.fakes import openai_text, openai_tool_calls
-from tests.support.helpers import api_post, make_client, run_worker, start_turn
+from tests.support.helpers import api_post, make_client, run_worker
 
 from .conftest import waiting_turn
 from .tools import runs

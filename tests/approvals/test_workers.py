@@ -17,7 +17,7 @@ from rq.registry import StartedJobRegistry
 from conversations.engine import approvals
 from conversations.models import CallRecord, ToolApproval, Turn
 from tests.support.fakes import openai_text, openai_tool_calls
-from tests.support.helpers import api_post, make_client, poll_until_done, run_worker, start_turn
+from tests.support.helpers import make_client, poll_until_done, run_worker, start_turn
 
 from .conftest import answer, waiting_turn
 from .tools import runs

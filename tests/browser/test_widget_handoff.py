@@ -18,7 +18,7 @@ from playwright.sync_api import expect
 
 from conversations.models import Assistant, Conversation, Turn
 from tests.browser.pages import settled
-from tests.support.fakes import FakeProvider, openai_text, openai_tool_calls
+from tests.support.fakes import FakeProvider, openai_tool_calls
 from tests.support.helpers import ROOT, local_key
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -8,8 +8,6 @@ import datetime
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import django_rq
@@ -22,7 +20,7 @@ from conversations.models import CallRecord, Turn
 from conversations.tools import tool
 from tests.support.fake_stream import openai_stream, streaming
 from tests.support.fakes import FakeProvider, hang, openai_text, unavailable
-from tests.support.helpers import (CONCURRENT, FORKING, ROOT, api_post, make_client, poll_until_done, run_worker,
+from tests.support.helpers import (CONCURRENT, FORKING, api_post, make_client, poll_until_done, run_worker,
                                    start_turn, wait_for)
 
 otel = pytest.importorskip("tests.support.otel", reason="the otel extra is not installed")
