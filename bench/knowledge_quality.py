@@ -190,6 +190,14 @@ def main():
             server.wait(timeout=10)
 
 
+def floor_table(rows):
+    """A table of ``(floor, which questions, quality)`` rows."""
+    table(["floor", "questions", "right article first", "MRR", "answerable: nothing shown",
+           "unanswerable: something shown"],
+          [[name, which, f"{q['first']:.1%}", f"{q['mrr']:.3f}", f"{q['silent']:.1%}", f"{q['unanswered_hit']:.1%}"]
+           for name, which, q in rows])
+
+
 def measure(args, chosen):
     with Stack(database=args.database, conversations={"SEARCH_EMBEDDINGS": json.dumps(chosen)} if chosen else None) as stack:
         from django.db import connection
@@ -309,17 +317,11 @@ def measure(args, chosen):
     if shares:
         print("\nfloors relative to the question (a hit kept if its match is at least this share of the weights of all"
               " the question's words, or, with an absolute floor, at least that floor):\n")
-        table(["floor", "questions", "right article first", "MRR", "answerable: nothing shown",
-               "unanswerable: something shown"],
-              [[name, which, f"{q['first']:.1%}", f"{q['mrr']:.3f}", f"{q['silent']:.1%}", f"{q['unanswered_hit']:.1%}"]
-               for name, which, q in shares])
+        floor_table(shares)
     if alone_rows:
         print("\nby meaning alone (no words: the set's passages ordered by the cosine similarity of their vectors to the"
               " question's):\n")
-        table(["floor", "questions", "right article first", "MRR", "answerable: nothing shown",
-               "unanswerable: something shown"],
-              [[name, which, f"{q['first']:.1%}", f"{q['mrr']:.3f}", f"{q['silent']:.1%}", f"{q['unanswered_hit']:.1%}"]
-               for name, which, q in alone_rows])
+        floor_table(alone_rows)
     if wrong:
         print("\nnot first:\n" + "\n".join(wrong))
 

@@ -63,7 +63,23 @@ CLASSES = {"ConcurrentWorker": ("conversations.worker.ConcurrentWorker", "defaul
            "Worker": ("conversations.worker.Worker", "forking")}
 
 
-class Collector:
+class _Server:
+    """A server the bench starts in a session of its own (``process``), logging to ``log`` in its
+    own folder (``home``): stopped with its children, its folder removed."""
+
+    def __exit__(self, *exc):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+class Collector(_Server):
     """Rotel, an OpenTelemetry collector, on loopback: OTLP/HTTP in (``url``, for the app's
     ``OTEL_EXPORTER_OTLP_ENDPOINT``), batched, OTLP/HTTP out to ``forward_to``."""
 
@@ -113,19 +129,9 @@ class Collector:
         self.url = f"http://127.0.0.1:{port}"
         return self
 
-    def __exit__(self, *exc):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self.log.close()
-        shutil.rmtree(self.home, ignore_errors=True)
 
 
-class Phoenix:
+class Phoenix(_Server):
     """Arize Phoenix started on loopback with a store of its own: an OTLP/HTTP trace receiver
     (``traces_endpoint``) whose REST API lists the spans it stored (``spans``)."""
 
@@ -150,16 +156,6 @@ class Phoenix:
         self.version = requests.get(self.url + "/arize_phoenix_version", timeout=10).text.strip()
         return self
 
-    def __exit__(self, *exc):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self.log.close()
-        shutil.rmtree(self.home, ignore_errors=True)
 
     def spans(self):
         """Every span Phoenix stored for the soak's project, in the receiver's shape."""
