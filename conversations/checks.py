@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
-from .conf import get_config, unknown_keys
+from .conf import DEFAULTS, get_config, unknown_keys
 from .infra.network import describe_redis_error, redis_endpoint
 from .core.rules import clock_errors, rate_is_on, reserve_errors
 from .engine.handoff import staff_name_problem
@@ -418,9 +418,11 @@ def _check_privacy(cfg):
     errors = [Error(f"{problem}.", hint='For example "REDACT": ["card", "email"], "REDACT_PATTERNS": [r"ORD-\\d+"], '
                     '"RETENTION_DAYS": 90, "RETENTION_FROM": "last_message".',
                     id="conversations.E085") for problem in problems_found]
-    return errors + [Error(f"{problem}.", hint='The defaults: "RETENTION_BATCH": 500 (messages per transaction at '
-                           'most), "RETENTION_BATCH_TIME": 0.01 (seconds a transaction aims at), '
-                           '"RETENTION_PAUSE": 0.2 (seconds between two).', id="conversations.E086")
+    # the hint's values are conf.DEFAULTS' own, so that it cannot name defaults the app no longer has
+    hint = (f'The defaults: "RETENTION_BATCH": {DEFAULTS["RETENTION_BATCH"]} (messages per transaction at most), '
+            f'"RETENTION_BATCH_TIME": {DEFAULTS["RETENTION_BATCH_TIME"]} (seconds a transaction aims at), '
+            f'"RETENTION_PAUSE": {DEFAULTS["RETENTION_PAUSE"]} (seconds between two).')
+    return errors + [Error(f"{problem}.", hint=hint, id="conversations.E086")
                      for problem in timing_problems(cfg["RETENTION_BATCH"], cfg["RETENTION_BATCH_TIME"],
                                                     cfg["RETENTION_PAUSE"])]
 

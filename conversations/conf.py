@@ -219,10 +219,11 @@ DEFAULTS = {
     # (RetainedTotal: per day and assistant, no conversation, owner or text).
     "RETENTION_KEEP_TOTALS": True,
     # The purge deletes in short transactions, so that a visitor's turn never waits long behind it
-    # for a lock: each aims to hold its locks RETENTION_BATCH_TIME seconds (its size follows how
-    # long the ones before took), deletes RETENTION_BATCH messages at most, and the next begins
-    # RETENTION_PAUSE seconds later (SQLite's busy handler retries a waiting writer after up to
-    # 100 ms: a shorter pause can let the next batch go first again).
+    # for a lock: on SQLite each aims to hold its locks RETENTION_BATCH_TIME seconds (its size
+    # follows how long the ones before took) and deletes RETENTION_BATCH messages at most (on
+    # PostgreSQL, with row locks, RETENTION_BATCH each); the next begins RETENTION_PAUSE seconds
+    # later (SQLite's busy handler retries a waiting writer after up to 100 ms: a shorter pause can
+    # let the next batch go first again).
     "RETENTION_BATCH": 500,
     "RETENTION_BATCH_TIME": 0.01,
     "RETENTION_PAUSE": 0.2,
