@@ -29,7 +29,7 @@ from django.db.models import Model, Q, signals
 from ..models import Conversation, Message, Turn
 
 _SQL = {}  # (connection alias, kind, model, shape) -> the statement's text, built once
-_ACTIVE = sorted(Turn.ACTIVE_STATUSES)
+ACTIVE = sorted(Turn.ACTIVE_STATUSES)  # a turn's active statuses, in one order: one statement's text
 
 
 def _connection(model):
@@ -275,10 +275,10 @@ def transcript(conversation_id, turn_id):
         sql = _SQL[key] = (
             f"SELECT {_reader(connection, Message, 'T0')[0]} FROM {quote(message.db_table)} {m} "
             f"LEFT OUTER JOIN {quote(turn.db_table)} {t} ON {m}.{turn_column} = {t}.{quote(turn.pk.column)} "
-            f"WHERE ({m}.{turn_column} = %s OR NOT ({status} IN ({', '.join(['%s'] * len(_ACTIVE))}) "
+            f"WHERE ({m}.{turn_column} = %s OR NOT ({status} IN ({', '.join(['%s'] * len(ACTIVE))}) "
             f"AND {status} IS NOT NULL)) AND {m}.{quote(message.get_field('conversation').column)} = %s "
             f"ORDER BY {m}.{quote(message.pk.column)} ASC")
-    params = [turn.pk.get_db_prep_value(turn_id, connection), *_ACTIVE,
+    params = [turn.pk.get_db_prep_value(turn_id, connection), *ACTIVE,
               Conversation._meta.pk.get_db_prep_value(conversation_id, connection)]
     converters = _reader(connection, Message, "T0")[1]
     with connection.cursor() as cursor:
