@@ -14,10 +14,10 @@ What stays the ORM's: every table and column name comes from the models' ``_meta
 (``db_table``, each field's ``column``), so a swapped table name or a ``db_column`` still works;
 each value goes through its field's own ``pre_save`` (``auto_now_add``) and ``get_db_prep_save``
 (a UUID on SQLite, a JSON column, an aware datetime, a decimal, as each backend wants them), and
-each value read through the converters the ORM would apply; the
-connection is the one the database router names for writing the model, and the statements run on
-it inside the caller's transaction. An ``INSERT`` of a model that has ``pre_save`` or ``post_save``
-receivers (a site's own, the knowledge index of a registered model) is made by the ORM's ``save()``
+each value read through the converters the ORM would apply; the connection is the one the
+database router names for writing the model (for the two reads, for reading it, as the ORM's
+reads), and the statements run on it inside the caller's transaction. An ``INSERT`` of a model
+that has ``pre_save`` or ``post_save`` receivers (a site's own, the knowledge index of a registered model) is made by the ORM's ``save()``
 instead, so that they still hear of it (an ``UPDATE`` of a queryset sends no signal either way).
 Placeholders are ``%s`` and the SQL is portable (``RETURNING`` only where the backend says it can;
 elsewhere the driver's last row id), so PostgreSQL, SQLite and MySQL/MariaDB run the same text.
