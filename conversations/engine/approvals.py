@@ -138,17 +138,19 @@ def decide(turn, call_id, sha256, approve, *, user=None, staff=False):
         _refuse(turn, name, "a staff-only call approved by the visitor",
                 _("Only our staff can approve this action."))
     status = Status.APPROVED if approve else Status.DECLINED
+    decision = {"status": status, "decided_at": now, "decided_by": user if staff else None,
+                "decided_by_visitor": not staff}
     with transaction.atomic():
         won = ToolApproval.objects.filter(pk=approval.pk, status=Status.PENDING, expires_at__gt=now).update(
-            status=status, decided_at=now, decided_by=user if staff else None, decided_by_visitor=not staff)
+            **decision)
         if won:
             who = f"staff member {user.pk}" if staff else "the visitor"
             record(turn, name, Outcome.OK, f"{status} by {who}")
     if not won:  # another request decided it a moment ago
         _refuse(turn, name, "already decided (a concurrent request)",
                 _("This action was already decided; nothing more was done."))
-    approval.status, approval.decided_at, approval.decided_by_visitor = status, now, not staff
-    approval.decided_by = user if staff else None
+    for field, value in decision.items():
+        setattr(approval, field, value)
     if not ToolApproval.objects.filter(turn=turn, status=Status.PENDING).exists():
         continue_after(turn, approval)
     else:

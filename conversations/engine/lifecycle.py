@@ -225,14 +225,11 @@ def unended(turn_pk, *, job_id=None):
     return rows if job_id is None else rows.filter(job_id=job_id)
 
 
-_ACTIVE = sorted(Turn.ACTIVE_STATUSES)
-
-
 def update_unended(turn_pk, values, *, job_id):
     """``unended(turn_pk, job_id=job_id).update(**values)`` as one raw statement (``statements``):
     a running turn's own writes, after each round trip and at its end. Returns whether it matched
     (False: the turn ended, or another job runs it now; nothing was written)."""
-    return bool(statements.update(Turn, values, pk=turn_pk, status__in=_ACTIVE, job_id=job_id))
+    return bool(statements.update(Turn, values, pk=turn_pk, status__in=statements.ACTIVE, job_id=job_id))
 
 
 def finalize(turn, status, error, *, job_id=None):

@@ -14,10 +14,10 @@ What stays the ORM's: every table and column name comes from the models' ``_meta
 (``db_table``, each field's ``column``), so a swapped table name or a ``db_column`` still works;
 each value goes through its field's own ``pre_save`` (``auto_now_add``) and ``get_db_prep_save``
 (a UUID on SQLite, a JSON column, an aware datetime, a decimal, as each backend wants them), and
-each value read through the converters the ORM would apply; the
-connection is the one the database router names for writing the model, and the statements run on
-it inside the caller's transaction. An ``INSERT`` of a model that has ``pre_save`` or ``post_save``
-receivers (a site's own, the knowledge index of a registered model) is made by the ORM's ``save()``
+each value read through the converters the ORM would apply; the connection is the one the
+database router names for writing the model (for the two reads, for reading it, as the ORM's
+reads), and the statements run on it inside the caller's transaction. An ``INSERT`` of a model
+that has ``pre_save`` or ``post_save`` receivers (a site's own, the knowledge index of a registered model) is made by the ORM's ``save()``
 instead, so that they still hear of it (an ``UPDATE`` of a queryset sends no signal either way).
 Placeholders are ``%s`` and the SQL is portable (``RETURNING`` only where the backend says it can;
 elsewhere the driver's last row id), so PostgreSQL, SQLite and MySQL/MariaDB run the same text.
@@ -29,7 +29,7 @@ from django.db.models import Model, Q, signals
 from ..models import Conversation, Message, Turn
 
 _SQL = {}  # (connection alias, kind, model, shape) -> the statement's text, built once
-_ACTIVE = sorted(Turn.ACTIVE_STATUSES)
+ACTIVE = sorted(Turn.ACTIVE_STATUSES)  # a turn's active statuses, in one order: one statement's text
 
 
 def _connection(model):
@@ -275,10 +275,10 @@ def transcript(conversation_id, turn_id):
         sql = _SQL[key] = (
             f"SELECT {_reader(connection, Message, 'T0')[0]} FROM {quote(message.db_table)} {m} "
             f"LEFT OUTER JOIN {quote(turn.db_table)} {t} ON {m}.{turn_column} = {t}.{quote(turn.pk.column)} "
-            f"WHERE ({m}.{turn_column} = %s OR NOT ({status} IN ({', '.join(['%s'] * len(_ACTIVE))}) "
+            f"WHERE ({m}.{turn_column} = %s OR NOT ({status} IN ({', '.join(['%s'] * len(ACTIVE))}) "
             f"AND {status} IS NOT NULL)) AND {m}.{quote(message.get_field('conversation').column)} = %s "
             f"ORDER BY {m}.{quote(message.pk.column)} ASC")
-    params = [turn.pk.get_db_prep_value(turn_id, connection), *_ACTIVE,
+    params = [turn.pk.get_db_prep_value(turn_id, connection), *ACTIVE,
               Conversation._meta.pk.get_db_prep_value(conversation_id, connection)]
     converters = _reader(connection, Message, "T0")[1]
     with connection.cursor() as cursor:

@@ -2,9 +2,10 @@
 conversations whose retention has run out (``RETENTION_DAYS`` after ``RETENTION_FROM``, or an
 assistant's own values), with every turn, message, call record and rating in them.
 
-Meant for cron (once a day, say). It deletes in short transactions, each aiming to hold its
-locks ``--batch-time`` seconds (``--batch`` messages at most), ``--pause`` seconds apart, so that
-visitors' turns never wait long behind it (``engine.retention``); a conversation with a turn in flight or held by staff is left for the
+Meant for cron (once a day, say). It deletes in short transactions of ``--batch`` messages at
+most, ``--pause`` seconds apart (on SQLite, whose write lock is the whole database's, each aiming
+to hold it ``--batch-time`` seconds), so that visitors' turns never wait long behind it
+(``engine.retention``); a conversation with a turn in flight or held by staff is left for the
 next run. With ``RETENTION_KEEP_TOTALS``, the deleted turns' ratings, tokens and costs are first
 added to anonymous daily totals. Running it twice deletes nothing the second time.
 """
@@ -23,7 +24,8 @@ class Command(BaseCommand):
         parser.add_argument("--batch", type=int, default=None,
                             help="Messages deleted per transaction at most (default: RETENTION_BATCH).")
         parser.add_argument("--batch-time", type=float, default=None,
-                            help="Seconds a transaction aims to hold its locks (default: RETENTION_BATCH_TIME).")
+                            help="On SQLite, seconds a transaction aims to hold the write lock "
+                                 "(default: RETENTION_BATCH_TIME).")
         parser.add_argument("--pause", type=float, default=None,
                             help="Seconds between two transactions (default: RETENTION_PAUSE).")
 
