@@ -141,8 +141,9 @@ def _setup_traces():
 
 def _exports_when_flushed():
     """Whether this process's metrics are exported only when flushed: a forking worker's parent
-    and its horses (see ``configure``)."""
-    return _horses_of is not None and (forked() or _horses_of == os.getpid())
+    and its horses (see ``configure``): ``_horses_of``, set in the parent (only where it configured
+    the SDK), is inherited by each horse."""
+    return _horses_of is not None
 
 
 def _resource():

@@ -293,4 +293,4 @@ def never_built(source):
 def out_of_date(row):
     """Whether a ``status()`` row needs a rebuild."""
     return not row["registered"] or bool(row["missing"] or row["changed"] or row["orphans"] or row["stale"]
-                                         or row.get("unembedded"))
+                                         or row["unembedded"])

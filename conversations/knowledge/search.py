@@ -324,16 +324,17 @@ def search(query, *, user=None, names=None, limit=5, floor=0.0):
     those under ``embeddings.floor()`` left out; when the endpoint fails, or a candidate has no
     vector yet, the search is the words' alone, with a warning logged."""
     limit = max(1, min(int(limit), MAX_LIMIT))
-    if embeddings.options() is not None and query_terms(query, settings.LANGUAGE_CODE, get_config()["SEARCH_SYNONYMS"]):
+    terms = query_terms(query, settings.LANGUAGE_CODE, get_config()["SEARCH_SYNONYMS"])
+    if embeddings.options() is not None and terms:
         try:
             question = embeddings.embed([query])[0]
         except embeddings.EmbeddingsUnavailable as exc:
             logger.warning("search_site by words alone, the embeddings endpoint failed: %s", exc)
         else:
-            found = by_meaning(question, _ranked(query, user, names, embeddings.DEPTH, 0.0), floor)
+            found = by_meaning(question, _ranked(terms, user, names, embeddings.DEPTH, 0.0), floor)
             if found is not None:
                 return found[:limit]
-    return [hit for _pk, hit, _every in _ranked(query, user, names, limit, floor)]
+    return [hit for _pk, hit, _every in _ranked(terms, user, names, limit, floor)]
 
 
 def by_meaning(question, ranked, floor):
@@ -357,11 +358,11 @@ def by_meaning(question, ranked, floor):
     return [hit for total, every, hit in sorted(scored, key=lambda each: -each[0]) if total >= bar or every]
 
 
-def _ranked(query, user, names, limit, floor):
-    """``search()`` by the words alone: ``[(passage id, Hit, whether it holds every word of the question)]``."""
+def _ranked(terms, user, names, limit, floor):
+    """``search()`` by the words alone, for the question's ``terms`` (``query_terms``): ``[(passage
+    id, Hit, whether it holds every word of the question)]``."""
     registered = sources()
     chosen = [name for name in (names or registered) if name in registered]
-    terms = query_terms(query, settings.LANGUAGE_CODE, get_config()["SEARCH_SYNONYMS"])
     if not chosen or not terms:
         return []
     found = engine(chosen)

@@ -1,6 +1,7 @@
 """``manage.py knowledge_status``: each knowledge source's counts and last update, and what is
 out of date (objects not indexed, changed since, indexed but gone or unpublished, failed to
-index, without vectors when ``SEARCH_EMBEDDINGS`` is on; sources no longer registered). Exits 1 when anything is, so cron or a deploy can act."""
+index, without vectors when ``SEARCH_EMBEDDINGS`` is on; sources no longer registered). Exits 1
+when anything is, so cron or a deploy can act."""
 
 import sys
 
