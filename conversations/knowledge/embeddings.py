@@ -52,11 +52,15 @@ def setting_problems(config=None):
                       'Give the API root, e.g. "http://127.0.0.1:8011/v1" ({BASE_URL}/embeddings is called), or set '
                       "SEARCH_EMBEDDINGS to {} to turn it off."))
     unknown = sorted(set(chosen) - KEYS)
-    numbers = [key for key in ("TIMEOUT", "FLOOR") if key in chosen and not isinstance(chosen[key], (int, float))]
-    if unknown or numbers or (chosen.get("API_KEY") and chosen.get("CREDENTIAL")):
+    numbers = [key for key in ("TIMEOUT", "FLOOR")
+               if key in chosen and (isinstance(chosen[key], bool) or not isinstance(chosen[key], (int, float)))]
+    # requests refuses a timeout of 0 or less with a ValueError: the search would fail, not fall back
+    stopped = "TIMEOUT" in chosen and "TIMEOUT" not in numbers and chosen["TIMEOUT"] <= 0
+    if unknown or numbers or stopped or (chosen.get("API_KEY") and chosen.get("CREDENTIAL")):
         found.append(("conversations.E066", "SEARCH_EMBEDDINGS " + "; ".join(filter(None, [
             unknown and f"has unknown keys {', '.join(unknown)}",
             numbers and f"needs numbers for {', '.join(numbers)}",
+            stopped and "needs a number above 0 for TIMEOUT",
             chosen.get("API_KEY") and chosen.get("CREDENTIAL") and "names both API_KEY and CREDENTIAL"])) + ".",
             f"It takes {', '.join(sorted(KEYS))} (docs/knowledge.md, 'Meaning: an embeddings endpoint')."))
     if chosen.get("CREDENTIAL") and chosen["CREDENTIAL"] not in config["CREDENTIALS"]:

@@ -176,6 +176,18 @@ def test_a_setting_that_could_never_be_used_is_a_system_check_error(conversation
     assert "'gateway', which is not in CREDENTIALS" in found["conversations.E067"].msg
 
 
+@pytest.mark.parametrize("timeout, said", [(0, "needs a number above 0 for TIMEOUT"),
+                                            (-1, "needs a number above 0 for TIMEOUT"),
+                                            (True, "needs numbers for TIMEOUT")])
+def test_a_timeout_requests_cannot_use_is_a_system_check_error(conversations_settings, timeout, said):
+    """requests refuses a timeout of 0 or less with a ValueError, which would have failed the
+    search instead of falling back to the words; a bool is not a number of seconds."""
+    conversations_settings.update(SEARCH_EMBEDDINGS={"BASE_URL": "http://127.0.0.1:8011/v1", "TIMEOUT": timeout})
+    found = {error.id: error for error in check_knowledge()}
+    assert set(found) == {"conversations.E066"}
+    assert said in found["conversations.E066"].msg
+
+
 def test_status_reports_the_articles_indexed_before_the_option_and_the_rebuild_gives_them_vectors(
         conversations_settings, endpoint, capsys):
     articles()
