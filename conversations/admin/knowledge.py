@@ -56,6 +56,10 @@ class PassageAdmin(admin.ModelAdmin):
     search_fields = ("title", "object_pk")
     readonly_fields = ("source", "object_pk", "title", "url", "text", "position", "updated")
 
+    def get_queryset(self, request):
+        # A passage's vectors (SEARCH_EMBEDDINGS, about 8 KB each) are the search's, never shown here.
+        return super().get_queryset(request).defer("embedding")
+
     def has_add_permission(self, request):
         return False
 

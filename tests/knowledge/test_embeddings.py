@@ -200,3 +200,22 @@ def test_status_reports_the_articles_indexed_before_the_option_and_the_rebuild_g
     call_command("rebuild_knowledge")
     call_command("knowledge_status")
     assert "Up to date." in capsys.readouterr().out
+
+
+def test_the_passage_page_shows_its_text_not_its_vectors(conversations_settings, endpoint, admin_client):
+    """A passage's vectors (about 8 KB of numbers each) are for the search, not for staff: its
+    admin page and the source's list of passages neither show nor load them."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    meaning_on(conversations_settings, endpoint.url)
+    article("kayak-rental", "Renting a kayak", "Kayaks are rented by the hour.")
+    passage = Passage.objects.get(title="Renting a kayak")
+    page = admin_client.get(f"/admin/conversations/passage/{passage.pk}/change/").content.decode()
+    assert "Kayaks are rented by the hour." in page
+    assert "embedding" not in page.lower() and '"model": "fake-minilm"' not in page
+    with CaptureQueriesContext(connection) as queries:
+        listed = admin_client.get("/admin/conversations/passage/", {"source": "help"})
+    assert listed.status_code == 200 and "Renting a kayak" in listed.content.decode()
+    column = Passage._meta.get_field("embedding").column
+    assert not [q["sql"] for q in queries.captured_queries if column in q["sql"] and "SELECT" in q["sql"]]
