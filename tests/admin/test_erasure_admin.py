@@ -7,7 +7,7 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 
 from conversations.models import Conversation, Erasure, Message, Turn
-from tests.engine.test_privacy import staff
+from tests.support.helpers import staff
 
 pytestmark = pytest.mark.django_db
 

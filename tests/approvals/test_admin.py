@@ -3,13 +3,12 @@ when, and the call's result; staff-only calls are approved from a list only staf
 ``approve_toolcall`` see; an assistant may ask for approvals of tools that do not ask themselves."""
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
 from conversations.models import Assistant, ToolApproval, Turn
 from tests.support.fakes import openai_text, openai_tool_calls
-from tests.support.helpers import api_post, make_client, poll_until_done, run_worker
+from tests.support.helpers import api_post, make_client, poll_until_done, run_worker, staff
 
 from .conftest import answer, finish, waiting_turn
 from .tools import runs
@@ -17,16 +16,6 @@ from .tools import runs
 pytestmark = pytest.mark.django_db(transaction=True)
 
 STAFF_LIST = "/admin/conversations/staffapproval/"
-
-
-def staff(username, *codenames, superuser=False):
-    user = User.objects.create_user(username, is_staff=True, is_superuser=superuser)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label="conversations",
-                                                        codename__in=codenames))
-    client = Client()
-    client.force_login(user)
-    client.user = user
-    return client
 
 
 def test_the_turn_page_shows_the_request_who_approved_it_when_and_the_result(fake):

@@ -12,9 +12,8 @@ import time
 import django_rq
 import pytest
 from django.apps import apps
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.db import connections
-from django.test import Client
 from django.urls import reverse
 
 from conversations.models import Assistant, Conversation, Erasure, Message, Turn
@@ -22,7 +21,7 @@ from conversations.privacy import erase, subject_digest
 from tests.support.fake_stream import openai_stream, streaming
 from tests.support.fakes import FakeProvider, hang
 from tests.support.helpers import (Poller, api_post, logged_in_client, poll_until_done, redis_values, run_worker,
-                                   wait_for)
+                                   staff, wait_for)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -71,17 +70,6 @@ def run_killing_the_horse_once(fake, requests):
     thread.join(5)
     connections.close_all()
     assert killed.is_set()
-
-
-def staff(username, *perms, superuser=False):
-    user = (User.objects.create_superuser(username, password="x") if superuser
-            else User.objects.create_user(username, is_staff=True))
-    for codename in perms:
-        user.user_permissions.add(Permission.objects.get(codename=codename))
-    client = Client()
-    client.force_login(user)
-    client.user = user
-    return client
 
 
 def full_life(fake):

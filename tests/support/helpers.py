@@ -288,3 +288,18 @@ def wait_for(condition, timeout=20, what="the condition"):
         assert time.monotonic() < deadline, f"{what} was not met within {timeout} s"
         time.sleep(0.02)
     return True
+
+
+def staff(username, *codenames, superuser=False):
+    """A client signed in as a new staff member holding the permissions ``codenames`` (or a
+    superuser); its ``user`` attribute is that member."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    user = get_user_model().objects.create_user(username, is_staff=True, is_superuser=superuser)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client = Client()
+    client.force_login(user)
+    client.user = user
+    return client
