@@ -27,9 +27,9 @@ otel = pytest.importorskip("tests.support.otel", reason="the otel extra is not i
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-QUESTION = "How long do refunds take for order 4411?"
-ANSWER = "Refunds take 30 days for order 4411."
-SECRET_WORDS = ("refunds", "4411", "30 days")
+QUESTION = "How long do refunds take for order ZQ-4411?"
+ANSWER = "Refunds take 30 days for order ZQ-4411."
+SECRET_WORDS = ("refunds", "zq-4411", "30 days")  # lower case; no word a hex id could hold
 
 
 @tool(idempotent=True)
@@ -70,7 +70,7 @@ def chain(conversations_settings):
             TOOLS=[f"{__name__}.look_up_order"], STREAM=True, MAX_ATTEMPTS=2, BACKOFF_BASE=0.01, BACKOFF_MAX=0.02,
             JOB_TIMEOUT=30, DEADLINE_MARGIN=4, CALL_TIMEOUT=8, FALLBACK_RESERVE=3, MIN_CALL_BUDGET=1,
             MAX_RESUMES=2, BREAKER_FAILURES=50)
-        fallback.add(streaming(openai_stream(calls=[("call_1", "look_up_order", {"order": "4411"})])),
+        fallback.add(streaming(openai_stream(calls=[("call_1", "look_up_order", {"order": "ZQ-4411"})])),
                      streaming(openai_stream(ANSWER)))
         yield primary, fallback
 
@@ -459,7 +459,7 @@ def test_a_turn_a_forking_workers_parent_ends_is_counted_once(chain, receiver, w
     cache.delete("test:hold")
     _primary, fallback = chain
     for _ in range(2):  # two more turns, two more horses
-        fallback.add(streaming(openai_stream(calls=[("call_1", "look_up_order", {"order": "4411"})])),
+        fallback.add(streaming(openai_stream(calls=[("call_1", "look_up_order", {"order": "ZQ-4411"})])),
                      streaming(openai_stream(ANSWER)))
         started = start_turn(client, QUESTION)
         assert poll_until_done(client, started["poll_url"], timeout=40)["status"] == "completed"
