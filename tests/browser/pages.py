@@ -80,7 +80,13 @@ def admin_page(browser, live_server, viewport=None):
 
 def settled(page):
     """Wait until the page's finite CSS animations have finished (a new message fades in over
-    0.15 s): an audit taken mid-fade measures a half-transparent text's contrast."""
-    page.evaluate("""() => Promise.all(document.getAnimations()
-        .filter(a => a.effect && a.effect.getComputedTiming().iterations !== Infinity)
-        .map(a => a.finished.catch(() => null)))""")
+    0.15 s): an audit taken mid-fade measures a half-transparent text's contrast.
+
+    The widget lives in a shadow root, and `document.getAnimations()` does not see into shadow
+    roots (Chromium returns none of the widget's), so every open shadow root is asked as well."""
+    page.evaluate("""() => {
+        const roots = [document, ...[...document.querySelectorAll("*")].map(e => e.shadowRoot).filter(Boolean)];
+        return Promise.all(roots.flatMap(root => root.getAnimations())
+            .filter(a => a.effect && a.effect.getComputedTiming().iterations !== Infinity)
+            .map(a => a.finished.catch(() => null)));
+    }""")

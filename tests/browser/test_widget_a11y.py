@@ -156,6 +156,19 @@ def test_the_audit_sees_inside_the_widgets_shadow_root(chat_page):
     assert ("image-alt", "critical", 1) in audit(chat.page)
 
 
+def test_the_audit_waits_for_a_fade_inside_the_widgets_shadow_root(chat_page):
+    """A message fading in is half transparent; the audit must wait for the fade to end. The
+    widget's animations live in its shadow root, which document.getAnimations() does not see:
+    a CI run audited a failed turn's message mid-fade (color-contrast, serious)."""
+    chat = chat_page().open()
+    chat.locator(".cvw-log").evaluate("""log => log.appendChild(document.createElement('p'))
+        .animate([{opacity: 0}, {opacity: 1}], {duration: 1500})""")
+    fading = "log => log.getRootNode().getAnimations().filter(a => a.effect.getComputedTiming().iterations === 1)"
+    assert chat.locator(".cvw-log").evaluate(f"log => ({fading})(log).map(a => a.playState)") == ["running"]
+    settled(chat.page)
+    assert chat.locator(".cvw-log").evaluate(f"log => ({fading})(log).length") == 0
+
+
 @pytest.mark.parametrize("mode", ["inline", "launcher"])
 def test_the_sign_in_message_of_a_site_for_signed_in_visitors_passes_the_audit(mode, chat_page,
                                                                                conversations_settings):
