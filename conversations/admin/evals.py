@@ -5,6 +5,7 @@ a promotion is on the draft)."""
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count, Q
 from django.http import HttpResponseRedirect
@@ -191,6 +192,19 @@ class AssistantDraftAdmin(admin.ModelAdmin):
                 self.message_user(request, _("%(assistant)s rolled back.") % {"assistant": draft.assistant})
 
 
+class PassRateChangeList(ChangeList):
+    """The run list, with each run's pass rates as counts of each side's results in the list's one
+    query (not a summary per row). Only the list shows them: the run's own page and the actions read
+    runs without this aggregate."""
+
+    def get_queryset(self, request, *args, **kwargs):
+        counts = {}
+        for side in TestResult.Side.values:
+            counts[f"{side}_questions"] = Count("results", filter=Q(results__side=side))
+            counts[f"{side}_passed"] = Count("results", filter=Q(results__side=side, results__passed=True))
+        return super().get_queryset(request, *args, **kwargs).annotate(**counts)
+
+
 @admin.register(TestRun)
 class TestRunAdmin(admin.ModelAdmin):
     list_display = ("__str__", "draft", "status", "created_at", "pass_rates")
@@ -224,13 +238,8 @@ class TestRunAdmin(admin.ModelAdmin):
                    _("The cost limit is reached: the run asks no more questions."))
         return format_html('{} {} <strong class="test-run-cost-limit">{}</strong>', at_once, limit, reached)
 
-    def get_queryset(self, request):
-        # The list's pass rates as counts of each side's results, in its one query (not a summary per row).
-        counts = {}
-        for side in TestResult.Side.values:
-            counts[f"{side}_questions"] = Count("results", filter=Q(results__side=side))
-            counts[f"{side}_passed"] = Count("results", filter=Q(results__side=side, results__passed=True))
-        return super().get_queryset(request).annotate(**counts)
+    def get_changelist(self, request, **kwargs):
+        return PassRateChangeList
 
     @admin.display(description=gettext_lazy("pass rate"))
     def pass_rates(self, obj):

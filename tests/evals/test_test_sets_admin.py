@@ -5,7 +5,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 
 from conversations.evals import runs
-from conversations.models import Assistant, AssistantDraft, TestRun, TestSet
+from conversations.models import Assistant, AssistantDraft, TestResult, TestRun, TestSet
 from tests.evals.test_test_sets import REFUNDS, TIME, drive, make_assistant, make_set
 
 
@@ -177,6 +177,24 @@ def test_the_run_page_sums_the_runs_cost_once(admin_client, conversations_settin
     summing = re.compile(r'SUM\([^)]*"cost"\)|"cost" IS NOT NULL')
     costs = [q["sql"] for q in queries.captured_queries if summing.search(q["sql"])]
     assert len(costs) == 1, costs
+
+
+@pytest.mark.django_db(transaction=True)
+def test_only_the_run_list_counts_each_runs_results(admin_client):
+    """The list's pass-rate column counts each run's results in the list's one query; the run's own
+    page (which shows no such column) reads the run without that aggregate."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    run = drive(runs.start_run(make_set(make_assistant(), [{"question": TIME}]), concurrency=1))
+    table, results = (f'"{model._meta.db_table}"' for model in (TestRun, TestResult))
+    for url, counted in ((f"/admin/conversations/testrun/{run.pk}/change/", False),
+                         ("/admin/conversations/testrun/", True)):
+        with CaptureQueriesContext(connection) as queries:
+            assert admin_client.get(url).status_code == 200
+        runs_read = [q["sql"] for q in queries.captured_queries
+                     if q["sql"].startswith("SELECT") and f"FROM {table}" in q["sql"]]
+        assert any("COUNT(" in sql and results in sql for sql in runs_read) is counted, (url, runs_read)
 
 
 @pytest.mark.django_db
