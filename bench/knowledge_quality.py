@@ -5,11 +5,14 @@ site has no answer? On ``bench.knowledge_set``'s help centre.
 
 On a migrated database with the demo's articles replaced by the set's (all published):
 
-1. for each answerable question (and apart, for ``HELD_OUT``, written after the synonyms), the rank of its article among ``search()``'s first five hits
+1. for each answerable question (and apart, for ``HELD_OUT``, written after the synonyms, and
+   ``FRESH``, written a round later), the rank of its article among ``search()``'s first five hits
    as an anonymous visitor: the share ranked first, the mean reciprocal rank (0 when absent),
    the share in the first five, and the share with no hit at or above the relevance floor (the
    floor is ``SEARCH_FLOOR``; code without a floor counts every hit);
-2. for each unanswerable question, whether any hit is at or above the floor;
+2. for each unanswerable question, whether any hit is at or above the floor (``UNANSWERABLE``,
+   read while choosing the floors; with ``--held-out`` also ``UNANSWERABLE_HELD_OUT``, never tuned on,
+   beside the held-out answerable ones);
 3. the same among ``--articles`` generated distractors (words drawn from the set's own
    vocabulary without the products' names, titles included: pages on returns, cleaning and
    warranties in general, none about one of the products), inserted with ``bulk_create`` and
@@ -40,7 +43,7 @@ from pathlib import Path
 
 from bench.common import Stack, free_port, machine, table, wait_for_port
 from bench.knowledge import percentiles
-from bench.knowledge_set import ANSWERABLE, ARTICLES, FRESH, HELD_OUT, PRODUCTS, UNANSWERABLE
+from bench.knowledge_set import ANSWERABLE, ARTICLES, FRESH, HELD_OUT, PRODUCTS, UNANSWERABLE, UNANSWERABLE_HELD_OUT
 
 
 def embeddings_server(python):
@@ -89,14 +92,14 @@ def floor():
     return get_config().get("SEARCH_FLOOR")
 
 
-def answers(search, slugs, answerable=ANSWERABLE, cut=None):
-    """``(answerable, unanswerable)``: for each question, its article's slug (None for an
-    unanswerable one) and ``[(slug, match)]`` of the first five hits (match None for code without
+def answers(search, slugs, answerable=ANSWERABLE, cut=None, unanswerable=UNANSWERABLE):
+    """``(answerable, unanswerable)``: for each question of ``answerable`` its article's slug and,
+    for it and for each question of ``unanswerable``, ``[(slug, match)]`` of the first five hits (match None for code without
     one) at or above the floor ``cut`` (None: every hit), as the search_site tool asks for them."""
     def found(question):
         return [(slugs.get(hit.object_pk), getattr(hit, "match", None))
                 for hit in search(question, limit=5, **({} if cut is None else {"floor": cut}))]
-    return [(slug, found(question)) for question, slug in answerable], [found(q) for q in UNANSWERABLE]
+    return [(slug, found(question)) for question, slug in answerable], [found(q) for q in unanswerable]
 
 
 def quality(results, cut):
@@ -218,7 +221,7 @@ def measure(args, chosen):
             from conversations.knowledge import text
 
             text.SYNONYMS.clear()
-        rows = []
+        rows, everything = [], ANSWERABLE + HELD_OUT + FRESH
         for on in ([{}, chosen] if chosen else [{}]):
             meaning(on)
             how = (", with meaning" if on else ", words alone") if chosen else ""
@@ -228,7 +231,14 @@ def measure(args, chosen):
                 rows += [(f"the same, {len(HELD_OUT)} held-out questions{how}", len(slugs),
                           quality(answers(search, slugs, HELD_OUT, cut), shown)),
                          (f"the same, {len(FRESH)} fresh held-out questions{how}", len(slugs),
-                          quality(answers(search, slugs, FRESH, cut), shown))]
+                          quality(answers(search, slugs, FRESH, cut), shown)),
+                         (f"the same, all {len(HELD_OUT) + len(FRESH)} held-out questions and the "
+                          f"{len(UNANSWERABLE_HELD_OUT)} held-out unanswerable{how}", len(slugs),
+                          quality(answers(search, slugs, HELD_OUT + FRESH, cut, UNANSWERABLE_HELD_OUT), shown)),
+                         (f"the same, all {len(everything)} answerable and all "
+                          f"{len(UNANSWERABLE) + len(UNANSWERABLE_HELD_OUT)} unanswerable{how}", len(slugs),
+                          quality(answers(search, slugs, everything, cut, UNANSWERABLE + UNANSWERABLE_HELD_OUT),
+                                  shown))]
         meaning({})  # the floors' sweeps read the words' match
         alone = answers(search, slugs)
         sweep = [(each, quality(alone, each)) for each in (0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5)] if cut else []
@@ -257,8 +267,9 @@ def measure(args, chosen):
             rows.append((f"among {args.articles:,} generated articles{how}", total,
                          quality(answers(search, slugs, cut=cut), shown)))
             if args.held_out:
-                rows.append((f"the same, {len(HELD_OUT) + len(FRESH)} held-out questions{how}", total,
-                             quality(answers(search, slugs, HELD_OUT + FRESH, cut), shown)))
+                rows.append((f"the same, {len(HELD_OUT) + len(FRESH)} held-out questions and the "
+                             f"{len(UNANSWERABLE_HELD_OUT)} held-out unanswerable{how}", total,
+                             quality(answers(search, slugs, HELD_OUT + FRESH, cut, UNANSWERABLE_HELD_OUT), shown)))
 
         questions = [q for q, _ in ANSWERABLE] + UNANSWERABLE
         try:  # the words' passage counts a process keeps (code before them has none)
