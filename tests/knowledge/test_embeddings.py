@@ -219,3 +219,13 @@ def test_the_passage_page_shows_its_text_not_its_vectors(conversations_settings,
     assert listed.status_code == 200 and "Renting a kayak" in listed.content.decode()
     column = Passage._meta.get_field("embedding").column
     assert not [q["sql"] for q in queries.captured_queries if column in q["sql"] and "SELECT" in q["sql"]]
+
+
+def test_the_sources_page_counts_the_objects_missing_only_their_vectors(conversations_settings, endpoint,
+                                                                        admin_client):
+    articles()
+    meaning_on(conversations_settings, endpoint.url)
+    page = admin_client.get("/admin/conversations/passage/").content.decode()
+    assert "0 not indexed, 0 changed, 0 to drop, 0 failed, 3 without vectors: run manage.py rebuild_knowledge" in page
+    call_command("rebuild_knowledge")
+    assert "up to date" in admin_client.get("/admin/conversations/passage/").content.decode()
