@@ -14,7 +14,7 @@ import argparse
 import json
 
 from bench.common import Stack
-from bench.knowledge_quality import embeddings_server, meaning
+from bench.knowledge_quality import meaning, served
 from bench.knowledge_set import ANSWERABLE, ARTICLES, FRESH, HELD_OUT, UNANSWERABLE, UNANSWERABLE_HELD_OUT
 
 SETS = {"tuned": ANSWERABLE, "held_out": HELD_OUT + FRESH,
@@ -69,13 +69,7 @@ def main():
     parser.add_argument("--depth", type=int, default=30)
     parser.add_argument("--embeddings", metavar="PYTHON")
     args = parser.parse_args()
-    server, chosen = embeddings_server(args.embeddings) if args.embeddings else (None, {})
-    try:
-        dump(args, chosen)
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=10)
+    served(args.embeddings, dump, args)
 
 
 if __name__ == "__main__":

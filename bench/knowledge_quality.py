@@ -55,6 +55,18 @@ def embeddings_server(python):
     return server, {"BASE_URL": f"http://127.0.0.1:{port}/v1", "MODEL": "all-MiniLM-L6-v2", "TIMEOUT": 30}
 
 
+def served(python, work, args):
+    """``work(args, SEARCH_EMBEDDINGS)`` with bench/embeddings_server.py started with ``python``
+    and stopped after (no ``python``: with ``{}``, the option off)."""
+    server, chosen = embeddings_server(python) if python else (None, {})
+    try:
+        work(args, chosen)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=10)
+
+
 def meaning(chosen):
     """Search with ``SEARCH_EMBEDDINGS`` = ``chosen`` ({} : off) from now on, in this process."""
     from django.conf import settings
@@ -184,13 +196,7 @@ def main():
     args = parser.parse_args()
 
     print(machine())
-    server, chosen = embeddings_server(args.embeddings) if args.embeddings else (None, {})
-    try:
-        measure(args, chosen)
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=10)
+    served(args.embeddings, measure, args)
 
 
 def floor_table(rows):
