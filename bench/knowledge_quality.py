@@ -30,7 +30,10 @@ both are measured on the same set, machine and run.
 Python (a venv of its own: the server's docstring says how to make it), indexes with vectors, and
 gives each row twice in the same run, by the words alone (the option off) and with meaning; the
 latency likewise, alternated. Indexing the generated articles then embeds every one of them
-(about 25 a second on two busy cores): ``--articles 2000`` keeps it to minutes.
+(about 25 a second last round on two busy cores; 2.4 passages a second at a load of 12 to 14 in
+the next): ``--articles 2000`` keeps it to minutes. ``--random-vectors`` gives the generated articles random vectors of the same size
+instead, for the latency with meaning among 10,000 (their quality with meaning is then not
+measured: random vectors rank nothing).
 """
 
 import argparse
@@ -96,6 +99,36 @@ def meaning_alone(slugs, cosines=(0.0, 0.4, 0.45, 0.5)):
             results = ([(slug, hits) for (_, slug), hits in zip(answerable, found)], found[len(answerable):])
             rows.append((f"cosine ≥ {cosine}", which, quality(results, None)))
     return rows
+
+
+def index_with_random_vectors(articles, chosen, rng):
+    """Index ``articles`` with the option off, then give each of their passages random vectors of
+    unit length, of the size of the vectors the endpoint gave the set's own: what a search with
+    meaning reads and computes among them is the same, without a request per article (two or
+    three a second on this machine under load)."""
+    from conversations.knowledge import embeddings
+    from conversations.knowledge.counts import index_changed
+    from conversations.knowledge.index import index_object
+    from conversations.knowledge.models import Passage
+    from conversations.knowledge.registry import sources
+
+    meaning({})
+    source = sources()["help"]
+    for article in articles.order_by("pk").iterator(chunk_size=500):
+        index_object(source, article)
+    meaning(chosen)
+    size = len(Passage.objects.exclude(embedding__isnull=True).values_list("embedding", flat=True).first()["text"])
+
+    def unit():
+        vector = [rng.gauss(0, 1) for _ in range(size)]
+        length = sum(x * x for x in vector) ** 0.5
+        return [round(x / length, 5) for x in vector]
+
+    bare = list(Passage.objects.filter(embedding__isnull=True).only("pk"))
+    for passage in bare:
+        passage.embedding = {"model": embeddings.model_name(), "text": unit(), "title": unit()}
+    Passage.objects.bulk_update(bare, ["embedding"], batch_size=500)
+    index_changed()
 
 
 def floor():
@@ -190,6 +223,10 @@ def main():
                         help="also measure the held-out questions (HELD_OUT, FRESH): never while tuning")
     parser.add_argument("--no-synonyms", action="store_true",
                         help="without the built-in synonyms (conversations.knowledge.text.SYNONYMS)")
+    parser.add_argument("--random-vectors", action="store_true",
+                        help="with --embeddings, give the generated articles random vectors instead of the endpoint's: "
+                             "the latency with meaning among --articles without embedding each (no quality rows "
+                             "with meaning among them)")
     parser.add_argument("--embeddings", metavar="PYTHON",
                         help="also with SEARCH_EMBEDDINGS: all-MiniLM-L6-v2 served by bench/embeddings_server.py run "
                              "with this Python (e.g. /tmp/emb/bin/python)")
@@ -261,12 +298,15 @@ def measure(args, chosen):
             Article(slug=f"generated-{n}", title=" ".join(rng.choices(vocabulary, k=4)).capitalize(),
                     body="".join("<p>" + " ".join(rng.choices(vocabulary, k=60)) + ".</p>" for _ in range(4)))
             for n in range(args.articles)], batch_size=1000)
-        rebuild("help")
+        if chosen and args.random_vectors:
+            index_with_random_vectors(Article.objects.filter(slug__startswith="generated-"), chosen, rng)
+        else:
+            rebuild("help")
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute("ANALYZE conversations_passage")
         total = Article.objects.count()
-        for on in ([{}, chosen] if chosen else [{}]):
+        for on in ([{}, chosen] if chosen and not args.random_vectors else [{}]):
             meaning(on)
             how = (", with meaning" if on else ", words alone") if chosen else ""
             shown = None if on else cut
