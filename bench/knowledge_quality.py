@@ -5,11 +5,14 @@ site has no answer? On ``bench.knowledge_set``'s help centre.
 
 On a migrated database with the demo's articles replaced by the set's (all published):
 
-1. for each answerable question (and apart, for ``HELD_OUT``, written after the synonyms), the rank of its article among ``search()``'s first five hits
+1. for each answerable question (and apart, for ``HELD_OUT``, written after the synonyms, and
+   ``FRESH``, written a round later), the rank of its article among ``search()``'s first five hits
    as an anonymous visitor: the share ranked first, the mean reciprocal rank (0 when absent),
    the share in the first five, and the share with no hit at or above the relevance floor (the
    floor is ``SEARCH_FLOOR``; code without a floor counts every hit);
-2. for each unanswerable question, whether any hit is at or above the floor;
+2. for each unanswerable question, whether any hit is at or above the floor (``UNANSWERABLE``,
+   read while choosing the floors; with ``--held-out`` also ``UNANSWERABLE_HELD_OUT``, never tuned on,
+   beside the held-out answerable ones);
 3. the same among ``--articles`` generated distractors (words drawn from the set's own
    vocabulary without the products' names, titles included: pages on returns, cleaning and
    warranties in general, none about one of the products), inserted with ``bulk_create`` and
@@ -27,7 +30,10 @@ both are measured on the same set, machine and run.
 Python (a venv of its own: the server's docstring says how to make it), indexes with vectors, and
 gives each row twice in the same run, by the words alone (the option off) and with meaning; the
 latency likewise, alternated. Indexing the generated articles then embeds every one of them
-(about 25 a second on two busy cores): ``--articles 2000`` keeps it to minutes.
+(about 25 a second last round on two busy cores; 2.4 passages a second at a load of 12 to 14 in
+the next): ``--articles 2000`` keeps it to minutes. ``--random-vectors`` gives the generated articles random vectors of the same size
+instead, for the latency with meaning among 10,000 (their quality with meaning is then not
+measured: random vectors rank nothing).
 """
 
 import argparse
@@ -40,7 +46,7 @@ from pathlib import Path
 
 from bench.common import Stack, free_port, machine, table, wait_for_port
 from bench.knowledge import percentiles
-from bench.knowledge_set import ANSWERABLE, ARTICLES, FRESH, HELD_OUT, PRODUCTS, UNANSWERABLE
+from bench.knowledge_set import ANSWERABLE, ARTICLES, FRESH, HELD_OUT, PRODUCTS, UNANSWERABLE, UNANSWERABLE_HELD_OUT
 
 
 def embeddings_server(python):
@@ -50,6 +56,18 @@ def embeddings_server(python):
                               env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
     wait_for_port(port, timeout=120)
     return server, {"BASE_URL": f"http://127.0.0.1:{port}/v1", "MODEL": "all-MiniLM-L6-v2", "TIMEOUT": 30}
+
+
+def served(python, work, args):
+    """``work(args, SEARCH_EMBEDDINGS)`` with bench/embeddings_server.py started with ``python``
+    and stopped after (no ``python``: with ``{}``, the option off)."""
+    server, chosen = embeddings_server(python) if python else (None, {})
+    try:
+        work(args, chosen)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=10)
 
 
 def meaning(chosen):
@@ -83,20 +101,50 @@ def meaning_alone(slugs, cosines=(0.0, 0.4, 0.45, 0.5)):
     return rows
 
 
+def index_with_random_vectors(articles, chosen, rng):
+    """Index ``articles`` with the option off, then give each of their passages random vectors of
+    unit length, of the size of the vectors the endpoint gave the set's own: what a search with
+    meaning reads and computes among them is the same, without a request per article (two or
+    three a second on this machine under load)."""
+    from conversations.knowledge import embeddings
+    from conversations.knowledge.counts import index_changed
+    from conversations.knowledge.index import index_object
+    from conversations.knowledge.models import Passage
+    from conversations.knowledge.registry import sources
+
+    meaning({})
+    source = sources()["help"]
+    for article in articles.order_by("pk").iterator(chunk_size=500):
+        index_object(source, article)
+    meaning(chosen)
+    size = len(Passage.objects.exclude(embedding__isnull=True).values_list("embedding", flat=True).first()["text"])
+
+    def unit():
+        vector = [rng.gauss(0, 1) for _ in range(size)]
+        length = sum(x * x for x in vector) ** 0.5
+        return [round(x / length, 5) for x in vector]
+
+    bare = list(Passage.objects.filter(embedding__isnull=True).only("pk"))
+    for passage in bare:
+        passage.embedding = {"model": embeddings.model_name(), "text": unit(), "title": unit()}
+    Passage.objects.bulk_update(bare, ["embedding"], batch_size=500)
+    index_changed()
+
+
 def floor():
     from conversations.conf import get_config
 
     return get_config().get("SEARCH_FLOOR")
 
 
-def answers(search, slugs, answerable=ANSWERABLE, cut=None):
-    """``(answerable, unanswerable)``: for each question, its article's slug (None for an
-    unanswerable one) and ``[(slug, match)]`` of the first five hits (match None for code without
+def answers(search, slugs, answerable=ANSWERABLE, cut=None, unanswerable=UNANSWERABLE):
+    """``(answerable, unanswerable)``: for each question of ``answerable`` its article's slug and,
+    for it and for each question of ``unanswerable``, ``[(slug, match)]`` of the first five hits (match None for code without
     one) at or above the floor ``cut`` (None: every hit), as the search_site tool asks for them."""
     def found(question):
         return [(slugs.get(hit.object_pk), getattr(hit, "match", None))
                 for hit in search(question, limit=5, **({} if cut is None else {"floor": cut}))]
-    return [(slug, found(question)) for question, slug in answerable], [found(q) for q in UNANSWERABLE]
+    return [(slug, found(question)) for question, slug in answerable], [found(q) for q in unanswerable]
 
 
 def quality(results, cut):
@@ -175,19 +223,17 @@ def main():
                         help="also measure the held-out questions (HELD_OUT, FRESH): never while tuning")
     parser.add_argument("--no-synonyms", action="store_true",
                         help="without the built-in synonyms (conversations.knowledge.text.SYNONYMS)")
+    parser.add_argument("--random-vectors", action="store_true",
+                        help="with --embeddings, give the generated articles random vectors instead of the endpoint's: "
+                             "the latency with meaning among --articles without embedding each (no quality rows "
+                             "with meaning among them)")
     parser.add_argument("--embeddings", metavar="PYTHON",
                         help="also with SEARCH_EMBEDDINGS: all-MiniLM-L6-v2 served by bench/embeddings_server.py run "
                              "with this Python (e.g. /tmp/emb/bin/python)")
     args = parser.parse_args()
 
     print(machine())
-    server, chosen = embeddings_server(args.embeddings) if args.embeddings else (None, {})
-    try:
-        measure(args, chosen)
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=10)
+    served(args.embeddings, measure, args)
 
 
 def floor_table(rows):
@@ -218,7 +264,7 @@ def measure(args, chosen):
             from conversations.knowledge import text
 
             text.SYNONYMS.clear()
-        rows = []
+        rows, everything = [], ANSWERABLE + HELD_OUT + FRESH
         for on in ([{}, chosen] if chosen else [{}]):
             meaning(on)
             how = (", with meaning" if on else ", words alone") if chosen else ""
@@ -228,7 +274,14 @@ def measure(args, chosen):
                 rows += [(f"the same, {len(HELD_OUT)} held-out questions{how}", len(slugs),
                           quality(answers(search, slugs, HELD_OUT, cut), shown)),
                          (f"the same, {len(FRESH)} fresh held-out questions{how}", len(slugs),
-                          quality(answers(search, slugs, FRESH, cut), shown))]
+                          quality(answers(search, slugs, FRESH, cut), shown)),
+                         (f"the same, all {len(HELD_OUT) + len(FRESH)} held-out questions and the "
+                          f"{len(UNANSWERABLE_HELD_OUT)} held-out unanswerable{how}", len(slugs),
+                          quality(answers(search, slugs, HELD_OUT + FRESH, cut, UNANSWERABLE_HELD_OUT), shown)),
+                         (f"the same, all {len(everything)} answerable and all "
+                          f"{len(UNANSWERABLE) + len(UNANSWERABLE_HELD_OUT)} unanswerable{how}", len(slugs),
+                          quality(answers(search, slugs, everything, cut, UNANSWERABLE + UNANSWERABLE_HELD_OUT),
+                                  shown))]
         meaning({})  # the floors' sweeps read the words' match
         alone = answers(search, slugs)
         sweep = [(each, quality(alone, each)) for each in (0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5)] if cut else []
@@ -245,20 +298,24 @@ def measure(args, chosen):
             Article(slug=f"generated-{n}", title=" ".join(rng.choices(vocabulary, k=4)).capitalize(),
                     body="".join("<p>" + " ".join(rng.choices(vocabulary, k=60)) + ".</p>" for _ in range(4)))
             for n in range(args.articles)], batch_size=1000)
-        rebuild("help")
+        if chosen and args.random_vectors:
+            index_with_random_vectors(Article.objects.filter(slug__startswith="generated-"), chosen, rng)
+        else:
+            rebuild("help")
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute("ANALYZE conversations_passage")
         total = Article.objects.count()
-        for on in ([{}, chosen] if chosen else [{}]):
+        for on in ([{}, chosen] if chosen and not args.random_vectors else [{}]):
             meaning(on)
             how = (", with meaning" if on else ", words alone") if chosen else ""
             shown = None if on else cut
             rows.append((f"among {args.articles:,} generated articles{how}", total,
                          quality(answers(search, slugs, cut=cut), shown)))
             if args.held_out:
-                rows.append((f"the same, {len(HELD_OUT) + len(FRESH)} held-out questions{how}", total,
-                             quality(answers(search, slugs, HELD_OUT + FRESH, cut), shown)))
+                rows.append((f"the same, {len(HELD_OUT) + len(FRESH)} held-out questions and the "
+                             f"{len(UNANSWERABLE_HELD_OUT)} held-out unanswerable{how}", total,
+                             quality(answers(search, slugs, HELD_OUT + FRESH, cut, UNANSWERABLE_HELD_OUT), shown)))
 
         questions = [q for q, _ in ANSWERABLE] + UNANSWERABLE
         try:  # the words' passage counts a process keeps (code before them has none)

@@ -312,3 +312,40 @@ FRESH = [
     ("Is there somewhere to lock my bicycle at the Lyon shop?", "bicycle-parking"),
     ("Can I get a file with my orders and addresses?", "export-data"),
 ]
+
+# Written in a later round still, after the floors above were chosen and before any change of that
+# round was measured: questions a visitor of this help centre could ask, near its articles'
+# subjects and products, that none of them answers. Reported apart (``bench.knowledge_quality
+# --held-out``) and never tuned on: UNANSWERABLE was read while choosing every floor.
+UNANSWERABLE_HELD_OUT = [
+    "Does the Avocet espresso machine come with a milk jug?",
+    "What voltage does the Swift e-bike charger use?",
+    "How heavy is the Curlew stand mixer?",
+    "Can I buy a spare jug for the Larkspur blender?",
+    "Is the Kestrel air purifier quiet enough for a bedroom?",
+    "Does the Osprey vacuum cleaner come with a pet hair attachment?",
+    "How much does a replacement Bittern filter cartridge cost?",
+    "Can the Gannet pressure cooker be used on an induction hob?",
+    "Is it safe to put essential oils in the Puffin humidifier?",
+    "What colours does the Dunlin desk lamp come in?",
+    "Can I pay in monthly instalments?",
+    "Do you deliver on Sundays?",
+    "Can I change the delivery address after ordering?",
+    "Can I cancel an order before it ships?",
+    "How do I change the email address on my account?",
+    "Can I place an order by phone?",
+    "Can I buy an extended warranty?",
+    "How do I unsubscribe from your newsletter?",
+    "Are the Finch electric toothbrush heads recyclable?",
+    "Does the Lapwing rice cooker have a delayed start timer?",
+    "How loud is the Plover hair dryer in decibels?",
+    "Does the Tern kettle have a temperature setting for green tea?",
+    "Is there a car park at the Porto shop?",
+    "Can I take the Swift e-bike on a train?",
+    "Do you sell a spare battery for the Osprey vacuum cleaner?",
+    "How do I write a review of a product I bought?",
+    "Do you store my card details?",
+    "Can I save a second delivery address in my account?",
+    "Does the Wren toaster have a defrost setting?",
+    "Which grind size should I use for espresso on the Heron coffee grinder?",
+]

@@ -102,7 +102,7 @@ DEFAULTS = {
     "SEARCH_SYNONYMS": {},
     # Optional: search_site also weighs a passage by meaning, from an OpenAI-compatible embeddings
     # endpoint: {"BASE_URL": "http://127.0.0.1:8011/v1", "MODEL": "…", "API_KEY": "…" or
-    # "CREDENTIAL": "<a name in CREDENTIALS>", "TIMEOUT": 5, "FLOOR": 5.5}. Empty (the default):
+    # "CREDENTIAL": "<a name in CREDENTIALS>", "TIMEOUT": 5, "FLOOR": 4.9}. Empty (the default):
     # off, and no call is ever made (docs/knowledge.md#meaning-an-embeddings-endpoint).
     "SEARCH_EMBEDDINGS": {},
     "HISTORY_MAX_CHARS": 24000,

@@ -14,7 +14,7 @@ from django.utils.translation import gettext_lazy as _
 from ..conf import get_config
 from ..endpoints import origin
 from ..knowledge.index import out_of_date, status
-from ..knowledge.search import search
+from ..knowledge.search import clears, search
 from ..models import Passage
 
 
@@ -80,7 +80,7 @@ class PassageAdmin(admin.ModelAdmin):
         if form.is_valid():
             floor = float(get_config()["SEARCH_FLOOR"])
             site = origin(request.build_absolute_uri("/"))
-            hits = [{**hit.as_dict(), "link": link_or_none(hit.url, site), "under_floor": hit.match < floor}
+            hits = [{**hit.as_dict(), "link": link_or_none(hit.url, site), "under_floor": not clears(hit, floor)}
                     for hit in search(form.cleaned_data["query"], user=form.cleaned_data["visitor"], limit=10)]
         rows = [{**row, "out_of_date": out_of_date(row)} for row in status()]
         context = {**self.admin_site.each_context(request), "opts": self.opts, "rows": rows, "form": form,

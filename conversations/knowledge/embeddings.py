@@ -22,16 +22,19 @@ from ..infra.network import endpoint, os_reason
 # How a passage's order is made (``search.search``): its match (the question's words it holds, by
 # rarity) + MEANING × the cosine similarity of its text (title and text) to the question +
 # TITLE_MEANING × its title's. Chosen on bench.knowledge_quality's tuned-on questions with
-# all-MiniLM-L6-v2 (4, 6 and 8; 0, 1 and 2 were measured) and checked on the held-out ones
-# (docs/benchmarks.md#site-knowledge-meaning-from-an-embeddings-endpoint).
+# all-MiniLM-L6-v2 by bench.knowledge_sweep (meaning 4, 6, 8 and 10; the title's 0, 1, 2 and 4; the
+# match's 0.5, 1 and 1.5; the words' title match 0 to 2; 10, 20 or 30 hits) and checked on the
+# held-out ones (docs/benchmarks.md#site-knowledge-more-candidates-and-held-out-unanswerable-questions).
 MEANING = 6.0
-TITLE_MEANING = 2.0
-# The floor on that sum, in place of SEARCH_FLOOR (whose scale is the match alone): the lowest
-# that left at most 5 % of the unanswerable questions a passage, measured with the weights above.
-FLOOR = 5.5
-# How many full-text hits are ordered again by meaning: the right article was among the first 10
-# for 97 % of the tuned-on questions and 99 % of the held-out ones.
-DEPTH = 10
+TITLE_MEANING = 1.0
+# The floor on that sum, in place of SEARCH_FLOOR (whose scale is the match alone): just above the
+# lowest that left at most 5 % of the tuned-on unanswerable questions a passage (4.83), measured
+# with the weights above. It does not carry over: questions about a product the help centre names
+# but does not answer ("How heavy is the Curlew stand mixer?") score as high as answerable ones.
+FLOOR = 4.9
+# How many full-text hits are ordered again by meaning: 20 put the right article first for two
+# more tuned-on questions than 10 (a sibling the words rank 11th to 20th); 30 for none more.
+DEPTH = 20
 TIMEOUT = 5.0
 
 

@@ -49,7 +49,9 @@ class Hit:
     (``match``: the question's words the passage holds, each counted by its rarity among the
     passages, 1 for a word only one passage holds; comparable between searches) and the
     database's own rank (``score``, higher is better, comparable only within one search); with
-    ``SEARCH_EMBEDDINGS``, ``meaning``: the cosine similarity of its text to the question's."""
+    ``SEARCH_EMBEDDINGS``, ``meaning``: the cosine similarity of its text to the question's, and
+    ``relevance``: the match and meaning together (``by_meaning``'s order). ``every``: whether it
+    holds every word of the question. ``clears()`` reads them against the floor."""
 
     source: str
     object_pk: str
@@ -59,9 +61,25 @@ class Hit:
     score: float
     match: float = 0.0
     meaning: Optional[float] = None
+    relevance: Optional[float] = None
+    every: bool = False
 
     def as_dict(self):
         return asdict(self)
+
+
+def clears(hit, floor):
+    """Whether ``search(..., floor=floor)`` (the search_site tool's, ``floor`` its
+    ``SEARCH_FLOOR``) shows ``hit``, a hit of a search without a floor: every hit for a floor of 0;
+    else one holding every word of the question, or whose measure reaches the floor: by the words,
+    its match reaching ``floor``; with meaning (``hit.relevance`` set), its match and meaning
+    together reaching ``embeddings.floor()``. The one rule of both searches and of the admin's
+    "Try a query"."""
+    if floor <= 0 or hit.every:
+        return True
+    if hit.relevance is not None:
+        return hit.relevance >= embeddings.floor()
+    return hit.match >= floor
 
 
 def _has_fts5(connection):
@@ -321,46 +339,56 @@ def search(query, *, user=None, names=None, limit=5, floor=0.0):
 
     With ``SEARCH_EMBEDDINGS``, the first ``embeddings.DEPTH`` of those found without a floor are
     ordered again by their match and their meaning together (``by_meaning``), and, with a floor,
-    those under ``embeddings.floor()`` left out; when the endpoint fails, or a candidate has no
-    vector yet, the search is the words' alone, with a warning logged."""
+    those under ``embeddings.floor()`` left out; when a candidate has no vector yet (no request is
+    made then), or the endpoint fails, the search is the words' alone, with a warning logged."""
     limit = max(1, min(int(limit), MAX_LIMIT))
     terms = query_terms(query, settings.LANGUAGE_CODE, get_config()["SEARCH_SYNONYMS"])
     if embeddings.options() is not None and terms:
-        try:
-            question = embeddings.embed([query])[0]
-        except embeddings.EmbeddingsUnavailable as exc:
-            logger.warning("search_site by words alone, the embeddings endpoint failed: %s", exc)
-        else:
-            found = by_meaning(question, _ranked(terms, user, names, embeddings.DEPTH, 0.0), floor)
-            if found is not None:
-                return found[:limit]
-    return [hit for _pk, hit, _every in _ranked(terms, user, names, limit, floor)]
+        found = by_meaning(query, _ranked(terms, user, names, embeddings.DEPTH, 0.0), floor)
+        if found is not None:
+            return found[:limit]
+    return [hit for _pk, hit in _ranked(terms, user, names, limit, floor)]
 
 
-def by_meaning(question, ranked, floor):
+def by_meaning(query, ranked, floor):
     """The hits of ``ranked`` (``_ranked``'s) ordered by their match + how close their meaning is
-    to the ``question``'s vector (``embeddings.MEANING`` × the text's cosine similarity +
+    to the question ``query``'s (``embeddings.MEANING`` × the text's cosine similarity +
     ``embeddings.TITLE_MEANING`` × the title's), without those under ``embeddings.floor()``
     (with ``floor`` > 0) unless they hold every word of the question; each hit's ``meaning`` set.
-    None when a candidate has no vector of the model (indexed before the option was set)."""
+    None, without asking the endpoint for the question's vector, when a candidate has no vector of
+    the model (indexed before the option was set, or while the endpoint was down): the order would
+    be the words' anyway. None too when the endpoint fails."""
+    if not ranked:
+        return []
     model = embeddings.model_name()
-    kept = dict(Passage.objects.filter(pk__in=[pk for pk, _hit, _every in ranked]).values_list("pk", "embedding"))
-    scored = []
-    for pk, hit, every in ranked:
-        close = embeddings.closeness(question, kept.get(pk), model)
-        if close is None:
+    kept = dict(Passage.objects.filter(pk__in=[pk for pk, _hit in ranked]).values_list("pk", "embedding"))
+    for pk, hit in ranked:
+        vectors = kept.get(pk)
+        if not vectors or vectors.get("model") != model:
             logger.warning("search_site by words alone: passage %s of %s:%s has no vector of %r yet "
                            "(rebuild_knowledge gives it one)", pk, hit.source, hit.object_pk, model)
             return None
+    try:
+        question = embeddings.embed([query])[0]
+    except embeddings.EmbeddingsUnavailable as exc:
+        logger.warning("search_site by words alone, the embeddings endpoint failed: %s", exc)
+        return None
+    scored = []
+    for pk, hit in ranked:
+        close = embeddings.closeness(question, kept[pk], model)
+        if close is None:
+            logger.warning("search_site by words alone: passage %s of %s:%s has vectors of another size than "
+                           "the question's (rebuild_knowledge gives it new ones)", pk, hit.source, hit.object_pk)
+            return None
         hit.meaning = close[0]
-        scored.append((hit.match + embeddings.MEANING * close[0] + embeddings.TITLE_MEANING * close[1], every, hit))
-    bar = embeddings.floor() if floor > 0 else -math.inf
-    return [hit for total, every, hit in sorted(scored, key=lambda each: -each[0]) if total >= bar or every]
+        hit.relevance = hit.match + embeddings.MEANING * close[0] + embeddings.TITLE_MEANING * close[1]
+        scored.append(hit)
+    return [hit for hit in sorted(scored, key=lambda each: -each.relevance) if clears(hit, floor)]
 
 
 def _ranked(terms, user, names, limit, floor):
     """``search()`` by the words alone, for the question's ``terms`` (``query_terms``): ``[(passage
-    id, Hit, whether it holds every word of the question)]``."""
+    id, Hit)]``."""
     registered = sources()
     chosen = [name for name in (names or registered) if name in registered]
     if not chosen or not terms:
@@ -400,8 +428,8 @@ def _ranked(terms, user, names, limit, floor):
             if row is None or (row.source, row.object_pk) in seen or row.object_pk not in allowed[row.source]:
                 continue
             seen.add((row.source, row.object_pk))
-            hits.append((pk, Hit(row.source, row.object_pk, row.title, row.url, row.text, float(score), matched[pk]),
-                         matched[pk] >= total))
+            hits.append((pk, Hit(row.source, row.object_pk, row.title, row.url, row.text, float(score), matched[pk],
+                                 every=matched[pk] >= total)))
             if len(hits) == limit:
                 break
         if fetched < BATCH:

@@ -145,11 +145,28 @@ def test_an_article_saved_while_the_endpoint_is_down_is_searchable_by_its_words_
     assert search("kayak rented")[0].meaning is not None
 
 
+def test_a_search_with_a_candidate_without_a_vector_asks_the_endpoint_nothing(conversations_settings, endpoint,
+                                                                              caplog):
+    """Its order would be the words' anyway: the question's vector was asked for, then thrown away."""
+    meaning_on(conversations_settings, refused_url())
+    with caplog.at_level(logging.WARNING, logger="conversations.knowledge"):
+        article("kayak-rental", "Renting a kayak", "Kayaks are rented by the hour.")
+    meaning_on(conversations_settings, endpoint.url)
+    with caplog.at_level(logging.WARNING, logger="conversations.knowledge"):
+        assert titles(search("kayak rented")) == ["Renting a kayak"]
+    assert endpoint.requests == []
+    assert "has no vector of 'fake-minilm' yet" in caplog.text
+    call_command("rebuild_knowledge")  # one request: the article's vectors
+    assert search("kayak rented")[0].meaning is not None
+    assert [sent["json"]["input"] for sent in endpoint.requests[1:]] == [["kayak rented"]]
+
+
 def test_a_key_is_never_sent_to_an_endpoint_it_is_not_bound_to(conversations_settings, endpoint, caplog):
     articles()
     conversations_settings.update(CREDENTIALS={"gateway": {"KEY": "sk-gw", "ORIGINS": ["https://gw.example.com"]}})
     meaning_on(conversations_settings, endpoint.url, CREDENTIAL="gateway")
     with caplog.at_level(logging.WARNING, logger="conversations.knowledge"):
+        call_command("rebuild_knowledge")  # refused before the request: no vectors
         hits = search("Where can I hire a canoe?")
     assert endpoint.requests == []
     assert titles(hits)[:2] == ["The canoe club", "Renting a kayak"]
@@ -219,3 +236,34 @@ def test_the_passage_page_shows_its_text_not_its_vectors(conversations_settings,
     assert listed.status_code == 200 and "Renting a kayak" in listed.content.decode()
     column = Passage._meta.get_field("embedding").column
     assert not [q["sql"] for q in queries.captured_queries if column in q["sql"] and "SELECT" in q["sql"]]
+
+
+def test_the_admins_try_a_query_marks_under_the_floor_what_search_site_leaves_out(conversations_settings, endpoint,
+                                                                                 admin_client):
+    """One rule for both: with meaning, the floor is on the words and meaning together, not on the
+    words' SEARCH_FLOOR (which this hit reaches: two rare words in common)."""
+    articles()
+    question = "Which weekdays does the shop hold sofa sales?"
+    under = "under the relevance floor: search_site leaves it out"
+
+    def tried():
+        page = admin_client.get("/admin/conversations/passage/", {"query": question, "visitor": ""}).content.decode()
+        assert "Opening hours of the shop" in page
+        return page
+
+    shown_by_words = titles(search(question, floor=get_config()["SEARCH_FLOOR"]))
+    assert shown_by_words == ["Opening hours of the shop"] and under not in tried()
+    meaning_on(conversations_settings, endpoint.url)
+    call_command("rebuild_knowledge")
+    assert json.loads(search_site(None, question))["results"] == []
+    assert under in tried()
+
+
+def test_the_sources_page_counts_the_objects_missing_only_their_vectors(conversations_settings, endpoint,
+                                                                        admin_client):
+    articles()
+    meaning_on(conversations_settings, endpoint.url)
+    page = admin_client.get("/admin/conversations/passage/").content.decode()
+    assert "0 not indexed, 0 changed, 0 to drop, 0 failed, 3 without vectors: run manage.py rebuild_knowledge" in page
+    call_command("rebuild_knowledge")
+    assert "up to date" in admin_client.get("/admin/conversations/passage/").content.decode()
