@@ -365,16 +365,6 @@ def test_a_call_that_times_out_names_its_phase_and_the_turn_fails_in_the_trace(c
 # -- every ending counted once (``lifecycle.ended``) ------------------------------------------------
 
 
-def turns_counted(points):
-    """``{status: count}`` of ``conversations.turns``; the time-to-done and the margin readings."""
-    counted = {}
-    for point in points.get("conversations.turns", []):
-        status = point.attributes["conversations.turn.status"]
-        counted[status] = counted.get(status, 0) + point.value
-    readings = lambda name: sum(p.count for p in points.get(name, []))  # noqa: E731
-    return counted, readings("conversations.turn.duration"), readings("conversations.turn.deadline_margin")
-
-
 @pytest.fixture
 def answering(conversations_settings):
     with FakeProvider(default=openai_text("Hello!")) as fake:
@@ -390,7 +380,7 @@ def test_a_queued_turn_stopped_is_counted_once_cancelled(answering, telemetry):
     run_worker(CONCURRENT)  # its job finds it ended
 
     assert answering.requests == []
-    assert turns_counted(telemetry.metric_points()) == ({"cancelled": 1}, 1, 0)  # no job: no margin
+    assert otel.turns_counted(telemetry.metric_points()) == ({"cancelled": 1}, 1, 0)  # no job: no margin
 
 
 def test_a_turn_no_worker_took_in_time_is_counted_once_failed(answering, telemetry, conversations_settings):
@@ -403,7 +393,7 @@ def test_a_turn_no_worker_took_in_time_is_counted_once_failed(answering, telemet
     api_post(client, f"/api/conversations/{started['conversation']}/turns/", {"content": "Hello again"})
     run_worker(CONCURRENT)  # the late job leaves the first turn as it ended, and runs the second
 
-    assert turns_counted(telemetry.metric_points()) == ({"failed": 1, "completed": 1}, 2, 1)
+    assert otel.turns_counted(telemetry.metric_points()) == ({"failed": 1, "completed": 1}, 2, 1)
 
 
 def test_a_turn_whose_job_started_past_queue_wait_is_counted_once_failed(answering, telemetry):
@@ -414,7 +404,7 @@ def test_a_turn_whose_job_started_past_queue_wait_is_counted_once_failed(answeri
 
     assert answering.requests == []
     assert client.get(started["poll_url"]).json()["status"] == "failed"
-    assert turns_counted(telemetry.metric_points()) == ({"failed": 1}, 1, 0)
+    assert otel.turns_counted(telemetry.metric_points()) == ({"failed": 1}, 1, 0)
 
 
 def test_a_running_turn_whose_job_is_gone_is_counted_once_when_stop_ends_it(answering, telemetry):
@@ -426,7 +416,7 @@ def test_a_running_turn_whose_job_is_gone_is_counted_once_when_stop_ends_it(answ
 
     assert api_post(client, started["cancel_url"]).json()["status"] == "cancelled"  # finalize() ends it
     assert api_post(client, started["cancel_url"]).json()["status"] == "cancelled"
-    assert turns_counted(telemetry.metric_points()) == ({"cancelled": 1}, 1, 0)
+    assert otel.turns_counted(telemetry.metric_points()) == ({"cancelled": 1}, 1, 0)
 
 
 def test_a_turn_its_job_ended_is_counted_once_with_its_margin(answering, telemetry):
@@ -437,7 +427,7 @@ def test_a_turn_its_job_ended_is_counted_once_with_its_margin(answering, telemet
     assert api_post(client, started["cancel_url"]).json()["status"] == "completed"  # Stop after the end
     settled(telemetry)
 
-    assert turns_counted(telemetry.metric_points()) == ({"completed": 1}, 1, 1)
+    assert otel.turns_counted(telemetry.metric_points()) == ({"completed": 1}, 1, 1)
 
 
 @pytest.mark.slow
