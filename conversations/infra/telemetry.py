@@ -219,6 +219,7 @@ def warm_up(forking=False):
     its own: their tracer and instruments are made here for every horse to inherit."""
     global _horses_of
     if AVAILABLE:
+        _adopt()
         if forking and _configured_in == os.getpid():
             _horses_of = os.getpid()
             _rehearse(own_provider=True)
@@ -226,6 +227,18 @@ def warm_up(forking=False):
         _tracer()
         instruments()
         _rehearse()
+
+
+def _adopt():
+    """Take over, in a worker forked from the process that configured the SDK (``manage.py
+    rqworker-pool`` forks its workers from its own process) before that process made a provider,
+    the part the configuring process would have had: the worker is then set up as one started
+    alone (a forking worker's parent with no provider and no export thread, a concurrent worker's
+    jobs measured as they run), not as a work horse. Providers already made are inherited as
+    they are."""
+    global _configured_in
+    if forked() and _span_exporter is not None and _metrics_mode is not None:
+        _configured_in = os.getpid()
 
 
 def _rehearse(own_provider=False):
