@@ -73,7 +73,6 @@ _flushing = False  # a work horse sending what it holds before it exits (``flush
 # (``from_horses``). None: every process measures and exports for itself.
 _from_horses = None
 _held = []  # the measurements a forking worker's parent has not exported yet
-_unread = b""  # the start of a line from the pipe whose end has not been read yet
 _exported_at = 0.0  # when (monotonic) the parent last exported them
 
 
@@ -89,8 +88,9 @@ def configure(mode):
     The exporter and the resource are made now; the providers when the process first needs
     them: the tracer provider at the first span (``_tracer``), the meter provider at the first
     measurement (``instruments``). A forking worker's parent (``warm_up(forking=True)``) makes
-    neither until it makes a span or a measurement of its own (a horse died): each horse makes
-    its own, with the parent's resource, at its job's start. A provider in the parent would run
+    no tracer provider until it makes a span of its own (a horse died): each horse makes its own,
+    with the parent's resource, at its job's start; and no lasting meter provider: its horses hand
+    it their measurements, which it exports with its own (``from_horses``). A provider in the parent would run
     the SDK's at-fork handlers in every horse (each recomputes the process's resource in a new
     thread pool: milliseconds of every fork), and a thread exporting metrics in the parent at
     the moment of a fork would leave the SDK's locks held in the horse for ever."""
@@ -218,8 +218,9 @@ def _tracer():
 def warm_up(forking=False):
     """Make the tracer and the instruments now, so that no turn waits for their making. ``forking``:
     this is a forking worker's parent; when the app set up the SDK here (``configure``), it makes
-    no provider (each horse makes its own at its job's start, and exports its metrics when it
-    ends: see ``configure``) and only rehearses a span. The providers a site set up itself are
+    no provider (each horse makes its tracer provider at its job's start, and hands its
+    measurements to this process when it ends: see ``configure``), opens the pipe they come
+    through, and only rehearses a span. The providers a site set up itself are
     its own: their tracer and instruments are made here for every horse to inherit."""
     global _horses_of, _from_horses, _exported_at
     if AVAILABLE:
@@ -391,8 +392,8 @@ def job_span(meta, **attributes):
         yield None
         return
     content = bool(attributes.pop("content", False))
-    # A forked work horse exports its metrics when its job ends (``flush``), not before: it makes
-    # its measurements then too, after the turn's final write, which an operator cannot tell
+    # A forked work horse's metrics leave it when its job ends (to its parent, or ``flush``), not
+    # before: it makes its measurements then too, after the turn's final write, which an operator cannot tell
     # apart, and the visitor's turn no longer waits for the SDK's first touch, in a fresh
     # process, of each instrument and aggregation.
     pending = _pending.set([]) if forked() else None
@@ -507,20 +508,21 @@ def from_horses(final=False):
     ``final``, as it exits: take what its horses measured, and export it with what the parent
     measured itself once ``OTEL_METRIC_EXPORT_INTERVAL`` (60 s by default, as the SDK's) has passed
     since its last export; ``final``: now. Returns nothing; never raises."""
-    global _unread, _exported_at
+    global _exported_at
     if _from_horses is None or _horses_of != os.getpid():
         return
+    received = b""
     try:
         while chunk := os.read(_from_horses[0], 1 << 16):
-            _unread += chunk
+            received += chunk
     except BlockingIOError:
         pass
-    *lines, _unread = _unread.split(b"\n")
+    # No horse is running now: a line without its end is one a horse was killed while it wrote.
+    *lines, cut = received.split(b"\n")
     for line in lines:
-        try:
-            _held.extend(json.loads(line))
-        except ValueError:  # a horse killed while it wrote
-            logger.warning("Dropped a work horse's measurements that could not be read")
+        _held.extend(json.loads(line))
+    if cut:
+        logger.warning("Dropped the measurements of a work horse killed while it handed them over")
     interval = float(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL") or 60000) / 1000
     if _held and (final or time.monotonic() - _exported_at >= interval):
         _exported_at = time.monotonic()
