@@ -8,8 +8,6 @@ import datetime
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import django_rq
@@ -22,8 +20,8 @@ from conversations.models import CallRecord, Turn
 from conversations.tools import tool
 from tests.support.fake_stream import openai_stream, streaming
 from tests.support.fakes import FakeProvider, hang, openai_text, unavailable
-from tests.support.helpers import (CONCURRENT, FORKING, ROOT, api_post, make_client, poll_until_done, run_worker,
-                                   start_turn, wait_for, worker_env)
+from tests.support.helpers import (CONCURRENT, FORKING, api_post, make_client, poll_until_done, run_worker,
+                                   start_turn, wait_for)
 
 otel = pytest.importorskip("tests.support.otel", reason="the otel extra is not installed")
 
@@ -496,7 +494,7 @@ def test_a_forking_workers_horses_make_their_own_tracer_provider_as_one_instance
 
 @pytest.mark.slow
 def test_a_forking_worker_forked_from_the_process_that_set_up_the_sdk_sends_each_reading_once(
-        answering, receiver, monkeypatch):
+        answering, receiver, worker_process, monkeypatch):
     """``manage.py rqworker-pool`` sets the SDK up in the pool's process and forks each worker from
     it. Such a worker's parent is set up as one started alone is: no thread of it exports metrics
     every ``OTEL_METRIC_EXPORT_INTERVAL`` (one collecting at the moment of a fork would leave the
@@ -505,24 +503,14 @@ def test_a_forking_worker_forked_from_the_process_that_set_up_the_sdk_sends_each
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
-    pool = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "rqworker-pool", "--num-workers", "1",
-                             "--worker-class", FORKING], env=worker_env(TELEMETRY="otlp"), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        client = make_client()
-        started = start_turn(client, QUESTION)
-        assert poll_until_done(client, started["poll_url"], timeout=60)["status"] == "completed"
-        wait_for(lambda: sum(p["as_int"] for p in receiver.metric_points.get("conversations.turns", [])) == 1,
-                 timeout=15, what="the horse's count")
-        sent = receiver.requests
-        time.sleep(2)  # ten export intervals
-        assert receiver.requests == sent
-        assert "conversations.handoffs.waiting" not in receiver.metric_points  # the long-lived processes' gauge
-        assert sum(p["as_int"] for p in receiver.metric_points["conversations.turns"]) == 1
-    finally:
-        pool.terminate()
-        try:
-            pool.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            pool.kill()
-            pool.wait()
+    worker_process(1, worker_class=FORKING, pool=True, TELEMETRY="otlp")
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    assert poll_until_done(client, started["poll_url"], timeout=60)["status"] == "completed"
+    wait_for(lambda: sum(p["as_int"] for p in receiver.metric_points.get("conversations.turns", [])) == 1,
+             timeout=15, what="the horse's count")
+    sent = receiver.requests
+    time.sleep(2)  # ten export intervals
+    assert receiver.requests == sent
+    assert "conversations.handoffs.waiting" not in receiver.metric_points  # the long-lived processes' gauge
+    assert sum(p["as_int"] for p in receiver.metric_points["conversations.turns"]) == 1
