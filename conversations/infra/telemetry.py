@@ -517,13 +517,21 @@ def from_horses(final=False):
             received += chunk
     except BlockingIOError:
         pass
+    except OSError:  # noqa: BLE001 - telemetry never stops a worker
+        logger.warning("Could not read the work horses' measurements", exc_info=True)
     # No horse is running now: a line without its end is one a horse was killed while it wrote.
     *lines, cut = received.split(b"\n")
     for line in lines:
-        _held.extend(json.loads(line))
+        try:
+            _held.extend(json.loads(line))
+        except ValueError:
+            cut = line
     if cut:
         logger.warning("Dropped the measurements of a work horse killed while it handed them over")
-    interval = float(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL") or 60000) / 1000
+    try:
+        interval = float(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL") or 60000) / 1000
+    except ValueError:  # as the SDK's reader does with a value it cannot read
+        interval = 60.0
     if _held and (final or time.monotonic() - _exported_at >= interval):
         _exported_at = time.monotonic()
         _export_held()
