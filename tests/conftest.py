@@ -129,12 +129,15 @@ def visitor(request, db):
 
 @pytest.fixture
 def worker_process(transactional_db):
-    """Start ``manage.py rqworker`` processes (``start(n=1, **overrides)``); all are stopped after the test."""
+    """Start ``manage.py rqworker`` processes (``start(n=1, **overrides)``), or one ``manage.py
+    rqworker-pool`` of ``n`` workers (``pool=True``); all are stopped after the test."""
     processes = []
 
-    def start(n=1, worker_class=None, **overrides):
+    def start(n=1, worker_class=None, pool=False, **overrides):
         env = worker_env(**overrides)
         command = [sys.executable, str(ROOT / "manage.py"), "rqworker"]
+        if pool:
+            command, n = [sys.executable, str(ROOT / "manage.py"), "rqworker-pool", "--num-workers", str(n)], 1
         if worker_class is not None:
             command += ["--worker-class", worker_class]
         for _ in range(n):

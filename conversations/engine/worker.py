@@ -32,7 +32,7 @@ from rq.timeouts import TimerDeathPenalty
 from ..cache import wait_for_connections
 from ..conf import get_config
 from ..core.sentences import timeout_message
-from ..infra import dbconn, lease, state
+from ..infra import dbconn, lease, state, telemetry
 from ..infra.queue import turn_id_from_job_id
 from ..models import Turn
 from ..tools import ABANDONED_THREAD_PREFIX
@@ -107,12 +107,20 @@ class Worker(rq.Worker):
     work horse died abruptly."""
 
     def work(self, *args, **kwargs):
-        """RQ's loop, after ``jobs.warm_up()``: every work horse forks from this process."""
+        """RQ's loop, after ``jobs.warm_up()``: every work horse forks from this process. The
+        metrics its horses handed it are exported as it exits."""
         warm_up(forking=True)
-        return super().work(*args, **kwargs)
+        try:
+            return super().work(*args, **kwargs)
+        finally:
+            telemetry.from_horses(final=True)
 
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):
-        return _dequeue(self, super().dequeue_job_and_maintain_ttl, timeout, max_idle_time)
+        def dequeue(timeout, max_idle_time=None):  # between jobs, and every DEQUEUE_WAIT when idle
+            telemetry.from_horses()
+            return super(Worker, self).dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+
+        return _dequeue(self, dequeue, timeout, max_idle_time)
 
     def unsubscribe(self):
         _unsubscribe(self)

@@ -21,6 +21,7 @@ same start and duration as the admin's timeline shows: one story, told twice. Me
 in a span only when ``CONVERSATIONS["TELEMETRY_CONTENT"]`` is on.
 """
 
+import importlib
 import json
 import logging
 import math
@@ -66,10 +67,13 @@ _sdk_resource = None  # the resource configure() made, which every provider of t
 _horses_of = None  # the pid of a forking worker's parent (``warm_up(forking=True)``)
 _setup_lock = threading.Lock()
 _flushing = False  # a work horse sending what it holds before it exits (``flush``)
-# The pid of a forking worker's parent, whose meter provider exports only when flushed: what it
-# measures (a turn it ends for a dead horse) is exported at once (``_measure``), or every horse
-# forked after would inherit the reading and export it again.
-_export_at_once_in = None
+# A forking worker's parent (``warm_up(forking=True)``, the SDK configured here) aggregates its
+# horses' measurements: each horse writes what its job measured to this pipe (read end, write end)
+# as its job ends, and the parent exports them with its own, every OTEL_METRIC_EXPORT_INTERVAL
+# (``from_horses``). None: every process measures and exports for itself.
+_from_horses = None
+_held = []  # the measurements a forking worker's parent has not exported yet
+_exported_at = 0.0  # when (monotonic) the parent last exported them
 
 
 def enabled():
@@ -84,8 +88,9 @@ def configure(mode):
     The exporter and the resource are made now; the providers when the process first needs
     them: the tracer provider at the first span (``_tracer``), the meter provider at the first
     measurement (``instruments``). A forking worker's parent (``warm_up(forking=True)``) makes
-    neither until it makes a span or a measurement of its own (a horse died): each horse makes
-    its own, with the parent's resource, at its job's start. A provider in the parent would run
+    no tracer provider until it makes a span of its own (a horse died): each horse makes its own,
+    with the parent's resource, at its job's start; and no lasting meter provider: its horses hand
+    it their measurements, which it exports with its own (``from_horses``). A provider in the parent would run
     the SDK's at-fork handlers in every horse (each recomputes the process's resource in a new
     thread pool: milliseconds of every fork), and a thread exporting metrics in the parent at
     the moment of a fork would leave the SDK's locks held in the horse for ever."""
@@ -156,7 +161,7 @@ def _resource():
 def _setup_metrics(periodic=True):
     """Set up the meter provider ``configure()`` left for later, once: exporting every
     ``OTEL_METRIC_EXPORT_INTERVAL`` in a thread, or (``periodic`` False) only when flushed."""
-    global _metrics_mode, _export_at_once_in
+    global _metrics_mode
     with _setup_lock:
         mode, _metrics_mode = _metrics_mode, None
         if mode is None:
@@ -168,7 +173,6 @@ def _setup_metrics(periodic=True):
             reader = PeriodicExportingMetricReader(_metric_exporter,
                                                    export_interval_millis=None if periodic else math.inf)
             otel_metrics.set_meter_provider(MeterProvider(resource=_sdk_resource, metric_readers=[reader]))
-            _export_at_once_in = os.getpid() if _horses_of == os.getpid() else None
         except Exception:  # noqa: BLE001 - telemetry never stops a site
             logger.exception("Could not set up OpenTelemetry's metrics (TELEMETRY=%r)", mode)
 
@@ -214,18 +218,37 @@ def _tracer():
 def warm_up(forking=False):
     """Make the tracer and the instruments now, so that no turn waits for their making. ``forking``:
     this is a forking worker's parent; when the app set up the SDK here (``configure``), it makes
-    no provider (each horse makes its own at its job's start, and exports its metrics when it
-    ends: see ``configure``) and only rehearses a span. The providers a site set up itself are
+    no provider (each horse makes its tracer provider at its job's start, and hands its
+    measurements to this process when it ends: see ``configure``), opens the pipe they come
+    through, and only rehearses a span. The providers a site set up itself are
     its own: their tracer and instruments are made here for every horse to inherit."""
-    global _horses_of
+    global _horses_of, _from_horses, _exported_at
     if AVAILABLE:
+        _adopt()
         if forking and _configured_in == os.getpid():
             _horses_of = os.getpid()
+            _from_horses, _exported_at = _pipe(), time.monotonic()
             _rehearse(own_provider=True)
+            # The OTLP exporters' HTTP client (requests) imports ``netrc`` (and ``shlex``) at its first
+            # request, to look for credentials: each horse, whose first request is its export, did
+            # (about a tenth of its job's CPU with tracing on, sampled with cProfile).
+            importlib.import_module("netrc")
             return
         _tracer()
         instruments()
         _rehearse()
+
+
+def _adopt():
+    """Take over, in a worker forked from the process that configured the SDK (``manage.py
+    rqworker-pool`` forks its workers from its own process) before that process made a provider,
+    the part the configuring process would have had: the worker is then set up as one started
+    alone (a forking worker's parent with no provider and no export thread, a concurrent worker's
+    jobs measured as they run), not as a work horse. Providers already made are inherited as
+    they are."""
+    global _configured_in
+    if forked() and _span_exporter is not None and _metrics_mode is not None:
+        _configured_in = os.getpid()
 
 
 def _rehearse(own_provider=False):
@@ -369,8 +392,8 @@ def job_span(meta, **attributes):
         yield None
         return
     content = bool(attributes.pop("content", False))
-    # A forked work horse exports its metrics when its job ends (``flush``), not before: it makes
-    # its measurements then too, after the turn's final write, which an operator cannot tell
+    # A forked work horse's metrics leave it when its job ends (to its parent, or ``flush``), not
+    # before: it makes its measurements then too, after the turn's final write, which an operator cannot tell
     # apart, and the visitor's turn no longer waits for the SDK's first touch, in a fresh
     # process, of each instrument and aggregation.
     pending = _pending.set([]) if forked() else None
@@ -424,24 +447,112 @@ _pending = ContextVar("conversations_telemetry_pending", default=None)
 
 
 def _measure(instrument, value, attributes, method="record"):
-    """``instruments().<instrument>.<method>(value, attributes)``, now or when the job ends."""
+    """``instruments().<instrument>.<method>(value, attributes)``, now or when the job ends (in a
+    forking worker's parent: when it exports, ``from_horses``)."""
     pending = _pending.get()
     if pending is not None:
         pending.append((instrument, method, value, attributes))
-        return
-    getattr(getattr(instruments(), instrument), method)(value, attributes)
-    if _export_at_once_in == os.getpid():
-        try:
-            otel_metrics.get_meter_provider().force_flush(5000)
-        except Exception:  # noqa: BLE001 - telemetry never stops a worker
-            logger.warning("Could not export a measurement", exc_info=True)
+    elif _from_horses is not None and _horses_of == os.getpid():
+        _held.append((instrument, method, value, attributes))
+    else:
+        getattr(getattr(instruments(), instrument), method)(value, attributes)
 
 
 def _measure_pending():
-    recorded, pending = instruments(), _pending.get()
-    for instrument, method, value, attributes in pending:
-        getattr(getattr(recorded, instrument), method)(value, attributes)
+    """Make the measurements a horse's job kept: hand them to its parent where it aggregates
+    them, or record them here."""
+    pending = _pending.get()
+    if _from_horses is not None:
+        _to_parent(pending)
+    else:
+        recorded = instruments()
+        for instrument, method, value, attributes in pending:
+            getattr(getattr(recorded, instrument), method)(value, attributes)
     pending.clear()
+
+
+# -- a forking worker's metrics, aggregated in its parent -------------------------------------
+#
+# A horse that exported its own metrics paid, after the turn's final write, for a meter provider,
+# the instruments and their aggregations made anew in a fresh fork, and an OTLP request of its own
+# (about half the CPU tracing added to its job: docs/benchmarks.md). It writes its measurements to
+# its parent instead, one line of JSON, and the parent exports every horse's together. The parent
+# keeps no meter provider between exports: one made for each export and dropped after it, so that
+# no SDK at-fork handler runs in the horses and no export thread holds a lock at a fork.
+
+
+def _pipe():
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)  # a parent that stopped reading never blocks a horse: it loses the line
+    try:
+        import fcntl
+
+        fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, 1 << 20)  # room for a long turn's line (Linux; 64 KiB without)
+    except (ImportError, AttributeError, OSError):
+        pass
+    return read, write
+
+
+def _to_parent(pending):
+    data = (json.dumps(pending) + "\n").encode()
+    try:
+        while data:
+            data = data[os.write(_from_horses[1], data):]
+    except OSError:  # BlockingIOError: the pipe is full
+        logger.warning("Could not hand this job's measurements to the worker's parent", exc_info=True)
+
+
+def from_horses(final=False):
+    """Called by a forking worker's parent between jobs (at least every second when idle) and, with
+    ``final``, as it exits: take what its horses measured, and export it with what the parent
+    measured itself once ``OTEL_METRIC_EXPORT_INTERVAL`` (60 s by default, as the SDK's) has passed
+    since its last export; ``final``: now. Returns nothing; never raises."""
+    global _exported_at
+    if _from_horses is None or _horses_of != os.getpid():
+        return
+    received = b""
+    try:
+        while chunk := os.read(_from_horses[0], 1 << 16):
+            received += chunk
+    except BlockingIOError:
+        pass
+    except OSError:  # noqa: BLE001 - telemetry never stops a worker
+        logger.warning("Could not read the work horses' measurements", exc_info=True)
+    # No horse is running now: a line without its end is one a horse was killed while it wrote.
+    *lines, cut = received.split(b"\n")
+    for line in lines:
+        try:
+            _held.extend(json.loads(line))
+        except ValueError:
+            cut = line
+    if cut:
+        logger.warning("Dropped the measurements of a work horse killed while it handed them over")
+    try:
+        interval = float(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL") or 60000) / 1000
+    except ValueError:  # as the SDK's reader does with a value it cannot read
+        interval = 60.0
+    if _held and (final or time.monotonic() - _exported_at >= interval):
+        _exported_at = time.monotonic()
+        _export_held()
+
+
+def _export_held():
+    """Export the parent's held measurements through a meter provider of their own, then drop it."""
+    held = list(_held)
+    _held.clear()
+    try:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        reader = PeriodicExportingMetricReader(_metric_exporter, export_interval_millis=math.inf)
+        provider = MeterProvider(resource=_sdk_resource, metric_readers=[reader], shutdown_on_exit=False)
+        recorded = _Instruments(provider.get_meter(SCOPE))
+        for instrument, method, value, attributes in held:
+            getattr(getattr(recorded, instrument), method)(value, attributes)
+        provider.force_flush(5000)
+    except Exception:  # noqa: BLE001 - telemetry never stops a worker
+        logger.warning("Could not export the work horses' measurements", exc_info=True)
 
 
 class _Instruments:

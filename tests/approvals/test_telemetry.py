@@ -24,26 +24,17 @@ def telemetry():
     recorder.stop()
 
 
-def turns_counted(points):
-    """``{status: count}`` of ``conversations.turns`` in ``points``, and the time-to-done readings."""
-    counted = {}
-    for point in points.get("conversations.turns", []):
-        status = point.attributes["conversations.turn.status"]
-        counted[status] = counted.get(status, 0) + point.value
-    return counted, sum(p.count for p in points.get("conversations.turn.duration", []))
-
-
 def test_a_turn_stopped_while_it_waits_for_an_approval_is_counted_once_cancelled(fake, telemetry):
     fake.add(openai_tool_calls(("call_1", "refund", {"order": "A1"})), openai_text("never asked"))
     client = make_client()
     started, _state = waiting_turn(client)
-    assert turns_counted(telemetry.metric_points()) == ({}, 0)  # waiting is not an ending
+    assert otel.turns_counted(telemetry.metric_points()) == ({}, 0, 0)  # waiting is not an ending
 
     assert api_post(client, started["cancel_url"]).json()["status"] == "cancelled"
     assert api_post(client, started["cancel_url"]).json()["status"] == "cancelled"  # pressed again
     run_worker()
 
-    assert turns_counted(telemetry.metric_points()) == ({"cancelled": 1}, 1)
+    assert otel.turns_counted(telemetry.metric_points()) == ({"cancelled": 1}, 1, 0)
 
 
 def test_a_turn_whose_approval_expired_is_counted_once_incomplete(fake, telemetry, conversations_settings):
@@ -57,4 +48,4 @@ def test_a_turn_whose_approval_expired_is_counted_once_incomplete(fake, telemetr
     client.get(started["poll_url"])  # polled again: already ended, nothing more written
     run_worker()
 
-    assert turns_counted(telemetry.metric_points()) == ({"incomplete": 1}, 1)
+    assert otel.turns_counted(telemetry.metric_points()) == ({"incomplete": 1}, 1, 0)

@@ -209,18 +209,21 @@ def test_the_metrics_count_the_turn_its_calls_tokens_and_polls(chain, telemetry,
 
 
 @pytest.mark.slow
-def test_a_forking_workers_horse_sends_the_turns_metrics_when_its_job_ends(chain, telemetry, receiver,
-                                                                           worker_process, monkeypatch):
+def test_a_forking_workers_parent_sends_the_metrics_its_horse_measured(chain, telemetry, receiver,
+                                                                       worker_process, monkeypatch):
     """A ``manage.py rqworker`` with the forking ``Worker`` and TELEMETRY="otlp": each work horse
-    measures at the end of its job, after the turn's final write, and exports what it measured
-    before it exits; the operator receives the same counts as from a long-lived process."""
+    measures at the end of its job, after the turn's final write, and hands what it measured to the
+    worker's parent, which exports it every ``OTEL_METRIC_EXPORT_INTERVAL``; the operator receives the
+    same counts as from a long-lived process."""
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
     worker_process(1, worker_class=FORKING, TELEMETRY="otlp")
     client = make_client()
     started = start_turn(client, QUESTION)
     assert poll_until_done(client, started["poll_url"], timeout=40)["status"] == "completed"
     wait_for(lambda: "conversations.turns" in receiver.metric_points, timeout=15, what="the horse's metrics")
+    time.sleep(1)  # anything sent late would be counted too
 
     def total(name, **attributes):
         return sum(p.get("count", p.get("as_int", 0)) for p in receiver.metric_points.get(name, [])
@@ -365,16 +368,6 @@ def test_a_call_that_times_out_names_its_phase_and_the_turn_fails_in_the_trace(c
 # -- every ending counted once (``lifecycle.ended``) ------------------------------------------------
 
 
-def turns_counted(points):
-    """``{status: count}`` of ``conversations.turns``; the time-to-done and the margin readings."""
-    counted = {}
-    for point in points.get("conversations.turns", []):
-        status = point.attributes["conversations.turn.status"]
-        counted[status] = counted.get(status, 0) + point.value
-    readings = lambda name: sum(p.count for p in points.get(name, []))  # noqa: E731
-    return counted, readings("conversations.turn.duration"), readings("conversations.turn.deadline_margin")
-
-
 @pytest.fixture
 def answering(conversations_settings):
     with FakeProvider(default=openai_text("Hello!")) as fake:
@@ -390,7 +383,7 @@ def test_a_queued_turn_stopped_is_counted_once_cancelled(answering, telemetry):
     run_worker(CONCURRENT)  # its job finds it ended
 
     assert answering.requests == []
-    assert turns_counted(telemetry.metric_points()) == ({"cancelled": 1}, 1, 0)  # no job: no margin
+    assert otel.turns_counted(telemetry.metric_points()) == ({"cancelled": 1}, 1, 0)  # no job: no margin
 
 
 def test_a_turn_no_worker_took_in_time_is_counted_once_failed(answering, telemetry, conversations_settings):
@@ -403,7 +396,7 @@ def test_a_turn_no_worker_took_in_time_is_counted_once_failed(answering, telemet
     api_post(client, f"/api/conversations/{started['conversation']}/turns/", {"content": "Hello again"})
     run_worker(CONCURRENT)  # the late job leaves the first turn as it ended, and runs the second
 
-    assert turns_counted(telemetry.metric_points()) == ({"failed": 1, "completed": 1}, 2, 1)
+    assert otel.turns_counted(telemetry.metric_points()) == ({"failed": 1, "completed": 1}, 2, 1)
 
 
 def test_a_turn_whose_job_started_past_queue_wait_is_counted_once_failed(answering, telemetry):
@@ -414,7 +407,7 @@ def test_a_turn_whose_job_started_past_queue_wait_is_counted_once_failed(answeri
 
     assert answering.requests == []
     assert client.get(started["poll_url"]).json()["status"] == "failed"
-    assert turns_counted(telemetry.metric_points()) == ({"failed": 1}, 1, 0)
+    assert otel.turns_counted(telemetry.metric_points()) == ({"failed": 1}, 1, 0)
 
 
 def test_a_running_turn_whose_job_is_gone_is_counted_once_when_stop_ends_it(answering, telemetry):
@@ -426,7 +419,7 @@ def test_a_running_turn_whose_job_is_gone_is_counted_once_when_stop_ends_it(answ
 
     assert api_post(client, started["cancel_url"]).json()["status"] == "cancelled"  # finalize() ends it
     assert api_post(client, started["cancel_url"]).json()["status"] == "cancelled"
-    assert turns_counted(telemetry.metric_points()) == ({"cancelled": 1}, 1, 0)
+    assert otel.turns_counted(telemetry.metric_points()) == ({"cancelled": 1}, 1, 0)
 
 
 def test_a_turn_its_job_ended_is_counted_once_with_its_margin(answering, telemetry):
@@ -437,7 +430,7 @@ def test_a_turn_its_job_ended_is_counted_once_with_its_margin(answering, telemet
     assert api_post(client, started["cancel_url"]).json()["status"] == "completed"  # Stop after the end
     settled(telemetry)
 
-    assert turns_counted(telemetry.metric_points()) == ({"completed": 1}, 1, 1)
+    assert otel.turns_counted(telemetry.metric_points()) == ({"completed": 1}, 1, 1)
 
 
 @pytest.mark.slow
@@ -449,6 +442,7 @@ def test_a_turn_a_forking_workers_parent_ends_is_counted_once(chain, receiver, w
     conversations_settings.update(MAX_RESUMES=0, TOOL_TIMEOUT=15, TOOL_RESERVE=1)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
     cache.set("test:hold", True)
     worker_process(1, worker_class=FORKING, TELEMETRY="otlp")
     client = make_client()
@@ -485,6 +479,7 @@ def test_a_forking_workers_horses_make_their_own_tracer_provider_as_one_instance
     backend sees one instance per worker, not one per turn; the spans and metrics still arrive."""
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
     worker_process(1, worker_class=FORKING, TELEMETRY="otlp")
     client = make_client()
     for _ in range(2):
@@ -495,3 +490,27 @@ def test_a_forking_workers_horses_make_their_own_tracer_provider_as_one_instance
     assert len({s["instance"] for s in jobs}) == 1 and None not in {s["instance"] for s in jobs}
     wait_for(lambda: sum(p["as_int"] for p in receiver.metric_points.get("conversations.turns", [])) == 2,
              timeout=15, what="both horses' counts")
+
+
+@pytest.mark.slow
+def test_a_forking_worker_forked_from_the_process_that_set_up_the_sdk_sends_each_reading_once(
+        answering, receiver, worker_process, monkeypatch):
+    """``manage.py rqworker-pool`` sets the SDK up in the pool's process and forks each worker from
+    it. Such a worker's parent is set up as one started alone is: no thread of it exports metrics
+    every ``OTEL_METRIC_EXPORT_INTERVAL`` (one collecting at the moment of a fork would leave the
+    SDK's locks held in the horse for ever, and it sent the hand-overs' gauge every time); what its
+    horse measured is sent once, and nothing after it."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
+    worker_process(1, worker_class=FORKING, pool=True, TELEMETRY="otlp")
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    assert poll_until_done(client, started["poll_url"], timeout=60)["status"] == "completed"
+    wait_for(lambda: sum(p["as_int"] for p in receiver.metric_points.get("conversations.turns", [])) == 1,
+             timeout=15, what="the horse's count")
+    sent = receiver.requests
+    time.sleep(2)  # ten export intervals
+    assert receiver.requests == sent
+    assert "conversations.handoffs.waiting" not in receiver.metric_points  # the long-lived processes' gauge
+    assert sum(p["as_int"] for p in receiver.metric_points["conversations.turns"]) == 1

@@ -188,3 +188,14 @@ class Telemetry:
                 for metric in scope_metrics.metrics:
                     points.setdefault(metric.name, []).extend(metric.data.data_points)
         return points
+
+
+def turns_counted(points):
+    """What ``conversations.turns`` and its two histograms hold in ``points`` (``Telemetry.metric_points()``):
+    ``({status: count}, time-to-done readings, deadline-margin readings)``."""
+    counted = {}
+    for point in points.get("conversations.turns", []):
+        status = point.attributes["conversations.turn.status"]
+        counted[status] = counted.get(status, 0) + point.value
+    readings = lambda name: sum(p.count for p in points.get(name, []))  # noqa: E731
+    return counted, readings("conversations.turn.duration"), readings("conversations.turn.deadline_margin")
