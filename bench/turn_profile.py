@@ -91,6 +91,8 @@ def main():
     args = parser.parse_args()
 
     print(machine())
+    if args.fork:  # bench.settings gives a forking worker no connection pool, as deployment.md says
+        os.environ["RQ_WORKER_CLASS"] = "conversations.worker.Worker"
     with ScriptedProvider(calls=3) as provider:
         conversations = {"PROVIDER": "openai", "BASE_URL": provider.url, "API_KEY": "bench", "MODEL": "bench"}
         with Stack(database=args.database, conversations=conversations) as stack:
