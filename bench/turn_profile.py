@@ -2,17 +2,22 @@
 in this process under cProfile, timed on the thread's CPU clock (so that other processes' load
 counts less), then the parts of the job it spends that CPU in.
 
-    .venv/bin/python -m bench.turn_profile [--turns 40] [--database sqlite|postgres|URL] [--top 25]
+    .venv/bin/python -m bench.turn_profile [--turns 40] [--database sqlite|postgres|URL] [--top 25] [--fork]
 
 Each turn is saved as the POST saves it (its conversation, the visitor's message, the turn with
 its job id) outside the profile, then ``perform_turn`` runs it as a worker's thread would,
 against the same instant OpenAI-compatible server. The first 5 turns warm up and are not counted.
+With ``--fork``, as a ``Worker``'s work horse would instead: this process warms up as the
+worker's parent does (``warm_up(forking=True)``), and each turn runs in a child forked for it,
+profiled there from the fork on; what a horse does first that its parent never did shows there.
 """
 
 import argparse
 import cProfile
 import io
+import os
 import pstats
+import tempfile
 import time
 
 from bench.common import ScriptedProvider, Stack, machine
@@ -49,35 +54,78 @@ def make_turn():
     return turn.pk
 
 
+def forked(turn_id, dump):
+    """Run ``turn_id``'s job in a child forked now, as a work horse; its profile is written to
+    ``dump``. Returns the child's wall time in seconds, from before the fork to its exit."""
+    from django.db import connections
+
+    from conversations.engine.job import perform_turn
+
+    connections.close_all()  # as the worker's parent before each fork
+    started = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            profile = cProfile.Profile(time.thread_time)
+            profile.enable()
+            perform_turn(turn_id)
+            profile.disable()
+            profile.dump_stats(dump)
+            code = 0
+        finally:
+            os._exit(code)
+    _pid, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise RuntimeError(f"the horse of turn {turn_id} failed ({status})")
+    return time.perf_counter() - started
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=40)
     parser.add_argument("--database", default="sqlite", help='"postgres", "sqlite" or a DATABASE_URL')
     parser.add_argument("--top", type=int, default=25, help="functions listed by their own time")
     parser.add_argument("--dump", help="also write the profile to this file (for pstats or snakeviz)")
+    parser.add_argument("--fork", action="store_true", help="run each turn in a forked child, as a Worker's horse")
     args = parser.parse_args()
 
     print(machine())
+    if args.fork:  # bench.settings gives a forking worker no connection pool, as deployment.md says
+        os.environ["RQ_WORKER_CLASS"] = "conversations.worker.Worker"
     with ScriptedProvider(calls=3) as provider:
         conversations = {"PROVIDER": "openai", "BASE_URL": provider.url, "API_KEY": "bench", "MODEL": "bench"}
         with Stack(database=args.database, conversations=conversations) as stack:
-            from conversations.engine.job import perform_turn
+            from conversations.engine.job import perform_turn, warm_up
             from conversations.infra import state
 
             profile = cProfile.Profile(time.thread_time)
-            wall = []
+            wall, dumps = [], []
+            if args.fork:
+                warm_up(forking=True)
             for number in range(args.turns + 5):
                 turn_id = make_turn()
-                started = time.perf_counter()
-                if number >= 5:
-                    profile.enable()
-                perform_turn(turn_id)
-                if number >= 5:
-                    profile.disable()
-                    wall.append(time.perf_counter() - started)
+                if args.fork:
+                    dump = tempfile.mktemp(prefix="turn-profile-", suffix=".prof")
+                    took = forked(turn_id, dump)
+                    if number >= 5:
+                        dumps.append(dump)
+                        wall.append(took)
+                    else:
+                        os.unlink(dump)
+                else:
+                    started = time.perf_counter()
+                    if number >= 5:
+                        profile.enable()
+                    perform_turn(turn_id)
+                    if number >= 5:
+                        profile.disable()
+                        wall.append(time.perf_counter() - started)
                 assert state.read(turn_id)["status"] == "completed"
-            label = stack.database_label
-    stats = pstats.Stats(profile)
+            label = stack.database_label + (", each job in a forked child" if args.fork else "")
+    stats = pstats.Stats(*dumps, stream=io.StringIO()) if args.fork else pstats.Stats(profile)
+    for dump in dumps:
+        os.unlink(dump)
     if args.dump:
         stats.dump_stats(args.dump)
     per = 1000 / args.turns
@@ -96,7 +144,8 @@ def main():
         print(f"  {name:<55} {cumulative * per:7.2f}  ({calls / args.turns:.1f})")
     print(f"\nwall per profiled turn (profiling included): median {sorted(wall)[len(wall) // 2] * 1000:.1f} ms\n")
     out = io.StringIO()
-    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.top)
+    stats.stream = out
+    stats.sort_stats("tottime").print_stats(args.top)
     print(out.getvalue())
 
 

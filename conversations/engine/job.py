@@ -24,7 +24,9 @@ from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from .. import assistants
+from ..endpoints import calls_url
 from ..infra import state, telemetry
+from ..infra.watchdog import environment_settings
 from . import configure, lifecycle, statements
 from ..core.budget import TurnClock
 from ..conf import get_config
@@ -33,6 +35,7 @@ from .runner import TurnRunner
 from ..core.types import Outcome
 from .recovery import time_left
 from ..providers import get_provider_class
+from ..providers.chain import chain_entries
 from ..tools import load_tools
 from ..core.sentences import crashed_message, timeout_message
 
@@ -145,7 +148,8 @@ def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None, trace=None):
 def warm_up(forking=False):
     """Do, once in an RQ worker's parent process, the first-time work of a turn that each work
     horse would otherwise repeat: every horse is a fresh fork of the parent and inherits only
-    what the parent has already done. Imports the provider and the tools; runs the turn's
+    what the parent has already done. Imports the provider and the tools; looks up the proxies
+    the environment sets for each provider's origin (``watchdog.environment_settings``); runs the turn's
     queries once (finding nothing), which builds Django's lazy model metadata and the database
     driver's adapters; reads the cache once; makes the tracer and the instruments (``forking``:
     for work horses, which export their metrics as they end; see ``telemetry.configure``). Then
@@ -159,6 +163,10 @@ def warm_up(forking=False):
     try:
         get_provider_class(cfg["PROVIDER"])
         load_tools(cfg["TOOLS"])
+        for entry in chain_entries(cfg):  # the environment's proxies for each provider's origin
+            url = calls_url(entry["PROVIDER"], entry.get("BASE_URL"))
+            if url:
+                environment_settings(url)
         missing = uuid.uuid4()
         try:  # the raw statements' text is built once per process: a horse inherits it built
             statements.get(Turn, missing, related=RELATED)

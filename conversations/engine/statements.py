@@ -26,6 +26,7 @@ elsewhere the driver's last row id), so PostgreSQL, SQLite and MySQL/MariaDB run
 from django.db import connections, router
 from django.db.models import Model, Q, signals
 
+from ..infra import dbconn
 from ..models import Conversation, Message, Turn
 
 _SQL = {}  # (connection alias, kind, model, shape) -> the statement's text, built once
@@ -70,7 +71,7 @@ def update(model, values, **where):
         else:
             params.append(_field(meta, name).get_db_prep_value(value, connection))
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(dbconn.folded(connection, sql), params)
         return cursor.rowcount
 
 
@@ -130,7 +131,7 @@ def insert(obj):
     connection = _connection(model)
     sql, fields, returns, numbered = _insert_sql(connection, model, 1)
     with connection.cursor() as cursor:
-        cursor.execute(sql, _values(obj, fields, connection))
+        cursor.execute(dbconn.folded(connection, sql), _values(obj, fields, connection))
         if returns:
             obj.pk = cursor.fetchone()[0]
         elif numbered:
@@ -156,7 +157,7 @@ def insert_many(objs):
         for obj in batch:
             params += _values(obj, fields, connection)
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(dbconn.folded(connection, sql), params)
             if returns:
                 for obj, (pk,) in zip(batch, cursor.fetchall()):
                     obj.pk = pk

@@ -41,6 +41,11 @@ def release():
             connection.close()
 
 
+# The SQL that turns a running turn's step commits asynchronous, for its transaction only.
+ASYNC_COMMIT = "SET LOCAL synchronous_commit TO OFF"
+_unsent = contextvars.ContextVar("conversations_step_async_commit_unsent", default=None)
+
+
 @contextlib.contextmanager
 def step():
     """``transaction.atomic()`` for a running turn's own intermediate writes (its claim, each saved
@@ -52,11 +57,48 @@ def step():
     Each commit waited for a disk flush, milliseconds on an ordinary disk, more than the whole of
     the round-trip's own statements; a turn makes one per round-trip. SQLite's counterpart is the
     write-ahead log with ``synchronous=NORMAL`` of the demo's settings (docs/deployment.md). The
-    final write keeps the site's own setting, and so does a transaction this one is nested in."""
+    final write keeps the site's own setting, and so does a transaction this one is nested in.
+
+    The ``SET LOCAL`` travels with the step's first statement sent through ``folded()`` (one
+    network round trip, not two: a step's round trips to a loaded database server were most of
+    its time), when the driver binds parameters on the client (psycopg 3's default in Django,
+    which then sends statements as one string); PostgreSQL reads the setting only at the commit.
+    Otherwise, or when the step sent none that way, it is sent on its own."""
     connection = transaction.get_connection()
     outermost = not connection.in_atomic_block
     with transaction.atomic():
-        if outermost and connection.vendor == "postgresql":
+        if not (outermost and connection.vendor == "postgresql"):
+            yield
+            return
+        if not _binds_on_client(connection):
             with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL synchronous_commit TO OFF")
-        yield
+                cursor.execute(ASYNC_COMMIT)
+            yield
+            return
+        token = _unsent.set(connection)
+        try:
+            yield
+            if _unsent.get() is connection:
+                with connection.cursor() as cursor:
+                    cursor.execute(ASYNC_COMMIT)
+        finally:
+            _unsent.reset(token)
+
+
+def folded(connection, sql):
+    """``sql`` to send on ``connection``, with the ``SET LOCAL`` of the step it is sent in appended
+    when that is still to be sent (``step``): the statement's own result comes first, so its
+    row count and rows read as before."""
+    if _unsent.get() is not connection:
+        return sql
+    _unsent.set(None)
+    return f"{sql}; {ASYNC_COMMIT}"
+
+
+def _binds_on_client(connection):
+    """Whether ``connection`` (PostgreSQL) sends a statement and its parameters as one string, in
+    which several statements may go: psycopg 3's client-side cursors, Django's default for it
+    (the ``server_side_binding`` option turns them off). psycopg2 would keep only the last
+    statement's result."""
+    return connection.Database.__name__ == "psycopg" and \
+        connection.settings_dict["OPTIONS"].get("server_side_binding") is not True

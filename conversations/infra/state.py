@@ -154,34 +154,45 @@ class Published(NamedTuple):
 
 
 # KEYS: the turn's version counter, its conversation's recorded owner, its cancel and handoff
-# flags, its state; ARGV: the version the state was serialised with ("" when not known), the state
-# so serialised, the TTL, the recorded owner it was serialised with ("" for none). The state is
-# written only if it names the version the counter gives it and the owner still recorded: then
+# flags, its state; ARGV: the TTL, the recorded owner the state was serialised with ("" for none),
+# then pairs of a version and the state serialised with it. The state is written only if one of
+# the pairs names the version the counter gives it and the owner is still the one recorded: then
 # the publish took one round trip; else the caller writes it again with the version and owner
 # returned (the version is taken either way: versions only ever grow).
 _PUBLISH_STEP = """
 local version = redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
 local owner = redis.call('GET', KEYS[2])
 local written = 0
-if version == tonumber(ARGV[1]) and (owner or '') == ARGV[4] then
-  redis.call('SET', KEYS[5], ARGV[2], 'EX', ARGV[3])
-  written = 1
+if (owner or '') == ARGV[2] then
+  for i = 3, #ARGV, 2 do
+    if version == tonumber(ARGV[i]) then
+      redis.call('SET', KEYS[5], ARGV[i + 1], 'EX', ARGV[1])
+      written = 1
+      break
+    end
+  end
 end
 return {written, version, owner, redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4])}
 """
+
+# The versions a job's first publish of its turn is serialised with, not knowing the counter yet:
+# 2 after the queued state its POST published (``lifecycle.start``), 1 when the job got there first.
+FIRST_VERSIONS = (2, 1)
 
 
 def publish_step(data, last=None):
     """``publish`` for a running turn's job, which publishes after every round-trip, and reads the
     turn's stop flags (``stop_requested``) in the same round trip; returns a ``Published``.
 
-    Given ``last``, what this job's previous ``publish_step`` of the turn returned, the state is
-    serialised with the next version and the owner recorded then, and the write is one round trip
-    (a Lua script: the counter's next version, the owner, the flags, and the write if both are as
-    expected); two when another writer took a version meanwhile (a growing answer, the poll view's
-    repair) or the conversation changed hands, as for the first publish of a job. On a cache
-    backend other than Redis: ``publish`` and ``stop_requested``."""
+    The write is one round trip (a Lua script: the counter's next version, the owner, the flags,
+    and the write if both are as expected): given ``last``, what this job's previous
+    ``publish_step`` of the turn returned, the state is serialised with the next version and the
+    owner recorded then; without it (the job's first publish), with each of ``FIRST_VERSIONS`` and
+    no recorded owner. Two round trips when another writer took a version meanwhile (a growing
+    answer, the poll view's repair), the conversation changed hands, or a first publish guessed
+    wrong (a continuation's). On a cache backend other than Redis: ``publish`` and
+    ``stop_requested``."""
     publish_board.withdraw(data["id"])
     if not lease.fence():
         return Published(_write([data])[0], None, None)  # (not written: see ``_write``)
@@ -193,13 +204,16 @@ def publish_step(data, last=None):
         return Published(_write([data])[0], stop_requested(turn_id), None)
     client, keys = raw
     serializer = cache._cache._serializer
-    expected = last.state["version"] + 1 if last is not None and last.state.get("version") is not None else None
-    recorded = last.owner if expected is not None else None
-    written = _stamped(data, expected, recorded, serializer)
-    blob = serializer.dumps(written) if expected is not None else ""
-    landed, version, owner, cancel, handoff = client.eval(_PUBLISH_STEP, 5, *keys, "" if expected is None else expected,
-                                                          blob, ttl, recorded or "")
-    if not landed:
+    if last is not None and last.state.get("version") is not None:
+        versions, recorded = (last.state["version"] + 1,), last.owner
+    else:
+        versions, recorded = FIRST_VERSIONS, None
+    candidates = {version: _stamped(data, version, recorded, serializer) for version in versions}
+    pairs = [item for version, written in candidates.items() for item in (version, serializer.dumps(written))]
+    landed, version, owner, cancel, handoff = client.eval(_PUBLISH_STEP, 5, *keys, ttl, recorded or "", *pairs)
+    if landed:
+        written = candidates[version]
+    else:
         written = _stamped(data, version, owner, serializer)
         client.set(keys[4], serializer.dumps(written), ex=ttl)
     stop = Stop.CANCEL if cancel and serializer.loads(cancel) else (

@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -307,14 +308,18 @@ def environment_settings(url):
 
     ``requests`` looks these up on every call, scanning the whole environment each time, and
     also reads ``~/.netrc``, whose credentials it would send as an ``Authorization`` header
-    over the API key's; a process looks the environment up once per URL (a change to it is
-    taken, as any setting, by a restart) and never reads netrc.
+    over the API key's; a process looks the environment up once per origin (a change to it is
+    taken, as any setting, by a restart) and never reads netrc. By origin, since what the
+    environment sets depends on the scheme, host and port only (``NO_PROXY`` names hosts, the
+    proxy is picked by scheme): a forking worker's parent that looked its providers' origins up
+    (``engine.job.warm_up``) spares every work horse the scan.
     """
-    proxies, verify = _environment_for(url)
+    parts = urlsplit(url)
+    proxies, verify = _environment_for(f"{parts.scheme}://{parts.netloc}")
     return {"proxies": dict(proxies), "verify": verify}
 
 
 @functools.lru_cache(maxsize=256)
-def _environment_for(url):
-    found = requests.Session().merge_environment_settings(url, {}, None, None, None)
+def _environment_for(origin):
+    found = requests.Session().merge_environment_settings(origin, {}, None, None, None)
     return tuple(found["proxies"].items()), found["verify"]

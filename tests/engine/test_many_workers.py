@@ -128,3 +128,26 @@ def test_a_worker_whose_warm_up_fails_still_starts_and_shares_no_database_connec
 
     assert "Could not warm up the worker" in caplog.text
     assert all(connection.connection is None for connection in connections.all())
+
+
+def test_a_forking_workers_parent_looks_up_its_providers_proxies_so_that_no_horse_scans_the_environment(
+        conversations_settings, monkeypatch):
+    """A work horse inherits what its parent looked up: the proxies the environment sets for the
+    provider's origin (requests scans the whole environment for them, milliseconds a horse)."""
+    import requests
+
+    from conversations.infra import watchdog
+
+    conversations_settings.update(PROVIDER="openai", BASE_URL="http://127.0.0.1:9/v1", API_KEY="k", MODEL="m")
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    watchdog._environment_for.cache_clear()
+    jobs.warm_up(forking=True)
+    scans = []
+    merge = requests.Session.merge_environment_settings
+    monkeypatch.setattr(requests.Session, "merge_environment_settings", lambda *args: scans.append(args) or merge(*args))
+
+    found = watchdog.environment_settings("http://127.0.0.1:9/v1/chat/completions")
+
+    assert scans == []
+    assert found["proxies"]["http"] == "http://proxy.invalid:3128"
+    watchdog._environment_for.cache_clear()  # the environment of the next tests is their own

@@ -2,6 +2,8 @@
 same round trip. Real Redis (its own command counts), the turn's real loop and database, a model
 in process (no HTTP call, whose watchdog would read the flags on its own)."""
 
+import uuid
+
 import pytest
 
 from conversations.core.budget import TurnClock
@@ -73,9 +75,8 @@ def run_turn(conversations_settings):
 def test_each_round_trip_is_one_redis_round_trip_that_also_reads_the_stop_flags(conversations_settings,
                                                                                  monkeypatch):
     """Three round trips (a call asking for a tool, the tool, the answer) publish four states
-    (running, two steps, the final one): the first in two Redis round trips (its version is not
-    known yet), each later one in one, and no look of its own at the stop flags before a call or a
-    tool."""
+    (running, two steps, the final one), each in one Redis round trip (the first too: its version
+    is one of two it can be), and no look of its own at the stop flags before a call or a tool."""
     turn, model, runner = run_turn(conversations_settings)
     sent = count_round_trips(monkeypatch)
     runner.run()
@@ -85,7 +86,34 @@ def test_each_round_trip_is_one_redis_round_trip_that_also_reads_the_stop_flags(
     assert (final["done"], final["status"], final["version"]) == (True, "completed", 4)
     assert [m["content"] for m in final["messages"]][-1] == "Refunds take 30 days."
     assert model.calls == 2
-    assert sorted(sent) == ["eval"] * 4 + ["set"], sent  # four scripts, and the first state written again
+    assert sent == ["eval"] * 4, sent  # four scripts (the first state was written again before: five)
+
+
+def test_a_jobs_first_state_after_its_posts_queued_state_is_one_round_trip(conversations_settings, monkeypatch):
+    """The POST publishes the turn's queued state (version 1) before its job runs: the job's first
+    state follows it as version 2 in one Redis round trip, and the visitor reads it."""
+    turn, model, runner = run_turn(conversations_settings)
+    state.publish(state.state_from_db(turn, list(Message.objects.filter(turn=turn))), first=True)
+    sent = count_round_trips(monkeypatch)
+    runner.publish()
+    monkeypatch.undo()
+
+    assert sent == ["eval"], sent
+    assert (state.read(turn.id)["version"], state.read(turn.id)["status"]) == (2, "queued")
+    runner.publish()
+    assert state.read(turn.id)["version"] == 3
+
+
+def test_a_first_state_that_guessed_its_version_wrong_still_gets_the_next_one(conversations_settings):
+    """Other writers took versions 1 to 3 before the job's first publish (a poll view's repairs):
+    its state is written again with the version the counter gave it, never an older one."""
+    turn, model, runner = run_turn(conversations_settings)
+    for _ in range(3):
+        state.publish(state.state_from_db(turn, list(Message.objects.filter(turn=turn))))
+    runner.publish()
+
+    assert state.read(turn.id)["version"] == 4
+    assert runner.published.state["version"] == 4
 
 
 def test_a_stop_pressed_during_a_tool_ends_the_turn_before_the_next_model_call(conversations_settings):
@@ -138,15 +166,31 @@ def test_a_turns_own_round_trip_commits_do_not_wait_for_the_disk(conversations_s
             cursor.execute("PRAGMA synchronous")
             return journal, cursor.fetchone()[0]
 
+    from django.test.utils import CaptureQueriesContext
+
+    from conversations.engine import statements
+
     site = setting()
-    with dbconn.step():
+    with CaptureQueriesContext(connection) as queries, dbconn.step():
+        statements.update(Turn, {"error": ""}, pk=uuid.uuid4())  # a round trip's statement (matching nothing)
         inside = setting()
     after = setting()
+    with CaptureQueriesContext(connection) as alone, dbconn.step():  # a step that sent no statement of its own
+        pass
+
+    def sent(captured):  # the statements, without the transaction's own BEGIN and COMMIT (logged or not)
+        return [q["sql"] for q in captured.captured_queries if q["sql"].split()[0] not in ("BEGIN", "COMMIT")]
 
     if connection.vendor == "postgresql":
         assert (site, inside, after) == ("on", "off", "on")
+        # The SET LOCAL went with the step's statement, in the same round trip; without one, on its own.
+        update, show = sent(queries)
+        assert update.startswith("UPDATE ") and update.endswith("; SET LOCAL synchronous_commit TO OFF")
+        assert show == "SHOW synchronous_commit"
+        assert sent(alone) == ["SET LOCAL synchronous_commit TO OFF"]
     else:
         assert inside == site == after == ("wal", 1)  # 1: NORMAL, no flush at a commit in WAL mode
+        assert sent(alone) == []
 
 
 @pytest.mark.django_db(transaction=True)  # a transaction of its own, as in a worker (not inside a test's)

@@ -410,3 +410,21 @@ def test_a_tls_failure_names_the_endpoint_and_says_tls():
 
     assert call.error.outcome == "connection_error"
     assert call.error.detail.startswith(f"SSLError to 127.0.0.1:{port}: TLS: ")
+
+
+def test_the_environments_proxies_are_looked_up_by_origin_and_no_proxy_still_holds(monkeypatch):
+    """Looked up once per origin, the proxies are still the environment's for each host: one that
+    ``NO_PROXY`` names goes direct, whatever the path, and another through the proxy."""
+    from conversations.infra import watchdog
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("NO_PROXY", "direct.invalid")
+    watchdog._environment_for.cache_clear()
+    try:
+        direct = [watchdog.environment_settings(f"https://direct.invalid/v1/{path}") for path in ("a", "b?x=1")]
+        proxied = watchdog.environment_settings("https://api.invalid:8443/v1/chat/completions")
+    finally:
+        watchdog._environment_for.cache_clear()
+
+    assert [settings["proxies"].get("https") for settings in direct] == [None, None]
+    assert proxied["proxies"]["https"] == "http://proxy.invalid:3128"
