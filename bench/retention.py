@@ -3,7 +3,7 @@ visitors' writes waited meanwhile, against the same visitors without a purge, an
 purge's earlier code, in the same run.
 
     .venv/bin/python -m bench.retention [--database sqlite|postgres|URL] [--messages 100000]
-                                        [--visitors 2] [--baseline 20] [--codes before,after]
+                                        [--visitors 2] [--baseline 20] [--codes before,after[,nice]]
 
 A gunicorn (2 sync workers) and one ``manage.py rqworker`` (the demo project's worker class) serve
 the demo model (``DEMO_DELAY`` 0.05 s). ``--messages`` messages in conversations of 10 messages
@@ -18,12 +18,14 @@ written first, not yet old; then, for each code of ``--codes`` in turn, its mess
 (not measured), ``--baseline`` seconds go without a purge, then
 the purge runs (a process of its own, as cron runs it, with the site's ``RETENTION_BATCH``,
 ``RETENTION_BATCH_TIME`` and ``RETENTION_PAUSE``) while the visitors and the probe go on.
-``after`` is ``manage.py purge_conversations``' code: each transaction boxed by its time;
-``before`` is the same purge with the batches of the code before it, kept here only to compare:
-always 100 messages (``RETENTION_BATCH``'s default then), however long a transaction took. A write
-that waited on a lock the purge held is slower than the baseline's by that wait; the machine's
-load (printed) slows all of them, so the last table sets each purge's writes that waited over
-50 ms beside those of the baseline just before it, per thousand writes.
+``after`` is ``manage.py purge_conversations``' code: its transactions read nothing (what is due
+and the totals are read before each; its first ``DELETE`` checks what is still due); ``before``
+is the purge of commit ``BEFORE`` (its module read from git), which checked what was still due and
+read the totals inside its transaction, under SQLite's write lock; ``nice`` is ``after`` in a
+process at niceness 10 (``os.nice``), to see whether the scheduler's preferring the visitors
+helps them. A write that waited on a lock the purge held is slower than the baseline's by that
+wait; the machine's load (printed) slows all of them, so the last table sets each purge's
+writes that waited over 50 ms beside those of the baseline just before it, per thousand writes.
 """
 
 import argparse
@@ -81,31 +83,34 @@ def age(prefix="old-"):
     Message.objects.filter(conversation__owner_token__startswith=prefix).update(created_at=old)
 
 
-class FixedBatches:
-    """The purge's batches before they were boxed by time: always ``BEFORE_BATCH`` messages (the
-    default ``RETENTION_BATCH`` then), whatever a transaction took."""
-
-    def __init__(self, maximum, target):
-        self.size = BEFORE_BATCH
-
-    def took(self, seconds, messages):
-        return self.size
+# The purge before its transactions stopped reading (time-boxed batches, statements built first).
+BEFORE = "8f3fba30589f6494a63f667da95ddf1156dd8afa"
 
 
-BEFORE_BATCH = 100
+def module_at(commit, path="conversations/engine/retention.py", name="conversations.engine.retention_before"):
+    """The module at ``path`` as it was at ``commit`` (read from git), imported as ``name`` beside
+    today's, its relative imports resolved in today's package."""
+    import importlib.util
+
+    source = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
+    module.__package__ = name.rpartition(".")[0]
+    exec(compile(source, f"{commit[:7]}:{path}", "exec"), module.__dict__)
+    return module
 
 
 def run_purge(code):
-    """``python -m bench.retention --purge before|after``, in the stack's environment: one purge
-    as ``purge_conversations`` runs it, with ``code``'s batches; prints what it did as JSON."""
+    """``python -m bench.retention --purge before|after|nice``, in the stack's environment: one
+    purge as ``purge_conversations`` runs it, with ``code``'s module; prints what it did as JSON."""
     import django
 
     django.setup()
     from conversations.engine import retention
 
-    if code == "before":
-        retention.BatchSize = FixedBatches
-    done = retention.purge()
+    if code == "nice":
+        os.nice(10)
+    done = (module_at(BEFORE) if code == "before" else retention).purge()
     held, sizes = done.held or [0.0], done.sizes or [0]
     print(json.dumps({"counts": done.counts, "batches": done.batches, "held_median": median(held),
                       "held_p99": percentile(held, 0.99), "held_max": max(held), "size_median": median(sizes),
@@ -218,7 +223,7 @@ def main():
     parser.add_argument("--visitors", type=int, default=2)
     parser.add_argument("--baseline", type=float, default=20.0)
     parser.add_argument("--codes", default="before,after", help="the purges to run, in this order")
-    parser.add_argument("--purge", choices=("before", "after"), help=argparse.SUPPRESS)
+    parser.add_argument("--purge", choices=("before", "after", "nice"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.purge:
         return run_purge(args.purge)
@@ -262,7 +267,7 @@ def main():
 
         cfg = get_config()
         print(f"{machine()}; {stack.database_label}; {args.messages} old messages per purge; "
-              f"RETENTION_BATCH {cfg['RETENTION_BATCH']} (before: always {BEFORE_BATCH}), RETENTION_BATCH_TIME "
+              f"before: {BEFORE[:7]}; RETENTION_BATCH {cfg['RETENTION_BATCH']}, RETENTION_BATCH_TIME "
               f"{cfg['RETENTION_BATCH_TIME']}, RETENTION_PAUSE {cfg['RETENTION_PAUSE']}")
         table(["code", "seeded (s)", "1-min load at start → end", "deleted", "transactions", "wall time (s)",
                "messages per transaction: median (min–max)", "held: median / p99 / max (ms)", "old messages left"],

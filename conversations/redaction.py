@@ -1,6 +1,6 @@
 """The one rule for keeping API keys out of what the operator reads, and the one for keeping
 what a site must not store (card numbers, e-mail addresses, phone numbers, its own patterns) out
-of what it stores (``scrubber``, below).
+of what it stores (``Scrubber``, below).
 
 Every key the site knows (its ``API_KEY``, its ``FALLBACKS`` keys, each of its ``CREDENTIALS``)
 and the key of the call at hand are hidden wherever they appear, with the same marker. Text
@@ -178,7 +178,8 @@ class Scrubber:
     """What ``cfg`` (a turn's configuration: ``REDACT``, ``REDACT_PATTERNS``) says must not be
     stored, replaced in text (``text``), JSON-like values (``value``) and a growing answer
     (``growing``). The site's rules are built once, at the first text that needs them: a turn
-    builds one ``scrubber`` and scrubs every streamed piece of its answer with it."""
+    builds one and scrubs every streamed piece of its answer with it; a message stored alone is
+    ``Scrubber(cfg).text(content)``."""
 
     def __init__(self, cfg):
         self.kinds, self.patterns = tuple(cfg["REDACT"]), cfg["REDACT_PATTERNS"]
@@ -211,17 +212,6 @@ class Scrubber:
         if not text or not self.on:
             return text
         return _UNFINISHED.sub("", self.text(text))
-
-
-def scrubber(cfg):
-    """A ``Scrubber`` for ``cfg``: build one per turn (or per message) and use it for all its text."""
-    return Scrubber(cfg)
-
-
-def scrub_text(text, cfg):
-    """``text`` with what ``cfg`` says must not be stored replaced (``Scrubber.text``); for one
-    text: a turn scrubbing many keeps a ``scrubber``."""
-    return scrubber(cfg).text(text)
 
 
 # The end of a growing answer that may be the start of a card number, phone number or e-mail

@@ -1,6 +1,6 @@
 """Finding what a site should never store in what visitors type: card numbers, e-mail
 addresses, phone numbers, and whatever a site adds. Pure functions over text; which kinds a
-turn scrubs and the site's own rules are read by ``conversations.redaction.scrubber``.
+turn scrubs and the site's own rules are read by ``conversations.redaction.Scrubber``.
 
 A card number is 12 to 19 digits, written together or in groups split by one space, dash or
 dot (each group but the last of four digits or more), starting as a card network's numbers start (2 to

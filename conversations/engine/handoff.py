@@ -28,7 +28,7 @@ from .. import assistants
 from ..conf import get_config
 from ..infra import state
 from ..models import Conversation, Message, Turn
-from ..redaction import scrub_text
+from ..redaction import Scrubber
 from ..tools import ToolError, tool
 from . import lifecycle
 
@@ -293,7 +293,7 @@ def keep(conversation, content, idempotency_key=""):
     if limit and conversation.messages.filter(turn__isnull=True, role=Message.Role.USER).count() >= limit:
         raise Refused(_("This conversation has reached its limit of %(limit)d messages to our staff. Please wait "
                         "for their reply, or start a new conversation.") % {"limit": limit})
-    content = scrub_text(content, assistants.settings_for(conversation.assistant))  # REDACT, as for a turn
+    content = Scrubber(assistants.settings_for(conversation.assistant)).text(content)  # REDACT, as for a turn
     message = Message.objects.create(conversation=conversation, turn=None, role=Message.Role.USER, content=content)
     if idempotency_key:
         state.remember_kept(conversation.pk, idempotency_key, message.pk)

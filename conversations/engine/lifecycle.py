@@ -20,7 +20,7 @@ from ..core import pricing
 from ..infra import dbconn, queue, state, telemetry
 from ..conf import get_config
 from ..models import Conversation, Message, ToolApproval, Turn
-from ..redaction import scrub_text
+from ..redaction import Scrubber
 from ..core.sentences import not_picked_up_message, unavailable_message
 from . import statements
 
@@ -85,7 +85,7 @@ def create(conversation, content, **fields):
     turn.provider, turn.model = str(cfg["PROVIDER"]), str(cfg["MODEL"])
     job_fields(turn)
     turn.save(force_insert=True)
-    stored = scrub_text(content, cfg)  # what must not be stored never is (REDACT)
+    stored = Scrubber(cfg).text(content)  # what must not be stored never is (REDACT)
     if stored != content and cfg["REDACT_ORIGINAL_TO_MODEL"]:
         state.keep_original(turn.id, content, timeout=int(turn.job_timeout or cfg["JOB_TIMEOUT"]))
     message = Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER, content=stored)

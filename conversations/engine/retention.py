@@ -8,13 +8,15 @@ where a transaction takes the database's one write lock, each is boxed by its ti
 number of rows (``BatchSize``): the first deletes a few messages, and the next ones more while a
 transaction holds its locks for less than ``RETENTION_BATCH_TIME`` seconds, fewer when one took
 longer (a loaded machine, a slow disk), ``RETENTION_BATCH`` messages at most; with row locks
-(PostgreSQL), each deletes ``RETENTION_BATCH`` messages. Each takes only the conversation rows no one holds
-(``skip_locked``, on PostgreSQL), and checks again that each is still due (no new message, no
-turn in flight, not held by staff). Its SQL is built before it begins, so that it holds its
-locks (on SQLite, the database's only write lock) for the database's work alone. Before
-deleting, it can add the turns' ratings, tokens and costs to anonymous daily totals
-(``RetainedTotal``); each run that deleted anything leaves one ``Erasure`` audit entry saying how
-many of what.
+(PostgreSQL), each deletes ``RETENTION_BATCH`` messages. A transaction reads nothing: what it
+needs (the batch's conversations, the totals of their turns) is read before it begins, and its
+first statement deletes the conversations of the batch that are still due, checked in that
+``DELETE``'s own ``WHERE`` (no new message, no turn in flight, not held by staff; on PostgreSQL,
+not locked by anyone: ``SKIP LOCKED``), returning which it deleted; the rows that point at them
+go next. So it holds its locks (on SQLite, the database's only write lock) for its writes alone,
+and its SQL is built before it begins. It can add the deleted turns' ratings, tokens and costs
+to anonymous daily totals (``RetainedTotal``); each run that deleted anything leaves one
+``Erasure`` audit entry saying how many of what.
 """
 
 import dataclasses
@@ -193,97 +195,146 @@ KINDS = {Conversation: "conversations", Turn: "turns", Message: "messages", Call
 
 
 def deletion_plan():
-    """The SQL statements that delete conversations and everything that points at them, as the
-    models' ``on_delete`` say (deleted, or set to NULL), children first; each is (model, sql) with
-    ``{ids}`` where the conversations' ids go. None when a relation asks for anything else
-    (PROTECT, a callable): then the ORM's collector deletes, honouring it.
+    """The SQL statements that delete, or set to NULL, every row that points at deleted
+    conversations, as the models' ``on_delete`` say, children first; each is (model, sql) with
+    ``{ids}`` where the conversations' ids go. They run after the conversations themselves are
+    deleted (the guarded ``DELETE`` of ``_compile``; the foreign keys are checked at the commit),
+    so the conversations' own children name those ids, never the conversation table. None when a
+    relation asks for anything else (PROTECT, a callable), when one points at a conversation by
+    another column than its key, or when the database cannot say which rows a ``DELETE`` deleted
+    (``RETURNING``): then the ORM's collector deletes, honouring it.
 
     Why not the ORM's ``delete()``: it first reads every row of every related table it will
     delete, in Python, while the write transaction is open; on SQLite that transaction holds the
     database's one write lock, which every visitor's message waits for."""
+    if not connection.features.can_return_columns_from_insert:  # the databases with DELETE ... RETURNING
+        return None
     quote = connection.ops.quote_name
     statements = []
 
-    def cascade(model, where):
-        table = quote(model._meta.db_table)
+    def cascade(model, pointed_by):
+        """The statements for the rows pointing at ``model``'s rows, whose keys (for a field
+        pointing at ``column``) ``pointed_by(column)`` selects; False when one cannot be planned."""
         for relation in get_candidate_relations_to_delete(model._meta):
             field, child = relation.field, relation.related_model
-            pointed = f"SELECT {quote(field.target_field.column)} FROM {table} WHERE {where}"
-            child_where = f"{quote(field.column)} IN ({pointed})"
+            pointed = pointed_by(field.target_field.column)
+            if pointed is None:
+                return False
+            child_table, column = quote(child._meta.db_table), quote(field.column)
+            child_where = f"{column} IN ({pointed})"
             if field.remote_field.on_delete is CASCADE:
-                if not cascade(child, child_where):
+                if not cascade(child, lambda target, where=child_where, table=child_table:
+                               f"SELECT {quote(target)} FROM {table} WHERE {where}"):
                     return False
+                statements.append((child, f"DELETE FROM {child_table} WHERE {child_where}"))
             elif field.remote_field.on_delete is SET_NULL:
-                statements.append((child, f"UPDATE {quote(child._meta.db_table)} SET {quote(field.column)} = NULL "
-                                          f"WHERE {child_where}"))
+                statements.append((child, f"UPDATE {child_table} SET {column} = NULL WHERE {child_where}"))
             elif field.remote_field.on_delete is not DO_NOTHING:
                 return False
-        statements.append((model, f"DELETE FROM {table} WHERE {where}"))
         return True
 
-    root = f"{quote(Conversation._meta.pk.column)} IN ({{ids}})"
-    return statements if cascade(Conversation, root) else None
+    key = Conversation._meta.pk.column
+    return statements if cascade(Conversation, lambda column: "{ids}" if column == key else None) else None
 
 
 def _delete_batch(policy, now, chunk, keep_totals, plan, result, compiled=None):
     """Delete the conversations of ``chunk`` still due, in one transaction; returns how long it
     held its locks (seconds): from the moment it had begun (on SQLite in ``IMMEDIATE`` mode, once
     it holds the write lock) to the end of its commit. Every statement is compiled (``_compile``;
-    ``compiled`` if given) before the transaction begins, so that it holds the write lock (the
-    database's only one, on SQLite) for the database's work alone."""
+    ``compiled`` if given) and the totals are read before the transaction begins, so that it
+    holds the write lock (the database's only one, on SQLite) for its writes alone."""
+    guard, totals, deletes = compiled or _compile(policy, now, chunk, plan)
+    if deletes is None:
+        return _delete_with_collector(guard, totals, chunk, keep_totals, result)
+    with connection.cursor() as cursor:
+        cursor.execute(*totals)
+        groups = cursor.fetchall()
+    with transaction.atomic():
+        began = time.monotonic()
+        with connection.cursor() as cursor:
+            cursor.execute(*guard)
+            # Those that changed since they were read (a new message, a turn started, or, on
+            # PostgreSQL, a visitor's request holds the row) wait for the next run.
+            gone = [row[0] for row in cursor.fetchall()]
+            if len(gone) < len(chunk):
+                deletes = _statements(plan, gone)
+            if gone:
+                result.add("conversations", len(gone))
+                for model, sql, params in deletes:
+                    cursor.execute(sql, params)
+                    if model in KINDS and sql.startswith("DELETE"):
+                        result.add(KINDS[model], cursor.rowcount)
+                _count_totals(cursor, groups, gone, keep_totals, result)
+    return time.monotonic() - began  # its commit included: the locks are held until it ends
+
+
+def _delete_with_collector(recheck, totals, chunk, keep_totals, result):
+    """``_delete_batch`` for the relations only the ORM's collector can honour (``deletion_plan``
+    is None): it checks what is still due and reads inside its transaction, and the ORM reads
+    every related row before it deletes."""
     pk = Conversation._meta.pk
-    held = 0.0
-    while chunk:
-        recheck, totals, deletes = compiled or _compile(policy, now, chunk, plan)
-        compiled = None
-        with transaction.atomic():
-            began = time.monotonic()
-            with connection.cursor() as cursor:
-                cursor.execute(*recheck)
-                still = {pk.to_python(row[0]) for row in cursor.fetchall()}
-                if still == set(chunk):
-                    cursor.execute(*totals)
-                    groups = cursor.fetchall()
-                    if keep_totals:
-                        _add_totals(cursor, groups)
-                    result.add("ratings", sum(group[-1] for group in groups))
-                    if deletes is None:
-                        for model, number in Conversation.objects.filter(pk__in=chunk).delete()[1].items():
-                            kind = KINDS.get(apps.get_model(model))
-                            if kind:
-                                result.add(kind, number)
-                    else:
-                        for model, sql, params in deletes:
-                            cursor.execute(sql, params)
-                            if model in KINDS and sql.startswith("DELETE"):
-                                result.add(KINDS[model], cursor.rowcount)
-        held = time.monotonic() - began  # its commit included: the locks are held until it ends
-        if still == set(chunk):
-            return held
-        # Some changed since they were read (a new message, a turn started, or, on PostgreSQL,
-        # a visitor's request holds the row): the rest goes on its own, those wait for the next run.
-        chunk = [key for key in chunk if key in still]
-    return held
+    with transaction.atomic():
+        began = time.monotonic()
+        with connection.cursor() as cursor:
+            cursor.execute(*recheck)
+            gone = [row[0] for row in cursor.fetchall()]
+            if gone:
+                cursor.execute(*totals)
+                _count_totals(cursor, cursor.fetchall(), gone, keep_totals, result)
+                keys = [pk.to_python(key) for key in gone]
+                for model, number in Conversation.objects.filter(pk__in=keys).delete()[1].items():
+                    kind = KINDS.get(apps.get_model(model))
+                    if kind:
+                        result.add(kind, number)
+    return time.monotonic() - began
+
+
+def _statements(plan, ids):
+    """The plan's statements (``deletion_plan``) for the conversations ``ids``, as the database gave them."""
+    holes = ", ".join(["%s"] * len(ids))
+    return [(model, sql.format(ids=holes), list(ids)) for model, sql in plan]
 
 
 def _compile(policy, now, chunk, plan):
-    """The SQL of one batch: the check of what is still due, the totals of its turns, the deletes."""
+    """The SQL of one batch: the guarded ``DELETE`` of the conversations still due, returning
+    their ids (with no plan, the ``SELECT`` of them), the totals of their turns per conversation,
+    and the statements for the rows that point at them."""
     recheck = due(policy, now).filter(pk__in=chunk).order_by().values_list("pk").query.sql_with_params()
     if connection.features.has_select_for_update_skip_locked:
         # A conversation a visitor's turn is starting in is left for the next run.
         recheck = (f"{recheck[0]} {connection.ops.for_update_sql(skip_locked=True)}", recheck[1])
     totals = (Turn.objects.filter(conversation_id__in=chunk).annotate(day=TruncDate("enqueued_at"))
-              .values("day", "assistant_id").order_by()
+              .values("conversation_id", "day", "assistant_id").order_by()
               .annotate(turns=Count("pk"), up=Count("pk", filter=Q(rating=Turn.Rating.UP)),
                         down=Count("pk", filter=Q(rating=Turn.Rating.DOWN)), input=Sum("input_tokens"),
                         output=Sum("output_tokens"), cost=Sum("cost"), rated=Count("pk", filter=~Q(rating="")))
-              .values_list("day", "assistant_id", "turns", "up", "down", "input", "output", "cost", "rated")
+              .values_list("conversation_id", "day", "assistant_id", "turns", "up", "down", "input", "output",
+                           "cost", "rated")
               .query.sql_with_params())
     if plan is None:
         return recheck, totals, None
-    ids = [Conversation._meta.pk.get_db_prep_value(key, connection) for key in chunk]
-    holes = ", ".join(["%s"] * len(ids))
-    return recheck, totals, [(model, sql.format(ids=holes), ids) for model, sql in plan]
+    quote = connection.ops.quote_name
+    table, key = quote(Conversation._meta.db_table), quote(Conversation._meta.pk.column)
+    guard = (f"DELETE FROM {table} WHERE {key} IN ({recheck[0]}) RETURNING {key}", recheck[1])
+    ids = [Conversation._meta.pk.get_db_prep_value(pk, connection) for pk in chunk]
+    return guard, totals, _statements(plan, ids)
+
+
+def _count_totals(cursor, groups, gone, keep_totals, result):
+    """Count the ratings of the turns of the conversations ``gone`` (their ids as the database
+    gave them) among ``groups`` (rows of ``_compile``'s totals), and add their totals to the
+    anonymous daily ones when the site keeps them."""
+    pk = Conversation._meta.pk
+    gone = {pk.to_python(key) for key in gone}
+    sums = {}
+    for conversation_id, day, assistant_id, *numbers in groups:
+        if pk.to_python(conversation_id) in gone:
+            kept = sums.setdefault((day, assistant_id), [0] * len(numbers))
+            for index, number in enumerate(numbers):
+                kept[index] += number or 0
+    result.add("ratings", sum(numbers[-1] for numbers in sums.values()))
+    if keep_totals:
+        _add_totals(cursor, [(day, assistant_id, *numbers) for (day, assistant_id), numbers in sums.items()])
 
 
 def _add_totals(cursor, groups):

@@ -34,7 +34,7 @@ from ..core.sentences import (
 from ..providers.chain import build_provider
 from ..infra.http import CallCancelled, ensure_call_budget
 from ..models import CallRecord, Message, Turn
-from ..redaction import scrubber
+from ..redaction import Scrubber
 from ..providers import ProviderError, call_complete
 from ..core.history import chat_message, message_size, trim_history, unfinished_step
 from ..tools import ToolContext, arguments_hash, interrupted_result, load_tools, run_tool, too_many_calls_message
@@ -72,7 +72,7 @@ class TurnRunner:
         self.clock = clock
         self.budget = clock.budget
         self.config = config
-        self.scrub = scrubber(config)  # the site's rules built once for all the turn's text (REDACT)
+        self.scrub = Scrubber(config)  # the site's rules built once for all the turn's text (REDACT)
         if publisher is not None:
             self.publisher = self.stream_publisher = publisher
         self.tools = load_tools(config["TOOLS"]) if tools is None else tools

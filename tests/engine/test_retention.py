@@ -165,20 +165,33 @@ def test_a_due_conversation_goes_with_its_tool_approvals_and_leaves_its_test_res
     assert result.turn_id is None and result.judge_turn_id is None and result.passed is True
 
 
-def test_a_conversation_that_stops_being_due_after_the_purge_read_it_is_left_and_the_rest_of_its_batch_goes(
+@pytest.mark.django_db(transaction=True)
+def test_a_purge_reads_nothing_while_it_holds_its_locks_and_keeps_a_conversation_that_changed_since_its_read(
         conversations_settings):
-    """The batch checks again, in its transaction, what it read before: a turn that started since
-    keeps its conversation (and its totals are not counted); the others of the batch still go."""
-    from conversations.engine.retention import Purge, _delete_batch, deletion_plan, policies
-
-    conversations_settings.update(RETENTION_DAYS=30, RETENTION_FROM="created")
+    """Everything the purge reads (what is due, the turns' totals) it reads before its write
+    transaction, which only writes: on SQLite that transaction holds the database's one write lock,
+    which every visitor's message waits for. Each of its DELETEs carries its own check, so a turn
+    that starts between the read and the write (here, as the transaction begins) keeps its
+    conversation, whose totals are not counted; the rest of the batch goes."""
+    conversations_settings.update(RETENTION_DAYS=30, RETENTION_FROM="created", RETENTION_PAUSE=0)
     gone, busy = conversation(45, rating="up"), conversation(45, rating="down")
-    Turn.objects.create(conversation_id=busy, status="running")  # after the purge read what is due
-    done = Purge()
+    under_lock, started = [], []
 
-    _delete_batch(policies()[0], NOW, [gone, busy], True, deletion_plan(), done)
+    def visitor_starts_a_turn_as_the_purge_takes_its_locks(execute, sql, params, many, context):
+        if connection.in_atomic_block and not started:
+            started.append(sql)
+            Turn.objects.create(conversation_id=busy, status="running")
+        elif connection.in_atomic_block:
+            under_lock.append(sql.split(None, 1)[0].upper())
+        return execute(sql, params, many, context)
 
+    with connection.execute_wrapper(visitor_starts_a_turn_as_the_purge_takes_its_locks):
+        done = purge(now=NOW)
+
+    assert started and "SELECT" not in under_lock and "DELETE" in under_lock
     assert left() == {busy} and Turn.objects.filter(conversation_id=busy).count() == 2
+    assert Message.objects.filter(conversation_id=busy).count() == 2 and not CallRecord.objects.filter(
+        turn__conversation_id=gone).exists()
     assert done.counts == {"conversations": 1, "turns": 1, "messages": 2, "calls": 1, "ratings": 1}
     assert [(t.turns, t.rated_up, t.rated_down) for t in RetainedTotal.objects.all()] == [(1, 1, 0)]
 
@@ -254,3 +267,20 @@ def test_the_command_refuses_a_batch_time_or_pause_that_cannot_work_and_deletes_
     with pytest.raises(CommandError, match=r"^--batch is 0, .*; --pause is -1.0 seconds, not from 0 to 60\.$"):
         call_command("purge_conversations", "--batch", "0", "--pause", "-1")
     assert len(left()) == 1
+
+
+def test_without_a_plan_the_orms_collector_deletes_what_is_still_due(conversations_settings, monkeypatch):
+    """A relation the plan cannot honour (PROTECT, a callable) sends the purge through the ORM's
+    collector, with the same result: what is due goes, with its totals; what is not stays."""
+    from conversations.engine import retention
+
+    monkeypatch.setattr(retention, "deletion_plan", lambda: None)
+    conversations_settings.update(RETENTION_DAYS=30, RETENTION_FROM="last_message", RETENTION_PAUSE=0)
+    gone = {conversation(45, rating="up"), conversation(45)}
+    kept = {conversation(45, 2), conversation(45, status="running")}
+
+    done = purge(now=NOW)
+
+    assert left() == kept and not Message.objects.filter(conversation_id__in=gone).exists()
+    assert done.counts == {"conversations": 2, "turns": 2, "messages": 4, "calls": 2, "ratings": 1}
+    assert [(t.turns, t.rated_up) for t in RetainedTotal.objects.all()] == [(2, 1)]
