@@ -201,13 +201,18 @@ def deletion_plan():
     deleted (the guarded ``DELETE`` of ``_compile``; the foreign keys are checked at the commit),
     so the conversations' own children name those ids, never the conversation table. None when a
     relation asks for anything else (PROTECT, a callable), when one points at a conversation by
-    another column than its key, or when the database cannot say which rows a ``DELETE`` deleted
-    (``RETURNING``): then the ORM's collector deletes, honouring it.
+    another column than its key, or on a database other than PostgreSQL and SQLite (3.35 or
+    later, for ``RETURNING``): then the ORM's collector deletes, honouring it.
 
     Why not the ORM's ``delete()``: it first reads every row of every related table it will
     delete, in Python, while the write transaction is open; on SQLite that transaction holds the
     database's one write lock, which every visitor's message waits for."""
-    if not connection.features.can_return_columns_from_insert:  # the databases with DELETE ... RETURNING
+    # The conversations go first, so their children's foreign keys must be checked at the commit
+    # (PostgreSQL, SQLite; MySQL and MariaDB check each statement's at once), and the database
+    # must say which rows a DELETE deleted (RETURNING; Oracle's takes another form).
+    features = connection.features
+    if not (connection.vendor in ("postgresql", "sqlite") and features.can_defer_constraint_checks
+            and features.can_return_columns_from_insert):
         return None
     quote = connection.ops.quote_name
     statements = []

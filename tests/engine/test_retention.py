@@ -269,6 +269,19 @@ def test_the_command_refuses_a_batch_time_or_pause_that_cannot_work_and_deletes_
     assert len(left()) == 1
 
 
+def test_a_database_that_checks_foreign_keys_at_once_gets_no_plan(monkeypatch):
+    """The plan deletes the conversations before the rows that point at them, which only a
+    database that checks foreign keys at the commit accepts (MySQL and MariaDB check each
+    statement's): any other purges through the ORM's collector."""
+    from django.db import connection
+
+    from conversations.engine import retention
+
+    assert retention.deletion_plan() is not None
+    monkeypatch.setattr(connection.features, "can_defer_constraint_checks", False)
+    assert retention.deletion_plan() is None
+
+
 def test_without_a_plan_the_orms_collector_deletes_what_is_still_due(conversations_settings, monkeypatch):
     """A relation the plan cannot honour (PROTECT, a callable) sends the purge through the ORM's
     collector, with the same result: what is due goes, with its totals; what is not stays."""
