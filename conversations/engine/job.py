@@ -151,8 +151,10 @@ def warm_up(forking=False):
     what the parent has already done. Imports the provider and the tools; looks up the proxies
     the environment sets for each provider's origin (``watchdog.environment_settings``); runs the turn's
     queries once (finding nothing), which builds Django's lazy model metadata and the database
-    driver's adapters; reads the cache once; makes the tracer and the instruments (``forking``:
-    for work horses, which export their metrics as they end; see ``telemetry.configure``). Then
+    driver's adapters; reads the cache once; makes the tracer and the instruments (``forking``,
+    where the app set up the SDK: neither; each work horse makes its tracer provider at its job's
+    start and hands its measurements to this process, which exports them; see
+    ``telemetry.warm_up``). Then
     closes the database connection, which a forked horse must not share. Never raises.
     """
     import uuid
