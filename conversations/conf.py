@@ -215,8 +215,8 @@ DEFAULTS = {
     # them until erased. An assistant's own values (in the admin) replace these for its conversations.
     "RETENTION_DAYS": 0,
     "RETENTION_FROM": "last_message",
-    # Before deleting, add the purged turns' ratings and costs to anonymous daily totals
-    # (RetainedTotal: per day and assistant, no conversation, owner or text).
+    # In the transaction that deletes them, add the purged turns' ratings and costs to anonymous
+    # daily totals (RetainedTotal: per day and assistant, no conversation, owner or text).
     "RETENTION_KEEP_TOTALS": True,
     # The purge deletes in short transactions, so that a visitor's turn never waits long behind it
     # for a lock: on SQLite each aims to hold its locks RETENTION_BATCH_TIME seconds (its size

@@ -8,13 +8,16 @@ where a transaction takes the database's one write lock, each is boxed by its ti
 number of rows (``BatchSize``): the first deletes a few messages, and the next ones more while a
 transaction holds its locks for less than ``RETENTION_BATCH_TIME`` seconds, fewer when one took
 longer (a loaded machine, a slow disk), ``RETENTION_BATCH`` messages at most; with row locks
-(PostgreSQL), each deletes ``RETENTION_BATCH`` messages. A transaction reads nothing: what it
-needs (the batch's conversations, the totals of their turns) is read before it begins, and its
-first statement deletes the conversations of the batch that are still due, checked in that
-``DELETE``'s own ``WHERE`` (no new message, no turn in flight, not held by staff; on PostgreSQL,
-not locked by anyone: ``SKIP LOCKED``), returning which it deleted; the rows that point at them
-go next. So it holds its locks (on SQLite, the database's only write lock) for its writes alone,
-and its SQL is built before it begins. It can add the deleted turns' ratings, tokens and costs
+(PostgreSQL), each deletes ``RETENTION_BATCH`` messages. On PostgreSQL and SQLite a transaction
+reads nothing: what it needs (the batch's conversations, the totals of their turns) is read
+before it begins, and its first statement deletes the conversations of the batch that are still
+due, checked in that ``DELETE``'s own ``WHERE`` (no new message, no turn in flight, not held by
+staff; on PostgreSQL, not locked by anyone: ``SKIP LOCKED``), returning which it deleted; the
+rows that point at them go next. So it holds its locks (on SQLite, the database's only write
+lock) for its writes alone, and its SQL is built before it begins (built again inside, for those
+it deleted, when some were no longer due). Elsewhere (MySQL, MariaDB), or when a relation asks
+for what plain statements cannot do, the ORM's collector deletes, reading first
+(``deletion_plan``). It can add the deleted turns' ratings, tokens and costs
 to anonymous daily totals (``RetainedTotal``); each run that deleted anything leaves one
 ``Erasure`` audit entry saying how many of what.
 """
