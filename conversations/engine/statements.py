@@ -20,7 +20,9 @@ reads), and the statements run on it inside the caller's transaction. An ``INSER
 that has ``pre_save`` or ``post_save`` receivers (a site's own, the knowledge index of a registered model) is made by the ORM's ``save()``
 instead, so that they still hear of it (an ``UPDATE`` of a queryset sends no signal either way).
 Placeholders are ``%s`` and the SQL is portable (``RETURNING`` only where the backend says it can;
-elsewhere the driver's last row id), so PostgreSQL, SQLite and MySQL/MariaDB run the same text.
+elsewhere the driver's last row id), so PostgreSQL, SQLite and MySQL/MariaDB run the same text;
+on PostgreSQL the first of a step's statements may carry the step's ``SET LOCAL`` after it
+(``dbconn.folded``).
 """
 
 from django.db import connections, router
