@@ -455,7 +455,7 @@ def _measure(instrument, value, attributes, method="record"):
     elif _from_horses is not None and _horses_of == os.getpid():
         _held.append((instrument, method, value, attributes))
     else:
-        getattr(getattr(instruments(), instrument), method)(value, attributes)
+        instruments().record_all([(instrument, method, value, attributes)])
 
 
 def _measure_pending():
@@ -465,9 +465,7 @@ def _measure_pending():
     if _from_horses is not None:
         _to_parent(pending)
     else:
-        recorded = instruments()
-        for instrument, method, value, attributes in pending:
-            getattr(getattr(recorded, instrument), method)(value, attributes)
+        instruments().record_all(pending)
     pending.clear()
 
 
@@ -547,9 +545,7 @@ def _export_held():
 
         reader = PeriodicExportingMetricReader(_metric_exporter, export_interval_millis=math.inf)
         provider = MeterProvider(resource=_sdk_resource, metric_readers=[reader], shutdown_on_exit=False)
-        recorded = _Instruments(provider.get_meter(SCOPE))
-        for instrument, method, value, attributes in held:
-            getattr(getattr(recorded, instrument), method)(value, attributes)
+        _Instruments(provider.get_meter(SCOPE)).record_all(held)
         provider.force_flush(5000)
     except Exception:  # noqa: BLE001 - telemetry never stops a worker
         logger.warning("Could not export the work horses' measurements", exc_info=True)
@@ -590,6 +586,11 @@ class _Instruments:
             explicit_bucket_boundaries_advisory=[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1],
             description="Poll requests answered, by HTTP status (200, 304, ...), and their latency.")
         self.handoffs = None
+
+    def record_all(self, measurements):
+        """Make ``measurements``, ``(instrument, method, value, attributes)`` each (``_measure``'s)."""
+        for instrument, method, value, attributes in measurements:
+            getattr(getattr(self, instrument), method)(value, attributes)
 
 
 def instruments():
