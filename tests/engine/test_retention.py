@@ -297,3 +297,44 @@ def test_without_a_plan_the_orms_collector_deletes_what_is_still_due(conversatio
     assert left() == kept and not Message.objects.filter(conversation_id__in=gone).exists()
     assert done.counts == {"conversations": 2, "turns": 2, "messages": 4, "calls": 2, "ratings": 1}
     assert [(t.turns, t.rated_up) for t in RetainedTotal.objects.all()] == [(2, 1)]
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's write-ahead log")
+@pytest.mark.django_db(transaction=True)
+def test_on_sqlite_a_purge_copies_its_writes_from_the_log_after_each_batch_not_inside_its_commits(
+        conversations_settings):
+    """SQLite checkpoints inside a ``COMMIT`` that leaves more than ``wal_autocheckpoint`` pages
+    in the log, after the write lock is released; the purge's time box took that for a lock held
+    and shrank its batches. Here the site checkpoints at every commit (1 page): the purge turns
+    that off for its own commits, checkpoints (``PASSIVE``) after each batch, outside it, and
+    leaves the connection's setting as it found it."""
+    from django.test.utils import CaptureQueriesContext
+
+    conversations_settings.update(RETENTION_DAYS=30, RETENTION_BATCH=4)
+    for _ in range(6):
+        conversation(45)  # 2 messages each: 3 batches of 2 conversations
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA journal_mode")
+        assert cursor.fetchone()[0] == "wal"  # the demo's settings
+        cursor.execute("PRAGMA wal_autocheckpoint = 1")
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            done = purge(now=NOW, pause=0)
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA wal_autocheckpoint")
+            assert cursor.fetchone()[0] == 1
+            cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            busy, log, copied = cursor.fetchone()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA wal_autocheckpoint = 1000")
+
+    assert done.batches == 3 and not left()
+    sql = [query["sql"] for query in queries.captured_queries]
+    commits = [n for n, text in enumerate(sql) if text == "COMMIT"]
+    checkpoints = [n for n, text in enumerate(sql) if text == "PRAGMA wal_checkpoint(PASSIVE)"]
+    assert len(commits) >= 3 and len(checkpoints) == done.batches
+    assert sql.index("PRAGMA wal_autocheckpoint = 0") < commits[0]
+    for checkpoint in checkpoints:  # each right after its batch's commit, outside any transaction
+        assert sql[checkpoint - 1] == "COMMIT"
+    assert (busy, log) == (0, copied)  # nothing of the purge is left in the log
