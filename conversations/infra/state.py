@@ -13,6 +13,7 @@ parent, the poll view's repair) produces a strictly newer state.
 import json
 import logging
 import os
+import pickle
 import threading
 import time
 from enum import StrEnum
@@ -21,7 +22,7 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.core.cache import caches
-from django.core.cache.backends.redis import RedisCache
+from django.core.cache.backends.redis import RedisCache, RedisSerializer
 
 from ..conf import get_config
 from ..owners import auth_stamp_key
@@ -81,11 +82,27 @@ def read_with_session(turn_id, request):
         turn_state, data = found.get(state_key(turn_id)), found.get(store.cache_key)
     else:  # the MGET get_many makes, without its per-key bookkeeping: every widget polls here
         client, keys = raw
-        loads = cache._cache._serializer.loads
+        loads = _loads(cache._cache._serializer)
         turn_state, data = (None if value is None else loads(value) for value in client.mget(keys))
     if data is not None and store is getattr(request, "session", None) and not store.accessed:
         store._session_cache = data  # what it would load: a later read of the session asks Redis no more
     return turn_state, data or {}
+
+
+def _loads(serializer):
+    """``serializer.loads``, or for Django's own (``RedisSerializer``) ``_unpickled``, its equal."""
+    return _unpickled if type(serializer) is RedisSerializer else serializer.loads
+
+
+def _unpickled(value):
+    """What Django's ``RedisSerializer.loads`` reads in ``value``, a pickle unpickled at once: Django's
+    first tries every value as an integer (which it stores unpickled), and the ``ValueError`` that
+    raises for a pickle spells out the repr of the whole value. A pickle (protocol 2 and later)
+    starts with PROTO, b"\\x80", which no integer's digits do."""
+    return pickle.loads(value) if value[:1] == b"\x80" else _DJANGO_SERIALIZER.loads(value)
+
+
+_DJANGO_SERIALIZER = RedisSerializer()
 
 
 def read_auth_stamp(user_id):
