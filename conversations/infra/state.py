@@ -17,12 +17,15 @@ import pickle
 import threading
 import time
 from enum import StrEnum
+from functools import lru_cache
 from importlib import import_module
 from typing import NamedTuple
 
 from django.conf import settings
 from django.core.cache import caches
 from django.core.cache.backends.redis import RedisCache, RedisSerializer
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from ..conf import get_config
 from ..owners import auth_stamp_key
@@ -65,9 +68,9 @@ def read_with_session(turn_id, request):
     When sessions live in this same cache (``SESSION_ENGINE`` ``cache``), both come back in one
     round trip (``get_many``) instead of two; otherwise the session is read as usual.
     """
-    alias = get_config()["CACHE_ALIAS"]
-    session_key = request.COOKIES.get(settings.SESSION_COOKIE_NAME)
-    if settings.SESSION_ENGINE != _CACHE_SESSIONS or settings.SESSION_CACHE_ALIAS != alias or not session_key:
+    cookie = _session_cookie()
+    session_key = request.COOKIES.get(cookie) if cookie is not None else None
+    if not session_key:
         return read(turn_id), request.session
     # The request's own session (SessionMiddleware's, not loaded yet), else one made here.
     store = getattr(request, "session", None)
@@ -87,6 +90,22 @@ def read_with_session(turn_id, request):
     if data is not None and store is getattr(request, "session", None) and not store.accessed:
         store._session_cache = data  # what it would load: a later read of the session asks Redis no more
     return turn_state, data or {}
+
+
+@lru_cache(maxsize=None)
+def _session_cookie():
+    """The session cookie's name when sessions live in this app's cache (``SESSION_ENGINE`` ``cache``,
+    ``SESSION_CACHE_ALIAS`` the app's ``CACHE_ALIAS``), else None. Read from the settings once, as
+    every poll asks, and again after they change (``setting_changed``)."""
+    if settings.SESSION_ENGINE != _CACHE_SESSIONS or settings.SESSION_CACHE_ALIAS != get_config()["CACHE_ALIAS"]:
+        return None
+    return settings.SESSION_COOKIE_NAME
+
+
+@receiver(setting_changed)
+def _forget_session_cookie(*, setting, **kwargs):
+    if setting in {"SESSION_ENGINE", "SESSION_CACHE_ALIAS", "SESSION_COOKIE_NAME", "CONVERSATIONS"}:
+        _session_cookie.cache_clear()
 
 
 def _loads(serializer):
