@@ -110,3 +110,16 @@ def test_a_poll_is_measured_only_once_a_meter_provider_keeps_it(monkeypatch):
     proxy.on_meter_set(MeterProvider().get_meter("test"))
     telemetry.poll_answered(304, 0.001)
     assert measured == [("polls", 0.001, {"http.response.status_code": 304})]
+
+
+def test_the_ids_in_a_poll_url_are_parsed_once_and_read_as_before(client):
+    """The API's id converter keeps the segments it parsed lately (a widget polls the same two):
+    the same UUID for the same text, None for what is not one, however long."""
+    from conversations.api.urls import AnyUUIDConverter
+
+    converter, turn = AnyUUIDConverter(), uuid.uuid4()
+
+    assert converter.to_python(str(turn)) == turn and converter.to_python(str(turn)) is converter.to_python(str(turn))
+    assert converter.to_python(str(turn).upper()) == turn and converter.to_python(turn.hex) == turn
+    assert converter.to_python("urn:uuid:" * 20 + str(turn)) == turn  # as uuid.UUID reads it, uncached
+    assert converter.to_python("not-a-uuid") is None and converter.to_python("x" * 5000) is None
