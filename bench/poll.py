@@ -16,7 +16,9 @@ package) drives each in turn with 50 keep-alive connections on loopback, round-r
 
 ``--in-process`` times the same four through Django's WSGI handler in the bench's own process
 instead (no gunicorn, no wrk): on a machine whose other work shifts wrk's figures by half from
-one round to the next, what the views themselves cost.
+one round to the next, what the views themselves cost. ``--profile`` then profiles each target
+alone (cProfile on the thread's CPU clock) and prints where its time goes, the functions with
+the most time of their own first.
 """
 
 import argparse
@@ -114,9 +116,48 @@ def in_process(targets, *, requests_per_round, rounds):
     alternated ``rounds`` times; returns ``{name: [(wall µs, CPU µs) per request, per round]}``.
     The CPU time (this process's) is what a busy machine disturbs least: the waits on Redis,
     one round trip for each view, are not in it."""
+    import time
+
+    call = _caller()
+    for path, headers in targets.values():  # warm up
+        for _ in range(50):
+            call(path, headers)
+    timings = {name: [] for name in targets}
+    for _ in range(rounds):
+        for name, (path, headers) in targets.items():
+            started, cpu = time.perf_counter(), time.process_time()
+            for _ in range(requests_per_round):
+                call(path, headers)
+            timings[name].append(((time.perf_counter() - started) / requests_per_round * 1e6,
+                                  (time.process_time() - cpu) / requests_per_round * 1e6))
+    return timings
+
+
+def profile(targets, *, requests_per_round, top=25):
+    """Profile ``requests_per_round`` requests of each target through Django's WSGI handler (cProfile,
+    the thread's CPU clock) and print each target's functions with the most time of their own."""
+    import cProfile
+    import pstats
+    import time
+
+    call = _caller()
+    for name, (path, headers) in targets.items():
+        for _ in range(50):
+            call(path, headers)
+        profiler = cProfile.Profile(time.thread_time)
+        profiler.enable()
+        for _ in range(requests_per_round):
+            call(path, headers)
+        profiler.disable()
+        stats = pstats.Stats(profiler)
+        print(f"\n## {name}: {stats.total_tt / requests_per_round * 1e6:.0f} µs per request under the profiler\n")
+        stats.sort_stats("tottime").print_stats(top)
+
+
+def _caller():
+    """A function ``call(path, headers)`` making one GET through Django's WSGI handler and reading its body."""
     import io
     import sys
-    import time
 
     from django.core.handlers.wsgi import WSGIHandler
 
@@ -135,18 +176,7 @@ def in_process(targets, *, requests_per_round, rounds):
         b"".join(response)
         response.close()
 
-    for path, headers in targets.values():  # warm up
-        for _ in range(50):
-            call(path, headers)
-    timings = {name: [] for name in targets}
-    for _ in range(rounds):
-        for name, (path, headers) in targets.items():
-            started, cpu = time.perf_counter(), time.process_time()
-            for _ in range(requests_per_round):
-                call(path, headers)
-            timings[name].append(((time.perf_counter() - started) / requests_per_round * 1e6,
-                                  (time.process_time() - cpu) / requests_per_round * 1e6))
-    return timings
+    return call
 
 
 def main():
@@ -160,6 +190,8 @@ def main():
     parser.add_argument("--in-process", action="store_true",
                         help="time the views through Django's WSGI handler in this process instead of gunicorn + wrk")
     parser.add_argument("--requests", type=int, default=500, help="requests per target per round (--in-process)")
+    parser.add_argument("--profile", action="store_true",
+                        help="with --in-process: profile each target instead of timing them (--requests each)")
     args = parser.parse_args()
     if args.in_process:
         return main_in_process(args)
@@ -216,6 +248,8 @@ def main_in_process(args):
             "poll view, 200": (poll, {"Cookie": cookie}),
             "poll view, 304 (If-None-Match)": (poll, {"Cookie": cookie, "If-None-Match": etag}),
         }
+        if args.profile:
+            return profile(targets, requests_per_round=args.requests)
         timings = in_process(targets, requests_per_round=args.requests, rounds=args.rounds)
         print(f"\nIn process, {args.requests} requests x {args.rounds} rounds per target, alternated, "
               f"{stack.database_label}\n")

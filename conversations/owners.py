@@ -19,6 +19,7 @@ import hashlib
 import secrets
 
 from django.contrib.auth import HASH_SESSION_KEY
+from django.contrib.auth import SESSION_KEY as AUTH_SESSION_KEY
 from django.db.models import Q
 
 SESSION_KEY = "conversations_owner"
@@ -55,8 +56,6 @@ def owner_token(request, *, create=False):
 
 def session_user_id(session):
     """The logged-in user's id read from the session data alone (no SQL), as a string, or None."""
-    from django.contrib.auth import SESSION_KEY as AUTH_SESSION_KEY
-
     value = session.get(AUTH_SESSION_KEY)
     return str(value) if value is not None else None
 

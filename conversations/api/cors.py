@@ -95,7 +95,8 @@ class CorsMixin:
             patch_vary_headers(response, ["Origin"])
         else:  # the common case, a poll's: nothing to merge with
             response.headers["Vary"] = "Origin"
-        page_origin = origin(request.META.get("HTTP_ORIGIN", ""))
+        header = request.META.get("HTTP_ORIGIN")
+        page_origin = origin(header) if header else ""  # none: a page of the site, or no browser's
         if not page_origin or page_origin == origin(request.build_absolute_uri("/")):
             return  # the site's own page, or no browser's cross-origin request
         if not (cls.cors_any_origin or page_origin_allowed(page_origin, any_assistant=True)):

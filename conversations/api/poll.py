@@ -1,7 +1,7 @@
 """The poll view: what every widget asks for while a turn runs, so the common case costs one or
-two Redis round trips and no SQL (see ``TurnDetailView.dispatch``)."""
+two Redis round trips and no SQL, and no more Python than its checks (see ``TurnDetailView.as_view``)."""
 
-import json
+import functools
 import time
 
 from django.contrib.auth import get_user
@@ -22,12 +22,46 @@ from ..models import Turn
 from ..owners import owner_matches, owner_token, owns_state, request_visitor, stamp_matches
 from . import serializers
 from .authentication import VisitorTokenAuthentication, verified_visitor, visitor_user
-from .cors import CorsMixin
+from .cors import CorsMixin, is_preflight
 from .permissions import LoginNotRequiredMixin, may_chat, sign_in_message
 from .sessions import UNAVAILABLE_ERRORS, check_session_store
 from .base import RedisDownMixin, other_assistant_message, owned_conversation, public_state, with_another_assistant
 from .schema import CONVERSATION_ID, NOT_FOUND, POLL_MISSES, SIGN_IN, TURN_ID, UNAVAILABLE
 from .throttling import PollMissLimit
+
+
+# Where the poll's first look (``FirstLook``) waits on the request for DRF's path.
+FIRST_LOOK = "conversations_poll_first_look"
+# The state's JSON as DRF would render it, with one encoder for the process (it keeps no state
+# between calls, as json.dumps's own default encoder).
+_JSON = encoders.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+class FirstLook:
+    """What a poll learns before DRF's path, with plain Django: the token's visitor (or why the
+    token is refused), the state and the session read in one round trip (or the Redis error that
+    read raised), and, when the state is fresh and the caller's, the answer itself (``response``).
+    DRF's path goes on from it (``TurnDetailView.initial``) without reading anything again."""
+
+    __slots__ = ("visitor", "refused", "cached", "unreachable", "response")
+
+    def __init__(self, request, conversation_id, turn_id):
+        self.visitor = self.refused = self.cached = self.unreachable = self.response = None
+        try:
+            self.visitor = verified_visitor(request)
+        except AuthenticationFailed as exc:
+            self.refused = exc
+            return
+        if request.method != "GET" or conversation_id is None or turn_id is None:
+            return
+        try:
+            self.cached = data, session = state.read_with_session(turn_id, request)
+        except UNAVAILABLE_ERRORS as exc:
+            self.unreachable = exc
+            return
+        if data is not None and not TurnDetailView.is_stale(data) and TurnDetailView.serves(
+                data, session, conversation_id, self.visitor):
+            self.response = TurnDetailView.respond(request, data)
 
 
 class TurnDetailView(PollMissLimit, CorsMixin, LoginNotRequiredMixin, RedisDownMixin, APIView):
@@ -45,41 +79,43 @@ class TurnDetailView(PollMissLimit, CorsMixin, LoginNotRequiredMixin, RedisDownM
     permission_classes = [AllowAny]
     throttle_classes = []  # not a site's DEFAULT_THROTTLE_CLASSES, which the fast path would skip
 
-    def dispatch(self, request, *args, **kwargs):
-        """Answer the poll (``answer``), measured for the metrics: how many by status (200, 304, ...) and how fast."""
-        started = time.perf_counter()
-        response = self.answer(request, *args, **kwargs)
-        telemetry.poll_answered(response.status_code, time.perf_counter() - started)
-        return response
+    @classmethod
+    def as_view(cls, **initkwargs):
+        """The view the URL calls. Every widget polls here, so the common case, a fresh cached state
+        that the caller owns, is answered by ``FirstLook`` with plain Django: one Redis round trip
+        (two for a logged-in owner), no view instance, no DRF request, negotiation or renderer,
+        the CORS headers added as DRF's path adds them. Anything else (a missing, stale or foreign
+        state, a refused token, an unverified session, a malformed id, a method other than GET)
+        goes to DRF's view (``get``), which finds the first look on the request. A preflight goes
+        straight to DRF's view, which answers it (``CorsMixin``). Every poll but a preflight is
+        measured for the metrics: how many by status (200, 304, ...) and how fast."""
+        drf_view = super().as_view(**initkwargs)  # CORS, csrf_exempt and login_not_required included
 
-    def answer(self, request, conversation_id=None, turn_id=None, **kwargs):
-        """Every widget polls here, so the common case — a fresh cached state that the caller
-        owns — is answered with plain Django (one Redis round trip, two for a logged-in owner; no
-        DRF machinery). Anything else (a missing, stale or foreign state, an unverified session,
-        a malformed id) takes DRF's path through ``get``."""
-        self.cached = None  # (state, session data) read here, used again by ``get``
-        self.unreachable = None  # or the Redis error the read here raised, answered by DRF's path
-        self.visitor = self.refused = None  # the token's visitor, or why it was refused (answered by DRF's path)
-        try:
-            self.visitor = verified_visitor(request)
-        except AuthenticationFailed as exc:
-            self.refused = exc
-        if request.method == "GET" and conversation_id is not None and turn_id is not None and self.refused is None:
-            try:
-                self.cached = data, session = state.read_with_session(turn_id, request)
-            except UNAVAILABLE_ERRORS as exc:
-                self.unreachable = exc
+        @functools.wraps(drf_view)  # keeps what the schema and the middleware read of the view
+        def poll(request, *args, **kwargs):
+            if is_preflight(request):
+                return drf_view(request, *args, **kwargs)
+            started = time.perf_counter()
+            look = FirstLook(request, kwargs.get("conversation_id"), kwargs.get("turn_id"))
+            if look.response is not None:
+                response = look.response
+                cls.add_cors_headers(request, response, False)
             else:
-                if data is not None and not self.is_stale(data) and self.serves(data, session, conversation_id,
-                                                                                self.visitor):
-                    return self.respond(request, data)
-        return super().dispatch(request, conversation_id=conversation_id, turn_id=turn_id, **kwargs)
+                setattr(request, FIRST_LOOK, look)
+                response = drf_view(request, *args, **kwargs)
+            telemetry.poll_answered(response.status_code, time.perf_counter() - started)
+            return response
+
+        return poll
 
     def initial(self, request, *args, **kwargs):
-        if self.refused is not None:
-            raise self.refused
-        if self.unreachable is not None:
-            raise self.unreachable
+        look = getattr(request, FIRST_LOOK, None) or FirstLook(request, kwargs.get("conversation_id"),
+                                                               kwargs.get("turn_id"))
+        self.visitor, self.cached = look.visitor, look.cached  # read by ``get``, not read again
+        if look.refused is not None:
+            raise look.refused
+        if look.unreachable is not None:
+            raise look.unreachable
         check_session_store(request)
         super().initial(request, *args, **kwargs)
 
@@ -129,9 +165,8 @@ class TurnDetailView(PollMissLimit, CorsMixin, LoginNotRequiredMixin, RedisDownM
         etag = f'"{data["id"]}-{data["version"]}"'
         if etag in request.META.get("HTTP_IF_NONE_MATCH", ""):
             response = HttpResponseNotModified()
-        else:
-            body = json.dumps(public_state(data), cls=encoders.JSONEncoder, ensure_ascii=False, separators=(",", ":"))
-            response = HttpResponse(body, content_type="application/json")
+        else:  # bytes: Django would look for a charset in the content type to encode a str
+            response = HttpResponse(_JSON.encode(public_state(data)).encode(), content_type="application/json")
         response["ETag"] = etag
         response["Cache-Control"] = "private, no-cache"
         return response

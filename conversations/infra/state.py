@@ -13,15 +13,19 @@ parent, the poll view's repair) produces a strictly newer state.
 import json
 import logging
 import os
+import pickle
 import threading
 import time
 from enum import StrEnum
+from functools import lru_cache
 from importlib import import_module
 from typing import NamedTuple
 
 from django.conf import settings
 from django.core.cache import caches
-from django.core.cache.backends.redis import RedisCache
+from django.core.cache.backends.redis import RedisCache, RedisSerializer
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from ..conf import get_config
 from ..owners import auth_stamp_key
@@ -64,9 +68,9 @@ def read_with_session(turn_id, request):
     When sessions live in this same cache (``SESSION_ENGINE`` ``cache``), both come back in one
     round trip (``get_many``) instead of two; otherwise the session is read as usual.
     """
-    alias = get_config()["CACHE_ALIAS"]
-    session_key = request.COOKIES.get(settings.SESSION_COOKIE_NAME)
-    if settings.SESSION_ENGINE != _CACHE_SESSIONS or settings.SESSION_CACHE_ALIAS != alias or not session_key:
+    cookie = _session_cookie()
+    session_key = request.COOKIES.get(cookie) if cookie is not None else None
+    if not session_key:
         return read(turn_id), request.session
     # The request's own session (SessionMiddleware's, not loaded yet), else one made here.
     store = getattr(request, "session", None)
@@ -81,11 +85,43 @@ def read_with_session(turn_id, request):
         turn_state, data = found.get(state_key(turn_id)), found.get(store.cache_key)
     else:  # the MGET get_many makes, without its per-key bookkeeping: every widget polls here
         client, keys = raw
-        loads = cache._cache._serializer.loads
+        loads = _loads(cache._cache._serializer)
         turn_state, data = (None if value is None else loads(value) for value in client.mget(keys))
     if data is not None and store is getattr(request, "session", None) and not store.accessed:
         store._session_cache = data  # what it would load: a later read of the session asks Redis no more
     return turn_state, data or {}
+
+
+@lru_cache(maxsize=None)
+def _session_cookie():
+    """The session cookie's name when sessions live in this app's cache (``SESSION_ENGINE`` ``cache``,
+    ``SESSION_CACHE_ALIAS`` the app's ``CACHE_ALIAS``), else None. Read from the settings once, as
+    every poll asks, and again after they change (``setting_changed``)."""
+    if settings.SESSION_ENGINE != _CACHE_SESSIONS or settings.SESSION_CACHE_ALIAS != get_config()["CACHE_ALIAS"]:
+        return None
+    return settings.SESSION_COOKIE_NAME
+
+
+@receiver(setting_changed)
+def _forget_session_cookie(*, setting, **kwargs):
+    if setting in {"SESSION_ENGINE", "SESSION_CACHE_ALIAS", "SESSION_COOKIE_NAME", "CONVERSATIONS"}:
+        _session_cookie.cache_clear()
+
+
+def _loads(serializer):
+    """``serializer.loads``, or for Django's own (``RedisSerializer``) ``_unpickled``, its equal."""
+    return _unpickled if type(serializer) is RedisSerializer else serializer.loads
+
+
+def _unpickled(value):
+    """What Django's ``RedisSerializer.loads`` reads in ``value``, a pickle unpickled at once: Django's
+    first tries every value as an integer (which it stores unpickled), and the ``ValueError`` that
+    raises for a pickle spells out the repr of the whole value. A pickle (protocol 2 and later)
+    starts with PROTO, b"\\x80", which no integer's digits do."""
+    return pickle.loads(value) if value[:1] == b"\x80" else _DJANGO_SERIALIZER.loads(value)
+
+
+_DJANGO_SERIALIZER = RedisSerializer()
 
 
 def read_auth_stamp(user_id):

@@ -638,8 +638,17 @@ def breaker_state(label, state):
 
 
 def poll_answered(status_code, seconds):
-    if AVAILABLE:
+    """Measure a poll answered ``status_code`` in ``seconds``: nothing but a look at the instrument
+    while no meter provider is set (every widget polls; see ``_drops``)."""
+    if AVAILABLE and not _drops(instruments().polls):
         _measure("polls", seconds, {"http.response.status_code": status_code})
+
+
+def _drops(instrument):
+    """Whether ``instrument`` drops what it is given: the API's proxy instrument, made while no
+    meter provider was set, until one is set (it then makes its real instrument and keeps what it
+    is given from then on). An instrument of a provider, or of an API without proxies, keeps it."""
+    return getattr(instrument, "_real_instrument", True) is None
 
 
 _handoff_count = None

@@ -44,7 +44,7 @@ def test_a_strangers_poll_of_a_cached_turn_is_refused_without_sql(visitor, djang
 
 
 def test_the_poll_view_has_no_drf_check_that_its_fast_path_would_skip():
-    """``TurnDetailView.dispatch`` answers a fresh cached state with plain Django, before DRF's
+    """``TurnDetailView.as_view`` answers a fresh cached state with plain Django, before DRF's
     ``initial()`` authenticates, checks permissions and throttles. A throttle, a permission
     other than AllowAny, or an authentication that is not the session's (which the fast path
     reads itself, in ``owns_state``) would then guard only the slow path: most polls would
