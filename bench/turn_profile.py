@@ -2,7 +2,7 @@
 in this process under cProfile, timed on the thread's CPU clock (so that other processes' load
 counts less), then the parts of the job it spends that CPU in.
 
-    .venv/bin/python -m bench.turn_profile [--turns 40] [--database sqlite|postgres|URL] [--top 25] [--fork]
+    .venv/bin/python -m bench.turn_profile [--turns 40] [--database sqlite|postgres|URL] [--top 25] [--fork|--post]
 
 Each turn is saved as the POST saves it (its conversation, the visitor's message, the turn with
 its job id) outside the profile, then ``perform_turn`` runs it as a worker's thread would,
@@ -10,6 +10,10 @@ against the same instant OpenAI-compatible server. The first 5 turns warm up and
 With ``--fork``, as a ``Worker``'s work horse would instead: this process warms up as the
 worker's parent does (``warm_up(forking=True)``), and each turn runs in a child forked for it,
 profiled there from the fork on; what a horse does first that its parent never did shows there.
+With ``--post``, the web's side instead: the ``POST …/turns/`` that starts each turn, through
+Django's test client in this process (session, CSRF, the view, the enqueue at the commit, the
+queued state), each visitor's session and conversation made first, unprofiled; no worker runs
+the jobs.
 """
 
 import argparse
@@ -36,6 +40,52 @@ PARTS = [
     ("  of which the state built from the rows", "infra/state.py", "state_from_db"),
     ("final write (its state included)", "engine/runner.py", "finish"),
 ]
+
+# The parts of the POST that starts a turn (``--post``).
+POST_PARTS = [
+    ("whole request (Django's handler)", "django/core/handlers/base.py", "get_response"),
+    ("the view (TurnListView.post)", "api/views.py", "post"),
+    ("  lifecycle.start", "engine/lifecycle.py", "start"),
+    ("    lock the owner's conversations, read this one", "api/base.py", "owned_conversation"),
+    ("    handoff check", "engine/handoff.py", "ensure_with_assistant"),
+    ("    turns counted (ensure_idle and limits; AddressTurns' too)", "engine/limits.py", "__init__"),
+    ("    ensure_idle", "engine/lifecycle.py", "ensure_idle"),
+    ("    limits", "engine/limits.py", "check_new_turn"),
+    ("    create (rows)", "engine/lifecycle.py", "create"),
+    ("      the turn's and the message's INSERT (Model.save)", "django/db/models/base.py", "save"),
+    ("    commit (RQ's enqueue runs at it)", "django/db/transaction.py", "__exit__"),
+    ("      RQ enqueue", "infra/queue.py", "enqueue"),
+    ("    queued state published", "infra/state.py", "publish"),
+    ("    worker looked for", "infra/queue.py", "warn_if_unattended"),
+    ("  address recorded", "engine/limits.py", "add"),
+    ("  turn summary (URLs)", "api/base.py", "turn_summary"),
+    ("session saved", "api/sessions.py", "save_session"),
+]
+
+
+def profile_posts(args):
+    """``--post``: profile the POSTs that start ``args.turns`` turns (after 5 unprofiled ones)."""
+    from django.test import Client
+
+    profile = cProfile.Profile(time.thread_time)
+    wall = []
+    for number in range(args.turns + 5):
+        client = Client(enforce_csrf_checks=True, HTTP_HOST="127.0.0.1")  # an allowed host
+        client.get("/")
+        csrf = client.cookies["csrftoken"].value
+        conversation = client.post("/api/conversations/", data="{}", content_type="application/json",
+                                   HTTP_X_CSRFTOKEN=csrf).json()["id"]
+        started = time.perf_counter()
+        if number >= 5:
+            profile.enable()
+        response = client.post(f"/api/conversations/{conversation}/turns/",
+                               data='{"content": "What time is it in Tokyo, and how do refunds work?"}',
+                               content_type="application/json", HTTP_X_CSRFTOKEN=csrf)
+        if number >= 5:
+            profile.disable()
+            wall.append(time.perf_counter() - started)
+        assert response.status_code == 202, response.content
+    return profile, wall
 
 
 def make_turn():
@@ -88,6 +138,7 @@ def main():
     parser.add_argument("--top", type=int, default=25, help="functions listed by their own time")
     parser.add_argument("--dump", help="also write the profile to this file (for pstats or snakeviz)")
     parser.add_argument("--fork", action="store_true", help="run each turn in a forked child, as a Worker's horse")
+    parser.add_argument("--post", action="store_true", help="profile the POST that starts a turn instead of its job")
     args = parser.parse_args()
 
     print(machine())
@@ -103,7 +154,9 @@ def main():
             wall, dumps = [], []
             if args.fork:
                 warm_up(forking=True)
-            for number in range(args.turns + 5):
+            if args.post:
+                profile, wall = profile_posts(args)
+            for number in range(0 if args.post else args.turns + 5):
                 turn_id = make_turn()
                 if args.fork:
                     dump = tempfile.mktemp(prefix="turn-profile-", suffix=".prof")
@@ -122,7 +175,8 @@ def main():
                         profile.disable()
                         wall.append(time.perf_counter() - started)
                 assert state.read(turn_id)["status"] == "completed"
-            label = stack.database_label + (", each job in a forked child" if args.fork else "")
+            label = stack.database_label + (", each job in a forked child" if args.fork else "") + (
+                ", the POSTs that start them" if args.post else "")
     stats = pstats.Stats(*dumps, stream=io.StringIO()) if args.fork else pstats.Stats(profile)
     for dump in dumps:
         os.unlink(dump)
@@ -130,7 +184,7 @@ def main():
         stats.dump_stats(args.dump)
     per = 1000 / args.turns
     print(f"\n{args.turns} turns in process, {label}; profiled CPU ms per turn (cumulative; calls per turn)\n")
-    for name, suffix, function in PARTS:
+    for name, suffix, function in POST_PARTS if args.post else PARTS:
         found = [(key, value) for key, value in stats.stats.items()
                  if key[0].endswith(suffix) and key[2] == function]
         if suffix == "query.py":  # QuerySet.get called by the job itself

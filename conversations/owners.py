@@ -60,11 +60,17 @@ def session_user_id(session):
     return str(value) if value is not None else None
 
 
+def has_owner(user_id, token):
+    """Whether a visitor with ``user_id`` (None: anonymous) and owner ``token`` ("" when none) owns
+    anything at all: ``owned_by`` matches nothing otherwise."""
+    return user_id is not None or bool(token)
+
+
 def owned_by(user_id, token, prefix=""):
     """A Q selecting the rows that belong to a visitor: their user's (``user_id``; None when
     anonymous) and the anonymous ones of their session's owner ``token`` ("" when none), which a
     logged-in visitor keeps reading from that browser (``claim_on_login``). Matches nothing when
-    they own nothing yet. ``prefix`` reaches the conversation from another model
+    they own nothing yet (``has_owner``). ``prefix`` reaches the conversation from another model
     (``"conversation__"`` for turns). The one rule of ownership: the API's listings and locks
     (``owned_filter``) and the limits per owner (``engine.limits``) select the same rows, but
     for a visitor token's caller, who reads and writes only those with its assistant."""

@@ -5,6 +5,7 @@ public shape of a turn and of its state."""
 import logging
 import secrets
 
+from django.db.models import BooleanField, ExpressionWrapper
 from django.http import Http404
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -87,17 +88,37 @@ def owned_conversation(request, conversation_id, *, for_update=False, user=None)
         raise NotFound()
     queryset = Conversation.objects.filter(owned_filter(request, user))
     if for_update:
-        # Lock all of the caller's conversations, in one order: the limits that span them (turns
-        # running at once, the daily token budget) are then checked by one request at a time. A
-        # token's user has conversations with other assistants too, which the limits count.
-        everything = Conversation.objects.filter(owned_filter(request, user, every_assistant=True))
-        list(everything.select_for_update().order_by("pk").values_list("pk", flat=True))
+        locked = _lock_owned(request, user, conversation_id)
+        if locked is not None:
+            return locked
     try:
         return get_object_or_404(queryset, pk=conversation_id)
     except Http404:
         if with_another_assistant(request, user, conversation_id):
             raise NotFound(other_assistant_message()) from None
         raise
+
+
+def _lock_owned(request, user, conversation_id):
+    """Lock all of the caller's conversations, in one order: the limits that span them (turns
+    running at once, the daily token budget) are then checked by one request at a time. A
+    token's user has conversations with other assistants too, which the limits count. The same
+    statement reads their rows (as tuples, cheap), so the caller's conversation ``conversation_id``
+    is returned from it (None when it is not among them, or not the caller's here: a token's
+    conversation with another assistant) and need not be read again."""
+    everything = Conversation.objects.filter(owned_filter(request, user, every_assistant=True))
+    names = [field.attname for field in Conversation._meta.concrete_fields]
+    scoped = request_visitor(request) is not None  # only then are the rows locked more than the caller's here
+    if scoped:
+        everything = everything.annotate(caller_here=ExpressionWrapper(owned_filter(request, user),
+                                                                      output_field=BooleanField()))
+    rows = everything.select_for_update().order_by("pk").values_list(*names, *(["caller_here"] if scoped else []))
+    pk, wanted = names.index(Conversation._meta.pk.attname), Conversation._meta.pk.to_python(conversation_id)
+    found = None
+    for values in rows:
+        if values[pk] == wanted and (not scoped or values[-1]):
+            found = values[:len(names)]
+    return None if found is None else Conversation.from_db(rows.db, names, found)
 
 
 def with_another_assistant(request, user, conversation_id):

@@ -214,8 +214,9 @@ class TurnListView(ConversationAPIView):
             if replayed is None:
                 # Staff hold it: the message is kept for them below, and no turn starts.
                 handoff.ensure_with_assistant(conversation)
-                lifecycle.ensure_idle(conversation)
-                self.refuse(limits.check_new_turn(conversation) or address.check())
+                counts = limits.TurnCounts(conversation)  # one query for the next two lines
+                lifecycle.ensure_idle(conversation, counts)
+                self.refuse(limits.check_new_turn(conversation, counts=counts) or address.check())
             return replayed
 
         try:

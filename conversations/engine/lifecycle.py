@@ -60,16 +60,22 @@ def ended(turn, *, margin=None):
     transaction.on_commit(send)
 
 
-def ensure_idle(conversation):
+def ensure_idle(conversation, counts=None):
     """Raise ``TurnActive`` when a turn of ``conversation`` is still queued or running.
 
     Call with the conversation's row locked (``start()`` does), so that two requests cannot
     both find it idle. A turn still queued past ``QUEUE_WAIT`` is ended here (at the commit,
     its state is published) rather than refused for: the visitor is never stuck behind it.
+    ``counts``: the ``limits.TurnCounts`` read under that lock, when the caller has one (then
+    nothing is read when it found none active here; a turn ended here no longer counts in it).
     """
+    if counts is not None and not counts.here_active:
+        return
     for turn in conversation.turns.filter(status__in=Turn.ACTIVE_STATUSES):  # one query; usually none
         if not (waited_too_long(turn) and _end_unclaimed_row(turn)):
             raise TurnActive()
+        if counts is not None:
+            counts.ended()
         transaction.on_commit(functools.partial(_publish_quietly, turn))
 
 
@@ -84,11 +90,13 @@ def create(conversation, content, **fields):
     cfg = assistants.settings_for(turn.answering_assistant())  # a test run's draft (evals) answers with its own
     turn.provider, turn.model = str(cfg["PROVIDER"]), str(cfg["MODEL"])
     job_fields(turn)
-    turn.save(force_insert=True)
     stored = Scrubber(cfg).text(content)  # what must not be stored never is (REDACT)
     if stored != content and cfg["REDACT_ORIGINAL_TO_MODEL"]:
         state.keep_original(turn.id, content, timeout=int(turn.job_timeout or cfg["JOB_TIMEOUT"]))
-    message = Message.objects.create(conversation=conversation, turn=turn, role=Message.Role.USER, content=stored)
+    message = Message(conversation=conversation, turn=turn, role=Message.Role.USER, content=stored)
+    # Both rows in one round trip where the database allows (the turn's key is made in Python, so the
+    # message names it before either is sent); raw statements, as the job's (``statements``).
+    statements.send(statements.insert_statement(turn), statements.insert_statement(message))
     enqueue_turn(turn, saved=True)
     return turn, message
 
@@ -229,7 +237,13 @@ def update_unended(turn_pk, values, *, job_id):
     """``unended(turn_pk, job_id=job_id).update(**values)`` as one raw statement (``statements``):
     a running turn's own writes, after each round trip and at its end. Returns whether it matched
     (False: the turn ended, or another job runs it now; nothing was written)."""
-    return bool(statements.update(Turn, values, pk=turn_pk, status__in=statements.ACTIVE, job_id=job_id))
+    return bool(statements.send(update_unended_statement(turn_pk, values, job_id=job_id))[0])
+
+
+def update_unended_statement(turn_pk, values, *, job_id):
+    """``update_unended``'s statement, to send with the other statements of its transaction
+    (``statements.send``); its result is how many rows it matched (0: nothing was written)."""
+    return statements.update_statement(Turn, values, pk=turn_pk, status__in=statements.ACTIVE, job_id=job_id)
 
 
 def finalize(turn, status, error, *, job_id=None):

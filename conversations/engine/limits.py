@@ -17,14 +17,14 @@ API turns a refusal into a response: a limit that time lifts (the daily budget) 
 import datetime
 from dataclasses import dataclass
 
-from django.db.models import Sum
+from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from redis.exceptions import LockError, RedisError
 
 from ..conf import get_config
-from ..owners import owned_by
+from ..owners import has_owner, owned_by
 from ..infra.queue import get_queue, site_key
 from ..models import Turn
 
@@ -51,36 +51,88 @@ def start_of_day(now=None):
     return now.replace(hour=0, minute=0, second=0, microsecond=0)
 
 
-def tokens_used_today(conversation, now=None):
-    """Input plus output tokens of every turn of this conversation's owner since midnight."""
+def tokens_used_today(conversation, now=None, counts=None):
+    """Input plus output tokens of every turn of this conversation's owner since midnight
+    (``counts``: as a ``TurnCounts`` read them already in this transaction)."""
+    if counts is not None:
+        return counts.tokens_today
     totals = Turn.objects.filter(owner_q(conversation, "conversation__"), enqueued_at__gte=start_of_day(now)).aggregate(
         used=Coalesce(Sum("input_tokens"), 0) + Coalesce(Sum("output_tokens"), 0))
     return totals["used"]
 
 
-def check_conversation_length(conversation):
+def check_conversation_length(conversation, counts=None):
     """Refuse a turn past ``MAX_TURNS_PER_CONVERSATION`` (0 = no limit)."""
     limit = get_config()["MAX_TURNS_PER_CONVERSATION"]
-    if limit and conversation.turns.count() >= limit:
+    if limit and (counts.here if counts is not None else conversation.turns.count()) >= limit:
         return Refusal("conversation_full", _(
             "This conversation has reached its limit of %(limit)d messages. Please start a new conversation."
         ) % {"limit": limit})
     return None
 
 
-def active_turns(conversation):
-    """How many turns of this conversation's owner are queued or running."""
+def active_turns(conversation, counts=None):
+    """How many turns of this conversation's owner are queued or running (``counts``: as a
+    ``TurnCounts`` read them already in this transaction; None: counted now)."""
+    if counts is not None:
+        return counts.owners_active
     return Turn.objects.filter(owner_q(conversation, "conversation__"), status__in=Turn.ACTIVE_STATUSES).count()
+
+
+class TurnCounts:
+    """What a new turn is admitted on, counted in one query where ``lifecycle.ensure_idle`` and the
+    cost checks each made their own: the conversation's turns (``here``), those of them queued or
+    running (``here_active``), the owner's turns queued or running (``owners_active``) and their
+    tokens since midnight (``tokens_today``). Only what the site's limits ask for is counted (0
+    for the rest), and only the turns that can count are read: the conversation's, and the
+    owner's that are active or of today.
+
+    Read it with the conversations locked (``start()``'s ``lock``), once the lock is held: a
+    statement's snapshot is taken when it starts, so counts folded into the locking statement
+    itself would miss a turn another request committed while this one waited for the lock
+    (PostgreSQL)."""
+
+    def __init__(self, conversation, now=None):
+        cfg = get_config()
+        active = Q(status__in=Turn.ACTIVE_STATUSES)
+        wanted = {"here_active": Count("pk", filter=Q(conversation_id=conversation.pk) & active)}
+        if cfg["MAX_TURNS_PER_CONVERSATION"]:
+            wanted["here"] = Count("pk", filter=Q(conversation_id=conversation.pk))
+        read = here = Q(conversation_id=conversation.pk)
+        # owner_q matches nothing for a conversation nobody owns (their counts are 0), and else
+        # matches this conversation too: the rows are then read through the owner's conversations.
+        if has_owner(conversation.user_id, conversation.owner_token):
+            budget = cfg["DAILY_TOKEN_BUDGET"]
+            if cfg["MAX_ACTIVE_TURNS_PER_OWNER"] or (budget and cfg["TURN_TOKEN_RESERVE"]):
+                wanted["owners_active"] = Count("pk", filter=active)
+                read |= active
+            if budget:
+                today = Q(enqueued_at__gte=start_of_day(now))
+                wanted["tokens_today"] = (Coalesce(Sum("input_tokens", filter=today), 0)
+                                          + Coalesce(Sum("output_tokens", filter=today), 0))
+                read |= today
+            if read is not here:
+                read = owner_q(conversation, "conversation__") & read
+        found = Turn.objects.filter(read).aggregate(**wanted)
+        self.here_active = found["here_active"]
+        self.here = found.get("here", 0)
+        self.owners_active = found.get("owners_active", 0)
+        self.tokens_today = found.get("tokens_today", 0)
+
+    def ended(self):
+        """A turn of the conversation has just been ended (``ensure_idle``): it is no longer active."""
+        self.here_active -= 1
+        self.owners_active = max(0, self.owners_active - 1)
 
 
 # A turn that must wait for another of the same owner asks to be retried this soon (seconds).
 WAIT_FOR_ACTIVE = 5
 
 
-def check_active_turns(conversation):
+def check_active_turns(conversation, counts=None):
     """Refuse a turn while the owner has ``MAX_ACTIVE_TURNS_PER_OWNER`` turns queued or running (0 = no limit)."""
     limit = get_config()["MAX_ACTIVE_TURNS_PER_OWNER"]
-    if limit and active_turns(conversation) >= limit:
+    if limit and active_turns(conversation, counts) >= limit:
         return Refusal("too_many_active", _(
             "The assistant is still answering your other messages. Please wait for an answer to finish."
         ), retry_after=WAIT_FOR_ACTIVE)
@@ -187,16 +239,16 @@ def turn_address(turn):
     return value.decode() if value else ""
 
 
-def check_daily_budget(conversation, now=None):
+def check_daily_budget(conversation, now=None, counts=None):
     """Refuse a turn once the owner has used ``DAILY_TOKEN_BUDGET`` tokens today (0 = no limit), or
     would, counting ``TURN_TOKEN_RESERVE`` for each of their turns still running."""
     cfg = get_config()
     budget = cfg["DAILY_TOKEN_BUDGET"]
     if not budget:
         return None
-    spent = tokens_used_today(conversation, now)
+    spent = tokens_used_today(conversation, now, counts)
     if spent < budget:
-        running = active_turns(conversation) if cfg["TURN_TOKEN_RESERVE"] else 0
+        running = active_turns(conversation, counts) if cfg["TURN_TOKEN_RESERVE"] else 0
         if not running or spent + running * cfg["TURN_TOKEN_RESERVE"] < budget:
             return None
         return Refusal("budget_reserved", _(
@@ -209,7 +261,8 @@ def check_daily_budget(conversation, now=None):
     ), retry_after=max(1, int((tomorrow - now).total_seconds())))
 
 
-def check_new_turn(conversation, now=None):
-    """Run every cost check; return the first ``Refusal`` or None."""
-    return (check_conversation_length(conversation) or check_active_turns(conversation)
-            or check_daily_budget(conversation, now))
+def check_new_turn(conversation, now=None, counts=None):
+    """Run every cost check; return the first ``Refusal`` or None. ``counts``: the ``TurnCounts``
+    read in this transaction, if any (each check then counts from it, not with a query of its own)."""
+    return (check_conversation_length(conversation, counts) or check_active_turns(conversation, counts)
+            or check_daily_budget(conversation, now, counts))

@@ -41,7 +41,7 @@ from ..tools import ToolContext, arguments_hash, interrupted_result, load_tools,
 from ..core.types import ChatMessage, ErrorCode, Finish, Outcome, ToolResult, record_call
 from . import approvals, statements
 from .handoff import hands_over
-from .lifecycle import assistant_label, claim, ended, unended, update_unended
+from .lifecycle import assistant_label, claim, ended, unended, update_unended_statement
 from .limits import turn_address
 from .recovery import can_hand_over, continue_turn
 
@@ -125,11 +125,21 @@ class TurnRunner:
         """Its row while still this job's to write (``lifecycle.unended``), as a queryset."""
         return unended(self.turn.pk, job_id=self.job_id)
 
-    def write_mine(self, fields):
-        """Write the turn's ``fields`` (as they are on ``self.turn``) while it is still this job's
-        (the fence, ``lifecycle.update_unended``); returns whether it was."""
+    def save_mine(self, fields, *rows):
+        """In the caller's transaction, in one round trip where the database allows
+        (``statements.send``): insert the kept ``CallRecord`` rows and the new ``rows``, then write
+        the turn's ``fields`` (as they are on ``self.turn``) while it is still this job's (the
+        fence, ``lifecycle.update_unended``). Raises ``_Superseded`` when it is not (the caller's
+        transaction then rolls all of it back)."""
         turn = self.turn
-        return update_unended(turn.pk, {f: getattr(turn, f) for f in fields}, job_id=self.job_id)
+        sent = statements.send(*statements.insert_statements(self.pending_records),
+                               *(statements.insert_statement(row) for row in rows),
+                               update_unended_statement(turn.pk, {f: getattr(turn, f) for f in fields},
+                                                        job_id=self.job_id))
+        self.saved_records += self.pending_records
+        self.pending_records = []
+        if not sent[-1]:
+            raise _Superseded()
 
     def save_records(self):
         """Insert the kept ``CallRecord`` rows; call inside the transaction that saves the rest."""
@@ -157,13 +167,10 @@ class TurnRunner:
         if not lease.fence():
             raise _Superseded()
         self.stop_known = False
+        row = Message(conversation_id=self.turn.conversation_id, turn=self.turn, **self.scrubbed(message_fields))
         try:
             with dbconn.step():
-                self.save_records()
-                if not self.write_mine(turn_fields):
-                    raise _Superseded()
-                row = statements.insert(Message(conversation_id=self.turn.conversation_id, turn=self.turn,
-                                                **self.scrubbed(message_fields)))
+                self.save_mine(turn_fields, row)
         except BaseException:
             self.trace_saved(committed=False)
             raise
@@ -304,17 +311,16 @@ class TurnRunner:
         return Message(conversation_id=self.turn.conversation_id, turn=self.turn, role=Message.Role.ASSISTANT,
                        **self.scrubbed({"content": reply.text, "tool_calls": [c.as_dict() for c in reply.tool_calls]}))
 
-    def save_streamed(self):
+    def streamed_row(self):
         """The text of a reply that was streaming when the turn ended another way (a job timeout,
-        an unreadable reply), saved as its assistant message so the visitor keeps what they saw;
-        returns the row, or None. Call inside the final write's transaction."""
+        an unreadable reply), as its assistant message (unsaved; the final write saves it), so the
+        visitor keeps what they saw; None when nothing was streaming. Counts that call on the turn."""
         if not self.streamed:
             return None
         self.turn.model_calls += 1
         self.count_estimate("".join(self.streamed))
-        return statements.insert(Message(conversation_id=self.turn.conversation_id, turn=self.turn,
-                                         role=Message.Role.ASSISTANT,
-                                         content=self.scrub.text("".join(self.streamed))))
+        return Message(conversation_id=self.turn.conversation_id, turn=self.turn, role=Message.Role.ASSISTANT,
+                       content=self.scrub.text("".join(self.streamed)))
 
     def cancelled(self):
         """Whether a call in flight must be shut (checked by its watchdog): on a Stop, or when the
@@ -724,16 +730,12 @@ class TurnRunner:
         interrupted, committed = None, False
         try:
             with transaction.atomic():
-                self.save_records()
                 last = self.last_reply_row()
-                if last is not None:
-                    statements.insert(last)
-                shown = self.save_streamed()
+                shown = self.streamed_row()
                 turn.cost = pricing.turn_cost(turn.model, turn.input_tokens, turn.output_tokens, self.config["PRICES"])
                 # Only while the turn is still this job's to end: a thread given up past its job
                 # timeout comes back later, when the worker has ended the turn or another job runs it.
-                if not self.write_mine(self.FINAL_FIELDS):
-                    raise _Superseded()
+                self.save_mine(self.FINAL_FIELDS, *(row for row in (last, shown) if row is not None))
             committed = True
             if last is not None:
                 self.rows.append(last)

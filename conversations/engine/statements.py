@@ -1,6 +1,7 @@
 """The statements a running turn sends on its hot path, as raw SQL: its claim, each round trip's
 fenced ``UPDATE`` and its ``INSERT``s (the new transcript row, the call records), the final
-write, and the job's two reads (its turn with the rows it needs, its transcript).
+write, and the job's two reads (its turn with the rows it needs, its transcript); and the two
+``INSERT``s of the POST that starts it (the turn, the visitor's message).
 
 Why raw: a turn sends one transaction per model or tool round trip (the seed's durable save),
 and Django's ORM spent far more CPU building and compiling each of those statements than the
@@ -23,7 +24,16 @@ Placeholders are ``%s`` and the SQL is portable (``RETURNING`` only where the ba
 elsewhere the driver's last row id), so PostgreSQL, SQLite and MySQL/MariaDB run the same text;
 on PostgreSQL the first of a step's statements may carry the step's ``SET LOCAL`` after it
 (``dbconn.folded``).
+
+A round trip's statements are built first (``update_statement``, ``insert_statement``,
+``insert_statements``) and sent together by ``send()``: where the driver binds parameters on the
+client (psycopg 3, Django's default for PostgreSQL; ``dbconn.binds_on_client``) as one string,
+in one network round trip, each statement's result read in turn; elsewhere one after the other,
+as before. They run in the caller's transaction either way, so a fence that fails (an ``UPDATE``
+matching no row) still rolls every one of them back when the caller raises.
 """
+
+from typing import Callable, NamedTuple
 
 from django.db import connections, router
 from django.db.models import Model, Q, signals
@@ -43,11 +53,64 @@ def _field(meta, name):
     return meta.pk if name == "pk" else meta.get_field(name)
 
 
+class Statement(NamedTuple):
+    """One statement to ``send()``: its text and parameters on ``connection``, and ``read(cursor)``,
+    which reads its result (the cursor on it) and returns what ``send()`` gives back for it. A
+    ``Statement`` with no ``sql`` is an ORM save made in its place (``read()`` makes it, no cursor)."""
+
+    connection: object
+    sql: str | None
+    params: list
+    read: Callable
+
+
+def send(*statements):
+    """Send ``statements`` (``Statement``) in order, in the caller's transaction; returns what each
+    one's ``read`` gave (an ``UPDATE``: how many rows it matched; an ``INSERT``: its instances, their
+    primary keys set). Consecutive statements on one connection whose driver binds on the client go
+    as one string (one round trip), the step's ``SET LOCAL`` after them (``dbconn.folded``)."""
+    results, batch = [], []
+
+    def flush():
+        if not batch:
+            return
+        connection = batch[0].connection
+        with connection.cursor() as cursor:
+            cursor.execute(dbconn.folded(connection, "; ".join(b.sql for b in batch)),
+                           [param for b in batch for param in b.params])
+            for index, statement in enumerate(batch):
+                if index:
+                    cursor.nextset()
+                results.append(statement.read(cursor))
+        batch.clear()
+
+    for statement in statements:
+        if statement.sql is None:
+            flush()
+            results.append(statement.read(None))
+        elif batch and statement.connection is batch[0].connection and dbconn.binds_on_client(statement.connection):
+            batch.append(statement)
+        else:
+            flush()
+            batch.append(statement)
+    flush()
+    return results
+
+
 def update(model, values, **where):
     """``UPDATE`` the rows of ``model`` matching ``where`` with ``values`` (field name -> value);
     returns how many rows matched. ``where``: ``name=value`` or ``name__in=[values]`` (``pk`` names
     the primary key), joined by AND, as ``QuerySet.filter(**where).update(**values)`` would (no
     signal is sent by either)."""
+    return send(update_statement(model, values, **where))[0]
+
+
+def _rowcount(cursor):
+    return cursor.rowcount
+
+
+def update_statement(model, values, **where):
+    """``update()``'s statement, to ``send()`` with others."""
     connection = _connection(model)
     meta = model._meta
     names = tuple(values)
@@ -72,9 +135,7 @@ def update(model, values, **where):
             params += [field.get_db_prep_value(v, connection) for v in value]
         else:
             params.append(_field(meta, name).get_db_prep_value(value, connection))
-    with connection.cursor() as cursor:
-        cursor.execute(dbconn.folded(connection, sql), params)
-        return cursor.rowcount
+    return Statement(connection, sql, params, _rowcount)
 
 
 def _prep_save(field, value, connection):
@@ -126,45 +187,66 @@ def _saved(obj, connection):
 def insert(obj):
     """Save the new instance ``obj`` with one ``INSERT`` (its primary key set from the database);
     returns ``obj``. A model with save receivers is saved by ``obj.save()`` instead."""
+    return send(insert_statement(obj))[0]
+
+
+def insert_statement(obj):
+    """``insert()``'s statement, to ``send()`` with others (its result: ``obj``, saved)."""
     model = type(obj)
-    if _hears_saves(model):
-        obj.save(force_insert=True)
-        return obj
     connection = _connection(model)
+    if _hears_saves(model):
+        return Statement(connection, None, [], lambda _cursor: _orm_saved(obj))
     sql, fields, returns, numbered = _insert_sql(connection, model, 1)
-    with connection.cursor() as cursor:
-        cursor.execute(dbconn.folded(connection, sql), _values(obj, fields, connection))
+
+    def read(cursor):
         if returns:
             obj.pk = cursor.fetchone()[0]
         elif numbered:
             obj.pk = connection.ops.last_insert_id(cursor, model._meta.db_table, model._meta.pk.column)
-    _saved(obj, connection)
+        _saved(obj, connection)
+        return obj
+
+    return Statement(connection, sql, _values(obj, fields, connection), read)
+
+
+def _orm_saved(obj):
+    obj.save(force_insert=True)
     return obj
 
 
 def insert_many(objs):
     """Save the new instances ``objs`` (of one model) with one ``INSERT``, as ``bulk_create`` does
     (no signal sent; primary keys set where the backend returns them)."""
+    send(*insert_statements(objs))
+
+
+def insert_statements(objs):
+    """``insert_many()``'s statements (none for no ``objs``), to ``send()`` with others."""
     if not objs:
-        return
+        return []
     model = type(objs[0])
     connection = _connection(model)
     fields = _insert_fields(model._meta)
     # As bulk_create: in batches the backend's limit on a statement's parameters allows.
     size = max(1, connection.ops.bulk_batch_size(fields, objs))
+    found = []
     for start in range(0, len(objs), size):
         batch = objs[start:start + size]
         sql, fields, returns, _numbered = _insert_sql(connection, model, len(batch))
         params = []
         for obj in batch:
             params += _values(obj, fields, connection)
-        with connection.cursor() as cursor:
-            cursor.execute(dbconn.folded(connection, sql), params)
+
+        def read(cursor, batch=batch, returns=returns):
             if returns:
                 for obj, (pk,) in zip(batch, cursor.fetchall()):
                     obj.pk = pk
-        for obj in batch:
-            _saved(obj, connection)
+            for obj in batch:
+                _saved(obj, connection)
+            return batch
+
+        found.append(Statement(connection, sql, params, read))
+    return found
 
 
 # -- reads: a job's first two queries ------------------------------------------------------

@@ -70,7 +70,7 @@ def step():
         if not (outermost and connection.vendor == "postgresql"):
             yield
             return
-        if not _binds_on_client(connection):
+        if not binds_on_client(connection):
             with connection.cursor() as cursor:
                 cursor.execute(ASYNC_COMMIT)
             yield
@@ -95,10 +95,10 @@ def folded(connection, sql):
     return f"{sql}; {ASYNC_COMMIT}"
 
 
-def _binds_on_client(connection):
-    """Whether ``connection`` (PostgreSQL) sends a statement and its parameters as one string, in
-    which several statements may go: psycopg 3's client-side cursors, Django's default for it
-    (the ``server_side_binding`` option turns them off). psycopg2 would keep only the last
-    statement's result."""
-    return connection.Database.__name__ == "psycopg" and \
+def binds_on_client(connection):
+    """Whether ``connection`` sends a statement and its parameters as one string, in which several
+    statements may go, each with a result of its own: PostgreSQL through psycopg 3's client-side
+    cursors, Django's default for it (the ``server_side_binding`` option turns them off). psycopg2
+    would keep only the last statement's result; SQLite's driver refuses more than one."""
+    return connection.vendor == "postgresql" and connection.Database.__name__ == "psycopg" and \
         connection.settings_dict["OPTIONS"].get("server_side_binding") is not True

@@ -2,6 +2,7 @@
 same round trip. Real Redis (its own command counts), the turn's real loop and database, a model
 in process (no HTTP call, whose watchdog would read the flags on its own)."""
 
+import re
 import uuid
 
 import pytest
@@ -196,34 +197,44 @@ def test_a_turns_own_round_trip_commits_do_not_wait_for_the_disk(conversations_s
 @pytest.mark.django_db(transaction=True)  # a transaction of its own, as in a worker (not inside a test's)
 def test_each_round_trip_is_one_transaction_of_its_own_rows_and_nothing_is_read_again(conversations_settings):
     """What a running turn asks of the database, pinned so that a regression shows: its claim is one
-    UPDATE; each round trip one transaction with the turn's counters and its new row (and the tool's
-    call record; a model called over HTTP has one too); the final write one more. Nothing is read
-    that the runner already holds, and nothing is written outside those transactions. Counted on
-    the runner's own connection (a tool runs on another)."""
+    UPDATE; each round trip one transaction with its new row and the turn's counters (and the tool's
+    call record; a model called over HTTP has one too); the final write one more. On PostgreSQL each
+    transaction's statements go to the server as one string (one network round trip between its
+    BEGIN and COMMIT). Nothing is read that the runner already holds, and nothing is written
+    outside those transactions. Counted on the runner's own connection (a tool runs on another)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
+
+    from conversations.infra import dbconn
 
     turn, model, runner = run_turn(conversations_settings)
     with CaptureQueriesContext(connection) as queries:
         runner.run()
 
-    transactions, current = [], None
+    transactions, sends, current = [], [], None
     for query in queries.captured_queries:
         verb = query["sql"].split()[0].upper()
         if verb == "BEGIN":
             current = []
+            sends.append(0)
         elif verb == "COMMIT":
             transactions.append(current)
             current = None
-        elif verb != "SET":  # PostgreSQL's SET LOCAL synchronous_commit of a round trip's transaction
+        else:
             assert current is not None, f"{query['sql']} outside a transaction"
-            current.append(verb)
+            sends[-1] += 1
+            # Several statements sent as one string (PostgreSQL): each one's verb, in order, but for
+            # the SET LOCAL synchronous_commit of a round trip's transaction.
+            current += [v for v in re.findall(r"(?:^|; )(INSERT|UPDATE|SET|SELECT|DELETE) ", query["sql"])
+                        if v != "SET"]
     assert transactions == [
         ["UPDATE"],  # the claim
-        ["UPDATE", "INSERT"],  # the reply asking for the tool: counters, its row
-        ["INSERT", "UPDATE", "INSERT"],  # the tool's result: its call record, counters, its row
+        ["INSERT", "UPDATE"],  # the reply asking for the tool: its row, counters
+        ["INSERT", "INSERT", "UPDATE"],  # the tool's result: its call record, its row, counters
         ["INSERT", "UPDATE"],  # the final write: the answer, the turn's end
     ]
+    if dbconn.binds_on_client(connection):  # PostgreSQL (psycopg 3): each transaction's statements in one send
+        assert sends == [1, 1, 1, 1], sends
     assert state.read(turn.id)["status"] == "completed"
 
 
@@ -248,3 +259,33 @@ def test_a_post_that_starts_a_turn_reads_the_visitors_session_once(conversations
     assert response.status_code == 202
     assert "exists" not in sent and sent.count("get") == 1, sent
     assert len(sent) <= 7, sent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_post_that_starts_a_turn_reads_its_conversation_with_the_lock_and_the_active_turns_once(
+        conversations_settings):
+    """The POST's reads, pinned, with every limit per owner on: one statement locks the owner's
+    conversations and reads the one posted to; one more, once the lock is held, counts what the
+    turn is admitted on (the conversation's turns and its active ones, the owner's active turns and
+    tokens of the day). They were seven: the lock, the conversation, one turn at a time, and a
+    query for each limit (the owner's active turns twice)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.support.helpers import api_post, make_client
+
+    conversations_settings.update(TURN_RATE_PER_OWNER="", TURN_RATE_PER_IP="", CONVERSATION_RATE_PER_OWNER="",
+                                  CONVERSATION_RATE_PER_IP="", MAX_ACTIVE_TURNS_PER_ADDRESS=0,
+                                  DAILY_TOKEN_BUDGET=200000, TURN_TOKEN_RESERVE=4000, MAX_TURNS_PER_CONVERSATION=50,
+                                  MAX_ACTIVE_TURNS_PER_OWNER=2)
+    client = make_client()
+    conversation = api_post(client, "/api/conversations/").json()
+    with CaptureQueriesContext(connection) as queries:
+        response = api_post(client, f"/api/conversations/{conversation['id']}/turns/", {"content": "Hello?"})
+
+    assert response.status_code == 202
+    reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")]
+    assert len(reads) == 2, reads
+    conversations, turns = (Conversation._meta.db_table, Turn._meta.db_table)
+    assert reads[0].endswith("FOR UPDATE") or connection.vendor == "sqlite", reads[0]  # SQLite locks the file
+    assert f'FROM "{conversations}"' in reads[0] and f'FROM "{turns}"' in reads[1], reads

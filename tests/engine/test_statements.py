@@ -17,7 +17,7 @@ from conversations.core.budget import TurnClock
 from conversations.core.types import ModelReply
 from conversations.engine import lifecycle, statements
 from conversations.engine.runner import TurnRunner
-from conversations.infra import state
+from conversations.infra import dbconn, state
 from conversations.models import CallRecord, Conversation, Message, Turn
 from conversations.providers import BaseProvider
 
@@ -115,6 +115,29 @@ def test_rows_and_values_are_stored_as_the_orm_stores_them():
         ("t0", 0.0, 1), ("t1", 0.1, 1), ("t2", 0.2, 1)]
     if connection.features.can_return_rows_from_bulk_insert:
         assert [r.pk for r in records] == list(turn.calls.order_by("id").values_list("pk", flat=True))
+
+
+def test_statements_sent_together_each_give_their_own_result():
+    """``send()``: an ``INSERT`` of several rows, one of one row, and a fenced ``UPDATE`` sent
+    together (one string on PostgreSQL) give back, in order, the rows with their keys and the
+    count the ``UPDATE`` matched, and an ``UPDATE`` that matched nothing says 0 after others."""
+    turn = queued_turn()
+    records = [CallRecord(turn=turn, kind="tool", name=f"t{n}", started_offset=n, outcome="ok") for n in range(2)]
+    message = Message(conversation_id=turn.conversation_id, turn=turn, role="assistant", content="a; b")
+    with CaptureQueriesContext(connection) as queries:
+        saved, row, matched = statements.send(
+            *statements.insert_statements(records), statements.insert_statement(message),
+            lifecycle.update_unended_statement(turn.pk, {"model_calls": 1}, job_id="job-1"))
+    assert (saved, row, matched) == (records, message, 1)
+    assert Message.objects.get(pk=message.pk).content == "a; b"
+    if connection.features.can_return_rows_from_bulk_insert:
+        assert [r.pk for r in records] == list(turn.calls.order_by("id").values_list("pk", flat=True))
+    assert len(queries.captured_queries) == (1 if dbconn.binds_on_client(connection) else 3)
+
+    again = Message(conversation_id=turn.conversation_id, turn=turn, role="assistant", content="b")
+    assert statements.send(statements.insert_statement(again),
+                           lifecycle.update_unended_statement(turn.pk, {"model_calls": 2}, job_id="job-2"))[1] == 0
+    assert Turn.objects.get(pk=turn.pk).model_calls == 1
 
 
 def test_a_message_whose_saves_have_receivers_is_saved_through_them():
