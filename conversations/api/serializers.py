@@ -154,7 +154,10 @@ class ApprovalCreateSchema(OpenApiSerializerExtension):
     target_class = ApprovalCreateSerializer
 
     def map_serializer(self, auto_schema, direction):
-        return {**auto_schema._map_basic_serializer(self.target, direction), "additionalProperties": False}
+        schema = auto_schema._map_basic_serializer(self.target, direction)
+        # A call id is text DRF keeps: no NUL anywhere (refused), not only whitespace (trimmed to blank).
+        schema["properties"]["call_id"]["pattern"] = f"^[^\\x00]*{NOT_BLANK_PATTERN}[^\\x00]*$"
+        return {**schema, "additionalProperties": False}
 
 
 class ApprovalSerializer(serializers.Serializer):
