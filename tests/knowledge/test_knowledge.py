@@ -340,8 +340,9 @@ def test_a_question_that_matches_only_a_products_name_is_under_the_floor_and_one
     index.rebuild("help")
     floor = get_config()["SEARCH_FLOOR"]
     unanswered = search("Does the Osprey vacuum cleaner work on Mars?")
-    assert unanswered[0].match >= floor and unanswered[0].distinct == 1
+    assert unanswered[0].match >= floor
     assert search("Does the Osprey vacuum cleaner work on Mars?", floor=floor) == []
+    assert unanswered[0].distinct == 1
     assert [hit.title for hit in search("How long is the Curlew stand mixer guaranteed?", floor=floor)][:1] == [
         "Curlew stand mixer warranty and repairs"]
     assert [hit.title for hit in search("Do you take Apple Pay?", floor=floor)] == ["Payment methods"]
