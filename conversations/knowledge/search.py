@@ -273,7 +273,8 @@ class PostgresSearch(Engine):
         if not terms:
             return {}
         wanted = reduce(operator.or_, [self.query(term) for term in terms])
-        return self._flagged(self.everything.annotate(document=self._document()).filter(document=wanted), terms)
+        return self._flagged(self.everything.annotate(document=self._document()).filter(document=wanted).order_by(),
+                             terms)
 
     def _flagged(self, passages, terms):
         """``{term: which of passages (annotated with their ``document``) hold it}``, in one statement."""
@@ -475,7 +476,11 @@ def _ranked(terms, user, names, limit, floor):
         return []
     user = AnonymousUser() if user is None else user
     weights, counts = _weighed(found, terms)
-    postings = found.postings([term for term in terms if counts[term] < COMMON])
+    # Only the terms some passage holds are asked for: with words no passage holds in its query,
+    # PostgreSQL expected hundreds of rows and read the whole table (53 ms among 10,000 articles,
+    # against 3 ms without them).
+    postings = {**{term: set() for term in terms if not counts[term]},
+                **found.postings([term for term in terms if 0 < counts[term] < COMMON])}
     # A passage holding every word of the question is never left out, however common they are.
     total = sum(weights.values()) * (1 - 1e-9)
     bar = min(floor, total)
