@@ -137,12 +137,27 @@ def floor():
     return get_config().get("SEARCH_FLOOR")
 
 
+def floor_measure(hit):
+    """What the floor reads of ``hit``: its match (None for code without one); infinite when it
+    holds every word of the question (shown at any floor); 0 when it matches too few distinct
+    things (``Hit.distinct``: shown at no floor above 0), so that a floor ``f`` shows it exactly
+    when ``measure(hit) >= f``, as ``search.clears`` does by the words."""
+    match = getattr(hit, "match", None)
+    if match is None or getattr(hit, "every", False):
+        return None if match is None else float("inf")
+    try:
+        from conversations.knowledge.search import DISTINCT
+    except ImportError:  # code before the distinct things
+        return match
+    return match if hit.distinct >= DISTINCT else 0.0
+
+
 def answers(search, slugs, answerable=ANSWERABLE, cut=None, unanswerable=UNANSWERABLE):
     """``(answerable, unanswerable)``: for each question of ``answerable`` its article's slug and,
-    for it and for each question of ``unanswerable``, ``[(slug, match)]`` of the first five hits (match None for code without
-    one) at or above the floor ``cut`` (None: every hit), as the search_site tool asks for them."""
+    for it and for each question of ``unanswerable``, ``[(slug, measure)]`` of the first five hits
+    (``floor_measure``) at or above the floor ``cut`` (None: every hit), as the search_site tool asks for them."""
     def found(question):
-        return [(slugs.get(hit.object_pk), getattr(hit, "match", None))
+        return [(slugs.get(hit.object_pk), floor_measure(hit))
                 for hit in search(question, limit=5, **({} if cut is None else {"floor": cut}))]
     return [(slug, found(question)) for question, slug in answerable], [found(q) for q in unanswerable]
 

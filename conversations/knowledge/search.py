@@ -18,7 +18,7 @@ from django.db.models import BooleanField, Case, Count, Q, Value, When
 from django.db.models.expressions import RawSQL
 
 from . import embeddings
-from .counts import counted
+from .counts import COMMON, counted
 from .models import Passage
 from .registry import sources
 from ..conf import get_config
@@ -41,6 +41,16 @@ TITLE_WEIGHT = 4.0
 # measured on bench.knowledge_quality's tuning questions: 2 was best on SQLite (77.4 %, 79.1 %,
 # 80.0 %, 80.0 % first), 1 and 2 equal on PostgreSQL (78.3 %, 82.6 %, 82.6 %).
 TITLE_BONUS = 2.0
+# A passage under the floor's test must also match the question on this many distinct things
+# (``distinct``): a term counts as one when at least DISTINCT_SHARE of the passages holding it hold
+# none of the question's rarer terms that passage holds. The three words of "Osprey vacuum
+# cleaner" are then one thing (the passages holding "vacuum" or "cleaner" are nearly all the
+# Osprey's), so "Does the Osprey vacuum cleaner work on Mars?" or "How heavy is the Curlew stand
+# mixer?" no longer clear the floor on the product's name alone, while "How long is the Curlew
+# stand mixer guaranteed?" matches its name and its guarantee. Measured on bench.knowledge_quality
+# (docs/benchmarks.md, "distinct things").
+DISTINCT = 2
+DISTINCT_SHARE = 0.5
 
 
 @dataclass
@@ -51,7 +61,8 @@ class Hit:
     database's own rank (``score``, higher is better, comparable only within one search); with
     ``SEARCH_EMBEDDINGS``, ``meaning``: the cosine similarity of its text to the question's, and
     ``relevance``: the match and meaning together (``by_meaning``'s order). ``every``: whether it
-    holds every word of the question. ``clears()`` reads them against the floor."""
+    holds every word of the question; ``distinct``: how many distinct things of the question it
+    holds (``distinct_things``). ``clears()`` reads them against the floor."""
 
     source: str
     object_pk: str
@@ -63,6 +74,7 @@ class Hit:
     meaning: Optional[float] = None
     relevance: Optional[float] = None
     every: bool = False
+    distinct: int = 0
 
     def as_dict(self):
         return asdict(self)
@@ -72,14 +84,20 @@ def clears(hit, floor):
     """Whether ``search(..., floor=floor)`` (the search_site tool's, ``floor`` its
     ``SEARCH_FLOOR``) shows ``hit``, a hit of a search without a floor: every hit for a floor of 0;
     else one holding every word of the question, or whose measure reaches the floor: by the words,
-    its match reaching ``floor``; with meaning (``hit.relevance`` set), its match and meaning
-    together reaching ``embeddings.floor()``. The one rule of both searches and of the admin's
-    "Try a query"."""
+    its match reaching ``floor`` on at least ``DISTINCT`` distinct things (``hit.distinct``); with
+    meaning (``hit.relevance`` set), its match and meaning together reaching ``embeddings.floor()``.
+    The one rule of both searches and of the admin's "Try a query"."""
     if floor <= 0 or hit.every:
         return True
     if hit.relevance is not None:
         return hit.relevance >= embeddings.floor()
-    return hit.match >= floor
+    return _words_clear(hit.match, hit.distinct, floor)
+
+
+def _words_clear(match, distinct, floor):
+    """The floor's test by the words, for a passage not holding every word of the question: a
+    ``match`` reaching ``floor`` (> 0) on at least ``DISTINCT`` ``distinct`` things."""
+    return match >= floor and (floor <= 0 or distinct >= DISTINCT)
 
 
 def _has_fts5(connection):
@@ -132,6 +150,11 @@ class Engine:
         """``{term: which of the passages pks hold it}``."""
         return {term: self.holding(term, pks) for term in terms}
 
+    def postings(self, terms):
+        """``{term: the ids of all the site's passages that hold it}``: for rare terms only (each
+        a few passages), to tell which of them are one thing (``distinct_things``)."""
+        return {term: set(self._holding(term, self.everything).values_list("pk", flat=True)) for term in terms}
+
     def titled(self, terms, pks):
         """``{term: which of the passages pks hold it in their title}``."""
         return {term: set(self.everything.filter(pk__in=pks).filter(
@@ -166,12 +189,17 @@ class Fts5(Engine):
     # Every passage holding the term, then those of pks among them: with "rowid IN (pks)" in the
     # statement FTS5 took 6 ms for a word 8,000 of 40,000 passages hold, its whole list 2 ms.
     def holding(self, term, pks, match=None):
-        wanted = set(pks)
-        return {pk for pk, in self._query(f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH %s",
-                                          [match or fts5_query([term])]) if pk in wanted}
+        return self._rowids(match or fts5_query([term])).intersection(pks)
+
+    def _rowids(self, match):
+        """The ids of every passage the FTS5 expression ``match`` finds."""
+        return {pk for pk, in self._query(f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH %s", [match])}
 
     def titled(self, terms, pks):
         return {term: self.holding(term, pks, f"title : ({fts5_query([term])})") for term in terms}
+
+    def postings(self, terms):
+        return {term: self._rowids(fts5_query([term])) for term in terms}
 
 
 class PostgresSearch(Engine):
@@ -236,10 +264,25 @@ class PostgresSearch(Engine):
         return {term: counts[f"t{n}"] for n, term in enumerate(terms)}
 
     def holdings(self, terms, pks, document=None):
+        return self._flagged(self.everything.filter(pk__in=pks).annotate(document=document or self._document()),
+                             terms)
+
+    def postings(self, terms):
+        # One statement: the passages holding any of the terms (through the GIN index), each term
+        # then tested on its rows.
+        if not terms:
+            return {}
+        wanted = reduce(operator.or_, [self.query(term) for term in terms])
+        return self._flagged(self.everything.annotate(document=self._document()).filter(document=wanted).order_by(),
+                             terms)
+
+    def _flagged(self, passages, terms):
+        """``{term: which of passages (annotated with their ``document``) hold it}``, in one statement."""
+        if not terms:
+            return {}
         flags = {f"t{n}": Case(When(document=self.query(term), then=Value(True)), default=Value(False),
                                output_field=BooleanField()) for n, term in enumerate(terms)}
-        rows = (self.everything.filter(pk__in=pks).annotate(document=document or self._document()).annotate(**flags)
-                .values_list("pk", *flags))
+        rows = passages.annotate(**flags).values_list("pk", *flags)
         return {term: {row[0] for row in rows if row[n + 1]} for n, term in enumerate(terms)}
 
     def titled(self, terms, pks):
@@ -263,9 +306,41 @@ def rarities(engine, terms):
     """``{term: weight}``: how much finding each term in a passage says, by its rarity among the
     passages (inverse document frequency), in units of a term only one passage holds (1). A term
     most passages hold weighs next to nothing."""
+    return _weighed(engine, terms)[0]
+
+
+def _weighed(engine, terms):
+    """``(rarities(engine, terms), {term: how many passages hold it})``."""
     total, counts = counted(engine.connection.alias, terms, engine.frequencies, engine.everything.count)
     unit = math.log((total + 1) / 1.5)
-    return {term: max(0.0, math.log((total + 1) / (counts[term] + 0.5)) / unit) for term in terms}
+    return {term: max(0.0, math.log((total + 1) / (counts[term] + 0.5)) / unit) for term in terms}, counts
+
+
+def distinct_things(weights, holdings, postings, pks):
+    """``{passage id: how many distinct things of the question it holds}`` for ``pks``. The terms
+    a passage holds are taken rarest first (``weights``); each is a thing of its own when at least
+    ``DISTINCT_SHARE`` of the passages holding it (``postings``: all of them, for the rare terms)
+    hold none of the rarer terms already taken, so that the words of a product's name, which the
+    same few passages hold, are one thing; a term only one passage holds is always one, and so is
+    a term without postings (``COMMON`` passages hold it or more): a word that common is no part
+    of a name. ``holdings``: ``{term: which of pks hold it}``."""
+    order = sorted(weights, key=lambda term: (-weights[term], len(postings.get(term, ())) or COMMON))
+    found = {}
+    for pk in pks:
+        covered, things = set(), 0
+        for term in order:
+            if pk not in holdings[term]:
+                continue
+            holders = postings.get(term)
+            if holders is None:
+                things += 1
+                continue
+            # A term one passage holds says nothing of what it goes with: two things asked of a
+            # general page ("combine" and "coupon") are two, not a name.
+            things += len(holders) < 2 or len(holders - covered) >= DISTINCT_SHARE * len(holders)
+            covered |= holders
+        found[pk] = things
+    return found
 
 
 def _added(holdings, weights, pks):
@@ -278,9 +353,10 @@ def _added(holdings, weights, pks):
     return held
 
 
-def matches(engine, weights, pks):
-    """``{passage id: how well it matched}`` for ``pks``: the weights of the terms it holds, added."""
-    return _added(engine.holdings(list(weights), pks), weights, pks)
+def matches(engine, weights, pks, holdings=None):
+    """``{passage id: how well it matched}`` for ``pks``: the weights of the terms it holds, added
+    (``holdings``: ``engine.holdings(weights, pks)``, when already read)."""
+    return _added(engine.holdings(list(weights), pks) if holdings is None else holdings, weights, pks)
 
 
 def essential(weights, bar):
@@ -334,8 +410,9 @@ def allowed_pks(source, pks, user):
 def search(query, *, user=None, names=None, limit=5, floor=0.0):
     """The passages best matching ``query`` that ``user`` (None: an anonymous visitor) may see,
     from the sources ``names`` (None or empty: every registered one), at most ``limit`` (≤ 10),
-    one per object, none that matched less than ``floor`` (``Hit.match``) unless it holds every
-    word of the question, the best matched first. Returns ``[Hit]``.
+    one per object, none that matched less than ``floor`` (``Hit.match``) or on fewer than
+    ``DISTINCT`` distinct things unless it holds every word of the question, the best matched
+    first. Returns ``[Hit]``.
 
     With ``SEARCH_EMBEDDINGS``, the first ``embeddings.DEPTH`` of those found without a floor are
     ordered again by their match and their meaning together (``by_meaning``), and, with a floor,
@@ -398,7 +475,12 @@ def _ranked(terms, user, names, limit, floor):
     if not terms:
         return []
     user = AnonymousUser() if user is None else user
-    weights = rarities(found, terms)
+    weights, counts = _weighed(found, terms)
+    # Only the terms some passage holds are asked for: with words no passage holds in its query,
+    # PostgreSQL expected hundreds of rows and read the whole table (53 ms among 10,000 articles,
+    # against 3 ms without them).
+    postings = {**{term: set() for term in terms if not counts[term]},
+                **found.postings([term for term in terms if 0 < counts[term] < COMMON])}
     # A passage holding every word of the question is never left out, however common they are.
     total = sum(weights.values()) * (1 - 1e-9)
     bar = min(floor, total)
@@ -410,9 +492,14 @@ def _ranked(terms, user, names, limit, floor):
         if not batch:
             break
         pks = [pk for pk, _score in batch]
-        matched = matches(found, weights, pks)
+        # The rare terms' holders are known already: only the common ones are asked for.
+        holdings = {**found.holdings([term for term in terms if term not in postings], pks),
+                    **{term: holders.intersection(pks) for term, holders in postings.items()}}
+        matched = matches(found, weights, pks, holdings)
+        things = distinct_things(weights, holdings, postings, pks)
         titles = title_matches(found, weights, pks)
-        batch = sorted(((pk, score) for pk, score in batch if matched[pk] >= bar),
+        batch = sorted(((pk, score) for pk, score in batch  # clears(), by the words
+                        if matched[pk] >= total or _words_clear(matched[pk], things[pk], floor)),
                        key=lambda pair: (-(matched[pair[0]] + TITLE_BONUS * titles[pair[0]]), -pair[1]))
         if not batch:  # the database ranks the rest lower still: none of them is likely to reach the floor
             break
@@ -429,7 +516,7 @@ def _ranked(terms, user, names, limit, floor):
                 continue
             seen.add((row.source, row.object_pk))
             hits.append((pk, Hit(row.source, row.object_pk, row.title, row.url, row.text, float(score), matched[pk],
-                                 every=matched[pk] >= total)))
+                                 every=matched[pk] >= total, distinct=things[pk])))
             if len(hits) == limit:
                 break
         if fetched < BATCH:

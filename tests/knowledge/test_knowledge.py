@@ -314,6 +314,41 @@ def test_paraphrased_questions_find_their_article_first_and_unrelated_ones_nothi
         assert search(question, floor=floor) == [], question
 
 
+def test_the_words_of_a_name_that_the_same_passages_hold_are_one_thing_and_a_word_one_passage_holds_is_its_own():
+    """distinct_things alone: "osprey" (passages 1-4) and "vacuum" (1-4 and 9) are one thing,
+    "clean" (1, 5-8, 10-12: mostly elsewhere) another; "combine" and "coupon", each held by
+    passage 20 alone, are two; a common word without postings is always one."""
+    from conversations.knowledge.search import distinct_things
+
+    weights = {"osprey": 0.7, "vacuum": 0.65, "clean": 0.4, "combine": 1.0, "coupon": 1.0, "order": 0.2}
+    postings = {"osprey": {1, 2, 3, 4}, "vacuum": {1, 2, 3, 4, 9}, "clean": {1, 5, 6, 7, 8, 10, 11, 12},
+                "combine": {20}, "coupon": {20}}
+    holdings = {"osprey": {1, 2}, "vacuum": {1, 2, 9}, "clean": {1}, "combine": {20}, "coupon": {20},
+                "order": {2, 20}}  # which of the passages 1, 2, 9 and 20 hold each term
+    assert distinct_things(weights, holdings, postings, [1, 2, 9, 20]) == {1: 2, 2: 2, 9: 1, 20: 3}
+
+
+def test_a_question_that_matches_only_a_products_name_is_under_the_floor_and_one_about_its_subject_is_not():
+    """Over the benchmark's 78 articles (four per product): "Does the Osprey vacuum cleaner work on
+    Mars?" matches its product's pages well above the floor, but only on the product's name (its
+    three words, which the same passages hold, are one thing); a question naming the product and
+    what is asked of it is answered, and so is a general one matching two rare words."""
+    from bench.knowledge_set import ARTICLES
+
+    Article.objects.bulk_create([Article(slug=slug, title=title, body=f"<p>{body}</p>")
+                                 for slug, title, body in ARTICLES])
+    index.rebuild("help")
+    floor = get_config()["SEARCH_FLOOR"]
+    unanswered = search("Does the Osprey vacuum cleaner work on Mars?")
+    assert unanswered[0].match >= floor
+    assert search("Does the Osprey vacuum cleaner work on Mars?", floor=floor) == []
+    assert unanswered[0].distinct == 1
+    assert [hit.title for hit in search("How long is the Curlew stand mixer guaranteed?", floor=floor)][:1] == [
+        "Curlew stand mixer warranty and repairs"]
+    assert [hit.title for hit in search("Do you take Apple Pay?", floor=floor)] == ["Payment methods"]
+    assert [hit.title for hit in search("Osprey vacuum cleaner", floor=floor)][:1]  # every word: always shown
+
+
 def test_a_registration_naming_a_missing_model_or_field_is_a_system_check_error(extra_source):
     extra_source("shop.Product", name="products", url="url")
     with pytest.raises(SystemCheckError, match=r"conversations\.E050.*shop\.Product"):
