@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 import signal
+import threading
 import time
 
 import django_rq
@@ -20,8 +21,8 @@ from conversations.models import CallRecord, Turn
 from conversations.tools import tool
 from tests.support.fake_stream import openai_stream, streaming
 from tests.support.fakes import FakeProvider, hang, openai_text, unavailable
-from tests.support.helpers import (CONCURRENT, FORKING, api_post, make_client, poll_until_done, run_worker,
-                                   start_turn, wait_for)
+from tests.support.helpers import (CONCURRENT, FORKING, api_post, make_client, make_worker, poll_until_done,
+                                   run_worker, start_turn, wait_for)
 
 otel = pytest.importorskip("tests.support.otel", reason="the otel extra is not installed")
 
@@ -235,9 +236,69 @@ def test_a_forking_workers_parent_sends_the_metrics_its_horse_measured(chain, te
     assert total("conversations.provider.errors") == 4
     assert total("conversations.queue.wait") == total("conversations.turn.time_to_first_word") == 1
     assert total("conversations.turn.duration") == total("conversations.turn.deadline_margin") == 1
-    in_flight = receiver.metric_points["conversations.turns.in_flight"]  # the horse's one turn: in, then out
-    assert sum(p["as_int"] for p in in_flight) == 0 and all("conversations.worker.name" in p["attributes"]
-                                                            for p in in_flight)
+    in_flight = receiver.metric_points["conversations.turns.in_flight"]  # counted by the parent: out at the end
+    assert in_flight[-1]["as_int"] == 0 and all("conversations.worker.name" in p["attributes"] for p in in_flight)
+
+
+@pytest.mark.parametrize("sigkill", [False, True], ids=["ends", "sigkilled"])
+def test_a_forking_workers_parent_counts_the_turn_its_horse_runs_in_flight(chain, telemetry, sigkill,
+                                                                           conversations_settings):
+    """The parent of a forking ``Worker`` lives through the whole turn, its horse only measures as
+    its job ends: the parent counts the turn in flight from the fork to the horse's end, however
+    the horse ends (here SIGKILLed while its tool runs, the turn continued by a second horse)."""
+    conversations_settings.update(TOOL_TIMEOUT=15, TOOL_RESERVE=1)
+    cache.set("test:hold", True)
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    worker = make_worker(FORKING)
+    level = lambda: {p.attributes["conversations.worker.name"]: p.value  # noqa: E731
+                     for p in telemetry.metric_points().get("conversations.turns.in_flight", [])}.get(worker.name)
+    during, failed = [], []
+
+    def meanwhile():  # the burst runs in the main thread (RQ's signals): this reads while the horse runs
+        try:
+            wait_for(lambda: cache.get("test:tool-pid"), timeout=30, what="the tool to run")
+            during.append(level())
+            if sigkill:
+                os.kill(cache.get("test:tool-pid"), signal.SIGKILL)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            failed.append(exc)
+        finally:
+            cache.set("test:answer", True)
+
+    reader = threading.Thread(target=meanwhile)
+    reader.start()
+    worker.work(burst=True)
+    reader.join()
+    assert not failed, failed
+    final = poll_until_done(client, started["poll_url"])
+    assert (final["status"], Turn.objects.get(pk=started["id"]).resumes) == ("completed", int(sigkill))
+    assert during == [1]
+    assert level() == 0
+
+
+@pytest.mark.slow
+def test_a_forking_workers_parent_exports_the_turn_in_flight_while_its_horse_runs(chain, receiver, worker_process,
+                                                                                  monkeypatch, conversations_settings):
+    """With TELEMETRY="otlp" the parent exports every ``OTEL_METRIC_EXPORT_INTERVAL`` while its horse
+    runs too, so that a backend reads 1 turn in flight during the turn, and 0 after it."""
+    conversations_settings.update(TOOL_TIMEOUT=15, TOOL_RESERVE=1)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
+    cache.set("test:hold", True)
+    worker_process(1, worker_class=FORKING, TELEMETRY="otlp")
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    wait_for(lambda: cache.get("test:tool-pid"), timeout=30, what="the tool to run")
+    level = lambda: [p["as_int"] for p in  # noqa: E731 - the last point exported
+                     receiver.metric_points.get("conversations.turns.in_flight", [])][-1:]
+    wait_for(lambda: level() == [1], timeout=10, what="one turn in flight exported")
+    time.sleep(0.5)  # more exports while the horse still runs: still 1
+    assert level() == [1]
+    cache.set("test:answer", True)
+    assert poll_until_done(client, started["poll_url"], timeout=40)["status"] == "completed"
+    wait_for(lambda: level() == [0], timeout=10, what="no turn in flight exported")
 
 
 def test_the_hand_overs_waiting_are_a_gauge(telemetry):
