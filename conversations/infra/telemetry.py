@@ -372,9 +372,11 @@ class JobTrace:
         if record.outcome == "timeout":
             attributes["conversations.call.phase"] = next(
                 (name for words, name in PHASES.items() if f"timed out {words}" in (record.detail or "")), None)
-        if record.detail and error and (record.kind != "tool" or self.content):
-            # The timeline's line for a failed provider call (the provider's error, keys hidden); a
-            # failed tool's is its result, a message of the transcript: only with TELEMETRY_CONTENT.
+        if record.detail and error and self.content:
+            # The timeline's line for a failed call (keys hidden): only with TELEMETRY_CONTENT, since a
+            # provider's error may quote the request (the visitor's text) and a failed tool's is its
+            # result, a message of the transcript. Without it, the span says what carries no content:
+            # ``error.type``, the HTTP status and, for a timeout, the phase.
             attributes["conversations.call.detail"] = hide_keys(record.detail)
         span = _tracer().start_span(name, context=self.context, kind=kind, attributes=_clean(attributes),
                                     start_time=start)
@@ -415,7 +417,10 @@ def job_span(meta, **attributes):
     try:
         yield job
     except BaseException as exc:
-        span.record_exception(exc)
+        if content:
+            span.record_exception(exc)
+        else:  # its message may quote what the job was handling (a database error quotes values)
+            span.add_event("exception", attributes={"exception.type": type(exc).__name__})
         span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
         raise
     finally:

@@ -20,7 +20,7 @@ from conversations.infra import lease
 from conversations.models import CallRecord, Turn
 from conversations.tools import tool
 from tests.support.fake_stream import openai_stream, streaming
-from tests.support.fakes import FakeProvider, hang, openai_text, unavailable
+from tests.support.fakes import FakeProvider, hang, http_error, openai_text, unavailable
 from tests.support.helpers import (CONCURRENT, FORKING, api_post, make_client, make_worker, poll_until_done,
                                    run_worker, start_turn, wait_for)
 
@@ -420,10 +420,52 @@ def test_a_call_that_times_out_names_its_phase_and_the_turn_fails_in_the_trace(c
     assert call["attributes"]["error.type"] == "timeout" and call["status"] == 2  # StatusCode.ERROR
     assert call["attributes"]["conversations.call.phase"] == "first_byte"
     (record,) = CallRecord.objects.filter(turn_id=started["id"])
-    assert (record.outcome, call["attributes"]["conversations.call.detail"]) == ("timeout", record.detail)
+    assert record.outcome == "timeout" and "conversations.call.detail" not in call["attributes"]  # content off
     assert abs((call["end"] - call["start"]) / 1e9 - record.duration) < 0.001
     (job,) = by_name(spans, "conversations.turn.job")
     assert job["attributes"]["conversations.turn.status"] == "failed" and job["status"] == 2
+
+
+@pytest.mark.parametrize("content", [False, True], ids=["content-off", "content-on"])
+def test_a_provider_error_that_quotes_the_visitor_is_in_a_span_only_with_content_on(conversations_settings, telemetry,
+                                                                                      content):
+    """A provider's error body may echo the request: by default its span tells the failure by what
+    cannot carry text (error kind, HTTP status); the timeline's line only when the site turns content on.
+    The record hides a quote of the sent text of 24 characters or more (``redaction.hide_quoted``),
+    not a shorter piece, as a content filter may quote: this one."""
+    quoted = "order ZQ-4411"
+    echo = f"Invalid request: '{quoted}' was flagged"
+    with FakeProvider(default=http_error(400, echo)) as fake:
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="sk-echoed", MODEL="strict-model",
+                                      STREAM=False, MAX_ATTEMPTS=1, TELEMETRY_CONTENT=content)
+        client = make_client()
+        started = start_turn(client, QUESTION)
+        run_worker(CONCURRENT)
+    assert poll_until_done(client, started["poll_url"])["status"] == "failed"
+    spans = settled(telemetry)
+    (record,) = CallRecord.objects.filter(turn_id=started["id"])
+    assert quoted in record.detail  # the timeline keeps the provider's line for the site owner
+    (call,) = by_name(spans, "chat ")
+    assert (call["attributes"]["error.type"], call["attributes"]["http.response.status_code"]) == ("http_error", 400)
+    if content:
+        assert call["attributes"]["conversations.call.detail"] == record.detail
+    else:
+        assert "conversations.call.detail" not in call["attributes"]
+        assert_no_message_text(spans)
+
+
+@pytest.mark.parametrize("content", [False, True], ids=["content-off", "content-on"])
+def test_an_exception_escaping_a_job_is_named_in_its_span_and_quoted_only_with_content_on(telemetry, content):
+    from conversations.infra import telemetry as app_telemetry
+
+    with pytest.raises(ValueError), app_telemetry.job_span(None, content=content):
+        raise ValueError(f"could not save {QUESTION!r}")
+    (job,) = by_name(collected(telemetry), "conversations.turn.job")
+    (event,) = job["events"]
+    assert (event["name"], event["attributes"]["exception.type"], job["status"]) == ("exception", "ValueError", 2)
+    assert ("exception.message" in event["attributes"]) is content
+    if not content:
+        assert_no_message_text([{"name": event["name"], "attributes": event["attributes"]}])
 
 
 # -- every ending counted once (``lifecycle.ended``) ------------------------------------------------
