@@ -1,6 +1,6 @@
 """The demo's one setting for seeing spans: ``TELEMETRY="console"`` prints them (and the metrics)
-to standard output. A real turn, posted, run by a concurrent worker and polled to its end, in a
-process of its own (the SDK's providers can be set once per process, and this one's are the
+to standard output. A real turn, posted, run by a worker of each class (the demo's is the
+concurrent one) and polled to its end, in a process of its own (the SDK's providers can be set once per process, and this one's are the
 in-memory ones of the other telemetry tests), whose standard output is read."""
 
 import json
@@ -29,24 +29,24 @@ django.setup()
 from django.conf import settings
 settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]  # as pytest-django's test settings
 from conversations.infra import telemetry
-from tests.support.helpers import CONCURRENT, make_client, poll_until_done, run_worker, start_turn
+from tests.support.helpers import make_client, poll_until_done, run_worker, start_turn
 
 client = make_client()
 started = start_turn(client, %(question)r)
-run_worker(CONCURRENT)
+run_worker(%(worker)r)
 final = poll_until_done(client, started["poll_url"])
 telemetry.flush()
 print(%(result)r + json.dumps({"id": started["id"], "status": final["status"]}), flush=True)
 """
 
 
-def test_the_console_setting_prints_a_turns_spans_and_metrics(conversations_settings):
+def test_the_console_setting_prints_a_turns_spans_and_metrics(conversations_settings, worker_class):
     with FakeProvider(default=openai_text(ANSWER)) as fake:
         conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="k", MODEL="console-model",
                                       STREAM=False)
         env = worker_env(TELEMETRY="console")
         env["DJANGO_SETTINGS_MODULE"] = "chatproject.settings"
-        done = subprocess.run([sys.executable, "-c", SCRIPT % {"question": QUESTION, "result": RESULT}], env=env,
+        done = subprocess.run([sys.executable, "-c", SCRIPT % {"question": QUESTION, "result": RESULT, "worker": worker_class}], env=env,
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     printed = done.stdout  # what the exporters printed, before the result line and at the process's exit
