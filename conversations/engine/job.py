@@ -61,7 +61,7 @@ def perform_turn(turn_id):
                 "conversations.turn.id": str(turn_id), "messaging.message.id": job.id if job is not None else None,
                 "messaging.destination.name": cfg["QUEUE"], "conversations.worker.name": worker,
                 "conversations.job.timeout": job_timeout}) as trace:
-            telemetry.in_flight(1, worker)
+            telemetry.in_flight(1, worker)  # not in a forking Worker's horse: its parent counts it
             try:
                 return _perform(turn_id, cfg, job, job_timeout, clock, trace)
             finally:

@@ -17,6 +17,7 @@ by a thread of its own, and once the lease has expired the other processes' reap
 import inspect
 import logging
 import os
+import select
 import signal
 import threading
 import time
@@ -132,7 +133,23 @@ class Worker(rq.Worker):
         connections.close_all()
         if self._stop_requested:  # dequeued as the SIGTERM came (``_dequeue``): it hands over too
             _ask_to_hand_over(job.id)
-        return super().execute_job(job, queue)
+        if turn_id_from_job_id(job.id) is None:
+            return super().execute_job(job, queue)
+        with telemetry.horse_in_flight(self.name):  # from before the fork to the horse's end, however it ends
+            return super().execute_job(job, queue)
+
+    def wait_for_horse(self):
+        """RQ's wait for the work horse to end (within RQ's monitoring alarm). Where this process
+        exports its horses' metrics, it exports them meanwhile too when they are due, so that the
+        turn in flight is reported while it runs, not only after. SIGALRM is held back during an
+        export (the SDK would swallow the exception RQ's alarm raises in it): it lands after."""
+        while (due := telemetry.next_export_in()) is not None and not _ends_within(self.horse_pid, due):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            try:
+                telemetry.from_horses(horse_running=True)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+        return super().wait_for_horse()
 
     def _shutdown(self):
         """RQ's warm shutdown, which never breaks into a dequeue (``_dequeue``): the loop stops
@@ -169,6 +186,19 @@ class Worker(rq.Worker):
             logger.exception("Could not finalise turn %s after its work horse died", turn_id)
         finally:
             connections.close_all()
+
+
+def _ends_within(pid, seconds):
+    """Whether the child process ``pid`` ends within ``seconds`` (left for RQ's wait to reap); True
+    where that cannot be waited for (no ``pidfd_open``: not Linux 5.3+), so RQ's wait runs as it is."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return True
+    try:
+        return bool(select.select([fd], [], [], seconds)[0])
+    finally:
+        os.close(fd)
 
 
 # Seconds a turn may run past its job timeout before its thread is given up: RQ's timer raises

@@ -74,6 +74,13 @@ _flushing = False  # a work horse sending what it holds before it exits (``flush
 _from_horses = None
 _held = []  # the measurements a forking worker's parent has not exported yet
 _exported_at = 0.0  # when (monotonic) the parent last exported them
+# The level of each up-down counter a forking worker's parent reports, by instrument and attributes
+# (JSON): each export is a meter provider of its own, whose sum starts at zero (``_with_levels``).
+_levels = {}
+UP_DOWN = {"in_flight"}  # the instruments ``_levels`` keeps
+# The pid of a forking worker's parent while it runs a work horse for a turn (``horse_in_flight``):
+# the parent counts that turn in flight, and the horse, which inherits this, does not count it again.
+_counting_horses = None
 
 
 def enabled():
@@ -365,9 +372,11 @@ class JobTrace:
         if record.outcome == "timeout":
             attributes["conversations.call.phase"] = next(
                 (name for words, name in PHASES.items() if f"timed out {words}" in (record.detail or "")), None)
-        if record.detail and error and (record.kind != "tool" or self.content):
-            # The timeline's line for a failed provider call (the provider's error, keys hidden); a
-            # failed tool's is its result, a message of the transcript: only with TELEMETRY_CONTENT.
+        if record.detail and error and self.content:
+            # The timeline's line for a failed call (keys hidden): only with TELEMETRY_CONTENT, since a
+            # provider's error may quote the request (the visitor's text) and a failed tool's is its
+            # result, a message of the transcript. Without it, the span says what carries no content:
+            # ``error.type``, the HTTP status and, for a timeout, the phase.
             attributes["conversations.call.detail"] = hide_keys(record.detail)
         span = _tracer().start_span(name, context=self.context, kind=kind, attributes=_clean(attributes),
                                     start_time=start)
@@ -408,7 +417,10 @@ def job_span(meta, **attributes):
     try:
         yield job
     except BaseException as exc:
-        span.record_exception(exc)
+        if content:
+            span.record_exception(exc)
+        else:  # its message may quote what the job was handling (a database error quotes values)
+            span.add_event("exception", attributes={"exception.type": type(exc).__name__})
         span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
         raise
     finally:
@@ -501,14 +513,45 @@ def _to_parent(pending):
         logger.warning("Could not hand this job's measurements to the worker's parent", exc_info=True)
 
 
-def from_horses(final=False):
-    """Called by a forking worker's parent between jobs (at least every second when idle) and, with
-    ``final``, as it exits: take what its horses measured, and export it with what the parent
-    measured itself once ``OTEL_METRIC_EXPORT_INTERVAL`` (60 s by default, as the SDK's) has passed
-    since its last export; ``final``: now. Returns nothing; never raises."""
+def from_horses(final=False, horse_running=False):
+    """Called by a forking worker's parent between jobs (at least every second when idle), while a
+    horse runs (``horse_running``: when ``next_export_in()`` says an export is due) and, with
+    ``final``, as it exits: take what its horses measured (not while one runs: it writes only as its
+    job ends), and export it with what the parent measured itself once ``OTEL_METRIC_EXPORT_INTERVAL``
+    (60 s by default, as the SDK's) has passed since its last export; ``final``: now. Returns
+    nothing; never raises."""
     global _exported_at
     if _from_horses is None or _horses_of != os.getpid():
         return
+    if not horse_running:
+        _read_horses()
+    if _has_to_report() and (final or time.monotonic() - _exported_at >= _export_interval()):
+        _exported_at = time.monotonic()
+        _export_held()
+
+
+def next_export_in():
+    """Seconds until a forking worker's parent is due to export (0: now), or None where this process
+    is no such parent or has nothing to report (then nothing is due)."""
+    if _from_horses is None or _horses_of != os.getpid() or not _has_to_report():
+        return None
+    return max(0.0, _exported_at + _export_interval() - time.monotonic())
+
+
+def _has_to_report():
+    """Measurements held, or a turn in flight: reported at every export while it runs."""
+    return bool(_held) or any(_levels.values())
+
+
+def _export_interval():
+    try:
+        return float(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL") or 60000) / 1000
+    except ValueError:  # as the SDK's reader does with a value it cannot read
+        return 60.0
+
+
+def _read_horses():
+    """Take the lines the horses wrote to the pipe into ``_held``; called when no horse runs."""
     received = b""
     try:
         while chunk := os.read(_from_horses[0], 1 << 16):
@@ -526,18 +569,11 @@ def from_horses(final=False):
             cut = line
     if cut:
         logger.warning("Dropped the measurements of a work horse killed while it handed them over")
-    try:
-        interval = float(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL") or 60000) / 1000
-    except ValueError:  # as the SDK's reader does with a value it cannot read
-        interval = 60.0
-    if _held and (final or time.monotonic() - _exported_at >= interval):
-        _exported_at = time.monotonic()
-        _export_held()
 
 
 def _export_held():
     """Export the parent's held measurements through a meter provider of their own, then drop it."""
-    held = list(_held)
+    held = _with_levels(_held)
     _held.clear()
     try:
         from opentelemetry.sdk.metrics import MeterProvider
@@ -549,6 +585,23 @@ def _export_held():
         provider.force_flush(5000)
     except Exception:  # noqa: BLE001 - telemetry never stops a worker
         logger.warning("Could not export the work horses' measurements", exc_info=True)
+
+
+def _with_levels(held):
+    """``held`` with the changes of each up-down counter (``UP_DOWN``) added to its level in
+    ``_levels``, and that level in their place, for every attribute set seen so far (0 included):
+    a provider made for one export adds the level, so the sum it exports is the level now."""
+    measurements = []
+    for instrument, method, value, attributes in held:
+        if instrument in UP_DOWN:
+            key = json.dumps([instrument, method, attributes], sort_keys=True)
+            _levels[key] = _levels.get(key, 0) + value
+        else:
+            measurements.append((instrument, method, value, attributes))
+    for key, level in _levels.items():
+        instrument, method, attributes = json.loads(key)
+        measurements.append((instrument, method, level, attributes))
+    return measurements
 
 
 class _Instruments:
@@ -628,8 +681,30 @@ def queue_wait(seconds, assistant):
 
 
 def in_flight(change, worker):
-    if AVAILABLE:
+    """A turn starts (+1) or ends (-1) in ``worker``; in a forking worker's work horse nothing: its
+    parent counts it (``horse_in_flight``)."""
+    if AVAILABLE and _counting_horses in (None, os.getpid()):
         _measure("in_flight", change, {"conversations.worker.name": worker}, "add")
+
+
+@contextmanager
+def horse_in_flight(worker):
+    """In a forking worker's parent, around the work horse of one turn's job, from before its fork
+    to its end, however it ends (its job's end, an exception, SIGKILL, the parent killing it past
+    its job timeout): the turn is in flight in ``worker`` for that long. The parent counts it, as it
+    lives (and exports) for the whole run; the horse, which measures only when its job ends, would
+    report the rise with the fall. The horse inherits ``_counting_horses`` and skips its own count."""
+    global _counting_horses
+    if not AVAILABLE:
+        yield
+        return
+    _counting_horses = os.getpid()
+    in_flight(1, worker)
+    try:
+        yield
+    finally:
+        in_flight(-1, worker)
+        _counting_horses = None
 
 
 def breaker_state(label, state):

