@@ -96,7 +96,9 @@ def test_a_malformed_id_and_a_refused_token_still_take_drfs_path():
 
 def test_a_poll_is_measured_only_once_a_meter_provider_keeps_it(monkeypatch):
     """The API's proxy instrument drops what it is given until a provider is set: a poll then
-    skips the measurement altogether; from then on it is made."""
+    skips the measurement altogether; from then on it is made. (Needs the otel extra's SDK, which
+    the newest test pair leaves out.)"""
+    pytest.importorskip("opentelemetry.sdk")
     from opentelemetry.metrics._internal.instrument import _ProxyHistogram
     from opentelemetry.sdk.metrics import MeterProvider
 
