@@ -277,20 +277,28 @@ def test_a_forking_workers_parent_counts_the_turn_its_horse_runs_in_flight(chain
     assert level() == 0
 
 
+def _turn_held_in_its_tool(worker_class, receiver, worker_process, monkeypatch, conversations_settings):
+    """A ``manage.py rqworker`` of ``worker_class`` exporting over OTLP to ``receiver``, and a turn
+    started in it whose tool is running and held (``test:hold``) until the test answers it;
+    returns (client, the started turn)."""
+    conversations_settings.update(TOOL_TIMEOUT=15, TOOL_RESERVE=1)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    cache.set("test:hold", True)
+    worker_process(1, worker_class=worker_class, TELEMETRY="otlp")
+    client = make_client()
+    started = start_turn(client, QUESTION)
+    wait_for(lambda: cache.get("test:tool-pid"), timeout=30, what="the tool to run")
+    return client, started
+
+
 @pytest.mark.slow
 def test_a_forking_workers_parent_exports_the_turn_in_flight_while_its_horse_runs(chain, receiver, worker_process,
                                                                                   monkeypatch, conversations_settings):
     """With TELEMETRY="otlp" the parent exports every ``OTEL_METRIC_EXPORT_INTERVAL`` while its horse
     runs too, so that a backend reads 1 turn in flight during the turn, and 0 after it."""
-    conversations_settings.update(TOOL_TIMEOUT=15, TOOL_RESERVE=1)
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
-    cache.set("test:hold", True)
-    worker_process(1, worker_class=FORKING, TELEMETRY="otlp")
-    client = make_client()
-    started = start_turn(client, QUESTION)
-    wait_for(lambda: cache.get("test:tool-pid"), timeout=30, what="the tool to run")
+    client, started = _turn_held_in_its_tool(FORKING, receiver, worker_process, monkeypatch, conversations_settings)
     level = lambda: [p["as_int"] for p in  # noqa: E731 - the last point exported
                      receiver.metric_points.get("conversations.turns.in_flight", [])][-1:]
     wait_for(lambda: level() == [1], timeout=10, what="one turn in flight exported")
@@ -358,15 +366,10 @@ def test_a_turn_resumed_after_sigkill_is_still_one_trace(chain, telemetry, recei
     """``manage.py rqworker`` processes export over OTLP (TELEMETRY="otlp", the SDK's own OTEL_*
     variables); the tool's process (the forking worker's work horse, or a whole concurrent worker)
     is SIGKILLed while the tool runs, and the turn goes on in a new job."""
-    conversations_settings.update(TOOL_TIMEOUT=15, TOOL_RESERVE=1)
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
     monkeypatch.setenv("OTEL_SERVICE_NAME", "conversations-worker")
-    cache.set("test:hold", True)
-    worker_process(1, worker_class=worker_class, TELEMETRY="otlp")
-    client = make_client()
-    started = start_turn(client, QUESTION)
-    wait_for(lambda: cache.get("test:tool-pid"), timeout=30, what="the tool to run")
+    client, started = _turn_held_in_its_tool(worker_class, receiver, worker_process, monkeypatch,
+                                             conversations_settings)
     if worker_class == CONCURRENT:  # the survivor, whose reaper continues the dead process's turn
         worker_process(1, worker_class=worker_class, TELEMETRY="otlp")
         wait_for(lambda: len(lease.holders(django_rq.get_connection())) == 2, timeout=30, what="the second lease")
