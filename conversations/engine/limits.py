@@ -98,21 +98,21 @@ class TurnCounts:
         wanted = {"here_active": Count("pk", filter=Q(conversation_id=conversation.pk) & active)}
         if cfg["MAX_TURNS_PER_CONVERSATION"]:
             wanted["here"] = Count("pk", filter=Q(conversation_id=conversation.pk))
-        read = here = Q(conversation_id=conversation.pk)
+        read = Q(conversation_id=conversation.pk)
         # owner_q matches nothing for a conversation nobody owns (their counts are 0), and else
         # matches this conversation too: the rows are then read through the owner's conversations.
         if has_owner(conversation.user_id, conversation.owner_token):
-            budget = cfg["DAILY_TOKEN_BUDGET"]
+            budget, owners = cfg["DAILY_TOKEN_BUDGET"], Q()
             if cfg["MAX_ACTIVE_TURNS_PER_OWNER"] or (budget and cfg["TURN_TOKEN_RESERVE"]):
                 wanted["owners_active"] = Count("pk", filter=active)
-                read |= active
+                owners |= active
             if budget:
                 today = Q(enqueued_at__gte=start_of_day(now))
                 wanted["tokens_today"] = (Coalesce(Sum("input_tokens", filter=today), 0)
                                           + Coalesce(Sum("output_tokens", filter=today), 0))
-                read |= today
-            if read is not here:
-                read = owner_q(conversation, "conversation__") & read
+                owners |= today
+            if owners:  # some of the owner's other turns count too
+                read = owner_q(conversation, "conversation__") & (read | owners)
         found = Turn.objects.filter(read).aggregate(**wanted)
         self.here_active = found["here_active"]
         self.here = found.get("here", 0)
