@@ -24,8 +24,8 @@ from bench.knowledge_set import ANSWERABLE, ARTICLES, FRESH, HELD_OUT, UNANSWERA
 
 
 def asked(question):
-    """``(terms, {term: passages holding it}, {passage id: article slug}, the order of search() without a
-    floor as slugs)`` for ``question``."""
+    """``(terms, {term: the ids of the passages holding it}, the object pks of search() without a
+    floor, in its order)`` for ``question``."""
     from django.conf import settings
 
     from conversations.conf import get_config
