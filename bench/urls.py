@@ -11,9 +11,10 @@ that starts a turn: it only enqueues the bare job.
 import json
 
 from django.http import HttpResponse
-from django.urls import include, path
+from django.urls import path
 
 from bench.bare import bare_enqueue
+from chatproject.urls import urlpatterns as site_urlpatterns
 from conversations.infra import state
 from conversations.api.base import public_state
 
@@ -32,9 +33,13 @@ def bare_poll_with_session(request, turn_id):
     return bare_poll(request, turn_id)
 
 
+# The bench's views first (the poll tries them, and fails them, before the site's), then the
+# site's patterns themselves, as a site lists its own at the root: through ``include("")`` every
+# URL of the site would be one level deeper here than in the site, a level (a resolver's match and
+# its bookkeeping) that only the poll would pay.
 urlpatterns = [
     path("bench/bare/<uuid:turn_id>/", bare_poll),
     path("bench/bare-session/<uuid:turn_id>/", bare_poll_with_session),
     path("bench/bare-job/", bare_enqueue),
-    path("", include("chatproject.urls")),
+    *site_urlpatterns,
 ]

@@ -79,17 +79,27 @@ def read_with_session(turn_id, request):
     if store.session_key is None:  # a malformed cookie: no session
         return read(turn_id), {}
     cache = _cache()
-    raw = _redis(cache, get_config()["STATE_TTL"], state_key(turn_id), store.cache_key)
-    if raw is None:
+    if not isinstance(cache, RedisCache):
         found = cache.get_many([state_key(turn_id), store.cache_key])
         turn_state, data = found.get(state_key(turn_id)), found.get(store.cache_key)
-    else:  # the MGET get_many makes, without its per-key bookkeeping: every widget polls here
-        client, keys = raw
-        loads = _loads(cache._cache._serializer)
-        turn_state, data = (None if value is None else loads(value) for value in client.mget(keys))
+    else:  # the MGET get_many makes, with less Python around it: every widget polls here
+        turn_state, data = _mget(cache, state_key(turn_id), store.cache_key)
     if data is not None and store is getattr(request, "session", None) and not store.accessed:
         store._session_cache = data  # what it would load: a later read of the session asks Redis no more
     return turn_state, data or {}
+
+
+def _mget(cache, own_key, session_key):
+    """The values of the app's ``own_key`` and the session's ``session_key`` (None for a missing
+    one) in one ``MGET`` on Django's own client, as ``get_many`` sends it but without what the
+    poll does not need: ``get_many``'s per-key mapping, redis-py's ``mget`` wrapper (its argument
+    juggling and client-side-cache options: the command is sent as is) and the memcached key
+    warnings for ``own_key``, which the app makes from a UUID (the session's key comes from a
+    cookie: it is checked, as Django's session backend checks it)."""
+    keys = cache.make_key(own_key), cache.make_and_validate_key(session_key)
+    values = cache._cache.get_client(keys[0], write=True).execute_command("MGET", *keys)
+    loads = _loads(cache._cache._serializer)
+    return [None if value is None else loads(value) for value in values]
 
 
 @lru_cache(maxsize=None)
