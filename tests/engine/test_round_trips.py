@@ -194,14 +194,54 @@ def test_a_turns_own_round_trip_commits_do_not_wait_for_the_disk(conversations_s
         assert sent(alone) == []
 
 
+@pytest.mark.django_db(transaction=True)  # no transaction around it, as in a worker (not inside a test's)
+def test_a_claim_is_one_statement_that_commits_alone_without_waiting_for_the_disk():
+    """The job's claim is one UPDATE sent alone: no BEGIN and COMMIT of its own (two round trips
+    of three). On PostgreSQL it still does not wait for the disk: the step's SET LOCAL goes in the
+    same string, which the server runs as one implicit transaction and accepts (outside one it
+    warns that SET LOCAL has no effect). A turn no longer queued is not claimed, and not changed."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from conversations.engine.lifecycle import claim
+
+    conversation = Conversation.objects.create(owner_token="t")
+    turn = Turn.objects.create(conversation=conversation)
+    stopped = Turn.objects.create(conversation=conversation, status=Turn.Status.CANCELLED)
+    connection.ensure_connection()
+    notices = []
+
+    def heard(notice):
+        notices.append(notice.message_primary)
+
+    if connection.vendor == "postgresql":
+        connection.connection.add_notice_handler(heard)
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            claimed = claim(turn, provider="openai")
+    finally:
+        if connection.vendor == "postgresql":
+            connection.connection.remove_notice_handler(heard)
+
+    assert claimed and Turn.objects.get(pk=turn.pk).status == Turn.Status.RUNNING
+    sent = [q["sql"] for q in queries.captured_queries]
+    assert len(sent) == 1 and sent[0].startswith("UPDATE "), sent
+    if connection.vendor == "postgresql":
+        assert sent[0].endswith("; SET LOCAL synchronous_commit TO OFF"), sent
+    assert notices == []
+    assert not claim(stopped, provider="openai")
+    assert Turn.objects.get(pk=stopped.pk).status == Turn.Status.CANCELLED
+
+
 @pytest.mark.django_db(transaction=True)  # a transaction of its own, as in a worker (not inside a test's)
 def test_each_round_trip_is_one_transaction_of_its_own_rows_and_nothing_is_read_again(conversations_settings):
     """What a running turn asks of the database, pinned so that a regression shows: its claim is one
-    UPDATE; each round trip one transaction with its new row and the turn's counters (and the tool's
-    call record; a model called over HTTP has one too); the final write one more. On PostgreSQL each
-    transaction's statements go to the server as one string (one network round trip between its
-    BEGIN and COMMIT). Nothing is read that the runner already holds, and nothing is written
-    outside those transactions. Counted on the runner's own connection (a tool runs on another)."""
+    UPDATE that commits alone, with no BEGIN and COMMIT of its own; each round trip one transaction
+    with its new row and the turn's counters (and the tool's call record; a model called over HTTP
+    has one too); the final write one more. On PostgreSQL each transaction's statements go to the
+    server as one string (one network round trip between its BEGIN and COMMIT). Nothing is read
+    that the runner already holds, and nothing else is written outside those transactions. Counted
+    on the runner's own connection (a tool runs on another)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -211,30 +251,31 @@ def test_each_round_trip_is_one_transaction_of_its_own_rows_and_nothing_is_read_
     with CaptureQueriesContext(connection) as queries:
         runner.run()
 
-    transactions, sends, current = [], [], None
+    transactions, alone, sends, current = [], [], [], None
     for query in queries.captured_queries:
         verb = query["sql"].split()[0].upper()
+        # Several statements sent as one string (PostgreSQL): each one's verb, in order, but for
+        # the SET LOCAL synchronous_commit of a round trip's transaction.
+        verbs = [v for v in re.findall(r"(?:^|; )(INSERT|UPDATE|SET|SELECT|DELETE) ", query["sql"]) if v != "SET"]
         if verb == "BEGIN":
             current = []
             sends.append(0)
         elif verb == "COMMIT":
             transactions.append(current)
             current = None
+        elif current is None:  # a statement committed alone
+            alone.append((len(transactions), verbs))
         else:
-            assert current is not None, f"{query['sql']} outside a transaction"
             sends[-1] += 1
-            # Several statements sent as one string (PostgreSQL): each one's verb, in order, but for
-            # the SET LOCAL synchronous_commit of a round trip's transaction.
-            current += [v for v in re.findall(r"(?:^|; )(INSERT|UPDATE|SET|SELECT|DELETE) ", query["sql"])
-                        if v != "SET"]
+            current += verbs
+    assert alone == [(0, ["UPDATE"])], alone  # the claim, before any transaction
     assert transactions == [
-        ["UPDATE"],  # the claim
         ["INSERT", "UPDATE"],  # the reply asking for the tool: its row, counters
         ["INSERT", "INSERT", "UPDATE"],  # the tool's result: its call record, its row, counters
         ["INSERT", "UPDATE"],  # the final write: the answer, the turn's end
     ]
     if dbconn.binds_on_client(connection):  # PostgreSQL (psycopg 3): each transaction's statements in one send
-        assert sends == [1, 1, 1, 1], sends
+        assert sends == [1, 1, 1], sends
     assert state.read(turn.id)["status"] == "completed"
 
 
