@@ -330,3 +330,39 @@ def test_a_post_that_starts_a_turn_reads_its_conversation_with_the_lock_and_the_
     conversations, turns = (Conversation._meta.db_table, Turn._meta.db_table)
     assert reads[0].endswith("FOR UPDATE") or connection.vendor == "sqlite", reads[0]  # SQLite locks the file
     assert f'FROM "{conversations}"' in reads[0] and f'FROM "{turns}"' in reads[1], reads
+
+
+@pytest.mark.django_db(transaction=True)  # the job closes the connection it found, as in a worker
+def test_a_job_reads_its_turn_and_its_transcript_in_one_send(conversations_settings):
+    """Before its claim, a job reads its turn (with its conversation and assistant) and the
+    conversation's transcript, and nothing else; on PostgreSQL both reads go to the server as one
+    string (one network round trip, not two). The model is sent the conversation's earlier turn
+    and this turn's message, as before."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from conversations.engine.job import perform_turn
+    from conversations.infra import dbconn
+    from tests.support.fakes import FakeProvider, openai_text
+
+    conversation = Conversation.objects.create(owner_token="t")
+    earlier = Turn.objects.create(conversation=conversation, status=Turn.Status.COMPLETED)
+    Message.objects.create(conversation=conversation, turn=earlier, role="user", content="Hello")
+    Message.objects.create(conversation=conversation, turn=earlier, role="assistant", content="Hi! How can I help?")
+    turn = Turn.objects.create(conversation=conversation)
+    Message.objects.create(conversation=conversation, turn=turn, role="user", content="How do refunds work?")
+    with FakeProvider() as fake:
+        fake.add(openai_text("Refunds take 30 days."))
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="sk-test-key", MODEL="gpt-test")
+        with CaptureQueriesContext(connection) as queries:
+            perform_turn(str(turn.pk))
+
+    sent = [q["sql"] for q in queries.captured_queries]
+    claim = next(i for i, sql in enumerate(sent) if sql.startswith("UPDATE "))
+    reads = [re.findall(r"(?:^|; )(SELECT) ", sql) for sql in sent[:claim]]
+    assert sum(reads, []) == ["SELECT", "SELECT"], sent[:claim]
+    if dbconn.binds_on_client(connection):
+        assert len(reads) == 1, sent[:claim]
+    assert [(m["role"], m["content"]) for m in fake.requests[0]["json"]["messages"] if m["role"] != "system"] == [
+        ("user", "Hello"), ("assistant", "Hi! How can I help?"), ("user", "How do refunds work?")]
+    assert state.read(turn.id)["messages"][-1]["content"] == "Refunds take 30 days."
