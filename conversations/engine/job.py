@@ -75,10 +75,7 @@ def _perform(turn_id, cfg, job, job_timeout, clock, trace):
     """``perform_turn``'s body, inside the job's span (``trace``: its ``JobTrace``, or None)."""
     close_old_connections()
     try:
-        # Its transcript with it, in one send where the database allows (``statements.send``): the
-        # runner needs it, and a second read was one more round trip to the database.
-        turn, transcript = statements.send(statements.get_statement(Turn, turn_id, related=RELATED),
-                                           statements.transcript_statement(turn_id))
+        turn, transcript = _load(turn_id)
     except Turn.DoesNotExist:
         logger.warning("Turn %s no longer exists; nothing to do", turn_id)
         return None
@@ -100,6 +97,15 @@ def _perform(turn_id, cfg, job, job_timeout, clock, trace):
     # The runner claims it (``lifecycle.claim``) with its clocks in one UPDATE: a turn stopped or
     # ended a moment ago, between the read above and now, is left as it is.
     return _run(turn, cfg, lambda cfg: clock, job_timeout=job_timeout, trace=trace, transcript=transcript)
+
+
+def _load(turn_id):
+    """``(turn, transcript)``: the turn with the rows it needs (``RELATED``) and its transcript
+    (``statements.transcript``), in one send where the database allows (``statements.send``): the
+    runner needs the transcript, and reading it apart was one more round trip to the database.
+    Raises ``Turn.DoesNotExist``."""
+    return tuple(statements.send(statements.get_statement(Turn, turn_id, related=RELATED),
+                                 statements.transcript_statement(turn_id)))
 
 
 def _continue(turn, cfg, trace=None, transcript=None):
@@ -176,8 +182,7 @@ def warm_up(forking=False):
                 environment_settings(url)
         missing = uuid.uuid4()
         try:  # the raw statements' text is built once per process: a horse inherits it built
-            statements.send(statements.get_statement(Turn, missing, related=RELATED),
-                            statements.transcript_statement(missing))
+            _load(missing)
         except Turn.DoesNotExist:
             pass
         statements.transcript(missing, missing)
