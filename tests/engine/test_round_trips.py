@@ -403,3 +403,36 @@ def test_a_job_reads_its_turn_and_its_transcript_in_one_send(conversations_setti
     assert [(m["role"], m["content"]) for m in fake.requests[0]["json"]["messages"] if m["role"] != "system"] == [
         ("user", "Hello"), ("assistant", "Hi! How can I help?"), ("user", "How do refunds work?")]
     assert state.read(turn.id)["messages"][-1]["content"] == "Refunds take 30 days."
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turns_model_calls_parse_each_url_once(conversations_settings, monkeypatch):
+    """Where a model call goes (its endpoint, the origins its key and proxies are checked for) is
+    read from the provider's URL by one parse (``endpoints.locate``): a turn of two model calls and
+    a tool parses each URL it uses once, where each call parsed them six times; the turn's
+    answer is the same."""
+    from conversations import endpoints
+    from conversations.engine.job import perform_turn
+    from tests.support.fakes import FakeProvider, openai_text, openai_tool_calls
+
+    parsed = []
+    real = endpoints.parse_url
+
+    def parse_url(text):
+        parsed.append(text)
+        return real(text)
+
+    conversation = Conversation.objects.create(owner_token="t")
+    turn = Turn.objects.create(conversation=conversation)
+    Message.objects.create(conversation=conversation, turn=turn, role="user", content="How do refunds work?")
+    with FakeProvider() as fake:
+        fake.add(openai_tool_calls(("search_faq", {"query": "refunds"})), openai_text("Refunds take 30 days."))
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="sk-test-key", MODEL="gpt-test")
+        endpoints._locate.cache_clear()
+        monkeypatch.setattr(endpoints, "parse_url", parse_url)
+        perform_turn(str(turn.pk))
+        monkeypatch.undo()
+
+    assert state.read(turn.id)["messages"][-1]["content"] == "Refunds take 30 days."
+    assert len(fake.requests) == 2
+    assert parsed and len(parsed) == len(set(parsed)), parsed
