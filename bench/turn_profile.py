@@ -30,8 +30,9 @@ from bench.common import ScriptedProvider, Stack, machine
 PARTS = [
     ("whole job", "engine/job.py", "perform_turn"),
     ("load the turn (its conversation, user, assistant)", "query.py", "get"),  # the ORM's, before
-    ("load the turn, raw (its conversation, user, assistant)", "engine/statements.py", "get"),
-    ("runner set-up (provider, tools, transcript)", "engine/runner.py", "__init__"),
+    ("load the turn, raw (its conversation, user, assistant)", "engine/statements.py", "get"),  # before
+    ("load the turn and its transcript, raw, one send", "engine/job.py", "_load"),
+    ("runner set-up (provider, tools; the transcript before)", "engine/runner.py", "__init__"),
     ("claim (one UPDATE)", "engine/lifecycle.py", "claim"),
     ("model calls (HTTP client, watchdog)", "engine/runner.py", "call_model"),
     ("tools", "engine/runner.py", "run_tool"),

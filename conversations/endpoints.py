@@ -25,6 +25,7 @@ against: a plain ``scheme://host[:port]/path[?query]`` that urllib3 (which ``req
 with) reads the same way, or nothing; providers rebuild the request URL from its parts.
 """
 
+import functools
 import ipaddress
 import os
 import re
@@ -84,8 +85,16 @@ def locate(url):
     """The ``Location`` of ``url``, or None when it is not a plain URL (``_PLAIN_URL``) or when
     urllib3, which ``requests`` connects with, would read another scheme, host or port out of it.
     The one parse of a URL that a key or an endpoint is checked against: whatever it refuses is
-    never sent anywhere with a key, and whatever it accepts is where the socket goes."""
-    text = url if isinstance(url, str) else ""
+    never sent anywhere with a key, and whatever it accepts is where the socket goes.
+
+    Each answer is kept (a ``Location`` cannot change): a turn asked it six times for every model
+    call (the endpoint, the origins its key and proxy are checked for), each time parsing the same
+    URL twice. The most recently asked URLs only, so that headers anyone may send fill no memory."""
+    return _locate(url) if isinstance(url, str) else None
+
+
+@functools.lru_cache(maxsize=256)
+def _locate(text):
     match = _PLAIN_URL.fullmatch(text)
     if not match:
         return None

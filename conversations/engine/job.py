@@ -75,7 +75,7 @@ def _perform(turn_id, cfg, job, job_timeout, clock, trace):
     """``perform_turn``'s body, inside the job's span (``trace``: its ``JobTrace``, or None)."""
     close_old_connections()
     try:
-        turn = statements.get(Turn, turn_id, related=RELATED)
+        turn, transcript = _load(turn_id)
     except Turn.DoesNotExist:
         logger.warning("Turn %s no longer exists; nothing to do", turn_id)
         return None
@@ -85,7 +85,7 @@ def _perform(turn_id, cfg, job, job_timeout, clock, trace):
         if job is None or job.id != turn.job_id:
             return turn.status
         telemetry.set_attributes(trace and trace.span, **{"conversations.job.resuming": True})
-        return _continue(turn, cfg, trace)
+        return _continue(turn, cfg, trace, transcript)
     if lifecycle.waited_too_long(turn):  # the visitor has been (or is now) told to try again later
         try:
             lifecycle.end_unclaimed(turn)
@@ -96,23 +96,34 @@ def _perform(turn_id, cfg, job, job_timeout, clock, trace):
         return turn.status
     # The runner claims it (``lifecycle.claim``) with its clocks in one UPDATE: a turn stopped or
     # ended a moment ago, between the read above and now, is left as it is.
-    return _run(turn, cfg, lambda cfg: clock, job_timeout=job_timeout, trace=trace)
+    return _run(turn, cfg, lambda cfg: clock, job_timeout=job_timeout, trace=trace, transcript=transcript)
 
 
-def _continue(turn, cfg, trace=None):
+def _load(turn_id):
+    """``(turn, transcript)``: the turn with the rows it needs (``RELATED``) and its transcript
+    (``statements.transcript``), in one send where the database allows (``statements.send``): the
+    runner needs the transcript, and reading it apart was one more round trip to the database.
+    Raises ``Turn.DoesNotExist``."""
+    return tuple(statements.send(statements.get_statement(Turn, turn_id, related=RELATED),
+                                 statements.transcript_statement(turn_id)))
+
+
+def _continue(turn, cfg, trace=None, transcript=None):
     """Run the rest of ``turn`` (this job is its continuation) under what is left of its own
-    deadline: the budget ends at ``deadline_at``, never later."""
+    deadline: the budget ends at ``deadline_at``, never later. ``transcript``: its messages, as
+    ``statements.transcript`` read them (None: the runner reads them)."""
     def clock_for(cfg):
         left = max(0.0, time_left(turn) or 0.0)
         return TurnClock(left + cfg["DEADLINE_MARGIN"], cfg["DEADLINE_MARGIN"])
 
-    return _run(turn, cfg, clock_for, resuming=True, trace=trace)
+    return _run(turn, cfg, clock_for, resuming=True, trace=trace, transcript=transcript)
 
 
-def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None, trace=None):
+def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None, trace=None, transcript=None):
     """Run ``turn`` (claimed by its runner, or, ``resuming``, continued) with the clock ``clock_for(cfg)`` builds
     from its assistant's settings; whatever happens, end it with a final write. The one path
-    both a first run and a continuation take, so neither can leave a turn ``running``."""
+    both a first run and a continuation take, so neither can leave a turn ``running``.
+    ``transcript``: its messages, read with it (None: the runner reads them)."""
     turn_id = turn.id
     again = " after resuming" if resuming else ""
     try:
@@ -126,7 +137,7 @@ def _run(turn, cfg, clock_for, *, resuming=False, job_timeout=None, trace=None):
         lifecycle.finalize(turn, Turn.Status.FAILED, exc.message)
         return turn.status
     try:
-        runner = TurnRunner(turn, clock=clock_for(cfg), config=cfg, trace=trace)
+        runner = TurnRunner(turn, clock=clock_for(cfg), config=cfg, trace=trace, transcript=transcript)
     except Exception:  # e.g. a PROVIDER or TOOLS path that cannot be imported: still end the turn
         logger.exception("Turn %s could not start%s", turn_id, again)
         lifecycle.finalize(turn, Turn.Status.FAILED, crashed_message())
@@ -171,7 +182,7 @@ def warm_up(forking=False):
                 environment_settings(url)
         missing = uuid.uuid4()
         try:  # the raw statements' text is built once per process: a horse inherits it built
-            statements.get(Turn, missing, related=RELATED)
+            _load(missing)
         except Turn.DoesNotExist:
             pass
         statements.transcript(missing, missing)

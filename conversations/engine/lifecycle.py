@@ -338,7 +338,7 @@ def claim(turn, **fields):
     columns: the runner's clocks) in the same UPDATE, if it is still queued. Returns whether the
     job may run it (False: it was stopped or ended while it waited, see ``end_unclaimed``)."""
     fields = {"status": Turn.Status.RUNNING, "started_at": timezone.now(), **fields}
-    with dbconn.step():
+    with dbconn.lone_step():  # one UPDATE: no BEGIN and COMMIT of its own where it commits alone
         claimed = statements.update(Turn, fields, pk=turn.pk, status=Turn.Status.QUEUED)
     if claimed:
         for name, value in fields.items():

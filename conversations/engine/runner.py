@@ -55,13 +55,15 @@ class TurnRunner:
     None); ``tools`` {name: Tool}; ``publisher`` the function that writes the live state (and its
     growing answers, which otherwise go through ``state.publish_board``), instead of
     ``state.publish_step``; ``trace`` the job's ``telemetry.JobTrace`` (None: no spans), which gets
-    one span for each call record saved.
+    one span for each call record saved; ``transcript`` the turn's messages as
+    ``statements.transcript`` reads them, when the job read them with the turn (None: read here).
     """
 
     publisher = None
     stream_publisher = staticmethod(state.publish_board.offer)
 
-    def __init__(self, turn, *, clock, config, provider=None, tools=None, publisher=None, trace=None):
+    def __init__(self, turn, *, clock, config, provider=None, tools=None, publisher=None, trace=None,
+                 transcript=None):
         self.turn = turn
         self.trace = trace
         if trace is not None:  # the records' offset 0 is the budget's start
@@ -87,7 +89,7 @@ class TurnRunner:
         self.provider = provider
         # Every model call of the turn, attempted or skipped, is recorded under this one name.
         self.model_name = getattr(provider, "model", "") or provider.name
-        self.earlier, self.rows = self.transcript()
+        self.earlier, self.rows = self.transcript(transcript)
         self.pending_records = []
         self.last_reply = None  # the reply that ended the turn, until the final write saves it
         self.finished = False
@@ -333,10 +335,12 @@ class TurnRunner:
 
     # -- the loop ------------------------------------------------------------------------
 
-    def transcript(self):
+    def transcript(self, messages=None):
         """``(earlier, rows)``: the conversation's messages from its earlier finished turns, and
-        this turn's own, each in order, read in one query."""
-        messages = statements.transcript(self.turn.conversation_id, self.turn.id)
+        this turn's own, each in order, read in one query (``messages``: what it read, when the job
+        read it with the turn)."""
+        if messages is None:
+            messages = statements.transcript(self.turn.conversation_id, self.turn.id)
         earlier, rows = [], []
         for message in messages:
             if message.turn_id == self.turn.id:

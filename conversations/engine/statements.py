@@ -1,6 +1,7 @@
 """The statements a running turn sends on its hot path, as raw SQL: its claim, each round trip's
 fenced ``UPDATE`` and its ``INSERT``s (the new transcript row, the call records), the final
-write, and the job's two reads (its turn with the rows it needs, its transcript); and the two
+write, and the job's two reads (its turn with the rows it needs, its transcript; sent together by
+the job); and the two
 ``INSERT``s of the POST that starts it (the turn, the visitor's message).
 
 Why raw: a turn sends one transaction per model or tool round trip (the seed's durable save),
@@ -67,7 +68,7 @@ class Statement(NamedTuple):
 def send(*statements):
     """Send ``statements`` (``Statement``) in order, in the caller's transaction; returns what each
     one's ``read`` gave (an ``UPDATE``: how many rows it matched; an ``INSERT``: its instances, their
-    primary keys set). Consecutive statements on one connection whose driver binds on the client go
+    primary keys set; a read: its instance or instances). Consecutive statements on one connection whose driver binds on the client go
     as one string (one round trip), the step's ``SET LOCAL`` after them (``dbconn.folded``)."""
     results, batch = [], []
 
@@ -291,6 +292,12 @@ def get(model, pk, related=()):
     """``model.objects.select_related(*related).get(pk=pk)`` as one raw statement, built once:
     ``related`` names foreign keys (``a`` or ``a__b``), each joined as ``select_related`` joins it
     and cached on its instance. Raises ``model.DoesNotExist``."""
+    return send(get_statement(model, pk, related))[0]
+
+
+def get_statement(model, pk, related=()):
+    """``get()``'s statement, to ``send()`` with others (its result: the instance; reading it raises
+    ``model.DoesNotExist``)."""
     connection = connections[router.db_for_read(model)]
     meta = model._meta
     chain = [(None, None, model)]  # (parent index, foreign key, model) for each table, in order
@@ -304,7 +311,7 @@ def get(model, pk, related=()):
                 found = len(chain) - 1
             parent = found
     if not _plain(*(m for _p, _f, m in chain)):
-        return model._default_manager.select_related(*related).get(pk=pk)
+        return Statement(connection, None, [], lambda _cursor: model._default_manager.select_related(*related).get(pk=pk))
     key = (connection.alias, "get", model, tuple(related))
     sql = _SQL.get(key)
     if sql is None:
@@ -321,23 +328,25 @@ def get(model, pk, related=()):
                              f"{quote(f'T{parent}')}.{quote(field.column)}")
         sql = _SQL[key] = (f"SELECT {', '.join(columns)} FROM {quote(meta.db_table)} {quote('T0')}{''.join(joins)} "
                            f"WHERE {quote('T0')}.{quote(meta.pk.column)} = %s")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [meta.pk.get_db_prep_value(meta.pk.to_python(pk), connection)])
+
+    def read(cursor):
         values = cursor.fetchone()
-    if values is None:
-        raise model.DoesNotExist(f"{meta.object_name} matching query does not exist.")
-    instances, start = [], 0
-    for index, (parent, field, table_model) in enumerate(chain):
-        width = len(table_model._meta.concrete_fields)
-        part = list(values[start:start + width])
-        start += width
-        pk_value = part[table_model._meta.concrete_fields.index(table_model._meta.pk)]
-        instance = None if pk_value is None else _row(table_model, connection, part,
-                                                       _reader(connection, table_model, f"T{index}")[1])
-        instances.append(instance)
-        if field is not None and instances[parent] is not None:
-            field.set_cached_value(instances[parent], instance)
-    return instances[0]
+        if values is None:
+            raise model.DoesNotExist(f"{meta.object_name} matching query does not exist.")
+        instances, start = [], 0
+        for index, (parent, field, table_model) in enumerate(chain):
+            width = len(table_model._meta.concrete_fields)
+            part = list(values[start:start + width])
+            start += width
+            pk_value = part[table_model._meta.concrete_fields.index(table_model._meta.pk)]
+            instance = None if pk_value is None else _row(table_model, connection, part,
+                                                           _reader(connection, table_model, f"T{index}")[1])
+            instances.append(instance)
+            if field is not None and instances[parent] is not None:
+                field.set_cached_value(instances[parent], instance)
+        return instances[0]
+
+    return Statement(connection, sql, [meta.pk.get_db_prep_value(meta.pk.to_python(pk), connection)], read)
 
 
 def transcript(conversation_id, turn_id):
@@ -345,11 +354,23 @@ def transcript(conversation_id, turn_id):
     the conversation's rows of ``turn_id`` and of its turns that are not active (and the rows of
     no turn: a handoff's), as ``Message.objects.filter(Q(turn_id=turn_id) |
     ~Q(turn__status__in=Turn.ACTIVE_STATUSES), conversation_id=conversation_id).order_by("id")``."""
+    return send(transcript_statement(turn_id, conversation_id))[0]
+
+
+def transcript_statement(turn_id, conversation_id=None):
+    """``transcript()``'s statement, to ``send()`` with others (its result: the list of messages).
+    Without ``conversation_id``, the conversation is the turn's own, found by the statement: the
+    job reads its turn and its transcript in one send, not knowing the conversation yet."""
     connection = connections[router.db_for_read(Message)]
     if not _plain(Message, Turn):
-        return list(Message.objects.filter(Q(turn_id=turn_id) | ~Q(turn__status__in=Turn.ACTIVE_STATUSES),
-                                           conversation_id=conversation_id).order_by("id"))
-    key = (connection.alias, "transcript")
+        def orm(_cursor):
+            conversation = conversation_id if conversation_id is not None else \
+                Turn.objects.values_list("conversation_id", flat=True).get(pk=turn_id)
+            return list(Message.objects.filter(Q(turn_id=turn_id) | ~Q(turn__status__in=Turn.ACTIVE_STATUSES),
+                                               conversation_id=conversation).order_by("id"))
+        return Statement(connection, None, [], orm)
+    known = conversation_id is not None
+    key = (connection.alias, "transcript", known)
     sql = _SQL.get(key)
     message, turn = Message._meta, Turn._meta
     if sql is None:
@@ -357,15 +378,21 @@ def transcript(conversation_id, turn_id):
         m, t = quote("T0"), quote("T1")
         turn_column = quote(message.get_field("turn").column)
         status = f"{t}.{quote(turn.get_field('status').column)}"
+        conversation = "%s" if known else (
+            f"(SELECT {quote('T2')}.{quote(turn.get_field('conversation').column)} FROM {quote(turn.db_table)} "
+            f"{quote('T2')} WHERE {quote('T2')}.{quote(turn.pk.column)} = %s)")
         sql = _SQL[key] = (
             f"SELECT {_reader(connection, Message, 'T0')[0]} FROM {quote(message.db_table)} {m} "
             f"LEFT OUTER JOIN {quote(turn.db_table)} {t} ON {m}.{turn_column} = {t}.{quote(turn.pk.column)} "
             f"WHERE ({m}.{turn_column} = %s OR NOT ({status} IN ({', '.join(['%s'] * len(ACTIVE))}) "
-            f"AND {status} IS NOT NULL)) AND {m}.{quote(message.get_field('conversation').column)} = %s "
+            f"AND {status} IS NOT NULL)) AND {m}.{quote(message.get_field('conversation').column)} = {conversation} "
             f"ORDER BY {m}.{quote(message.pk.column)} ASC")
-    params = [turn.pk.get_db_prep_value(turn_id, connection), *ACTIVE,
-              Conversation._meta.pk.get_db_prep_value(conversation_id, connection)]
+    turn_value = turn.pk.get_db_prep_value(turn.pk.to_python(turn_id), connection)
+    params = [turn_value, *ACTIVE,
+              Conversation._meta.pk.get_db_prep_value(conversation_id, connection) if known else turn_value]
     converters = _reader(connection, Message, "T0")[1]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+
+    def read(cursor):
         return [_row(Message, connection, list(values), converters) for values in cursor.fetchall()]
+
+    return Statement(connection, sql, params, read)

@@ -85,6 +85,29 @@ def step():
             _unsent.reset(token)
 
 
+@contextlib.contextmanager
+def lone_step():
+    """``step()`` for a write of one statement (a turn's claim), without a transaction of its own
+    where that statement can commit by itself as the step's would: the ``BEGIN`` and ``COMMIT``
+    were two of its three round trips to the database. Outside any transaction, on PostgreSQL
+    where the driver binds on the client the step's ``SET LOCAL`` goes in the statement's own
+    string (``folded``), which PostgreSQL runs as one implicit transaction, its commit not waiting
+    for the disk as a step's; on SQLite the statement is its own transaction, holding the write
+    lock only while it runs. Elsewhere (inside the caller's transaction, another driver or
+    database) it is ``step()``. The body sends exactly one statement, through ``statements``."""
+    connection = transaction.get_connection()
+    alone = not connection.in_atomic_block and (connection.vendor == "sqlite" or binds_on_client(connection))
+    if not alone:
+        with step():
+            yield
+        return
+    token = _unsent.set(connection if connection.vendor == "postgresql" else None)
+    try:
+        yield
+    finally:
+        _unsent.reset(token)
+
+
 def folded(connection, sql):
     """``sql`` to send on ``connection``, with the ``SET LOCAL`` of the step it is sent in appended
     when that is still to be sent (``step``): the statement's own result comes first, so its

@@ -7,6 +7,7 @@ import datetime
 import logging
 
 import django_rq
+from django.db import connection, transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
 from rq.exceptions import NoSuchJobError
@@ -94,13 +95,29 @@ TURN_JOB = "conversations.jobs.perform_turn"
 
 def enqueue(turn, job_id, *, job_timeout, description, at_front=False, trace_context=None):
     """Put ``turn``'s job on the queue. Its meta carries the trace context (``telemetry.META_KEY``):
-    ``trace_context``, else the current span's, so that the job's span is its child."""
+    ``trace_context``, else the current span's, so that the job's span is its child.
+
+    In one Redis round trip where django-rq enqueues at the commit or at once (its ``on_db_commit``
+    and ``auto`` commit modes) on a queue that runs its jobs in workers: RQ's own enqueue made two
+    (the queue's name added to the set of queues, then the job), between the commit and the moment
+    a worker can take the job. The same commands go in one pipeline, sent when django-rq would
+    have sent them (an ``on_commit`` callback runs after the ones registered before it)."""
     cfg = get_config()
     carried = trace_context or telemetry.carrier()
-    get_queue().enqueue(TURN_JOB, str(turn.id), job_id=job_id, job_timeout=job_timeout,
-                        result_ttl=cfg["STATE_TTL"], failure_ttl=max(cfg["STATE_TTL"], 86400),
-                        description=description, at_front=at_front,
-                        meta={telemetry.META_KEY: carried} if carried else None)
+    queue = get_queue()
+    fields = dict(job_id=job_id, job_timeout=job_timeout, result_ttl=cfg["STATE_TTL"],
+                  failure_ttl=max(cfg["STATE_TTL"], 86400), description=description, at_front=at_front,
+                  meta={telemetry.META_KEY: carried} if carried else None)
+    mode = getattr(queue, "_commit_mode", None)  # django-rq's DjangoRQ; another queue class enqueues as it does
+    if not queue.is_async or mode not in ("on_db_commit", "auto"):
+        queue.enqueue(TURN_JOB, str(turn.id), **fields)
+        return job_id
+    pipeline = queue.connection.pipeline()
+    queue.enqueue(TURN_JOB, str(turn.id), pipeline=pipeline, **fields)
+    if mode == "on_db_commit" and connection.in_atomic_block:  # as django-rq decides it
+        transaction.on_commit(pipeline.execute)
+    else:
+        pipeline.execute()
     return job_id
 
 

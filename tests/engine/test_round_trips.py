@@ -194,14 +194,54 @@ def test_a_turns_own_round_trip_commits_do_not_wait_for_the_disk(conversations_s
         assert sent(alone) == []
 
 
+@pytest.mark.django_db(transaction=True)  # no transaction around it, as in a worker (not inside a test's)
+def test_a_claim_is_one_statement_that_commits_alone_without_waiting_for_the_disk():
+    """The job's claim is one UPDATE sent alone: no BEGIN and COMMIT of its own (two round trips
+    of three). On PostgreSQL it still does not wait for the disk: the step's SET LOCAL goes in the
+    same string, which the server runs as one implicit transaction and accepts (outside one it
+    warns that SET LOCAL has no effect). A turn no longer queued is not claimed, and not changed."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from conversations.engine.lifecycle import claim
+
+    conversation = Conversation.objects.create(owner_token="t")
+    turn = Turn.objects.create(conversation=conversation)
+    stopped = Turn.objects.create(conversation=conversation, status=Turn.Status.CANCELLED)
+    connection.ensure_connection()
+    notices = []
+
+    def heard(notice):
+        notices.append(notice.message_primary)
+
+    if connection.vendor == "postgresql":
+        connection.connection.add_notice_handler(heard)
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            claimed = claim(turn, provider="openai")
+    finally:
+        if connection.vendor == "postgresql":
+            connection.connection.remove_notice_handler(heard)
+
+    assert claimed and Turn.objects.get(pk=turn.pk).status == Turn.Status.RUNNING
+    sent = [q["sql"] for q in queries.captured_queries]
+    assert len(sent) == 1 and sent[0].startswith("UPDATE "), sent
+    if connection.vendor == "postgresql":
+        assert sent[0].endswith("; SET LOCAL synchronous_commit TO OFF"), sent
+    assert notices == []
+    assert not claim(stopped, provider="openai")
+    assert Turn.objects.get(pk=stopped.pk).status == Turn.Status.CANCELLED
+
+
 @pytest.mark.django_db(transaction=True)  # a transaction of its own, as in a worker (not inside a test's)
 def test_each_round_trip_is_one_transaction_of_its_own_rows_and_nothing_is_read_again(conversations_settings):
     """What a running turn asks of the database, pinned so that a regression shows: its claim is one
-    UPDATE; each round trip one transaction with its new row and the turn's counters (and the tool's
-    call record; a model called over HTTP has one too); the final write one more. On PostgreSQL each
-    transaction's statements go to the server as one string (one network round trip between its
-    BEGIN and COMMIT). Nothing is read that the runner already holds, and nothing is written
-    outside those transactions. Counted on the runner's own connection (a tool runs on another)."""
+    UPDATE that commits alone, with no BEGIN and COMMIT of its own; each round trip one transaction
+    with its new row and the turn's counters (and the tool's call record; a model called over HTTP
+    has one too); the final write one more. On PostgreSQL each transaction's statements go to the
+    server as one string (one network round trip between its BEGIN and COMMIT). Nothing is read
+    that the runner already holds, and nothing else is written outside those transactions. Counted
+    on the runner's own connection (a tool runs on another)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -211,38 +251,39 @@ def test_each_round_trip_is_one_transaction_of_its_own_rows_and_nothing_is_read_
     with CaptureQueriesContext(connection) as queries:
         runner.run()
 
-    transactions, sends, current = [], [], None
+    transactions, alone, sends, current = [], [], [], None
     for query in queries.captured_queries:
         verb = query["sql"].split()[0].upper()
+        # Several statements sent as one string (PostgreSQL): each one's verb, in order, but for
+        # the SET LOCAL synchronous_commit of a round trip's transaction.
+        verbs = [v for v in re.findall(r"(?:^|; )(INSERT|UPDATE|SET|SELECT|DELETE) ", query["sql"]) if v != "SET"]
         if verb == "BEGIN":
             current = []
             sends.append(0)
         elif verb == "COMMIT":
             transactions.append(current)
             current = None
+        elif current is None:  # a statement committed alone
+            alone.append((len(transactions), verbs))
         else:
-            assert current is not None, f"{query['sql']} outside a transaction"
             sends[-1] += 1
-            # Several statements sent as one string (PostgreSQL): each one's verb, in order, but for
-            # the SET LOCAL synchronous_commit of a round trip's transaction.
-            current += [v for v in re.findall(r"(?:^|; )(INSERT|UPDATE|SET|SELECT|DELETE) ", query["sql"])
-                        if v != "SET"]
+            current += verbs
+    assert alone == [(0, ["UPDATE"])], alone  # the claim, before any transaction
     assert transactions == [
-        ["UPDATE"],  # the claim
         ["INSERT", "UPDATE"],  # the reply asking for the tool: its row, counters
         ["INSERT", "INSERT", "UPDATE"],  # the tool's result: its call record, its row, counters
         ["INSERT", "UPDATE"],  # the final write: the answer, the turn's end
     ]
     if dbconn.binds_on_client(connection):  # PostgreSQL (psycopg 3): each transaction's statements in one send
-        assert sends == [1, 1, 1, 1], sends
+        assert sends == [1, 1, 1], sends
     assert state.read(turn.id)["status"] == "completed"
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_post_that_starts_a_turn_reads_the_visitors_session_once(conversations_settings, monkeypatch):
     """The POST's Redis round trips, pinned: the session read once (its load is the check that the
-    store answers), the enqueue (RQ's two), the queued state (two), the look for a worker, the
-    turn's address; never an EXISTS before the session's GET."""
+    store answers), the enqueue (one: RQ's own made two), the queued state (two), the look for a
+    worker, the turn's address; never an EXISTS before the session's GET."""
     from tests.support.helpers import api_post, make_client
 
     conversations_settings.update(TURN_RATE_PER_OWNER="", TURN_RATE_PER_IP="", CONVERSATION_RATE_PER_OWNER="",
@@ -258,7 +299,44 @@ def test_a_post_that_starts_a_turn_reads_the_visitors_session_once(conversations
 
     assert response.status_code == 202
     assert "exists" not in sent and sent.count("get") == 1, sent
-    assert len(sent) <= 7, sent
+    assert len(sent) <= 6, sent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turns_job_is_enqueued_at_the_commit_in_one_redis_round_trip(conversations_settings, monkeypatch):
+    """The job of a turn started in a transaction reaches the queue at its commit, not before (the
+    visitor's message is saved by then), in one Redis round trip, the queue's name among RQ's
+    queues; a transaction rolled back enqueues nothing."""
+    from django.db import transaction
+
+    from conversations.engine import lifecycle
+    from conversations.infra import queue as turn_queue
+
+    def lock(conversation):
+        return lambda: Conversation.objects.select_for_update().get(pk=conversation.pk)
+
+    rq_queue = turn_queue.get_queue()
+    first, _message = lifecycle._start(lock(Conversation.objects.create(owner_token="s")), "Hi", lifecycle.ensure_idle,
+                                       "")  # the connection made (and RQ's look at the server's version)
+    conversation = Conversation.objects.create(owner_token="t")
+    with transaction.atomic():
+        sent = count_round_trips(monkeypatch)
+        turn, message = lifecycle._start(lock(conversation), "Hello?", lifecycle.ensure_idle, "")
+        queued_inside = list(sent)
+        del sent[:]
+    monkeypatch.undo()
+
+    assert queued_inside == [], queued_inside  # nothing before the commit
+    assert sent == ["multi"], sent  # at the commit: the job, in one pipeline
+    assert rq_queue.get_job_ids() == [first.job_id, turn.job_id]
+    assert list(rq_queue.fetch_job(turn.job_id).args) == [str(turn.id)]
+    assert rq_queue.key.encode() in rq_queue.connection.smembers(rq_queue.redis_queues_keys)
+
+    other = Conversation.objects.create(owner_token="u")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        lifecycle._start(lock(other), "Hello?", lifecycle.ensure_idle, "")
+        raise RuntimeError("rolled back")
+    assert rq_queue.get_job_ids() == [first.job_id, turn.job_id]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -289,3 +367,72 @@ def test_a_post_that_starts_a_turn_reads_its_conversation_with_the_lock_and_the_
     conversations, turns = (Conversation._meta.db_table, Turn._meta.db_table)
     assert reads[0].endswith("FOR UPDATE") or connection.vendor == "sqlite", reads[0]  # SQLite locks the file
     assert f'FROM "{conversations}"' in reads[0] and f'FROM "{turns}"' in reads[1], reads
+
+
+@pytest.mark.django_db(transaction=True)  # the job closes the connection it found, as in a worker
+def test_a_job_reads_its_turn_and_its_transcript_in_one_send(conversations_settings):
+    """Before its claim, a job reads its turn (with its conversation and assistant) and the
+    conversation's transcript, and nothing else; on PostgreSQL both reads go to the server as one
+    string (one network round trip, not two). The model is sent the conversation's earlier turn
+    and this turn's message, as before."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from conversations.engine.job import perform_turn
+    from conversations.infra import dbconn
+    from tests.support.fakes import FakeProvider, openai_text
+
+    conversation = Conversation.objects.create(owner_token="t")
+    earlier = Turn.objects.create(conversation=conversation, status=Turn.Status.COMPLETED)
+    Message.objects.create(conversation=conversation, turn=earlier, role="user", content="Hello")
+    Message.objects.create(conversation=conversation, turn=earlier, role="assistant", content="Hi! How can I help?")
+    turn = Turn.objects.create(conversation=conversation)
+    Message.objects.create(conversation=conversation, turn=turn, role="user", content="How do refunds work?")
+    with FakeProvider() as fake:
+        fake.add(openai_text("Refunds take 30 days."))
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="sk-test-key", MODEL="gpt-test")
+        with CaptureQueriesContext(connection) as queries:
+            perform_turn(str(turn.pk))
+
+    sent = [q["sql"] for q in queries.captured_queries]
+    claim = next(i for i, sql in enumerate(sent) if sql.startswith("UPDATE "))
+    reads = [re.findall(r"(?:^|; )(SELECT) ", sql) for sql in sent[:claim]]
+    assert sum(reads, []) == ["SELECT", "SELECT"], sent[:claim]
+    if dbconn.binds_on_client(connection):
+        assert len(reads) == 1, sent[:claim]
+    assert [(m["role"], m["content"]) for m in fake.requests[0]["json"]["messages"] if m["role"] != "system"] == [
+        ("user", "Hello"), ("assistant", "Hi! How can I help?"), ("user", "How do refunds work?")]
+    assert state.read(turn.id)["messages"][-1]["content"] == "Refunds take 30 days."
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turns_model_calls_parse_each_url_once(conversations_settings, monkeypatch):
+    """Where a model call goes (its endpoint, the origins its key and proxies are checked for) is
+    read from the provider's URL by one parse (``endpoints.locate``): a turn of two model calls and
+    a tool parses each URL it uses once, where each call parsed them six times; the turn's
+    answer is the same."""
+    from conversations import endpoints
+    from conversations.engine.job import perform_turn
+    from tests.support.fakes import FakeProvider, openai_text, openai_tool_calls
+
+    parsed = []
+    real = endpoints.parse_url
+
+    def parse_url(text):
+        parsed.append(text)
+        return real(text)
+
+    conversation = Conversation.objects.create(owner_token="t")
+    turn = Turn.objects.create(conversation=conversation)
+    Message.objects.create(conversation=conversation, turn=turn, role="user", content="How do refunds work?")
+    with FakeProvider() as fake:
+        fake.add(openai_tool_calls(("search_faq", {"query": "refunds"})), openai_text("Refunds take 30 days."))
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="sk-test-key", MODEL="gpt-test")
+        endpoints._locate.cache_clear()
+        monkeypatch.setattr(endpoints, "parse_url", parse_url)
+        perform_turn(str(turn.pk))
+        monkeypatch.undo()
+
+    assert state.read(turn.id)["messages"][-1]["content"] == "Refunds take 30 days."
+    assert len(fake.requests) == 2
+    assert parsed and len(parsed) == len(set(parsed)), parsed

@@ -257,6 +257,9 @@ def test_a_turns_transcript_is_its_own_rows_and_the_ended_turns_rows():
                                       conversation_id=conversation.pk).order_by("id")
     assert [field_values(r) for r in rows] == [field_values(m) for m in expected]
     assert [r.content for r in rows] == ["How do refunds work?", "Earlier answer.", "A person wrote this.", "This one."]
+    # Read by the turn alone (its conversation found by the statement), as the job reads it with the turn.
+    (found,) = statements.send(statements.transcript_statement(str(current.pk)))
+    assert [field_values(r) for r in found] == [field_values(m) for m in expected]
 
 
 def test_a_foreign_key_given_its_row_stores_the_rows_key():
