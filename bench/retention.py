@@ -223,6 +223,35 @@ class Visitors:
             thread.join(30)
 
 
+# The visitors' worker: ``manage.py rqworker`` of the tree ``manage`` is in, its interpreter's switch
+# interval set, each transaction on SQLite timed from its BEGIN's return to its COMMIT's or
+# ROLLBACK's (what it held the write lock for) and appended to ``held`` (a line per transaction).
+WORKER = """
+import os, runpy, sys, time
+sys.setswitchinterval({switch})
+from django.db.backends.sqlite3 import base
+begin, commit, rollback = (base.DatabaseWrapper._start_transaction_under_autocommit, base.DatabaseWrapper._commit,
+                           base.DatabaseWrapper._rollback)
+out = os.open({held!r}, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+def began(self):
+    begin(self)
+    self.bench_began = (time.time(), time.perf_counter())
+def ended(end):
+    def timed(self):
+        try:
+            return end(self)
+        finally:
+            mark, self.bench_began = getattr(self, "bench_began", None), None
+            if mark is not None:
+                os.write(out, f"{{mark[0]:.6f}} {{time.perf_counter() - mark[1]:.6f}}\\n".encode())
+    return timed
+base.DatabaseWrapper._start_transaction_under_autocommit = began
+base.DatabaseWrapper._commit, base.DatabaseWrapper._rollback = ended(commit), ended(rollback)
+sys.argv = [{manage!r}, "rqworker"]
+runpy.run_path({manage!r}, run_name="__main__")
+"""
+
+
 def wait_until_no_worker(timeout=60):
     """Wait until no RQ worker is registered (the one stopped has left)."""
     from rq import Worker
@@ -264,6 +293,8 @@ def main():
         seeded = (time.monotonic() - seeded) / len(codes)
         base = stack.gunicorn(2)
         worker, running = None, None
+        held = stack.tmp / "held.txt"  # the worker's transactions: when each began (epoch s), how long it held
+        windows = {}  # phase -> (start, end), epoch seconds, to read the worker's transactions by phase
 
         def worker_for(code):
             """The worker ``code`` runs its visitors' turns with (the one running, when it is that)."""
@@ -275,14 +306,11 @@ def main():
                 stack.stop(worker)
                 wait_until_no_worker()
             root = stack.tree_at(commit) if commit else ROOT
-            if switch is None:
-                worker = stack.workers(1, root=root)[0]
-            else:  # the same rqworker, its interpreter's switch interval set first
-                manage = str(root / "manage.py")
-                worker = stack.spawn(PYTHON, "-c", f"import runpy, sys; sys.setswitchinterval({switch}); "
-                                     f"sys.argv = [{manage!r}, 'rqworker']; runpy.run_path({manage!r}, "
-                                     "run_name='__main__')", cwd=root)
-                stack.wait_for_workers(1)
+            env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(root), stack.outer_path]))}
+            worker = stack.spawn(PYTHON, "-c", WORKER.format(switch=switch or sys.getswitchinterval(),
+                                                             manage=str(root / "manage.py"), held=str(held)),
+                                 env=env, cwd=root)
+            stack.wait_for_workers(1)
             running = (commit, switch)
 
         worker_for(codes[0])
@@ -299,13 +327,17 @@ def main():
             worker_for(code)
             age(f"old-{code}-")
             crowd.phase = probe.phase = f"without a purge (before {code})"
+            quiet = time.time()
             time.sleep(args.baseline)
+            windows[f"without a purge (before {code})"] = (quiet, time.time())
             crowd.phase = probe.phase = f"purge: {code}"
+            purging = time.time()
             load = os.getloadavg()[0]
             began = time.monotonic()
             done = subprocess.run([PYTHON, "-m", "bench.retention", "--purge", CODES[code][0]], env=stack.env, cwd=ROOT,
                                   capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             took = time.monotonic() - began
+            windows[f"purge: {code}"] = (purging, time.time())
             left = Message.objects.filter(conversation__owner_token__startswith=f"old-{code}-").count()
             purges.append((code, seeded, load, os.getloadavg()[0], took, json.loads(done), left))
             phases += [f"without a purge (before {code})", f"purge: {code}"]
@@ -355,6 +387,20 @@ def main():
             summary.append(cells)
         table(["code", "without a purge: lock p99 / max (ms)", "without: waited > 50 ms",
                "purge: lock p99 / max (ms)", "purge: waited > 50 ms"], summary)
+
+        # How long the worker's own transactions (its turns': claim, round trips, final write) held
+        # SQLite's write lock: from their BEGIN IMMEDIATE's return to their COMMIT's (or ROLLBACK's).
+        if held.exists():
+            spans = [tuple(map(float, line.split())) for line in held.read_text().splitlines() if line.strip()]
+            rows = []
+            for phase in phases:
+                start, end = windows[phase]
+                values = [seconds for began, seconds in spans if start <= began < end]
+                cells = [f"{1000 * v:.1f}" for v in (median(values), percentile(values, 0.99), max(values))] \
+                    if values else ["", "", ""]
+                rows.append([phase, len(values), *cells, sum(value > 0.03 for value in values)])
+            table(["phase", "worker's transactions", "held: median (ms)", "p99 (ms)", "max (ms)", "held > 30 ms"],
+                  rows)
 
 if __name__ == "__main__":
     sys.exit(main())
