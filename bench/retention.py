@@ -283,7 +283,11 @@ def main():
     if unknown:
         parser.error(f"unknown codes: {', '.join(sorted(unknown))} (known: {', '.join(CODES)})")
 
-    settings = {"PROVIDER": "demo", "DEMO_DELAY": "0.05", "RETENTION_DAYS": "30", "MAX_TURNS_PER_CONVERSATION": "0"}
+    # A visitor's conversation ends after 10 turns (the seeded ones' 5 and more) and the next one
+    # begins: with no limit, each visitor's one conversation grew by thousands of turns over a run,
+    # every turn's history with it, and the worker's CPU per turn (and the interpreter lock its
+    # threads contend for inside their transactions) grew from one code's phases to the next's.
+    settings = {"PROVIDER": "demo", "DEMO_DELAY": "0.05", "RETENTION_DAYS": "30", "MAX_TURNS_PER_CONVERSATION": "10"}
     with Stack(database=args.database, conversations=settings) as stack:
         # Every purge's messages are written first, before anyone chats (writing them beside the
         # visitors took ten minutes on a loaded machine); each purge's are made old just before it.
