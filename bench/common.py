@@ -62,6 +62,7 @@ class Stack:
         self.pg_name = None
         self.database = database
         self.conversations = conversations or {}
+        self.outer_path = os.environ.get("PYTHONPATH", "")  # the caller's own path (gunicorn installed apart)
 
     def __enter__(self):
         redis_port = free_port()
@@ -77,7 +78,7 @@ class Stack:
             # As docs/deployment.md recommends: gunicorn workers keep their database connection.
             "CONN_MAX_AGE": "60",
             # The caller's own path after the project's (gunicorn installed apart, say).
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), self.outer_path])),
         })
         self.env["DATABASE_URL"] = self.database_url()
         for key, value in self.conversations.items():
@@ -105,9 +106,9 @@ class Stack:
     def database_label(self):
         return "PostgreSQL" if self.env["DATABASE_URL"].startswith("postgres") else "SQLite"
 
-    def spawn(self, *args, env=None, **kwargs):
+    def spawn(self, *args, env=None, cwd=ROOT, **kwargs):
         """Start a process with the stack's environment (updated with ``env``) in a session of its own."""
-        process = subprocess.Popen(list(args), env={**self.env, **(env or {})}, cwd=ROOT, stdout=subprocess.DEVNULL,
+        process = subprocess.Popen(list(args), env={**self.env, **(env or {})}, cwd=cwd, stdout=subprocess.DEVNULL,
                                    stderr=kwargs.pop("stderr", subprocess.DEVNULL), start_new_session=True, **kwargs)
         self.processes.append(process)
         return process
@@ -135,17 +136,19 @@ class Stack:
                 time.sleep(0.2)
         return base
 
-    def workers(self, count, *, pool=False):
+    def workers(self, count, *, pool=False, root=ROOT):
         """Start ``count`` RQ workers (``count`` × ``rqworker``, or one ``rqworker-pool``) and wait
-        until all have registered; returns the top-level processes."""
-        manage = [PYTHON, str(ROOT / "manage.py")]
+        until all have registered; returns the top-level processes. ``root``: the tree whose code
+        they run (another commit's, written out by ``tree_at``)."""
+        manage = [PYTHON, str(root / "manage.py")]
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(root), self.outer_path]))} if root != ROOT else None
         if pool:
-            started = [self.spawn(*manage, "rqworker-pool", "--num-workers", str(count))]
+            started = [self.spawn(*manage, "rqworker-pool", "--num-workers", str(count), env=env, cwd=root)]
         else:
             # BENCH_WORKER_LOG=<file>: the workers' logs go there (docs/benchmarks.md).
             log = os.environ.get("BENCH_WORKER_LOG")
-            started = [self.spawn(*manage, "rqworker", stderr=open(log, "a") if log else subprocess.DEVNULL)
-                       for _ in range(count)]
+            started = [self.spawn(*manage, "rqworker", stderr=open(log, "a") if log else subprocess.DEVNULL, env=env,
+                                  cwd=root) for _ in range(count)]
         self.wait_for_workers(count)
         return started
 
@@ -161,6 +164,26 @@ class Stack:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {len(Worker.all(connection=get_queue().connection))} workers registered")
             time.sleep(0.1)
+
+    def tree_at(self, commit):
+        """The project's files at ``commit`` (``git archive``), written under the stack's directory
+        once; returns their root, for ``workers(root=…)``."""
+        root = self.tmp / f"tree-{commit[:12]}"
+        if not root.exists():
+            root.mkdir()
+            archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+        return root
+
+    def stop(self, process, timeout=60):
+        """Stop ``process`` (one ``spawn`` started) warmly (SIGTERM to its session) and wait for it."""
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
     def __exit__(self, *exc):
         for process in self.processes:

@@ -3,7 +3,8 @@ visitors' writes waited meanwhile, against the same visitors without a purge, an
 purge's earlier code, in the same run.
 
     .venv/bin/python -m bench.retention [--database sqlite|postgres|URL] [--messages 100000]
-                                        [--visitors 2] [--baseline 20] [--codes before,after[,nice]]
+                                        [--visitors 2] [--baseline 20]
+                                        [--codes before,after[,nice][,turns-before][,switch-1ms]]
 
 A gunicorn (2 sync workers) and one ``manage.py rqworker`` (the demo project's worker class) serve
 the demo model (``DEMO_DELAY`` 0.05 s). ``--messages`` messages in conversations of 10 messages
@@ -23,7 +24,11 @@ and the totals are read before each; its first ``DELETE`` checks what is still d
 is the purge of commit ``BEFORE`` (its module read from git), which checked what was still due and
 read the totals inside its transaction, under SQLite's write lock; ``nice`` is ``after`` in a
 process at niceness 10 (``os.nice``), to see whether the scheduler's preferring the visitors
-helps them. A write that waited on a lock the purge held is slower than the baseline's by that
+helps them. ``turns-before`` is ``after``'s purge with the visitors' turns run by a worker of
+commit ``TURNS_BEFORE`` (its files written out by ``git archive``; the worker is restarted between
+the phases of two codes that differ), whose turn transactions built their statements after their
+``BEGIN``, under SQLite's write lock; ``switch-1ms`` is ``after`` with the worker's interpreter
+switching threads every 1 ms (``sys.setswitchinterval``) instead of Python's 5 ms. A write that waited on a lock the purge held is slower than the baseline's by that
 wait; the machine's load (printed) slows all of them, so the last table sets each purge's
 writes that waited over 50 ms beside those of the baseline just before it, per thousand writes.
 """
@@ -85,6 +90,12 @@ def age(prefix="old-"):
 
 # The purge before its transactions stopped reading (time-boxed batches, statements built first).
 BEFORE = "8f3fba30589f6494a63f667da95ddf1156dd8afa"
+# The turns' write path before their transactions only sent statements built before them (``turns-before``).
+TURNS_BEFORE = "717c5dc18d2b851f7e78f406e6de8cc16e0157c1"
+# What each code runs: the purge's code, the commit of the worker's tree (None: this one), and the
+# worker's interpreter switch interval (None: Python's 5 ms).
+CODES = {"before": ("before", None, None), "after": ("after", None, None), "nice": ("nice", None, None),
+         "turns-before": ("after", TURNS_BEFORE, None), "switch-1ms": ("after", None, 0.001)}
 
 
 def module_at(commit, path="conversations/engine/retention.py", name="conversations.engine.retention_before"):
@@ -212,6 +223,46 @@ class Visitors:
             thread.join(30)
 
 
+# The visitors' worker: ``manage.py rqworker`` of the tree ``manage`` is in, its interpreter's switch
+# interval set, each transaction on SQLite timed from its BEGIN's return to its COMMIT's or
+# ROLLBACK's (what it held the write lock for) and appended to ``held`` (a line per transaction).
+WORKER = """
+import os, runpy, sys, time
+sys.setswitchinterval({switch})
+from django.db.backends.sqlite3 import base
+begin, commit, rollback = (base.DatabaseWrapper._start_transaction_under_autocommit, base.DatabaseWrapper._commit,
+                           base.DatabaseWrapper._rollback)
+out = os.open({held!r}, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+def began(self):
+    begin(self)
+    self.bench_began = (time.time(), time.perf_counter())
+def ended(end):
+    def timed(self):
+        try:
+            return end(self)
+        finally:
+            mark, self.bench_began = getattr(self, "bench_began", None), None
+            if mark is not None:
+                os.write(out, f"{{mark[0]:.6f}} {{time.perf_counter() - mark[1]:.6f}}\\n".encode())
+    return timed
+base.DatabaseWrapper._start_transaction_under_autocommit = began
+base.DatabaseWrapper._commit, base.DatabaseWrapper._rollback = ended(commit), ended(rollback)
+sys.argv = [{manage!r}, "rqworker"]
+runpy.run_path({manage!r}, run_name="__main__")
+"""
+
+
+def wait_until_no_worker(timeout=60):
+    """Wait until no RQ worker is registered (the one stopped has left)."""
+    from rq import Worker
+
+    from conversations.infra.queue import get_queue
+
+    deadline = time.monotonic() + timeout
+    while Worker.all(connection=get_queue().connection) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def ms(seconds):
     return f"{seconds * 1000:.0f}"
 
@@ -228,8 +279,15 @@ def main():
     if args.purge:
         return run_purge(args.purge)
     codes = args.codes.split(",")
+    unknown = set(codes) - set(CODES)
+    if unknown:
+        parser.error(f"unknown codes: {', '.join(sorted(unknown))} (known: {', '.join(CODES)})")
 
-    settings = {"PROVIDER": "demo", "DEMO_DELAY": "0.05", "RETENTION_DAYS": "30", "MAX_TURNS_PER_CONVERSATION": "0"}
+    # A visitor's conversation ends after 10 turns (the seeded ones' 5 and more) and the next one
+    # begins: with no limit, each visitor's one conversation grew by thousands of turns over a run,
+    # every turn's history with it, and the worker's CPU per turn (and the interpreter lock its
+    # threads contend for inside their transactions) grew from one code's phases to the next's.
+    settings = {"PROVIDER": "demo", "DEMO_DELAY": "0.05", "RETENTION_DAYS": "30", "MAX_TURNS_PER_CONVERSATION": "10"}
     with Stack(database=args.database, conversations=settings) as stack:
         # Every purge's messages are written first, before anyone chats (writing them beside the
         # visitors took ten minutes on a loaded machine); each purge's are made old just before it.
@@ -238,7 +296,28 @@ def main():
             seed(args.messages, f"old-{code}-")
         seeded = (time.monotonic() - seeded) / len(codes)
         base = stack.gunicorn(2)
-        stack.workers(1)
+        worker, running = None, None
+        held = stack.tmp / "held.txt"  # the worker's transactions: when each began (epoch s), how long it held
+        windows = {}  # phase -> (start, end), epoch seconds, to read the worker's transactions by phase
+
+        def worker_for(code):
+            """The worker ``code`` runs its visitors' turns with (the one running, when it is that)."""
+            nonlocal worker, running
+            _purge, commit, switch = CODES[code]
+            if running == (commit, switch):
+                return
+            if worker is not None:
+                stack.stop(worker)
+                wait_until_no_worker()
+            root = stack.tree_at(commit) if commit else ROOT
+            env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(root), stack.outer_path]))}
+            worker = stack.spawn(PYTHON, "-c", WORKER.format(switch=switch or sys.getswitchinterval(),
+                                                             manage=str(root / "manage.py"), held=str(held)),
+                                 env=env, cwd=root)
+            stack.wait_for_workers(1)
+            running = (commit, switch)
+
+        worker_for(codes[0])
         from conversations.conf import get_config
         from conversations.models import Message
 
@@ -249,15 +328,20 @@ def main():
         purges, phases = [], []
         for code in codes:
             crowd.phase = probe.phase = "making them old"
+            worker_for(code)
             age(f"old-{code}-")
             crowd.phase = probe.phase = f"without a purge (before {code})"
+            quiet = time.time()
             time.sleep(args.baseline)
+            windows[f"without a purge (before {code})"] = (quiet, time.time())
             crowd.phase = probe.phase = f"purge: {code}"
+            purging = time.time()
             load = os.getloadavg()[0]
             began = time.monotonic()
-            done = subprocess.run([PYTHON, "-m", "bench.retention", "--purge", code], env=stack.env, cwd=ROOT,
+            done = subprocess.run([PYTHON, "-m", "bench.retention", "--purge", CODES[code][0]], env=stack.env, cwd=ROOT,
                                   capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             took = time.monotonic() - began
+            windows[f"purge: {code}"] = (purging, time.time())
             left = Message.objects.filter(conversation__owner_token__startswith=f"old-{code}-").count()
             purges.append((code, seeded, load, os.getloadavg()[0], took, json.loads(done), left))
             phases += [f"without a purge (before {code})", f"purge: {code}"]
@@ -267,7 +351,7 @@ def main():
 
         cfg = get_config()
         print(f"{machine()}; {stack.database_label}; {args.messages} old messages per purge; "
-              f"before: {BEFORE[:7]}; RETENTION_BATCH {cfg['RETENTION_BATCH']}, RETENTION_BATCH_TIME "
+              f"before: {BEFORE[:7]}; turns-before: {TURNS_BEFORE[:7]}; RETENTION_BATCH {cfg['RETENTION_BATCH']}, RETENTION_BATCH_TIME "
               f"{cfg['RETENTION_BATCH_TIME']}, RETENTION_PAUSE {cfg['RETENTION_PAUSE']}")
         table(["code", "seeded (s)", "1-min load at start → end", "deleted", "transactions", "wall time (s)",
                "messages per transaction: median (min–max)", "held: median / p99 / max (ms)", "old messages left"],
@@ -307,6 +391,20 @@ def main():
             summary.append(cells)
         table(["code", "without a purge: lock p99 / max (ms)", "without: waited > 50 ms",
                "purge: lock p99 / max (ms)", "purge: waited > 50 ms"], summary)
+
+        # How long the worker's own transactions (its turns': claim, round trips, final write) held
+        # SQLite's write lock: from their BEGIN IMMEDIATE's return to their COMMIT's (or ROLLBACK's).
+        if held.exists():
+            spans = [tuple(map(float, line.split())) for line in held.read_text().splitlines() if line.strip()]
+            rows = []
+            for phase in phases:
+                start, end = windows[phase]
+                values = [seconds for began, seconds in spans if start <= began < end]
+                cells = [f"{1000 * v:.1f}" for v in (median(values), percentile(values, 0.99), max(values))] \
+                    if values else ["", "", ""]
+                rows.append([phase, len(values), *cells, sum(value > 0.03 for value in values)])
+            table(["phase", "worker's transactions", "held: median (ms)", "p99 (ms)", "max (ms)", "held > 30 ms"],
+                  rows)
 
 if __name__ == "__main__":
     sys.exit(main())

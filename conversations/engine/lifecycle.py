@@ -338,8 +338,11 @@ def claim(turn, **fields):
     columns: the runner's clocks) in the same UPDATE, if it is still queued. Returns whether the
     job may run it (False: it was stopped or ended while it waited, see ``end_unclaimed``)."""
     fields = {"status": Turn.Status.RUNNING, "started_at": timezone.now(), **fields}
+    # Built before it is sent: on SQLite a transaction's BEGIN takes the database's one write lock,
+    # held then only for the statement and the COMMIT (``runner.TurnRunner.mine_statements``).
+    update = statements.update_statement(Turn, fields, pk=turn.pk, status=Turn.Status.QUEUED)
     with dbconn.lone_step():  # one UPDATE: no BEGIN and COMMIT of its own where it commits alone
-        claimed = statements.update(Turn, fields, pk=turn.pk, status=Turn.Status.QUEUED)
+        claimed = statements.send(update)[0]
     if claimed:
         for name, value in fields.items():
             setattr(turn, name, value)

@@ -127,17 +127,23 @@ class TurnRunner:
         """Its row while still this job's to write (``lifecycle.unended``), as a queryset."""
         return unended(self.turn.pk, job_id=self.job_id)
 
-    def save_mine(self, fields, *rows):
-        """In the caller's transaction, in one round trip where the database allows
-        (``statements.send``): insert the kept ``CallRecord`` rows and the new ``rows``, then write
-        the turn's ``fields`` (as they are on ``self.turn``) while it is still this job's (the
-        fence, ``lifecycle.update_unended``). Raises ``_Superseded`` when it is not (the caller's
-        transaction then rolls all of it back)."""
+    def mine_statements(self, fields, *rows):
+        """The statements that save a round trip (``save_mine`` sends them): the kept ``CallRecord``
+        rows and the new ``rows``, then the turn's ``fields`` (as they are on ``self.turn``) while it
+        is still this job's (the fence, ``lifecycle.update_unended``).
+        Built before the transaction begins: on SQLite, whose transactions take the database's one
+        write lock at their ``BEGIN`` (the demo's ``IMMEDIATE``), each value's preparation and each
+        statement's building would otherwise be done while every other writer waits."""
         turn = self.turn
-        sent = statements.send(*statements.insert_statements(self.pending_records),
-                               *(statements.insert_statement(row) for row in rows),
-                               update_unended_statement(turn.pk, {f: getattr(turn, f) for f in fields},
-                                                        job_id=self.job_id))
+        return [*statements.insert_statements(self.pending_records),
+                *(statements.insert_statement(row) for row in rows),
+                update_unended_statement(turn.pk, {f: getattr(turn, f) for f in fields}, job_id=self.job_id)]
+
+    def save_mine(self, built):
+        """In the caller's transaction, in one round trip where the database allows
+        (``statements.send``): send ``built`` (``mine_statements``). Raises ``_Superseded`` when the
+        turn is no longer this job's (the caller's transaction then rolls all of it back)."""
+        sent = statements.send(*built)
         self.saved_records += self.pending_records
         self.pending_records = []
         if not sent[-1]:
@@ -170,9 +176,10 @@ class TurnRunner:
             raise _Superseded()
         self.stop_known = False
         row = Message(conversation_id=self.turn.conversation_id, turn=self.turn, **self.scrubbed(message_fields))
+        built = self.mine_statements(turn_fields, row)  # before the transaction: see mine_statements
         try:
             with dbconn.step():
-                self.save_mine(turn_fields, row)
+                self.save_mine(built)
         except BaseException:
             self.trace_saved(committed=False)
             raise
@@ -733,13 +740,15 @@ class TurnRunner:
         # ``finished`` flag until both halves have landed).
         interrupted, committed = None, False
         try:
+            last = self.last_reply_row()
+            shown = self.streamed_row()
+            turn.cost = pricing.turn_cost(turn.model, turn.input_tokens, turn.output_tokens, self.config["PRICES"])
+            # Every statement built before the transaction, which then only sends them (``mine_statements``).
+            built = self.mine_statements(self.FINAL_FIELDS, *(row for row in (last, shown) if row is not None))
             with transaction.atomic():
-                last = self.last_reply_row()
-                shown = self.streamed_row()
-                turn.cost = pricing.turn_cost(turn.model, turn.input_tokens, turn.output_tokens, self.config["PRICES"])
                 # Only while the turn is still this job's to end: a thread given up past its job
                 # timeout comes back later, when the worker has ended the turn or another job runs it.
-                self.save_mine(self.FINAL_FIELDS, *(row for row in (last, shown) if row is not None))
+                self.save_mine(built)
             committed = True
             if last is not None:
                 self.rows.append(last)

@@ -279,6 +279,68 @@ def test_each_round_trip_is_one_transaction_of_its_own_rows_and_nothing_is_read_
     assert state.read(turn.id)["status"] == "completed"
 
 
+@pytest.mark.django_db(transaction=True)  # a transaction of its own, as in a worker (not inside a test's)
+def test_a_turns_transactions_only_send_statements_built_before_they_begin(conversations_settings, monkeypatch):
+    """A running turn's claim, round trips and final write each build all their statements (their
+    values prepared, the final write's rows made and its cost priced) before their transaction
+    begins: on SQLite the ``BEGIN`` takes the database's one write lock (the demo's ``IMMEDIATE``),
+    and every other writer, a visitor's POST among them, waits while it is held. Inside each
+    transaction the runner only sends what it built; each transaction is the one its statements
+    were built for, and the turn ends as before."""
+    import threading
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from conversations.core import pricing
+    from conversations.engine import statements
+
+    turn, model, runner = run_turn(conversations_settings)
+    events = []  # ("built" | "priced", how many queries were logged by then), in order
+    runner_thread = threading.get_ident()
+
+    def note(kind):
+        if threading.get_ident() == runner_thread:  # a tool runs in a thread (and connection) of its own
+            events.append((kind, len(connection.queries_log)))
+
+    class Built(statements.Statement):
+        def __new__(cls, *args):
+            note("built")
+            return super().__new__(cls, *args)
+
+    priced = pricing.turn_cost
+
+    def turn_cost(*args, **kwargs):
+        note("priced")
+        return priced(*args, **kwargs)
+
+    monkeypatch.setattr(statements, "Statement", Built)
+    monkeypatch.setattr(pricing, "turn_cost", turn_cost)
+    with CaptureQueriesContext(connection) as queries:
+        runner.run()
+    monkeypatch.undo()
+
+    logged = [q["sql"].split()[0].upper() for q in connection.queries_log]
+    inside = []
+    for kind, position in events:
+        edges = [verb for verb in logged[queries.initial_queries:position] if verb in ("BEGIN", "COMMIT", "ROLLBACK")]
+        if edges and edges[-1] == "BEGIN":
+            inside.append((kind, position))
+    assert [kind for kind, _ in events].count("built") == 8 and ("priced" in [kind for kind, _ in events])
+    assert inside == [], f"built or priced inside a transaction: {inside}"
+    # Each transaction sent what was built just before it: the claim's UPDATE; each round trip's rows.
+    sent = [verb for verb in logged[queries.initial_queries:queries.final_queries] if verb in (
+        "BEGIN", "COMMIT", "INSERT", "UPDATE")]
+    assert sent == ["BEGIN", "UPDATE", "COMMIT", "BEGIN", "INSERT", "UPDATE", "COMMIT",
+                    "BEGIN", "INSERT", "INSERT", "UPDATE", "COMMIT", "BEGIN", "INSERT", "UPDATE", "COMMIT"] \
+        or connection.vendor == "postgresql", sent  # PostgreSQL sends each transaction's as one string
+    final = state.read(turn.id)
+    assert (final["done"], final["status"], final["messages"][-1]["content"]) == (True, "completed",
+                                                                                  "Refunds take 30 days.")
+    turn.refresh_from_db()
+    assert (turn.status, turn.model_calls, turn.tool_calls) == ("completed", 2, 1)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_post_that_starts_a_turn_reads_the_visitors_session_once(conversations_settings, monkeypatch):
     """The POST's Redis round trips, pinned: the session read once (its load is the check that the
