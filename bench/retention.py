@@ -180,10 +180,16 @@ class Probe:
 
 
 class Visitors:
-    """``count`` threads chatting through gunicorn; every request's (phase, kind, seconds)."""
+    """``count`` threads chatting through gunicorn; every request's (phase, kind, seconds). Each
+    thread is a new visitor (a new session: a new owner) for every conversation of ``TURNS``
+    turns, as on a site: every POST of a turn reads, while it holds SQLite's write lock, all of
+    its owner's conversations and counts the owner's turns (``bench.owner_turns``), so one
+    visitor for a whole run (thousands of turns) made each POST slower than the last."""
+
+    TURNS = 10
 
     def __init__(self, base, count):
-        self.base, self.count = base, count
+        self.base, self.count, self.visitors = base, count, 0
         self.phase, self.samples, self.turns = "baseline", [], []
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self.chat, daemon=True) for _ in range(count)]
@@ -195,16 +201,17 @@ class Visitors:
         return response
 
     def chat(self):
-        session = visitor(self.base)
-        conversation = session.post(self.base + "/api/conversations/", json={}).json()["id"]
+        turns = self.TURNS
         while not self.stop.is_set():
+            if turns == self.TURNS:  # a new visitor: a new session, so a new owner, and its conversation
+                session, turns = visitor(self.base), 0
+                conversation = session.post(self.base + "/api/conversations/", json={}).json()["id"]
+                self.visitors += 1
             phase, began = self.phase, time.monotonic()
             response = self.timed("POST turn", lambda: session.post(
                 f"{self.base}/api/conversations/{conversation}/turns/", json={"content": "What time is it?"}))
-            if response.status_code == 400:  # MAX_TURNS_PER_CONVERSATION: a new conversation
-                conversation = session.post(self.base + "/api/conversations/", json={}).json()["id"]
-                continue
             response.raise_for_status()
+            turns += 1
             poll = response.json()["poll_url"]
             while not self.stop.is_set():
                 time.sleep(0.1)
@@ -283,10 +290,11 @@ def main():
     if unknown:
         parser.error(f"unknown codes: {', '.join(sorted(unknown))} (known: {', '.join(CODES)})")
 
-    # A visitor's conversation ends after 10 turns (the seeded ones' 5 and more) and the next one
-    # begins: with no limit, each visitor's one conversation grew by thousands of turns over a run,
-    # every turn's history with it, and the worker's CPU per turn (and the interpreter lock its
-    # threads contend for inside their transactions) grew from one code's phases to the next's.
+    # A visitor's conversation ends after 10 turns (``Visitors.TURNS``; the limit is a guard) and a
+    # new visitor begins the next: with no limit, each visitor's one conversation grew by thousands
+    # of turns over a run, every turn's history with it, and the worker's CPU per turn (and the
+    # interpreter lock its threads contend for inside their transactions) grew from one code's
+    # phases to the next's.
     settings = {"PROVIDER": "demo", "DEMO_DELAY": "0.05", "RETENTION_DAYS": "30", "MAX_TURNS_PER_CONVERSATION": "10"}
     with Stack(database=args.database, conversations=settings) as stack:
         # Every purge's messages are written first, before anyone chats (writing them beside the
@@ -299,6 +307,8 @@ def main():
         worker, running = None, None
         held = stack.tmp / "held.txt"  # the worker's transactions: when each began (epoch s), how long it held
         windows = {}  # phase -> (start, end), epoch seconds, to read the worker's transactions by phase
+        wal = {}  # phase -> the size of SQLite's write-ahead log at its end (MB), to see whether it grows
+        log = stack.tmp / "bench.sqlite3-wal"
 
         def worker_for(code):
             """The worker ``code`` runs its visitors' turns with (the one running, when it is that)."""
@@ -334,6 +344,7 @@ def main():
             quiet = time.time()
             time.sleep(args.baseline)
             windows[f"without a purge (before {code})"] = (quiet, time.time())
+            wal[f"without a purge (before {code})"] = log.stat().st_size / 1e6 if log.exists() else None
             crowd.phase = probe.phase = f"purge: {code}"
             purging = time.time()
             load = os.getloadavg()[0]
@@ -342,6 +353,7 @@ def main():
                                   capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             took = time.monotonic() - began
             windows[f"purge: {code}"] = (purging, time.time())
+            wal[f"purge: {code}"] = log.stat().st_size / 1e6 if log.exists() else None
             left = Message.objects.filter(conversation__owner_token__startswith=f"old-{code}-").count()
             purges.append((code, seeded, load, os.getloadavg()[0], took, json.loads(done), left))
             phases += [f"without a purge (before {code})", f"purge: {code}"]
@@ -377,6 +389,8 @@ def main():
             rows.append([phase, "whole turn", len(turns), ms(median(turns)), ms(percentile(turns, 0.99)),
                          ms(max(turns) if turns else float("nan"))])
         table(["phase", "request", "n", "median (ms)", "p99 (ms)", "max (ms)"], rows)
+        print(f"{crowd.visitors} visitors of {Visitors.TURNS} turns each; SQLite's WAL at the end of each phase (MB): "
+              + ", ".join(f"{phase}: {'-' if size is None else f'{size:.1f}'}" for phase, size in wal.items()))
 
         # What each purge adds to the waits the visitors' own turns cause: its phase against the
         # baseline just before it, the probe's lock (its clock) and the writes the database gave up.
