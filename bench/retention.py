@@ -188,8 +188,8 @@ class Visitors:
 
     TURNS = 10
 
-    def __init__(self, base, count):
-        self.base, self.count, self.visitors = base, count, 0
+    def __init__(self, base, count, one_owner=False):
+        self.base, self.count, self.visitors, self.one_owner = base, count, 0, one_owner
         self.phase, self.samples, self.turns = "baseline", [], []
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self.chat, daemon=True) for _ in range(count)]
@@ -201,12 +201,13 @@ class Visitors:
         return response
 
     def chat(self):
-        turns = self.TURNS
+        turns, session = self.TURNS, None
         while not self.stop.is_set():
             if turns == self.TURNS:  # a new visitor: a new session, so a new owner, and its conversation
-                session, turns = visitor(self.base), 0
-                conversation = session.post(self.base + "/api/conversations/", json={}).json()["id"]
-                self.visitors += 1
+                if session is None or not self.one_owner:  # --one-owner: the same session, a new conversation
+                    session = visitor(self.base)
+                    self.visitors += 1
+                conversation, turns = session.post(self.base + "/api/conversations/", json={}).json()["id"], 0
             phase, began = self.phase, time.monotonic()
             response = self.timed("POST turn", lambda: session.post(
                 f"{self.base}/api/conversations/{conversation}/turns/", json={"content": "What time is it?"}))
@@ -281,6 +282,8 @@ def main():
     parser.add_argument("--visitors", type=int, default=2)
     parser.add_argument("--baseline", type=float, default=20.0)
     parser.add_argument("--codes", default="before,after", help="the purges to run, in this order")
+    parser.add_argument("--one-owner", action="store_true",
+                        help="each visitor keeps its session (one owner) for the whole run, as before")
     parser.add_argument("--purge", choices=("before", "after", "nice"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.purge:
@@ -331,7 +334,7 @@ def main():
         from conversations.conf import get_config
         from conversations.models import Message
 
-        crowd, probe = Visitors(base, args.visitors), Probe()
+        crowd, probe = Visitors(base, args.visitors, args.one_owner), Probe()
         crowd.phase = probe.phase = "starting"
         crowd.start()
         probe.thread.start()
@@ -389,7 +392,7 @@ def main():
             rows.append([phase, "whole turn", len(turns), ms(median(turns)), ms(percentile(turns, 0.99)),
                          ms(max(turns) if turns else float("nan"))])
         table(["phase", "request", "n", "median (ms)", "p99 (ms)", "max (ms)"], rows)
-        print(f"{crowd.visitors} visitors of {Visitors.TURNS} turns each; SQLite's WAL at the end of each phase (MB): "
+        print(f"{crowd.visitors} visitors ({'one session each for the whole run' if args.one_owner else f'{Visitors.TURNS} turns each'}); SQLite's WAL at the end of each phase (MB): "
               + ", ".join(f"{phase}: {'-' if size is None else f'{size:.1f}'}" for phase, size in wal.items()))
 
         # What each purge adds to the waits the visitors' own turns cause: its phase against the
