@@ -183,8 +183,9 @@ class Visitors:
     """``count`` threads chatting through gunicorn; every request's (phase, kind, seconds). Each
     thread is a new visitor (a new session: a new owner) for every conversation of ``TURNS``
     turns, as on a site: every POST of a turn reads, while it holds SQLite's write lock, all of
-    its owner's conversations and counts the owner's turns (``bench.owner_turns``), so one
-    visitor for a whole run (thousands of turns) made each POST slower than the last."""
+    its owner's conversations and counts the owner's turns (``bench.owner_turns``), which one
+    visitor for a whole run (``--one-owner``: thousands of turns) made a little longer turn after
+    turn (about 1 ms by a run's end; it did not show in the waits, docs/benchmarks.md)."""
 
     TURNS = 10
 
