@@ -76,7 +76,7 @@ def main():
     parser.add_argument("--repeat", type=int, default=200)
     args = parser.parse_args()
     counts = [int(value) for value in args.turns.split(",")]
-    settings = {"PROVIDER": "demo", "MAX_TURNS_PER_CONVERSATION": "10"}
+    settings = {"PROVIDER": "demo"}
     with Stack(database=args.database, conversations=settings) as stack:
         from django.conf import settings as django_settings
         from django.db import connection

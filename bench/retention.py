@@ -294,12 +294,12 @@ def main():
     if unknown:
         parser.error(f"unknown codes: {', '.join(sorted(unknown))} (known: {', '.join(CODES)})")
 
-    # A visitor's conversation ends after 10 turns (``Visitors.TURNS``; the limit is a guard) and a
-    # new visitor begins the next: with no limit, each visitor's one conversation grew by thousands
-    # of turns over a run, every turn's history with it, and the worker's CPU per turn (and the
-    # interpreter lock its threads contend for inside their transactions) grew from one code's
-    # phases to the next's.
-    settings = {"PROVIDER": "demo", "DEMO_DELAY": "0.05", "RETENTION_DAYS": "30", "MAX_TURNS_PER_CONVERSATION": "10"}
+    # A visitor's conversation ends after 10 turns (``Visitors.TURNS``, counted by the visitor: the
+    # bench's settings set MAX_TURNS_PER_CONVERSATION to 0 over any CONVERSATIONS_ variable) and a
+    # new visitor begins the next: in one conversation per visitor, thousands of turns over a run,
+    # every turn's history grew with it, and the worker's CPU per turn (and the interpreter lock
+    # its threads contend for inside their transactions) from one code's phases to the next's.
+    settings = {"PROVIDER": "demo", "DEMO_DELAY": "0.05", "RETENTION_DAYS": "30"}
     with Stack(database=args.database, conversations=settings) as stack:
         # Every purge's messages are written first, before anyone chats (writing them beside the
         # visitors took ten minutes on a loaded machine); each purge's are made old just before it.
