@@ -180,10 +180,17 @@ class Probe:
 
 
 class Visitors:
-    """``count`` threads chatting through gunicorn; every request's (phase, kind, seconds)."""
+    """``count`` threads chatting through gunicorn; every request's (phase, kind, seconds). Each
+    thread is a new visitor (a new session: a new owner) for every conversation of ``TURNS``
+    turns, as on a site: every POST of a turn reads, while it holds SQLite's write lock, all of
+    its owner's conversations and counts the owner's turns (``bench.owner_turns``), which one
+    visitor for a whole run (``--one-owner``: thousands of turns) made a little longer turn after
+    turn (about 1 ms by a run's end; it did not show in the waits, docs/benchmarks.md)."""
 
-    def __init__(self, base, count):
-        self.base, self.count = base, count
+    TURNS = 10
+
+    def __init__(self, base, count, one_owner=False):
+        self.base, self.count, self.visitors, self.one_owner = base, count, 0, one_owner
         self.phase, self.samples, self.turns = "baseline", [], []
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self.chat, daemon=True) for _ in range(count)]
@@ -195,16 +202,18 @@ class Visitors:
         return response
 
     def chat(self):
-        session = visitor(self.base)
-        conversation = session.post(self.base + "/api/conversations/", json={}).json()["id"]
+        turns, session = self.TURNS, None
         while not self.stop.is_set():
+            if turns == self.TURNS:  # a new visitor: a new session, so a new owner, and its conversation
+                if session is None or not self.one_owner:  # --one-owner: the same session, a new conversation
+                    session = visitor(self.base)
+                    self.visitors += 1
+                conversation, turns = session.post(self.base + "/api/conversations/", json={}).json()["id"], 0
             phase, began = self.phase, time.monotonic()
             response = self.timed("POST turn", lambda: session.post(
                 f"{self.base}/api/conversations/{conversation}/turns/", json={"content": "What time is it?"}))
-            if response.status_code == 400:  # MAX_TURNS_PER_CONVERSATION: a new conversation
-                conversation = session.post(self.base + "/api/conversations/", json={}).json()["id"]
-                continue
             response.raise_for_status()
+            turns += 1
             poll = response.json()["poll_url"]
             while not self.stop.is_set():
                 time.sleep(0.1)
@@ -274,6 +283,8 @@ def main():
     parser.add_argument("--visitors", type=int, default=2)
     parser.add_argument("--baseline", type=float, default=20.0)
     parser.add_argument("--codes", default="before,after", help="the purges to run, in this order")
+    parser.add_argument("--one-owner", action="store_true",
+                        help="each visitor keeps its session (one owner) for the whole run, as before")
     parser.add_argument("--purge", choices=("before", "after", "nice"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.purge:
@@ -283,11 +294,12 @@ def main():
     if unknown:
         parser.error(f"unknown codes: {', '.join(sorted(unknown))} (known: {', '.join(CODES)})")
 
-    # A visitor's conversation ends after 10 turns (the seeded ones' 5 and more) and the next one
-    # begins: with no limit, each visitor's one conversation grew by thousands of turns over a run,
-    # every turn's history with it, and the worker's CPU per turn (and the interpreter lock its
-    # threads contend for inside their transactions) grew from one code's phases to the next's.
-    settings = {"PROVIDER": "demo", "DEMO_DELAY": "0.05", "RETENTION_DAYS": "30", "MAX_TURNS_PER_CONVERSATION": "10"}
+    # A visitor's conversation ends after 10 turns (``Visitors.TURNS``, counted by the visitor: the
+    # bench's settings set MAX_TURNS_PER_CONVERSATION to 0 over any CONVERSATIONS_ variable) and a
+    # new visitor begins the next: in one conversation per visitor, thousands of turns over a run,
+    # every turn's history grew with it, and the worker's CPU per turn (and the interpreter lock
+    # its threads contend for inside their transactions) from one code's phases to the next's.
+    settings = {"PROVIDER": "demo", "DEMO_DELAY": "0.05", "RETENTION_DAYS": "30"}
     with Stack(database=args.database, conversations=settings) as stack:
         # Every purge's messages are written first, before anyone chats (writing them beside the
         # visitors took ten minutes on a loaded machine); each purge's are made old just before it.
@@ -299,6 +311,8 @@ def main():
         worker, running = None, None
         held = stack.tmp / "held.txt"  # the worker's transactions: when each began (epoch s), how long it held
         windows = {}  # phase -> (start, end), epoch seconds, to read the worker's transactions by phase
+        wal = {}  # phase -> the size of SQLite's write-ahead log at its end (MB), to see whether it grows
+        log = stack.tmp / "bench.sqlite3-wal"
 
         def worker_for(code):
             """The worker ``code`` runs its visitors' turns with (the one running, when it is that)."""
@@ -321,7 +335,7 @@ def main():
         from conversations.conf import get_config
         from conversations.models import Message
 
-        crowd, probe = Visitors(base, args.visitors), Probe()
+        crowd, probe = Visitors(base, args.visitors, args.one_owner), Probe()
         crowd.phase = probe.phase = "starting"
         crowd.start()
         probe.thread.start()
@@ -334,6 +348,7 @@ def main():
             quiet = time.time()
             time.sleep(args.baseline)
             windows[f"without a purge (before {code})"] = (quiet, time.time())
+            wal[f"without a purge (before {code})"] = log.stat().st_size / 1e6 if log.exists() else None
             crowd.phase = probe.phase = f"purge: {code}"
             purging = time.time()
             load = os.getloadavg()[0]
@@ -342,6 +357,7 @@ def main():
                                   capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             took = time.monotonic() - began
             windows[f"purge: {code}"] = (purging, time.time())
+            wal[f"purge: {code}"] = log.stat().st_size / 1e6 if log.exists() else None
             left = Message.objects.filter(conversation__owner_token__startswith=f"old-{code}-").count()
             purges.append((code, seeded, load, os.getloadavg()[0], took, json.loads(done), left))
             phases += [f"without a purge (before {code})", f"purge: {code}"]
@@ -377,6 +393,8 @@ def main():
             rows.append([phase, "whole turn", len(turns), ms(median(turns)), ms(percentile(turns, 0.99)),
                          ms(max(turns) if turns else float("nan"))])
         table(["phase", "request", "n", "median (ms)", "p99 (ms)", "max (ms)"], rows)
+        print(f"{crowd.visitors} visitors ({'one session each for the whole run' if args.one_owner else f'{Visitors.TURNS} turns each'}); SQLite's WAL at the end of each phase (MB): "
+              + ", ".join(f"{phase}: {'-' if size is None else f'{size:.1f}'}" for phase, size in wal.items()))
 
         # What each purge adds to the waits the visitors' own turns cause: its phase against the
         # baseline just before it, the probe's lock (its clock) and the writes the database gave up.
