@@ -294,9 +294,9 @@ def main():
     if unknown:
         parser.error(f"unknown codes: {', '.join(sorted(unknown))} (known: {', '.join(CODES)})")
 
-    # A visitor's conversation ends after 10 turns (``Visitors.TURNS``, counted by the visitor: the
-    # bench's settings set MAX_TURNS_PER_CONVERSATION to 0 over any CONVERSATIONS_ variable) and a
-    # new visitor begins the next: in one conversation per visitor, thousands of turns over a run,
+    # A visitor's conversation ends after 10 turns (``Visitors.TURNS``, counted by the visitor, who
+    # then begins a new one; the site's MAX_TURNS_PER_CONVERSATION stays off, so that no POST is
+    # refused) and a new visitor begins the next: in one conversation per visitor, thousands of turns over a run,
     # every turn's history grew with it, and the worker's CPU per turn (and the interpreter lock
     # its threads contend for inside their transactions) from one code's phases to the next's.
     settings = {"PROVIDER": "demo", "DEMO_DELAY": "0.05", "RETENTION_DAYS": "30"}

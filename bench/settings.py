@@ -11,8 +11,9 @@ from chatproject.settings import CONVERSATIONS, DATABASES, RQ_QUEUES
 
 ROOT_URLCONF = "bench.urls"
 
-CONVERSATIONS = {
-    **CONVERSATIONS,
+# Off unless a benchmark asks for one through CONVERSATIONS_<KEY> (``bench.common.Stack``), which the
+# demo's settings have already read into CONVERSATIONS: a bench's own setting wins over these.
+_UNLIMITED = {
     "TURN_RATE_PER_OWNER": "",
     "TURN_RATE_PER_IP": "",
     "CONVERSATION_RATE_PER_OWNER": "",
@@ -21,6 +22,8 @@ CONVERSATIONS = {
     "DAILY_TOKEN_BUDGET": 0,
     "MAX_TURNS_PER_CONVERSATION": 0,
 }
+CONVERSATIONS = {**CONVERSATIONS, **{key: value for key, value in _UNLIMITED.items()
+                                     if not os.environ.get(f"CONVERSATIONS_{key}")}}
 
 # On PostgreSQL, Django's connection pool (psycopg_pool, the "postgres" extra), as
 # docs/deployment.md recommends with the concurrent worker: its turns hand their connection

@@ -338,8 +338,9 @@ def claim(turn, **fields):
     columns: the runner's clocks) in the same UPDATE, if it is still queued. Returns whether the
     job may run it (False: it was stopped or ended while it waited, see ``end_unclaimed``)."""
     fields = {"status": Turn.Status.RUNNING, "started_at": timezone.now(), **fields}
-    # Built before it is sent: on SQLite a transaction's BEGIN takes the database's one write lock,
-    # held then only for the statement and the COMMIT (``runner.TurnRunner.mine_statements``).
+    # Built before it is sent: where ``lone_step`` is a transaction after all (inside a caller's, or
+    # on a database where the UPDATE cannot commit alone), its BEGIN may take the database's write
+    # lock, held then only for the statement (``runner.TurnRunner.mine_statements``).
     update = statements.update_statement(Turn, fields, pk=turn.pk, status=Turn.Status.QUEUED)
     with dbconn.lone_step():  # one UPDATE: no BEGIN and COMMIT of its own where it commits alone
         claimed = statements.send(update)[0]
