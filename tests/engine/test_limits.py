@@ -7,6 +7,7 @@ import json
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.test import Client
 from django.utils import timezone
 
 from conversations.api.parsers import LimitedJSONParser, RequestTooLarge
@@ -397,3 +398,56 @@ def test_an_owner_may_have_only_so_many_turns_running_at_once(conversations_sett
     assert refused.status_code == 429 and int(refused["Retry-After"]) == 5
     assert refused.json() == {"detail": "The assistant is still answering your other messages. "
                                         "Please wait for an answer to finish."}
+
+
+def tabs_of_one_visitor(count):
+    """``count`` clients of one anonymous visitor (one session, so one owner token: their tabs)."""
+    first = make_client()
+    api_post(first, "/api/conversations/")  # gives the session its owner token
+    tabs = [first]
+    for _ in range(count - 1):
+        tab = Client(enforce_csrf_checks=True)
+        tab.cookies = first.cookies
+        tab.csrf = first.csrf
+        tabs.append(tab)
+    return tabs
+
+
+def test_an_anonymous_visitors_tabs_may_have_only_so_many_turns_running_at_once(conversations_settings):
+    """Sent at the same moment from one session's tabs, each in a conversation of its own, no more
+    than MAX_ACTIVE_TURNS_PER_OWNER turns start: the owner's token is locked (PostgreSQL), not only
+    the conversation posted to."""
+    conversations_settings.update(MAX_ACTIVE_TURNS_PER_OWNER=2, DAILY_TOKEN_BUDGET=0, TURN_RATE_PER_OWNER="",
+                                  TURN_RATE_PER_IP="", CONVERSATION_RATE_PER_OWNER="", CONVERSATION_RATE_PER_IP="")
+    tabs = tabs_of_one_visitor(6)
+    conversations = [new_conversation(tabs[0]) for _ in tabs]
+    answers = at_once(*[lambda tab=tab, id=conversation: send(tab, id).status_code
+                        for tab, conversation in zip(tabs, conversations)])
+    assert sorted(answers) == [202] * 2 + [429] * 4
+    assert Turn.objects.count() == 2
+
+
+def test_a_post_reads_only_its_own_conversation_however_many_the_owner_has(conversations_settings):
+    """A visitor's POST of a turn read (and on PostgreSQL locked) every conversation of its owner
+    under the write lock, 51 rows here, to check the limits per owner one request at a time: now
+    it reads the one posted to, and the limits are still kept (the tests above)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    conversations_settings.update(TURN_RATE_PER_OWNER="", CONVERSATION_RATE_PER_OWNER="")
+    client = make_client()
+    posted = new_conversation(client)
+    token = Conversation.objects.get(pk=posted).owner_token
+    Conversation.objects.bulk_create([Conversation(owner_token=token) for _ in range(50)])
+    with CaptureQueriesContext(connection) as queries:
+        assert send(client, posted).status_code == 202
+
+    table = f'FROM "{Conversation._meta.db_table}"'
+    reads = [query["sql"] for query in queries.captured_queries
+             if query["sql"].startswith("SELECT") and table in query["sql"]]
+    rows = []
+    with connection.cursor() as cursor:
+        for sql in reads:  # as sent (their parameters inlined)
+            cursor.execute(sql)
+            rows.append(len(cursor.fetchall()))
+    assert rows == [1], reads
