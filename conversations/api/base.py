@@ -116,12 +116,13 @@ def _lock_owned(request, user, conversation_id):
       owner's lock is held, so it reads what the request that held it committed;
     - elsewhere (MySQL, MariaDB: not tested here) every conversation the limits count is locked, in
       one order, as before: a token's user has conversations with other assistants too."""
-    mine = Conversation.objects.filter(owned_filter(request, user), pk=conversation_id)
-    if not connection.features.has_select_for_update:
-        return mine.first()
+    mine = Conversation.objects.filter(owned_filter(request, user), pk=conversation_id).order_by()
     if connection.vendor == "postgresql":
         _lock_owner(request, user)
-        return mine.select_for_update().first()
+        mine = mine.select_for_update()
+    if connection.vendor == "postgresql" or not connection.features.has_select_for_update:
+        # By its key alone: no order (the model's) for a planner to read the owner's rows by.
+        return next(iter(mine), None)
     everything = Conversation.objects.filter(owned_filter(request, user, every_assistant=True))
     names = [field.attname for field in Conversation._meta.concrete_fields]
     scoped = request_visitor(request) is not None  # only then are the rows locked more than the caller's here
