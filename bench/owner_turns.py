@@ -10,9 +10,10 @@ owner) and ``limits.TurnCounts`` (the owner's active turns, and with a daily bud
 since midnight). ``bench.retention``'s visitors kept one session, so one owner, for a whole run:
 thousands of turns in hundreds of conversations by its last code. For an owner with each
 ``--turns`` turns today (completed, in conversations of 10, as those visitors left them), while
-20 other visitors have a turn queued, this times both, each in a transaction of its own, with the retention bench's settings (no daily
-budget) and with the demo's (``DAILY_TOKEN_BUDGET`` 200,000), and prints the plan of each of
-their statements (SQLite's ``EXPLAIN QUERY PLAN``, PostgreSQL's ``EXPLAIN``).
+20 other visitors have a turn queued, this times both, each in a transaction of its own, with
+the retention bench's settings (no daily budget) and with the demo's (``DAILY_TOKEN_BUDGET``
+200,000), and prints the plan of each of their statements (SQLite's ``EXPLAIN QUERY PLAN``,
+PostgreSQL's ``EXPLAIN``, its tables analyzed once loaded).
 
 ``--before REV``: the code at git revision REV and this tree's are run in turn, ``--rounds``
 times each, alternated (REV's first), each in a process and database of its own: REV's files
@@ -172,13 +173,13 @@ def alternate(args, rest):
     of its own (``measure``)."""
     revision = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=ROOT, check=True,
                               capture_output=True, text=True).stdout.strip()
-    tree = tempfile.mkdtemp(prefix="owner-turns-")
     archive = subprocess.run(["git", "archive", revision], cwd=ROOT, capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
-    for _ in range(args.rounds):
-        for extra in (["--tree", tree, "--tree-label", revision], []):
-            sys.stdout.flush()
-            subprocess.run([sys.executable, "-m", "bench.owner_turns", *rest, *extra], cwd=ROOT, check=True)
+    with tempfile.TemporaryDirectory(prefix="owner-turns-") as tree:
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+        for _ in range(args.rounds):
+            for extra in (["--tree", tree, "--tree-label", revision], []):
+                sys.stdout.flush()
+                subprocess.run([sys.executable, "-m", "bench.owner_turns", *rest, *extra], cwd=ROOT, check=True)
 
 
 def main():

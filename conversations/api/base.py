@@ -143,9 +143,10 @@ def _lock_owner(request, user):
     user (whose conversations span every assistant, also for a visitor token naming them) and their
     owner token (a session's, or a visitor token's). The limits per owner count exactly those
     conversations (``owners.owned_by``), so two requests sharing either name wait for each other,
-    whether or not it owns any row yet. The user's lock is always taken before the token's, in one
-    statement, so that two requests never wait for each other's. A name's hash may collide with
-    another's: two owners then wait for each other now and then, never overlap."""
+    whether or not it owns any row yet. Both are taken in one statement, the user's first
+    (PostgreSQL evaluates a select list in order), so that no two requests each hold a lock the
+    other waits for. Two names may hash alike: their owners then wait for each other, which costs
+    a wait, never a wrong count."""
     user = user if user is not None else getattr(request, "user", None)
     names = ([f"user:{user.pk}"] if user is not None and user.is_authenticated else []) + \
         ([f"token:{token}"] if (token := owner_token(request)) else [])
