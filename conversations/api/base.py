@@ -5,6 +5,7 @@ public shape of a turn and of its state."""
 import logging
 import secrets
 
+from django.db import connection
 from django.db.models import BooleanField, ExpressionWrapper
 from django.http import Http404
 from django.shortcuts import get_object_or_404
@@ -17,7 +18,7 @@ from rest_framework.views import APIView
 from ..core.sentences import unavailable_message
 from ..infra.network import describe_redis_error
 from ..models import Conversation
-from ..owners import owned_filter, request_visitor, visitor_owner_token
+from ..owners import owned_filter, owner_token, request_visitor, visitor_owner_token
 from .authentication import CsrfSessionAuthentication, VisitorTokenAuthentication
 from .cors import CorsMixin, page_origin_allowed
 from .parsers import LimitedJSONParser, check_content_length
@@ -27,6 +28,9 @@ from .throttling import refuse
 
 logger = logging.getLogger("conversations.api")
 
+
+# The advisory locks of owners (``_lock_owner``) are apart from the knowledge index's (``knowledge.index``).
+OWNER_LOCK = "conversations.owner"
 
 PUBLIC_FIELDS = ("id", "conversation", "status", "done", "messages", "error", "version", "resuming", "approvals")
 
@@ -82,7 +86,7 @@ def public_state(data):
 
 def owned_conversation(request, conversation_id, *, for_update=False, user=None):
     """The caller's conversation ``conversation_id`` (a UUID, or None for a malformed id), else 404.
-    ``for_update``: inside ``transaction.atomic()``, lock every conversation the caller owns.
+    ``for_update``: inside ``transaction.atomic()``, lock the caller as an owner (``_lock_owned``).
     ``user``: the caller's verified user, where ``request.user`` is not it (see ``owned_filter``)."""
     if conversation_id is None:
         raise NotFound()
@@ -100,12 +104,25 @@ def owned_conversation(request, conversation_id, *, for_update=False, user=None)
 
 
 def _lock_owned(request, user, conversation_id):
-    """Lock all of the caller's conversations, in one order: the limits that span them (turns
-    running at once, the daily token budget) are then checked by one request at a time. A
-    token's user has conversations with other assistants too, which the limits count. The same
-    statement reads their rows (as tuples, cheap), so the caller's conversation ``conversation_id``
-    is returned from it (None when it is not among them, or not the caller's here: a token's
-    conversation with another assistant) and need not be read again."""
+    """Lock the caller as an owner, so that the limits spanning their conversations (turns running
+    at once, the daily token budget) are checked by one request at a time, and return their
+    conversation ``conversation_id`` read under that lock (None when it is not the caller's here:
+    ``owned_conversation`` then says why). The cost does not grow with the owner's history:
+
+    - without row locks (SQLite) the transaction already holds the database's one write lock
+      (the demo's ``BEGIN IMMEDIATE``), so only the posted conversation is read;
+    - on PostgreSQL one transaction-level advisory lock per owner (``_lock_owner``), then only the
+      posted conversation's row is locked and read, by a statement of its own: it starts once the
+      owner's lock is held, so it reads what the request that held it committed;
+    - elsewhere (MySQL, MariaDB: not tested here) every conversation the limits count is locked, in
+      one order, as before: a token's user has conversations with other assistants too."""
+    mine = Conversation.objects.filter(owned_filter(request, user), pk=conversation_id).order_by()
+    if connection.vendor == "postgresql":
+        _lock_owner(request, user)
+        mine = mine.select_for_update()
+    if connection.vendor == "postgresql" or not connection.features.has_select_for_update:
+        # By its key alone: no order (the model's) for a planner to read the owner's rows by.
+        return next(iter(mine), None)
     everything = Conversation.objects.filter(owned_filter(request, user, every_assistant=True))
     names = [field.attname for field in Conversation._meta.concrete_fields]
     scoped = request_visitor(request) is not None  # only then are the rows locked more than the caller's here
@@ -119,6 +136,24 @@ def _lock_owned(request, user, conversation_id):
         if values[pk] == wanted and (not scoped or values[-1]):
             found = values[:len(names)]
     return None if found is None else Conversation.from_db(rows.db, names, found)
+
+
+def _lock_owner(request, user):
+    """Take PostgreSQL's transaction-level advisory lock of each name the caller owns by: their
+    user (whose conversations span every assistant, also for a visitor token naming them) and their
+    owner token (a session's, or a visitor token's). The limits per owner count exactly those
+    conversations (``owners.owned_by``), so two requests sharing either name wait for each other,
+    whether or not it owns any row yet. Both are taken in one statement, the user's first
+    (PostgreSQL evaluates a select list in order), so that no two requests each hold a lock the
+    other waits for. Two names may hash alike: their owners then wait for each other, which costs
+    a wait, never a wrong count."""
+    user = user if user is not None else getattr(request, "user", None)
+    names = ([f"user:{user.pk}"] if user is not None and user.is_authenticated else []) + \
+        ([f"token:{token}"] if (token := owner_token(request)) else [])
+    if names:
+        locks = ", ".join(["pg_advisory_xact_lock(hashtext(%s), hashtext(%s))"] * len(names))
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {locks}", [value for name in names for value in (OWNER_LOCK, name)])
 
 
 def with_another_assistant(request, user, conversation_id):

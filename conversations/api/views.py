@@ -220,7 +220,7 @@ class TurnListView(ConversationAPIView):
             return replayed
 
         try:
-            # The address's lock is taken first, then the owner's conversations (start's lock).
+            # The address's lock is taken first, then the owner's (start's lock).
             with limits.AddressTurns(client_key(request)) as address:
                 turn, created = lifecycle.start(lambda: owned_conversation(request, conversation_id, for_update=True),
                                             content, admit=admit, idempotency_key=key)
