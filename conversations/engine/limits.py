@@ -17,7 +17,7 @@ API turns a refusal into a response: a limit that time lifts (the daily budget) 
 import datetime
 from dataclasses import dataclass
 
-from django.db.models import Count, Exists, OuterRef, Q, Sum
+from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -26,7 +26,7 @@ from redis.exceptions import LockError, RedisError
 from ..conf import get_config
 from ..owners import has_owner, owned_by
 from ..infra.queue import get_queue, site_key
-from ..models import Conversation, Turn
+from ..models import Turn
 
 
 @dataclass
@@ -85,13 +85,7 @@ class TurnCounts:
     running (``here_active``), the owner's turns queued or running (``owners_active``) and their
     tokens since midnight (``tokens_today``). Only what the site's limits ask for is counted (0
     for the rest), and only the turns that can count are read: the conversation's, and the
-    owner's that are active or of today. Without a daily budget the owner's turns are read by the
-    status's index (the site's queued and running turns, as many as its workers and queue hold,
-    each one's conversation then looked up by its key), not through every conversation the owner
-    ever had. With one, the day's turns are read through the owner's conversations (``enqueued_at``'s
-    index would read every visitor's turns of the day instead): that grows with all the owner's
-    turns (past days' too, until retention deletes them); the budget itself keeps the day's few
-    (docs/benchmarks.md, ``owner_turns``).
+    owner's that are active or of today.
 
     Read it with the owner locked (``start()``'s ``lock``), once the lock is held: a
     statement's snapshot is taken when it starts, so counts folded into the locking statement
@@ -106,20 +100,19 @@ class TurnCounts:
             wanted["here"] = Count("pk", filter=Q(conversation_id=conversation.pk))
         read = Q(conversation_id=conversation.pk)
         # owner_q matches nothing for a conversation nobody owns (their counts are 0), and else
-        # matches this conversation too.
+        # matches this conversation too: the rows are then read through the owner's conversations.
         if has_owner(conversation.user_id, conversation.owner_token):
             budget, owners = cfg["DAILY_TOKEN_BUDGET"], Q()
             if cfg["MAX_ACTIVE_TURNS_PER_OWNER"] or (budget and cfg["TURN_TOKEN_RESERVE"]):
                 wanted["owners_active"] = Count("pk", filter=active)
                 owners |= active
-            if budget:  # the day's turns too: read through the owner's conversations
+            if budget:
                 today = Q(enqueued_at__gte=start_of_day(now))
                 wanted["tokens_today"] = (Coalesce(Sum("input_tokens", filter=today), 0)
                                           + Coalesce(Sum("output_tokens", filter=today), 0))
-                read = owner_q(conversation, "conversation__") & (read | owners | today)
-            elif owners:  # the active ones alone: by the status's index, whatever the owner's history
-                theirs = Conversation.objects.filter(owner_q(conversation), pk=OuterRef("conversation_id"))
-                read |= active & Exists(theirs)
+                owners |= today
+            if owners:  # some of the owner's other turns count too
+                read = owner_q(conversation, "conversation__") & (read | owners)
         found = Turn.objects.filter(read).aggregate(**wanted)
         self.here_active = found["here_active"]
         self.here = found.get("here", 0)
