@@ -65,3 +65,26 @@ def test_the_cookies_a_provider_sets_go_with_the_next_calls_of_the_turn():
 
     assert [request["headers"].get("Cookie") for request in fake.requests] == [
         None, "__cf_bm=first", "__cf_bm=second"]
+
+
+def test_each_call_of_a_request_prepared_once_goes_through_the_proxy_the_environment_names(monkeypatch):
+    """``HTTP_PROXY`` (looked up once per origin) still carries every call: the proxy, here the
+    fake server itself, receives each request for the provider's host, which is never resolved."""
+    from conversations.infra import watchdog
+
+    with FakeProvider() as proxy:
+        proxy.repeat(openai_text("via the proxy"), 2)
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        watchdog._environment_for.cache_clear()
+        try:
+            http = BudgetedHTTP(Budget(30), CONFIG, name="model")
+            answers = [http.post_json("http://provider.invalid/v1/chat/completions", {"model": "m"}, {}).data
+                       for _ in range(2)]
+            http.close()
+        finally:
+            watchdog._environment_for.cache_clear()
+
+    assert [answer["choices"][0]["message"]["content"] for answer in answers] == ["via the proxy"] * 2
+    assert [request["path"] for request in proxy.requests] == ["http://provider.invalid/v1/chat/completions"] * 2
