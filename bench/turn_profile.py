@@ -2,7 +2,7 @@
 in this process under cProfile, timed on the thread's CPU clock (so that other processes' load
 counts less), then the parts of the job it spends that CPU in.
 
-    .venv/bin/python -m bench.turn_profile [--turns 40] [--database sqlite|postgres|URL] [--top 25] [--fork|--post]
+    .venv/bin/python -m bench.turn_profile [--turns 40] [--database sqlite|postgres|URL] [--top 25] [--fork|--post|--unprofiled]
 
 Each turn is saved as the POST saves it (its conversation, the visitor's message, the turn with
 its job id) outside the profile, then ``perform_turn`` runs it as a worker's thread would,
@@ -14,6 +14,11 @@ With ``--post``, the web's side instead: the ``POST …/turns/`` that starts eac
 Django's test client in this process (session, CSRF, the view, the enqueue at the commit, the
 queued state), each visitor's session and conversation made first, unprofiled; no worker runs
 the jobs.
+With ``--unprofiled``, no profiler: the same parts of the job timed on the thread's CPU clock
+around each call (``TIMED``), over many turns, to confirm what the profile says: cProfile charges
+each Python function call the same overhead, so code of many small calls looks larger under it.
+Each turn there is followed by ``bench.bare``'s naive job for the same question, timed whole.
+With both ``--post`` and ``--unprofiled``: each POST's thread CPU and wall time, whole.
 """
 
 import argparse
@@ -41,6 +46,50 @@ PARTS = [
     ("  of which the state built from the rows", "infra/state.py", "state_from_db"),
     ("final write (its state included)", "engine/runner.py", "finish"),
 ]
+
+# ``--unprofiled``: the parts of the job timed around each call, by (label, module, attribute path);
+# a part's figure includes the parts it calls (a round trip's save its statements, the final write
+# its save and publish).
+TIMED = [
+    ("load the turn and its transcript, raw, one send", "conversations.engine.job", "_load"),
+    ("runner set-up (provider, tools; the transcript before)", "conversations.engine.runner", "TurnRunner.__init__"),
+    ("claim (one UPDATE)", "conversations.engine.runner", "claim"),
+    ("model calls (HTTP client, watchdog)", "conversations.engine.runner", "TurnRunner.call_model"),
+    ("tools", "conversations.engine.runner", "TurnRunner.run_tool"),
+    ("round trips saved (one transaction each)", "conversations.engine.runner", "TurnRunner.save_step"),
+    ("  of which their statements built (before the BEGIN)", "conversations.engine.runner",
+     "TurnRunner.mine_statements"),
+    ("  of which the statements sent (in the transaction)", "conversations.engine.runner", "TurnRunner.save_mine"),
+    ("states published", "conversations.engine.runner", "TurnRunner.publish"),
+    ("  of which the state built from the rows", "conversations.infra.state", "state_from_db"),
+    ("  of which the Redis write (one EVAL)", "conversations.infra.state", "publish_step"),
+    ("final write (its state included)", "conversations.engine.runner", "TurnRunner.finish"),
+]
+
+
+def timed(spent):
+    """Wrap each of ``TIMED`` where the job looks it up, adding each call's thread CPU seconds and
+    its count to ``spent`` ({label: [seconds, calls]})."""
+    import importlib
+
+    def wrap(label, function):
+        def timing(*args, **kwargs):
+            started = time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                entry = spent.setdefault(label, [0.0, 0])
+                entry[0] += time.thread_time() - started
+                entry[1] += 1
+        return timing
+
+    for label, module, path in TIMED:
+        owner = importlib.import_module(module)
+        *parents, name = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent)
+        setattr(owner, name, wrap(label, getattr(owner, name)))
+
 
 # The parts of the POST that starts a turn (``--post``).
 POST_PARTS = [
@@ -76,15 +125,16 @@ def profile_posts(args):
         csrf = client.cookies["csrftoken"].value
         conversation = client.post("/api/conversations/", data="{}", content_type="application/json",
                                    HTTP_X_CSRFTOKEN=csrf).json()["id"]
-        started = time.perf_counter()
-        if number >= 5:
+        started, cpu = time.perf_counter(), time.thread_time()
+        if number >= 5 and not args.unprofiled:
             profile.enable()
         response = client.post(f"/api/conversations/{conversation}/turns/",
                                data='{"content": "What time is it in Tokyo, and how do refunds work?"}',
                                content_type="application/json", HTTP_X_CSRFTOKEN=csrf)
         if number >= 5:
             profile.disable()
-            wall.append(time.perf_counter() - started)
+            wall.append((time.thread_time() - cpu, time.perf_counter() - started) if args.unprofiled
+                        else time.perf_counter() - started)
         assert response.status_code == 202, response.content
     return profile, wall
 
@@ -103,6 +153,25 @@ def make_turn():
     turn.job_id = f"bench-profile-{turn.pk}"
     Turn.objects.filter(pk=turn.pk).update(job_id=turn.job_id)
     return turn.pk
+
+
+def naive_job(url):
+    """``bench.bare``'s naive job run once in this thread, for a turn made as ``make_turn`` makes it,
+    with the RQ job it reads its connection from stood in for; returns its thread CPU seconds."""
+    import types
+    from unittest import mock
+
+    import django_rq
+
+    from bench.bare import bare_job
+    from conversations.models import Turn
+
+    turn = Turn.objects.get(pk=make_turn())
+    job = types.SimpleNamespace(connection=django_rq.get_connection())
+    with mock.patch("rq.get_current_job", return_value=job):
+        started = time.thread_time()
+        bare_job(url, f"bench:profile-naive:{turn.pk}", turn.conversation_id, turn.pk)
+        return time.thread_time() - started
 
 
 def forked(turn_id, dump):
@@ -140,6 +209,7 @@ def main():
     parser.add_argument("--dump", help="also write the profile to this file (for pstats or snakeviz)")
     parser.add_argument("--fork", action="store_true", help="run each turn in a forked child, as a Worker's horse")
     parser.add_argument("--post", action="store_true", help="profile the POST that starts a turn instead of its job")
+    parser.add_argument("--unprofiled", action="store_true", help="time the job's parts on the CPU clock, no profiler")
     args = parser.parse_args()
 
     print(machine())
@@ -152,7 +222,9 @@ def main():
             from conversations.infra import state
 
             profile = cProfile.Profile(time.thread_time)
-            wall, dumps = [], []
+            wall, dumps, spent, whole, naive = [], [], {}, [], []
+            if args.unprofiled and not args.post:
+                timed(spent)
             if args.fork:
                 warm_up(forking=True)
             if args.post:
@@ -167,6 +239,13 @@ def main():
                         wall.append(took)
                     else:
                         os.unlink(dump)
+                elif args.unprofiled:
+                    if number == 5:
+                        spent.clear()
+                    started = time.thread_time()
+                    perform_turn(turn_id)
+                    whole.append(time.thread_time() - started)
+                    naive.append(naive_job(provider.url))
                 else:
                     started = time.perf_counter()
                     if number >= 5:
@@ -178,6 +257,23 @@ def main():
                 assert state.read(turn_id)["status"] == "completed"
             label = stack.database_label + (", each job in a forked child" if args.fork else "") + (
                 ", the POSTs that start them" if args.post else "")
+    if args.unprofiled and args.post:
+        cpu, took = sorted(c for c, _w in wall), sorted(w for _c, w in wall)
+        print(f"\n{args.turns} POSTs in process, {label}; unprofiled, ms per POST: thread CPU "
+              f"mean {sum(cpu) * 1000 / len(cpu):.3f}, median {cpu[len(cpu) // 2] * 1000:.3f}; "
+              f"wall median {took[len(took) // 2] * 1000:.3f}")
+        return
+    if args.unprofiled:
+        whole, naive = whole[5:], naive[5:]
+        print(f"\n{args.turns} turns in process, {label}; unprofiled thread CPU ms per turn (calls per turn)\n")
+        print(f"  {'whole job':<55} {sum(whole) * 1000 / args.turns:7.2f}  "
+              f"(median {sorted(whole)[len(whole) // 2] * 1000:.2f})")
+        for name, _module, _path in TIMED:
+            seconds, calls = spent.get(name, (0.0, 0))
+            print(f"  {name:<55} {seconds * 1000 / args.turns:7.2f}  ({calls / args.turns:.1f})")
+        print(f"  {'the naive job (bench.bare), whole':<55} {sum(naive) * 1000 / args.turns:7.2f}  "
+              f"(median {sorted(naive)[len(naive) // 2] * 1000:.2f})")
+        return
     stats = pstats.Stats(*dumps, stream=io.StringIO()) if args.fork else pstats.Stats(profile)
     for dump in dumps:
         os.unlink(dump)

@@ -131,7 +131,6 @@ def start(lock, content, *, admit=ensure_idle, idempotency_key=""):
         state.publish(state.state_from_db(turn, [message]), first=True)
     except RedisError:
         logger.exception("Could not publish the queued state of turn %s", turn.id)
-    queue.warn_if_unattended(turn)
     return turn, True
 
 
@@ -368,7 +367,8 @@ def enqueue_turn(turn, *, saved=False):
     if not saved:
         turn.save(update_fields=job_fields(turn))
     # The assistant's own JOB_TIMEOUT when it sets one (job_fields() wrote it on the turn).
-    return queue.enqueue(turn, turn.job_id, job_timeout=turn.job_timeout, description=f"conversation turn {turn.id}")
+    return queue.enqueue(turn, turn.job_id, job_timeout=turn.job_timeout, description=f"conversation turn {turn.id}",
+                         watch=True)
 
 
 def save_cost(turn):

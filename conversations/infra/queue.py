@@ -14,6 +14,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.registry import StartedJobRegistry
 from rq.worker import Worker
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from ..cache import wait_for_connections
 from ..conf import get_config
@@ -62,18 +63,20 @@ def get_queue():
     return django_rq.get_queue(name, connection=connection)
 
 
-def warn_if_unattended(turn):
+def warn_if_unattended(turn, listening=None):
     """Log a warning when no worker listens on the turns' queue just after ``turn`` was put on it.
 
     Otherwise the visitor watches "thinking" until ``QUEUE_WAIT`` ends the turn, and nothing says
-    why until then. One ``SCARD`` of RQ's per-queue worker set: cheap enough for every POST. A
+    why until then. ``listening``: how many workers RQ's per-queue worker set held, as the
+    enqueue's own pipeline counted them (``enqueue``); None: looked up now (one round trip). A
     worker that died without unregistering still counts until RQ cleans it up; a Redis that
     cannot be read says nothing here (the enqueue itself would have failed first)."""
     queue = get_queue()
-    try:
-        listening = Worker.count(queue=queue)
-    except RedisError:
-        return
+    if listening is None:
+        try:
+            listening = Worker.count(queue=queue)
+        except RedisError:
+            return
     if not listening:
         logger.warning("Turn %s was queued on %r, but no worker listens on that queue: it waits until one does, "
                        "and ends after QUEUE_WAIT (%ss). Start one: manage.py rqworker %s", turn.id, queue.name,
@@ -93,9 +96,12 @@ def enqueue_continuation(turn, job_id, *, job_timeout, trace_context=None):
 TURN_JOB = "conversations.jobs.perform_turn"
 
 
-def enqueue(turn, job_id, *, job_timeout, description, at_front=False, trace_context=None):
+def enqueue(turn, job_id, *, job_timeout, description, at_front=False, trace_context=None, watch=False):
     """Put ``turn``'s job on the queue. Its meta carries the trace context (``telemetry.META_KEY``):
-    ``trace_context``, else the current span's, so that the job's span is its child.
+    ``trace_context``, else the current span's, so that the job's span is its child. ``watch``:
+    then warn when no worker listens on the queue (``warn_if_unattended``), counted in the same
+    round trip as the enqueue where it is one (an ``SCARD`` of RQ's per-queue worker set: a round
+    trip of its own on every POST before).
 
     In one Redis round trip where django-rq enqueues at the commit or at once (its ``on_db_commit``
     and ``auto`` commit modes) on a queue that runs its jobs in workers: RQ's own enqueue made two
@@ -111,13 +117,23 @@ def enqueue(turn, job_id, *, job_timeout, description, at_front=False, trace_con
     mode = getattr(queue, "_commit_mode", None)  # django-rq's DjangoRQ; another queue class enqueues as it does
     if not queue.is_async or mode not in ("on_db_commit", "auto"):
         queue.enqueue(TURN_JOB, str(turn.id), **fields)
+        if watch:
+            warn_if_unattended(turn)
         return job_id
     pipeline = queue.connection.pipeline()
     queue.enqueue(TURN_JOB, str(turn.id), pipeline=pipeline, **fields)
+
+    def send():  # after the job's commands, which django-rq adds at the commit too
+        if watch:
+            pipeline.scard(WORKERS_BY_QUEUE_KEY % queue.name)
+        replies = pipeline.execute()
+        if watch:
+            warn_if_unattended(turn, replies[-1])
+
     if mode == "on_db_commit" and connection.in_atomic_block:  # as django-rq decides it
-        transaction.on_commit(pipeline.execute)
+        transaction.on_commit(send)
     else:
-        pipeline.execute()
+        send()
     return job_id
 
 

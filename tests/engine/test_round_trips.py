@@ -345,8 +345,9 @@ def test_a_turns_transactions_only_send_statements_built_before_they_begin(conve
 @pytest.mark.django_db(transaction=True)
 def test_a_post_that_starts_a_turn_reads_the_visitors_session_once(conversations_settings, monkeypatch):
     """The POST's Redis round trips, pinned: the session read once (its load is the check that the
-    store answers), the enqueue (one: RQ's own made two), the queued state (two), the look for a
-    worker, the turn's address; never an EXISTS before the session's GET."""
+    store answers), the enqueue with the look for a worker listening on the queue (one: RQ's own
+    enqueue made two, the look one more), the queued state (two), the turn's address; never an
+    EXISTS before the session's GET."""
     from tests.support.helpers import api_post, make_client
 
     conversations_settings.update(TURN_RATE_PER_OWNER="", TURN_RATE_PER_IP="", CONVERSATION_RATE_PER_OWNER="",
@@ -362,7 +363,8 @@ def test_a_post_that_starts_a_turn_reads_the_visitors_session_once(conversations
 
     assert response.status_code == 202
     assert "exists" not in sent and sent.count("get") == 1, sent
-    assert len(sent) <= 6, sent
+    assert "smembers" not in sent and "scard" not in sent, sent  # the look for a worker went with the enqueue
+    assert len(sent) <= 5, sent
 
 
 @pytest.mark.django_db(transaction=True)
@@ -502,3 +504,50 @@ def test_a_turns_model_calls_parse_each_url_once(conversations_settings, monkeyp
     assert state.read(turn.id)["messages"][-1]["content"] == "Refunds take 30 days."
     assert len(fake.requests) == 2
     assert parsed and len(parsed) == len(set(parsed)), parsed
+
+
+@pytest.mark.django_db(transaction=True)  # the job closes the connection it found, as in a worker
+def test_a_turns_model_calls_prepare_their_request_and_read_the_providers_signature_once(
+        conversations_settings, monkeypatch):
+    """Per model call, the HTTP client's CPU went first to what is the same for each of a turn's
+    calls: requests' preparation of the request (the URL parsed, checked and quoted, the session's
+    headers merged) and the provider's signature read (whether its ``complete`` takes ``on_text``).
+    A three-call turn now prepares its request once and reads the signature at most once (none
+    when an earlier turn of the process read it), where it did both three times; its answer is
+    the same, and each call still sent its own messages."""
+    import inspect
+
+    import requests
+
+    from conversations.engine.job import perform_turn
+    from tests.support.fakes import FakeProvider, openai_text, openai_tool_calls
+
+    prepared, signatures = [], []
+    prepare_url, signature = requests.PreparedRequest.prepare_url, inspect.signature
+
+    def counted_prepare_url(self, url, params):
+        prepared.append(url)
+        return prepare_url(self, url, params)
+
+    def counted_signature(function, *args, **kwargs):
+        if getattr(function, "__name__", "") == "complete":
+            signatures.append(function)
+        return signature(function, *args, **kwargs)
+
+    conversation = Conversation.objects.create(owner_token="t")
+    turn = Turn.objects.create(conversation=conversation)
+    Message.objects.create(conversation=conversation, turn=turn, role="user", content="Refunds, and returns?")
+    with FakeProvider() as fake:
+        fake.add(openai_tool_calls(("search_faq", {"query": "refunds"})),
+                 openai_tool_calls(("search_faq", {"query": "returns"})), openai_text("Refunds take 30 days."))
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="sk-test-key", MODEL="gpt-test",
+                                      STREAM=False)
+        monkeypatch.setattr(requests.PreparedRequest, "prepare_url", counted_prepare_url)
+        monkeypatch.setattr(inspect, "signature", counted_signature)
+        perform_turn(str(turn.pk))
+        monkeypatch.undo()
+
+    assert state.read(turn.id)["messages"][-1]["content"] == "Refunds take 30 days."
+    assert [len(request["json"]["messages"]) for request in fake.requests] == [2, 4, 6]
+    assert prepared == [fake.url + "/chat/completions"]
+    assert len(signatures) <= 1, signatures
