@@ -23,14 +23,9 @@ from conversations.models import Message
 SYSTEM = "You are a helpful assistant embedded in a website. Answer briefly."
 
 
-def bare_job(url, key, conversation_id, turn_id):
-    """Read the conversation, three provider calls, save the answer, write a state, then the end time."""
-    from rq import get_current_job
-
-    session = requests.Session()
-    messages = [{"role": "system", "content": SYSTEM}]
-    messages += [{"role": m.role, "content": m.content} for m in Message.objects.filter(
-        conversation_id=conversation_id).order_by("id")]
+def naive_calls(session, url, messages):
+    """The naive job's three provider calls through ``session`` (``Session.post`` each), ``messages``
+    growing with each reply and a stock result for each tool call; returns the last reply's message."""
     for _ in range(3):
         reply = session.post(url + "/chat/completions", data=json.dumps({"model": "bench", "messages": messages}),
                              headers={"Content-Type": "application/json", "Authorization": "Bearer bench"},
@@ -39,6 +34,17 @@ def bare_job(url, key, conversation_id, turn_id):
         messages.append(message)
         for call in message.get("tool_calls") or []:
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": "result"})
+    return message
+
+
+def bare_job(url, key, conversation_id, turn_id):
+    """Read the conversation, three provider calls, save the answer, write a state, then the end time."""
+    from rq import get_current_job
+
+    messages = [{"role": "system", "content": SYSTEM}]
+    messages += [{"role": m.role, "content": m.content} for m in Message.objects.filter(
+        conversation_id=conversation_id).order_by("id")]
+    message = naive_calls(requests.Session(), url, messages)
     answer = Message.objects.create(conversation_id=conversation_id, turn_id=turn_id,
                                     role=Message.Role.ASSISTANT, content=message.get("content") or "")
     cache.set(f"bench:bare-state:{turn_id}", {"done": True, "messages": [{"id": answer.id, "role": answer.role,

@@ -13,7 +13,6 @@ warms up and is not counted. Prints the median over the rounds, and the range.
 """
 
 import argparse
-import json
 import os
 import time
 
@@ -24,16 +23,10 @@ def naive_turn(url):
     """The naive job's three calls (``bench.bare.bare_job``): one session, ``Session.post`` each."""
     import requests
 
+    from bench.bare import naive_calls
+
     session = requests.Session()
-    messages = [{"role": "user", "content": "What time is it in Tokyo, and how do refunds work?"}]
-    for _ in range(3):
-        reply = session.post(url + "/chat/completions", data=json.dumps({"model": "bench", "messages": messages}),
-                             headers={"Content-Type": "application/json", "Authorization": "Bearer bench"},
-                             timeout=(10, 60))
-        message = reply.json()["choices"][0]["message"]
-        messages.append(message)
-        for call in message.get("tool_calls") or []:
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "result"})
+    naive_calls(session, url, [{"role": "user", "content": "What time is it in Tokyo, and how do refunds work?"}])
     session.close()
 
 
