@@ -5,7 +5,7 @@ public shape of a turn and of its state."""
 import logging
 import secrets
 
-from django.db import connection
+from django.db import connections, router
 from django.db.models import BooleanField, ExpressionWrapper
 from django.http import Http404
 from django.shortcuts import get_object_or_404
@@ -116,12 +116,14 @@ def _lock_owned(request, user, conversation_id):
       owner's lock is held, so it reads what the request that held it committed;
     - elsewhere (MySQL, MariaDB: not tested here) every conversation the limits count is locked, in
       one order, as before: a token's user has conversations with other assistants too."""
-    mine = Conversation.objects.filter(owned_filter(request, user), pk=conversation_id).order_by()
+    alias = router.db_for_write(Conversation)  # where a locking read goes, whatever the site's router
+    # By its key alone: no order (the model's) for a planner to read the owner's rows by.
+    mine = Conversation.objects.using(alias).filter(owned_filter(request, user), pk=conversation_id).order_by()
+    connection = connections[alias]
     if connection.vendor == "postgresql":
-        _lock_owner(request, user)
-        mine = mine.select_for_update()
-    if connection.vendor == "postgresql" or not connection.features.has_select_for_update:
-        # By its key alone: no order (the model's) for a planner to read the owner's rows by.
+        _lock_owner(connection, request, user)
+        return next(iter(mine.select_for_update()), None)
+    if not connection.features.has_select_for_update:
         return next(iter(mine), None)
     everything = Conversation.objects.filter(owned_filter(request, user, every_assistant=True))
     names = [field.attname for field in Conversation._meta.concrete_fields]
@@ -138,10 +140,10 @@ def _lock_owned(request, user, conversation_id):
     return None if found is None else Conversation.from_db(rows.db, names, found)
 
 
-def _lock_owner(request, user):
-    """Take PostgreSQL's transaction-level advisory lock of each name the caller owns by: their
-    user (whose conversations span every assistant, also for a visitor token naming them) and their
-    owner token (a session's, or a visitor token's). The limits per owner count exactly those
+def _lock_owner(connection, request, user):
+    """Take PostgreSQL's transaction-level advisory lock, on ``connection``, of each name the caller
+    owns by: their user (whose conversations span every assistant, also for a visitor token naming
+    them) and their owner token (a session's, or a visitor token's). The limits per owner count exactly those
     conversations (``owners.owned_by``), so two requests sharing either name wait for each other,
     whether or not it owns any row yet. Both are taken in one statement, the user's first
     (PostgreSQL evaluates a select list in order), so that no two requests each hold a lock the

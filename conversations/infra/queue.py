@@ -63,15 +63,17 @@ def get_queue():
     return django_rq.get_queue(name, connection=connection)
 
 
-def warn_if_unattended(turn, listening=None):
+def warn_if_unattended(turn, listening=None, queue=None):
     """Log a warning when no worker listens on the turns' queue just after ``turn`` was put on it.
 
     Otherwise the visitor watches "thinking" until ``QUEUE_WAIT`` ends the turn, and nothing says
     why until then. ``listening``: how many workers RQ's per-queue worker set held, as the
-    enqueue's own pipeline counted them (``enqueue``); None: looked up now (one round trip). A
+    enqueue's own pipeline counted them (``enqueue``); None: looked up now (one round trip).
+    ``queue``: the turns' queue, where the caller has it already (else ``get_queue()``). A
     worker that died without unregistering still counts until RQ cleans it up; a Redis that
     cannot be read says nothing here (the enqueue itself would have failed first)."""
-    queue = get_queue()
+    if queue is None:  # not ``queue or``: an RQ queue's truth is its length, a round trip (and False when empty)
+        queue = get_queue()
     if listening is None:
         try:
             listening = Worker.count(queue=queue)
@@ -118,7 +120,7 @@ def enqueue(turn, job_id, *, job_timeout, description, at_front=False, trace_con
     if not queue.is_async or mode not in ("on_db_commit", "auto"):
         queue.enqueue(TURN_JOB, str(turn.id), **fields)
         if watch:
-            warn_if_unattended(turn)
+            warn_if_unattended(turn, queue=queue)
         return job_id
     pipeline = queue.connection.pipeline()
     queue.enqueue(TURN_JOB, str(turn.id), pipeline=pipeline, **fields)
@@ -128,7 +130,7 @@ def enqueue(turn, job_id, *, job_timeout, description, at_front=False, trace_con
             pipeline.scard(WORKERS_BY_QUEUE_KEY % queue.name)
         replies = pipeline.execute()
         if watch:
-            warn_if_unattended(turn, replies[-1])
+            warn_if_unattended(turn, replies[-1], queue)
 
     if mode == "on_db_commit" and connection.in_atomic_block:  # as django-rq decides it
         transaction.on_commit(send)
