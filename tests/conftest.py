@@ -128,21 +128,26 @@ def visitor(request, db):
 
 
 @pytest.fixture
-def worker_process(transactional_db):
+def worker_process(transactional_db, tmp_path):
     """Start ``manage.py rqworker`` processes (``start(n=1, **overrides)``), or one ``manage.py
-    rqworker-pool`` of ``n`` workers (``pool=True``); all are stopped after the test."""
+    rqworker-pool`` of ``n`` workers (``pool=True``); all are stopped after the test. Each one's
+    output goes to a file of the test's (``process.log_path``), with the stacks of its threads
+    added on SIGABRT (``helpers.wait_for_exit`` shows both when a process does not exit)."""
     processes = []
 
     def start(n=1, worker_class=None, pool=False, **overrides):
-        env = worker_env(**overrides)
+        env = {**worker_env(**overrides), "PYTHONFAULTHANDLER": "1"}
         command = [sys.executable, str(ROOT / "manage.py"), "rqworker"]
         if pool:
             command, n = [sys.executable, str(ROOT / "manage.py"), "rqworker-pool", "--num-workers", str(n)], 1
         if worker_class is not None:
             command += ["--worker-class", worker_class]
         for _ in range(n):
-            processes.append(subprocess.Popen(command, env=env,
-                                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            log_path = tmp_path / f"worker-{len(processes)}.log"
+            with open(log_path, "wb") as log:
+                process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            process.log_path = log_path
+            processes.append(process)
         return processes
 
     yield start

@@ -25,7 +25,7 @@ from conversations.models import CallRecord, Turn
 from conversations.providers.demo import DemoProvider
 from tests.support.fakes import FakeProvider, hang, openai_text, together
 from tests.support.helpers import (CONCURRENT, api_post, make_client, make_worker, poll_until_done, run_worker,
-                                   start_turn, wait_for)
+                                   start_turn, wait_for, wait_for_exit)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -167,7 +167,7 @@ def test_sigterm_with_several_turns_in_flight_exits_in_seconds_and_hands_every_o
     running_in(fake, 3)
     asked = time.monotonic()
     process.send_signal(signal.SIGTERM)  # a deploy's warm shutdown
-    process.wait(timeout=30)
+    wait_for_exit(process, 30)
     stopped_in = time.monotonic() - asked
     run_worker(CONCURRENT)
 
@@ -262,7 +262,7 @@ def test_a_process_with_too_many_given_up_threads_shuts_down_to_be_restarted(wor
     final = poll_until_done(client, stuck["poll_url"], timeout=30)
     assert (final["status"], final["error"]) == ("failed", timeout_message())
     # Its supervisor (systemd, the pool) starts a fresh process: this one leaves by itself, warmly.
-    assert process.wait(timeout=10) == 0
+    assert wait_for_exit(process, 10) == 0
     assert RQWorker.all(connection=django_rq.get_connection()) == []  # unregistered, as a warm shutdown does
 
 

@@ -21,7 +21,8 @@ from conversations.core.sentences import crashed_message
 from conversations.engine.recovery import resume_or_fail
 from conversations.tools import tool
 from tests.support.fakes import FakeProvider, hang, openai_text, openai_tool_calls
-from tests.support.helpers import Poller, at_once, make_client, make_worker, poll_until_done, run_worker, start_turn
+from tests.support.helpers import (Poller, at_once, make_client, make_worker, poll_until_done, run_worker, start_turn,
+                                   wait_for_exit)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -251,7 +252,7 @@ def test_a_warm_shutdown_hands_the_turn_to_another_worker_within_seconds(resumin
         time.sleep(0.02)
     asked = time.monotonic()
     first.send_signal(signal.SIGTERM)  # a deploy's warm shutdown
-    first.wait(timeout=30)
+    wait_for_exit(first, 30)
     stopped_in = time.monotonic() - asked
     worker_process(1, worker_class=worker_class)
     final = poll_until_done(client, started["poll_url"], timeout=30)
@@ -445,7 +446,7 @@ def test_a_warm_shutdown_lets_the_call_finish_when_the_turn_cannot_be_handed_ove
     while len(fake.sent_at) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     first.send_signal(signal.SIGTERM)  # a deploy's warm shutdown, mid-call
-    first.wait(timeout=15)
+    wait_for_exit(first, 15)
 
     turn = Turn.objects.get(pk=started["id"])
     assert (turn.status, turn.resumes) == ("completed", 0)

@@ -206,7 +206,7 @@ def test_an_idle_worker_process_starts_a_turn_at_once_and_leaves_at_once_when_st
     from rq.job import Job
 
     from conversations.infra.queue import get_queue
-    from tests.support.helpers import poll_until_done, wait_for
+    from tests.support.helpers import poll_until_done, wait_for, wait_for_exit
 
     [process] = worker_process(worker_class=worker_class)
     wait_for(lambda: RQWorker.count(queue=get_queue()) == 1, what="the worker to register")
@@ -219,7 +219,7 @@ def test_an_idle_worker_process_starts_a_turn_at_once_and_leaves_at_once_when_st
     assert (job.started_at - job.enqueued_at).total_seconds() < 0.5  # a few ms unloaded; slack for a busy machine
     stopped = time.monotonic()
     process.terminate()
-    process.wait(timeout=90)
+    wait_for_exit(process, 90)
     assert time.monotonic() - stopped < 8
 
 

@@ -3,12 +3,15 @@ pollers, and a look at everything in the test Redis. Fixtures live in conftest.p
 
 import json
 import os
+import signal
+import subprocess
 import threading
 import time
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
 from django.core.cache import cache
 from django.db import connection, connections
 from django.test import Client
@@ -206,6 +209,24 @@ def poll_until_done(client, url, timeout=30):
             return data
         time.sleep(0.05)
     raise AssertionError(f"turn never reached done within {timeout}s: {data}")
+
+
+def wait_for_exit(process, timeout):
+    """``process.wait(timeout)`` for a worker started by the ``worker_process`` fixture; its exit
+    status. One still running after ``timeout`` fails the test with what it was doing: SIGABRT makes
+    it write every thread's stack (``PYTHONFAULTHANDLER``), shown with the end of its log."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    process.send_signal(signal.SIGABRT)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    shown = Path(process.log_path).read_text(errors="replace")[-20000:]
+    pytest.fail(f"worker {process.pid} still ran {timeout}s after it was asked to stop; its log and the "
+                f"stacks of its threads:\n{shown}", pytrace=False)
 
 
 def worker_env(**conversations):
