@@ -17,7 +17,7 @@ API turns a refusal into a response: a limit that time lifts (the daily budget) 
 import datetime
 from dataclasses import dataclass
 
-from django.db.models import Count, Q, Sum
+from django.db.models import Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -27,6 +27,7 @@ from ..conf import get_config
 from ..owners import has_owner, owned_by
 from ..infra.queue import get_queue, site_key
 from ..models import Turn
+from . import statements
 
 
 @dataclass
@@ -80,9 +81,9 @@ def active_turns(conversation, counts=None):
 
 
 class TurnCounts:
-    """What a new turn is admitted on, counted in one query where ``lifecycle.ensure_idle`` and the
-    cost checks each made their own: the conversation's turns (``here``), those of them queued or
-    running (``here_active``), the owner's turns queued or running (``owners_active``) and their
+    """What a new turn is admitted on, counted in one raw statement (``statements.turn_counts``)
+    where ``lifecycle.ensure_idle`` and the cost checks each made their own: the conversation's
+    turns (``here``), those of them queued or running (``here_active``), the owner's turns queued or running (``owners_active``) and their
     tokens since midnight (``tokens_today``). Only what the site's limits ask for is counted (0
     for the rest), and only the turns that can count are read: the conversation's, and the
     owner's that are active or of today.
@@ -94,30 +95,15 @@ class TurnCounts:
 
     def __init__(self, conversation, now=None):
         cfg = get_config()
-        active = Q(status__in=Turn.ACTIVE_STATUSES)
-        wanted = {"here_active": Count("pk", filter=Q(conversation_id=conversation.pk) & active)}
-        if cfg["MAX_TURNS_PER_CONVERSATION"]:
-            wanted["here"] = Count("pk", filter=Q(conversation_id=conversation.pk))
-        read = Q(conversation_id=conversation.pk)
-        # owner_q matches nothing for a conversation nobody owns (their counts are 0), and else
-        # matches this conversation too: the rows are then read through the owner's conversations.
+        owner, owners_active, since = None, False, None
         if has_owner(conversation.user_id, conversation.owner_token):
-            budget, owners = cfg["DAILY_TOKEN_BUDGET"], Q()
-            if cfg["MAX_ACTIVE_TURNS_PER_OWNER"] or (budget and cfg["TURN_TOKEN_RESERVE"]):
-                wanted["owners_active"] = Count("pk", filter=active)
-                owners |= active
-            if budget:
-                today = Q(enqueued_at__gte=start_of_day(now))
-                wanted["tokens_today"] = (Coalesce(Sum("input_tokens", filter=today), 0)
-                                          + Coalesce(Sum("output_tokens", filter=today), 0))
-                owners |= today
-            if owners:  # some of the owner's other turns count too
-                read = owner_q(conversation, "conversation__") & (read | owners)
-        found = Turn.objects.filter(read).aggregate(**wanted)
-        self.here_active = found["here_active"]
-        self.here = found.get("here", 0)
-        self.owners_active = found.get("owners_active", 0)
-        self.tokens_today = found.get("tokens_today", 0)
+            budget = cfg["DAILY_TOKEN_BUDGET"]
+            owner = (conversation.user_id, conversation.owner_token)
+            owners_active = bool(cfg["MAX_ACTIVE_TURNS_PER_OWNER"] or (budget and cfg["TURN_TOKEN_RESERVE"]))
+            since = start_of_day(now) if budget else None
+        self.here_active, self.here, self.owners_active, self.tokens_today = statements.turn_counts(
+            conversation.pk, here=bool(cfg["MAX_TURNS_PER_CONVERSATION"]), owner=owner,
+            owners_active=owners_active, since=since)
 
     def ended(self):
         """A turn of the conversation has just been ended (``ensure_idle``): it is no longer active."""

@@ -8,6 +8,8 @@ import decimal
 import uuid
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from django.db import connection, models
 from django.db.models.signals import post_save
 from django.test.utils import CaptureQueriesContext, isolate_apps
@@ -272,3 +274,63 @@ def test_a_foreign_key_given_its_row_stores_the_rows_key():
     turn = queued_turn()
     assert lifecycle.claim(turn, assistant_version=version) is True
     assert Turn.objects.get(pk=turn.pk).assistant_version_id == version.pk
+
+
+def orm_turn_counts(conversation_id, *, here, owner, owners_active, since):
+    """What ``limits.TurnCounts`` counted through the ORM before ``statements.turn_counts``: the reference."""
+    from django.db.models import Count, Q, Sum
+    from django.db.models.functions import Coalesce
+
+    from conversations.owners import owned_by
+
+    active = Q(status__in=Turn.ACTIVE_STATUSES)
+    wanted = {"here_active": Count("pk", filter=Q(conversation_id=conversation_id) & active)}
+    if here:
+        wanted["here"] = Count("pk", filter=Q(conversation_id=conversation_id))
+    read, owners = Q(conversation_id=conversation_id), Q()
+    if owners_active:
+        wanted["owners_active"] = Count("pk", filter=active)
+        owners |= active
+    if since is not None:
+        today = Q(enqueued_at__gte=since)
+        wanted["tokens_today"] = (Coalesce(Sum("input_tokens", filter=today), 0)
+                                  + Coalesce(Sum("output_tokens", filter=today), 0))
+        owners |= today
+    if owner is not None and owners:
+        read = owned_by(*owner, "conversation__") & (read | owners)
+    found = Turn.objects.filter(read).aggregate(**wanted)
+    return (found["here_active"], found.get("here", 0), found.get("owners_active", 0), found.get("tokens_today", 0))
+
+
+OWNERS = [(0, ""), (None, "tok-a"), (0, "tok-a"), (1, ""), (None, "tok-b"), (1, "tok-b")]  # (user index, token)
+
+
+@given(turns=st.lists(st.tuples(st.sampled_from(range(len(OWNERS))), st.sampled_from(sorted(Turn.Status.values)),
+                                st.sampled_from([None, -2, 0, 1]), st.none() | st.integers(0, 5000),
+                                st.none() | st.integers(0, 5000)), max_size=12),
+       asked=st.sampled_from(range(len(OWNERS))), here=st.booleans(), owners_active=st.booleans(),
+       budget=st.booleans())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_posts_turn_counts_are_the_orms(django_user_model, turns, asked, here, owners_active, budget):
+    """Whatever turns the owners have (each owner by user, by session token or both; statuses,
+    enqueued yesterday, today or never; tokens or none), the raw count of a POST reads what the
+    ORM's aggregate read, for every shape of the site's limits."""
+    from conversations.engine.limits import start_of_day
+
+    Turn.objects.all().delete()
+    Conversation.objects.all().delete()
+    users = [django_user_model.objects.get_or_create(username=f"owner-{i}")[0] for i in range(2)]
+    conversations = [Conversation.objects.create(user=None if u is None else users[u], owner_token=token)
+                     for u, token in OWNERS]
+    now = timezone.now()
+    for index, status, days, tokens_in, tokens_out in turns:
+        Turn.objects.create(conversation=conversations[index], status=status, input_tokens=tokens_in,
+                            output_tokens=tokens_out,
+                            enqueued_at=None if days is None else now + datetime.timedelta(days=days, hours=-1))
+    conversation = conversations[asked]
+    owner = (conversation.user_id, conversation.owner_token) if (conversation.user_id or conversation.owner_token) \
+        else None
+    since = start_of_day(now) if budget else None
+    shape = dict(here=here, owner=owner, owners_active=owners_active and owner is not None,
+                 since=since if owner is not None else None)
+    assert statements.turn_counts(conversation.pk, **shape) == orm_turn_counts(conversation.pk, **shape)
