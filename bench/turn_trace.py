@@ -13,7 +13,8 @@ one after the other by the same thread of a turn's job, from RQ's ``perform_job`
 the wall and thread-CPU milliseconds between them per job (means over the jobs, which add up to
 the whole job's), and the median of one; for ``ConcurrentWorker``, how long a dequeued job
 waits for its thread to run and for RQ's ``perform_job`` (its ``prepare_execution``, the start
-semaphore). The logging costs a few microseconds a step: the figures read against each other,
+semaphore), and the CPU its other threads (the main one's dequeues, the helpers', the boards',
+the watchdog's) took over the run. The logging costs a few microseconds a step: the figures read against each other,
 not against an untraced run.
 """
 
@@ -57,6 +58,7 @@ class Tracing(AppConfig):
                 target = getattr(target, owner)
             for name in names:
                 _wrap(target, name, f"{owner or module.rsplit('.', 1)[-1]}.{name}")
+        threading.Thread(target=_sample_threads, name="bench-turn-trace", daemon=True).start()
 
 
 _files = {}  # pid -> its log (a forked work horse opens its own)
@@ -68,6 +70,22 @@ def _write(event):
         _files[pid] = open(Path(os.environ["BENCH_TRACE"]) / f"{pid}.log", "a", buffering=1)  # noqa: SIM115
     _files[pid].write(f"{time.time():.6f} {time.thread_time() * 1000:.3f} {threading.current_thread().name} "
                       f"{event}\n")
+
+
+def _sample_threads():
+    """Every ``SAMPLE`` seconds, each live thread's CPU so far (``= ms name``): the last sample of a
+    thread that lives as long as its process says what it took from the jobs' threads."""
+    while True:
+        time.sleep(SAMPLE)
+        for thread in threading.enumerate():
+            try:
+                used = time.clock_gettime(time.pthread_getcpuclockid(thread.ident)) * 1000
+            except (OSError, TypeError):  # it ended meanwhile
+                continue
+            _write(f"= {used:.1f} {thread.name}")
+
+
+SAMPLE = 0.5
 
 
 def _wrap(owner, name, label):
@@ -118,6 +136,21 @@ def starts(log):
     return to_thread, to_perform
 
 
+def threads(log):
+    """``{thread name: CPU ms}`` of ``log``'s threads that are not a job's own, from the last sample
+    before its first job (the process's start-up left out) to its last sample."""
+    used, before = {}, None
+    for line in log.read_text().splitlines():
+        event = line.split(" ", 3)[3]
+        if event == "> BaseWorker.perform_job" and before is None:
+            before = dict(used)
+        if event.startswith("= "):
+            _, ms, name = event.split(" ", 2)
+            if not name.startswith(("job-", "tool-", "bench-")):
+                used[name] = float(ms)
+    return {name: ms - (before or {}).get(name, 0.0) for name, ms in used.items()}
+
+
 def gaps(jobs):
     """``{(step, next step): [(wall ms, thread CPU ms), ...]}`` over ``jobs``."""
     found = collections.defaultdict(list)
@@ -146,6 +179,10 @@ def main():
                       f"thread running, median {statistics.median(to_thread):.2f} ms (max {max(to_thread):.2f}); "
                       f"then to RQ's perform_job, median {statistics.median(to_perform):.2f} ms "
                       f"(max {max(to_perform):.2f})")
+                print(f"\nConcurrentWorker, the CPU of its threads other than the jobs' and their tools', from its "
+                      f"first job to its last sample, in ms and per job ({len(to_thread)} jobs):\n")
+                table(["thread", "CPU", "per job"], [[name, f"{ms:.1f}", f"{ms / len(to_thread):.3f}"]
+                                                     for name, ms in sorted(threads(log).items())])
         for name, jobs in by_class.items():
             if not jobs:
                 continue
