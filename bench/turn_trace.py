@@ -14,8 +14,8 @@ the wall and thread-CPU milliseconds between them per job (means over the jobs, 
 the whole job's), and the median of one; for ``ConcurrentWorker``, how long a dequeued job
 waits for its thread to run and for RQ's ``perform_job`` (its ``prepare_execution``, the start
 semaphore), and the CPU its other threads (the main one's dequeues, the helpers', the boards',
-the watchdog's) took over the run. The logging costs a few microseconds a step: the figures read against each other,
-not against an untraced run.
+the watchdog's) took over the run. The logging costs a few microseconds a step: the figures read
+against each other, not against an untraced run.
 """
 
 import collections
@@ -43,6 +43,7 @@ STEPS = [
     ("conversations.engine.worker", "ConcurrentWorker", ["execute_job", "_run"]),
     ("rq.worker", "BaseWorker", ["perform_job", "prepare_job_execution", "handle_job_success"]),
 ]
+SAMPLE = 0.5  # seconds between two samples of every thread's CPU clock
 
 
 class Tracing(AppConfig):
@@ -62,14 +63,25 @@ class Tracing(AppConfig):
 
 
 _files = {}  # pid -> its log (a forked work horse opens its own)
+_lock = threading.Lock()  # one line at a time from the process's threads
+
+
+def _unlock_in_child():
+    """A work horse forked while another thread of its parent held ``_lock`` gets a free one."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
 
 
 def _write(event):
+    line = f"{time.time():.6f} {time.thread_time() * 1000:.3f} {threading.current_thread().name} {event}\n"
     pid = os.getpid()
-    if pid not in _files:
-        _files[pid] = open(Path(os.environ["BENCH_TRACE"]) / f"{pid}.log", "a", buffering=1)  # noqa: SIM115
-    _files[pid].write(f"{time.time():.6f} {time.thread_time() * 1000:.3f} {threading.current_thread().name} "
-                      f"{event}\n")
+    with _lock:
+        if pid not in _files:
+            _files[pid] = open(Path(os.environ["BENCH_TRACE"]) / f"{pid}.log", "a", buffering=1)  # noqa: SIM115
+        _files[pid].write(line)
 
 
 def _sample_threads():
@@ -84,8 +96,6 @@ def _sample_threads():
                 continue
             _write(f"= {used:.1f} {thread.name}")
 
-
-SAMPLE = 0.5
 
 
 def _wrap(owner, name, label):
