@@ -42,6 +42,7 @@ STEPS = [
     ("conversations.infra.state", None, ["publish_step"]),
     ("conversations.engine.worker", "ConcurrentWorker", ["execute_job", "_run"]),
     ("rq.worker", "BaseWorker", ["perform_job", "prepare_job_execution", "handle_job_success"]),
+    ("django.db.backends.base.base", "BaseDatabaseWrapper", ["connect"]),  # a thread's first query opens one
 ]
 SAMPLE = 0.5  # seconds between two samples of every thread's CPU clock
 
