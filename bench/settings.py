@@ -7,7 +7,7 @@ posting 200 turns from one address would trip them, which is not what it measure
 import os
 
 from chatproject.settings import *  # noqa: F401,F403
-from chatproject.settings import CONVERSATIONS, DATABASES, RQ_QUEUES
+from chatproject.settings import CONVERSATIONS, DATABASES, INSTALLED_APPS, RQ_QUEUES
 
 ROOT_URLCONF = "bench.urls"
 
@@ -40,3 +40,7 @@ if (DATABASES["default"]["ENGINE"].endswith("postgresql") and os.environ.get("BE
 # RQ's own forking and non-forking workers for the naive job), all on the same Redis.
 RQ_QUEUES = {**RQ_QUEUES, **{name: next(iter(RQ_QUEUES.values())) for name in ("default", "forking", "bare", "simple",
                                                                             "default-traced", "forking-traced")}}
+
+# bench.turn_trace: each process logs the steps of its jobs to a file in that directory.
+if os.environ.get("BENCH_TRACE"):
+    INSTALLED_APPS = [*INSTALLED_APPS, "bench.turn_trace.Tracing"]

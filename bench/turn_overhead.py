@@ -273,6 +273,20 @@ def report(args, stack, results):
            "overhead (median)", "overhead p90/p50", "vs naive job, same worker class", "vs naive job, bare RQ",
            "CPU web", "CPU worker", "CPU total"], rows)
 
+    print("\nWhat a turn costs beyond the naive job in the same worker class (medians of each kind, in ms): "
+          "the ratio is this extra over the naive job's overhead\n")
+    rows = []
+    for name in CLASSES:
+        turns, naive = results[f"turn, {name}"], results[f"naive job, {name}"]
+        extra = median(overhead[f"turn, {name}"]) - median(overhead[f"naive job, {name}"])
+        before = median([r["job start"] for r in turns]) - median([r["job start"] for r in naive])
+        rows.append([name, f"{median(overhead[f'naive job, {name}']) * 1000:.1f}",
+                     f"{median(overhead[f'turn, {name}']) * 1000:.1f}", f"{extra * 1000:.1f}",
+                     f"{before * 1000:.1f}", f"{(extra - before) * 1000:.1f}",
+                     f"{median(overhead[f'turn, {name}']) / median(overhead[f'naive job, {name}']):.2f}"])
+    table(["worker class", "naive job's overhead", "turn's overhead", "turn - naive job",
+           "of which until RQ starts the job (the POST, the enqueue)", "of which after", "turn / naive job"], rows)
+
     print("\nWhere a turn's time goes, from the start of the POST (medians in ms; from its row and call records)\n")
     phases, labels = [], [label for label in results if label.startswith("turn, ")]
     for label in labels:
