@@ -71,7 +71,7 @@ DEFAULTS = {
     "WORKER_THREADS": 32,
     # PostgreSQL connections a ConcurrentWorker process's turns may keep open, idle, while they wait
     # on a provider or a tool; the other waiting turns close theirs and connect again at their next
-    # step (about 6 ms each). 0: every turn closes its connection before each wait.
+    # step (5-6 ms each, bench.pg_connect). 0: every turn closes its connection before each wait.
     "WORKER_IDLE_CONNECTIONS": 4,
     # Threads a ConcurrentWorker gave up on (a turn stuck past its job timeout, a tool past its limit)
     # that may live on before the process shuts down warmly to be restarted by its supervisor.

@@ -5,19 +5,21 @@ final write) and spends the rest waiting on a provider or a tool. One turn per w
 keep its connection meanwhile; a ``ConcurrentWorker`` running many turns in threads of one
 process must not let each keep one (each would be idle, and hundreds exceed PostgreSQL's
 ``max_connections``). Closing it before every wait cost a new connection per step, though: on
-PostgreSQL a connect, its first statement and the close took about 6 ms (and a server process
-forked), against 0.07 ms for a statement on an open connection, five times in a 3-round tool
-turn. So the process gives its waiting turns a budget (``WORKER_IDLE_CONNECTIONS``): a thread
-that finds a free place in it keeps its PostgreSQL connection across its waits until its job
-ends; the others close theirs before each wait and open one again at the next query. A kept
-connection is never in a transaction while it waits (one inside a transaction is never given
-up, and never waited with), and one the server closed meanwhile (restarted, terminated by an
-administrator, timed out) is closed at the wait's end, so that the next step opens a new one
-instead of failing; the site's ``CONN_HEALTH_CHECKS`` then applies to its next query, as at a
-request's start.
+PostgreSQL a connect, its first statement and the close took 5–6 ms of wall time and 1 ms of
+the worker's CPU (and a server process forked), against 0.12–0.16 ms and 0.1 ms for the
+statement on a kept one (``bench.pg_connect``), five times in a 3-round tool turn. So the
+process gives its waiting turns a budget (``WORKER_IDLE_CONNECTIONS``): a thread that finds a
+free place in it keeps its PostgreSQL connection across its waits until its job ends; the
+others close theirs before each wait and open one again at the next query. A kept connection is
+never in a transaction while it waits (one inside a transaction is never given up, and never
+waited with), and one the server closed meanwhile (restarted, terminated by an administrator,
+timed out) is closed at the wait's end, so that the next step opens a new one instead of
+failing; the site's ``CONN_HEALTH_CHECKS`` then applies to its next query, as at a request's
+start.
 
 With Django's pool (PostgreSQL's ``"pool"`` option) a close hands the connection back to the
-pool, whose ``max_size`` bounds what is kept: there it is closed before every wait, as before.
+pool, whose ``max_size`` bounds what is kept, and the next step takes one from it, no connect
+made (0.2–0.3 ms in ``bench.pg_connect``): there it is closed before every wait, as before.
 SQLite's connections, which hold no server process, are always kept; other database servers'
 are closed before every wait, as before.
 """
