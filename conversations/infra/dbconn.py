@@ -104,9 +104,11 @@ def _give_up(connection):
 
 
 def _closed_by_server(connection):
-    """Whether the server sent anything to ``connection`` while it waited, idle: that is its
-    closing notice (a terminated backend, a server shutting down, an idle timeout) or the end of
-    the stream; no round trip is made to find out."""
+    """Whether ``connection`` was closed while it waited, idle: the driver knows it already, or the
+    server sent it something, which is then its closing notice (a terminated backend, a server
+    shutting down, an idle timeout) or the end of the stream; no round trip is made to find out."""
+    if connection.connection.closed:
+        return True
     readable, _, _ = select.select([connection.connection.fileno()], [], [], 0)
     return bool(readable)
 
