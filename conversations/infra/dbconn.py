@@ -96,11 +96,13 @@ def _keeps(connection):
 
 
 def _give_up(connection):
-    connection.close()
+    """Close ``connection``, its place in the budget (if it held one) given back first: a close that
+    raises must not keep the place taken."""
     kept = _kept.get()
     if kept is not None and connection.alias in kept:
         kept.remove(connection.alias)
         _budget.get().release()
+    connection.close()
 
 
 def _closed_by_server(connection):
