@@ -111,8 +111,9 @@ def _closed_by_server(connection):
     shutting down, an idle timeout) or the end of the stream; no round trip is made to find out."""
     if connection.connection.closed:
         return True
-    readable, _, _ = select.select([connection.connection.fileno()], [], [], 0)
-    return bool(readable)
+    sent = select.poll()  # not select(): a busy worker's sockets may be numbered past its FD_SETSIZE of 1024
+    sent.register(connection.connection.fileno(), select.POLLIN)
+    return bool(sent.poll(0))
 
 
 # The SQL that turns a running turn's step commits asynchronous, for its transaction only.

@@ -373,6 +373,33 @@ def test_a_kept_connection_the_server_closed_while_the_turn_waited_is_replaced(p
     assert terminated == [True]  # the turn's own, kept while it waited
 
 
+@needs_postgresql
+def test_a_kept_connection_numbered_past_1024_is_looked_at_after_its_wait(provider):
+    """A busy worker has many sockets open (each turn's provider call, Redis): a kept connection's
+    socket numbered past ``select()``'s limit of 1024 is still looked at after the wait, and the turn
+    completes (``select()`` raised ValueError there, and the turn failed)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"this process may open {hard} files at most")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:  # the next sockets are numbered past 1024
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        provider.add(openai_text("Numbered high."))
+        client = make_client()
+        body = start_turn(client, "Are you there?")
+        run_worker(CONCURRENT)
+        final = poll_until_done(client, body["poll_url"], timeout=5)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert (final["status"], final["messages"][-1]["content"]) == ("completed", "Numbered high.")
+
+
 from conversations.tools import tool  # noqa: E402 - the tool the test above gives the model
 
 
