@@ -59,9 +59,9 @@ def check_config(app_configs=None, **kwargs):
             id="conversations.E007"))
     errors += _check_provider(cfg) + _check_environment(cfg) + _check_fallbacks(cfg) + _check_tools(cfg)
     errors += _check_rates(cfg)
-    for key in ("WORKER_THREADS", "WORKER_MAX_STUCK"):
-        if cfg[key] < 1:
-            errors.append(Error(f"{key} ({cfg[key]}) must be at least 1.", hint="See docs/deployment.md.",
+    for key, least in (("WORKER_THREADS", 1), ("WORKER_MAX_STUCK", 1), ("WORKER_IDLE_CONNECTIONS", 0)):
+        if cfg[key] < least:
+            errors.append(Error(f"{key} ({cfg[key]}) must be at least {least}.", hint="See docs/deployment.md.",
                                 id="conversations.E015"))
     errors += _check_credentials(cfg) + _check_prices(cfg) + _check_allowed_endpoints(cfg) + _check_handoff(cfg)
     errors += _check_approvals(cfg) + _check_privacy(cfg)

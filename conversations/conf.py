@@ -67,8 +67,12 @@ DEFAULTS = {
     # (each within the turn's own deadline); then it ends failed as before.
     "MAX_RESUMES": 2,
     # Turns one ConcurrentWorker process runs at once, each in a thread (each holds a database
-    # connection while it runs: keep PostgreSQL's max_connections above processes x this).
+    # connection while it runs a step: keep PostgreSQL's max_connections above processes x this).
     "WORKER_THREADS": 32,
+    # PostgreSQL connections a ConcurrentWorker process's turns may keep open, idle, while they wait
+    # on a provider or a tool; the other waiting turns close theirs and connect again at their next
+    # step (5-6 ms each, bench.pg_connect). 0: every turn closes its connection before each wait.
+    "WORKER_IDLE_CONNECTIONS": 4,
     # Threads a ConcurrentWorker gave up on (a turn stuck past its job timeout, a tool past its limit)
     # that may live on before the process shuts down warmly to be restarted by its supervisor.
     "WORKER_MAX_STUCK": 4,

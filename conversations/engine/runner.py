@@ -262,8 +262,8 @@ class TurnRunner:
         the loop to end the turn with."""
         self.streamed, self.streamed_at, self.streamed_shown = [], time.monotonic(), 0
         self.prompt_chars = sum(message_size(m) for m in messages)
-        dbconn.release()  # the call takes seconds; the turn needs no database until it returns
-        reply = call_complete(self.provider, messages, tools, self.on_text)
+        with dbconn.waiting():  # the call takes seconds; the turn needs no database until it returns
+            reply = call_complete(self.provider, messages, tools, self.on_text)
         if len(self.streamed) > self.streamed_shown and not reply.empty:
             # The words after the last publish are shown now, not after the reply's row is saved: that
             # write may wait for a database connection behind other turns' (a ConcurrentWorker's pool).
@@ -271,7 +271,8 @@ class TurnRunner:
         if reply.empty:
             self.note_empty(reply)
             if self.budget.can_start(self.config["MIN_CALL_BUDGET"]):
-                reply = call_complete(self.provider, messages, tools)
+                with dbconn.waiting():
+                    reply = call_complete(self.provider, messages, tools)
                 if reply.empty:
                     self.note_empty(reply)
         self.streamed = None  # left set when the call raised: finish() keeps the text shown
@@ -709,8 +710,8 @@ class TurnRunner:
             owner_token=conversation.owner_token, deadline=self.budget.clock() + limit, clock=self.budget.clock,
         )
         started_offset = self.budget.elapsed()
-        dbconn.release()  # the tool runs in a thread with a connection of its own
-        result = run_tool(t, call, context, limit, cfg["TOOL_RESULT_MAX_CHARS"])
+        with dbconn.waiting():  # the tool runs in a thread with a connection of its own
+            result = run_tool(t, call, context, limit, cfg["TOOL_RESULT_MAX_CHARS"])
         duration = self.budget.elapsed() - started_offset
         self.turn.tool_calls += 1
         record_call(self.record, "tool", call.name, result.outcome, started_offset=started_offset, timeout=limit,

@@ -276,6 +276,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         self._leaving = threading.Event()  # set once the lease is given up: the lease thread stops renewing it
         self._lease_lock = threading.Lock()  # a renewal never lands after the lease was given up
         self._starting = threading.BoundedSemaphore(STARTING_AT_ONCE)
+        self._idle_connections = threading.BoundedSemaphore(cfg["WORKER_IDLE_CONNECTIONS"])
         self.abandoned_jobs = 0
 
     # RQ keeps the job being run in ``self.execution``; here each thread has its own.
@@ -361,7 +362,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
         self._local.slot = slot
         try:
             # So that WORKER_THREADS idle connections are never held; and the turn's first wait ends its start.
-            dbconn.release_between_steps(on_wait=slot.started_waiting)
+            dbconn.release_between_steps(on_wait=slot.started_waiting, budget=self._idle_connections)
             try:
                 slot.execution = self.prepare_execution(slot.job)  # in the started registry, heartbeats from now
                 self._starting.acquire()
@@ -375,7 +376,7 @@ class ConcurrentWorker(rq.worker.BaseWorker):
                 logger.exception("Job %s could not be run", slot.job.id)
             finally:
                 slot.started_waiting()
-                connections.close_all()  # this thread's own: the next job runs in another
+                dbconn.close_all()  # this thread's own: the next job runs in another
         finally:
             self._release(slot)  # whatever failed above: a slot never outlives its thread
 

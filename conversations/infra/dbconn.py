@@ -1,44 +1,119 @@
-"""A running turn's database connection, handed back while the turn waits.
+"""A running turn's database connection, kept or handed back while the turn waits.
 
 A turn touches the database at its step boundaries only (claim, each saved round-trip, the
 final write) and spends the rest waiting on a provider or a tool. One turn per work horse may
 keep its connection meanwhile; a ``ConcurrentWorker`` running many turns in threads of one
-process must not (each thread would hold one, idle, and hundreds exceed PostgreSQL's
-``max_connections``), so its threads ask for the connection to be closed before each wait. The
-next query opens one again, or takes one from Django's pool (PostgreSQL's ``"pool"`` option).
-SQLite's connections, which hold no server process, are kept.
+process must not let each keep one (each would be idle, and hundreds exceed PostgreSQL's
+``max_connections``). Closing it before every wait cost a new connection per step, though: on
+PostgreSQL a connect, its first statement and the close took 5–6 ms of wall time and 1 ms of
+the worker's CPU (and a server process forked), against 0.12–0.16 ms and 0.1 ms for the
+statement on a kept one (``bench.pg_connect``), five times in a 3-round tool turn. So the
+process gives its waiting turns a budget (``WORKER_IDLE_CONNECTIONS``): a thread that finds a
+free place in it keeps its PostgreSQL connection across its waits until its job ends; the
+others close theirs before each wait and open one again at the next query. A kept connection is
+never in a transaction while it waits (one inside a transaction is never given up, and never
+waited with), and one the server closed meanwhile (restarted, terminated by an administrator,
+timed out) is closed at the wait's end, so that the next step opens a new one instead of
+failing; the site's ``CONN_HEALTH_CHECKS`` then applies to its next query, as at a request's
+start.
+
+With Django's pool (PostgreSQL's ``"pool"`` option) a close hands the connection back to the
+pool, whose ``max_size`` bounds what is kept, and the next step takes one from it, no connect
+made (0.2–0.3 ms in ``bench.pg_connect``): there it is closed before every wait, as before.
+SQLite's connections, which hold no server process, are always kept; other database servers'
+are closed before every wait, as before.
 """
 
 import contextlib
 import contextvars
+import select
 
 from django.db import connections, transaction
 
 _release = contextvars.ContextVar("conversations_release_connections_between_steps", default=False)
 _on_wait = contextvars.ContextVar("conversations_on_wait", default=None)
+_budget = contextvars.ContextVar("conversations_idle_connection_budget", default=None)
+_kept = contextvars.ContextVar("conversations_kept_connections", default=None)
 
 
-def release_between_steps(on_wait=None):
-    """From now on in this thread (a new thread starts without it), ``release()`` closes the
+def release_between_steps(on_wait=None, budget=None):
+    """From now on in this thread (a new thread starts without it), ``waiting()`` closes the
     database connections, after calling ``on_wait()`` (if given): the worker learns that its turn
-    is about to wait."""
+    is about to wait. ``budget``: the process's ``threading.BoundedSemaphore`` of connections its
+    waiting turns may keep instead; each one kept holds a place until ``close_all()``."""
     _release.set(True)
     _on_wait.set(on_wait)
+    _budget.set(budget)
+    _kept.set(set())
 
 
-def release():
-    """Before a turn waits on a provider or a tool: close this thread's connections to a database
-    server, if ``release_between_steps()`` was asked for in it; one inside a transaction is kept.
-    A SQLite connection is kept too: it holds no server process, only the file, and opening it
-    again cost more than the round-trip's own writes (the thread closes it when its job ends)."""
+@contextlib.contextmanager
+def waiting():
+    """Around a turn's wait on a provider or a tool, if ``release_between_steps()`` was asked for
+    in this thread: before it, each of this thread's PostgreSQL connections is kept if it holds a
+    place in the budget or finds a free one, and closed otherwise; one inside a transaction is
+    kept (see the module's docstring for the other databases). After it, a kept one the server
+    closed meanwhile is closed, and its place given back."""
     if not _release.get():
+        yield
         return
     on_wait = _on_wait.get()
     if on_wait is not None:
         on_wait()
     for connection in connections.all(initialized_only=True):
-        if not connection.in_atomic_block and connection.vendor != "sqlite":
-            connection.close()
+        if connection.in_atomic_block or connection.vendor == "sqlite" or _keeps(connection):
+            continue
+        connection.close()
+    try:
+        yield
+    finally:
+        for alias in list(_kept.get()):
+            connection = connections[alias]
+            if connection.connection is None or _closed_by_server(connection):
+                _give_up(connection)
+            else:
+                connection.health_check_done = False  # CONN_HEALTH_CHECKS checks it before its next query
+
+
+def close_all():
+    """Close this thread's database connections, and give the places in the budget they held back
+    (a ``ConcurrentWorker``'s thread, when its job ends: the next job runs in another)."""
+    for connection in connections.all(initialized_only=True):
+        _give_up(connection)
+
+
+def _keeps(connection):
+    """Whether ``connection`` (PostgreSQL's, unpooled, open, not in a transaction) may stay open
+    during this wait: it holds a place in the budget, or took a free one now."""
+    kept, budget = _kept.get(), _budget.get()
+    if connection.alias in kept:
+        return True
+    if connection.vendor != "postgresql" or connection.pool is not None or connection.connection is None \
+            or budget is None or not budget.acquire(blocking=False):
+        return False
+    kept.add(connection.alias)
+    return True
+
+
+def _give_up(connection):
+    """Close ``connection``, its place in the budget (if it held one) given back first: a close that
+    raises must not keep the place taken."""
+    kept = _kept.get()
+    if kept is not None and connection.alias in kept:
+        kept.remove(connection.alias)
+        _budget.get().release()
+    connection.close()
+
+
+def _closed_by_server(connection):
+    """Whether ``connection`` was closed while it waited, idle: the driver knows it already, or the
+    server sent it something, which is then its closing notice (a terminated backend, a server
+    shutting down, an idle timeout) or the end of the stream; no round trip is made to find out."""
+    if connection.connection.closed:
+        return True
+    sent = select.poll()  # not select(): a busy worker's sockets may be numbered past its FD_SETSIZE of 1024
+    sent.register(connection.connection.fileno(), select.POLLIN)
+    return bool(sent.poll(0))
 
 
 # The SQL that turns a running turn's step commits asynchronous, for its transaction only.

@@ -290,16 +290,18 @@ def test_a_process_with_too_many_given_up_threads_shuts_down_to_be_restarted(wor
     assert RQWorker.all(connection=django_rq.get_connection()) == []  # unregistered, as a warm shutdown does
 
 
-def test_a_turn_in_the_concurrent_worker_holds_no_database_connection_while_it_waits(provider, conversations_settings):
-    """Each wait (the model call, a tool) starts with the thread's connection to the database server
-    closed: a turn of two model calls opens one per step instead of keeping one for its whole
-    length. A SQLite connection (no server process, only the file) is opened once and kept."""
+def test_a_turn_in_the_concurrent_worker_connects_to_the_database_once(provider, conversations_settings):
+    """A turn of three model calls and two tools waits five times; with a place in the process's
+    budget of idle connections (``WORKER_IDLE_CONNECTIONS``) its thread keeps its connection
+    across them instead of opening a new one, at about 6 ms each on PostgreSQL, after every wait.
+    A SQLite connection (no server process, only the file) is always kept."""
     from django.db.backends.signals import connection_created
 
     from tests.support.fakes import openai_tool_calls
 
     conversations_settings.update(TOOLS=["tests.engine.test_concurrent_worker.note"])
-    provider.add(openai_tool_calls(("call_1", "note", {})), openai_text("Noted."))
+    provider.add(openai_tool_calls(("call_1", "note", {})), openai_tool_calls(("call_2", "note", {})),
+                 openai_text("Noted twice."))
     opened = []
 
     def count(sender, connection, **kwargs):
@@ -307,16 +309,119 @@ def test_a_turn_in_the_concurrent_worker_holds_no_database_connection_while_it_w
             opened.append(connection.alias)
 
     client = make_client()
-    body = start_turn(client, "Note it")
+    body = start_turn(client, "Note it twice")
     connection_created.connect(count)
     try:
         run_worker(CONCURRENT)
     finally:
         connection_created.disconnect(count)
-    assert poll_until_done(client, body["poll_url"], timeout=5)["messages"][-1]["content"] == "Noted."
-    # Up to the first call; its step saved, up to the tool; the tool's, up to the second call; the
-    # final write: three waits, four connections, none held across a wait.
-    assert len(opened) == (1 if connections["default"].vendor == "sqlite" else 4)
+    final = poll_until_done(client, body["poll_url"], timeout=5)
+    assert (final["status"], final["messages"][-1]["content"]) == ("completed", "Noted twice.")
+    assert opened == ["default"]
+
+
+def other_backends():
+    """The pids of the server processes serving this test database, but the asking thread's."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        return {pid for (pid,) in cursor.fetchall()}
+
+
+def backends_before_the_worker():
+    """The pids of the server processes serving this test database now, the test's own included."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return other_backends() | {cursor.fetchone()[0]}
+
+
+needs_postgresql = pytest.mark.skipif(connections["default"].vendor != "postgresql",
+                                      reason="server connections: a SQLite connection holds none and is always kept")
+
+
+@needs_postgresql
+def test_turns_waiting_at_once_keep_no_more_connections_than_the_budget(provider, conversations_settings):
+    """Six turns wait on the provider at the same moment; two keep their connection to the server
+    (the budget of two), the four others hold none while they wait."""
+    conversations_settings.update(WORKER_THREADS=6, WORKER_IDLE_CONNECTIONS=2)
+    ours = backends_before_the_worker()
+    held = []
+
+    def look():  # in the provider, once all six calls are in flight, before any is answered
+        try:
+            held.append(len(other_backends() - ours))
+        finally:
+            connections.close_all()  # the provider thread's own
+
+    barrier = threading.Barrier(6, action=look)
+
+    def answer(handler):
+        barrier.wait(timeout=20)
+        handler.send_json(200, openai_text("Waited."))
+
+    provider.add(*[answer] * 6)
+    posted = [(client, start_turn(client, f"Question {n}")) for n, client in enumerate(make_client() for _ in range(6))]
+    run_worker(CONCURRENT)
+
+    for client, body in posted:
+        final = poll_until_done(client, body["poll_url"], timeout=5)
+        assert (final["status"], final["messages"][-1]["content"]) == ("completed", "Waited.")
+    assert held == [2]
+
+
+@needs_postgresql
+def test_a_kept_connection_the_server_closed_while_the_turn_waited_is_replaced(provider, conversations_settings):
+    """An administrator (or an idle timeout) ends the server process of a turn's kept connection
+    while the turn waits on the model: the turn's next step connects again and it completes."""
+    ours = backends_before_the_worker()
+    terminated = []
+
+    def terminate_then_answer(handler):
+        try:
+            with connections["default"].cursor() as cursor:
+                for pid in other_backends() - ours:
+                    cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])  # once it has ended
+                    terminated.append(cursor.fetchone()[0])
+        finally:
+            connections.close_all()
+        handler.send_json(200, openai_text("Still here."))
+
+    provider.add(terminate_then_answer)
+    client = make_client()
+    body = start_turn(client, "Are you there?")
+    run_worker(CONCURRENT)
+
+    final = poll_until_done(client, body["poll_url"], timeout=5)
+    assert (final["status"], final["messages"][-1]["content"]) == ("completed", "Still here.")
+    turn = Turn.objects.get(pk=body["id"])  # saved, not only shown (a failed final write still publishes it)
+    assert (turn.status, turn.messages.last().content) == ("completed", "Still here.")
+    assert terminated == [True]  # the turn's own, kept while it waited
+
+
+@needs_postgresql
+def test_a_kept_connection_numbered_past_1024_is_looked_at_after_its_wait(provider):
+    """A busy worker has many sockets open (each turn's provider call, Redis): a kept connection's
+    socket numbered past ``select()``'s limit of 1024 is still looked at after the wait, and the turn
+    completes (``select()`` raised ValueError there, and the turn failed)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"this process may open {hard} files at most")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:  # the next sockets are numbered past 1024
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        provider.add(openai_text("Numbered high."))
+        client = make_client()
+        body = start_turn(client, "Are you there?")
+        run_worker(CONCURRENT)
+        final = poll_until_done(client, body["poll_url"], timeout=5)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert (final["status"], final["messages"][-1]["content"]) == ("completed", "Numbered high.")
 
 
 from conversations.tools import tool  # noqa: E402 - the tool the test above gives the model

@@ -161,8 +161,10 @@ def test_a_subclass_of_our_worker_class_is_fine(settings):
 def test_the_concurrent_worker_is_fine_with_at_least_one_thread(settings, conversations_settings):
     settings.RQ = {"WORKER_CLASS": "conversations.worker.ConcurrentWorker"}
     assert check_config() == []
-    conversations_settings.update(WORKER_THREADS=0)
+    conversations_settings.update(WORKER_THREADS=0, WORKER_IDLE_CONNECTIONS=-1)
     assert check_config() == [Error("WORKER_THREADS (0) must be at least 1.", hint="See docs/deployment.md.",
+                                    id="conversations.E015"),
+                              Error("WORKER_IDLE_CONNECTIONS (-1) must be at least 0.", hint="See docs/deployment.md.",
                                     id="conversations.E015")]
 
 
