@@ -254,3 +254,43 @@ def test_a_web_process_slow_to_publish_the_queued_state_never_hides_the_answer(w
     final = poll_until_done(client, turn["poll_url"], timeout=30)
     assert final["status"] == "completed"
     assert time.monotonic() - answered < 5  # a few milliseconds unloaded; slack for a busy machine
+
+
+def test_a_connection_another_thread_holds_open_loses_none_of_the_work_horses_writes(worker, conversations_settings):
+    """Another thread of this process has the database open when the work horse forks (here one
+    that has ended, whose connection Django's wrapper keeps until the garbage collector gets to it).
+    SQLite's bookkeeping of that connection's locks is copied into the horse, which then takes none
+    of its own on the database file; when the connection was closed here while the horse ran, this
+    process, finding no other connection open, checkpointed and deleted the write-ahead log under
+    the horse: the turn's final write was lost (its row still "running" after its job had logged
+    the write, the visitor shown the answer). The suite's forking worker forks no horse with one open."""
+    import threading
+
+    from django.db import connections
+
+    held = []
+
+    def read_and_leave_open():
+        Turn.objects.count()
+        held.append(connections["default"])  # as a reference cycle keeps it until the collector runs
+
+    reader = threading.Thread(target=read_and_leave_open)
+    reader.start()
+    reader.join()
+
+    def answer_once_closed(handler):  # in this process, while the horse waits for the answer
+        if held[0].connection is not None:
+            held[0].connection.close()  # as the collector does when it frees the wrapper
+        time.sleep(0.2)
+        handler.send_json(200, openai_text("Written."))
+
+    with FakeProvider() as fake:
+        fake.add(answer_once_closed)
+        conversations_settings.update(PROVIDER="openai", BASE_URL=fake.url, API_KEY="sk-test", MODEL="m", STREAM=False)
+        client = make_client()
+        started = start_turn(client, "Hello?")
+        worker()
+
+    turn = Turn.objects.get(pk=started["id"])
+    assert (turn.status, [m.content for m in Message.objects.filter(turn=turn, role="assistant")]) == (
+        "completed", ["Written."])

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from django.core.cache import cache
 from django.db import connection, connections
+from django.db.backends.signals import connection_created
 from django.test import Client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,11 +116,41 @@ FORKING, CONCURRENT = "conversations.worker.Worker", "conversations.worker.Concu
 WORKER_CLASSES = [FORKING, CONCURRENT]
 
 
+# Every SQLite connection Django opens in this process, for as long as it lives, and the thread that
+# opened it (``close_stray_connections``; a thread's ident is reused by the next one, its object is not).
+_SQLITE_CONNECTIONS = weakref.WeakKeyDictionary()
+
+
+def _note_sqlite_connection(sender, connection, **kwargs):
+    if connection.vendor == "sqlite":
+        _SQLITE_CONNECTIONS[connection] = threading.current_thread()
+
+
+connection_created.connect(_note_sqlite_connection, weak=False, dispatch_uid="tests-sqlite-connections")
+
+
+def close_stray_connections():
+    """Close the SQLite connections that threads of this process left open when they ended (Django's
+    wrapper of each is in a reference cycle: only the garbage collector closes it, some time later).
+
+    A work horse forked while one is open inherits SQLite's bookkeeping of its locks and then takes
+    none of its own on the database file; that connection closed here while the horse runs, this
+    process, finding no other connection open, checkpointed and deleted the write-ahead log under
+    the horse, and the horse's later commits were lost: the turn's row still "running" after its
+    job had logged its final write (tests/engine/test_turn_flow.py). A worker's own process never
+    has one: its threads close theirs, and the forking ``Worker`` closes its own before each fork."""
+    for wrapper, thread in list(_SQLITE_CONNECTIONS.items()):
+        if wrapper.connection is not None and not thread.is_alive():
+            wrapper.connection.close()
+            wrapper.connection = None
+
+
 def make_worker(worker_class=None):
     """A worker on the turns' queue, of ``worker_class`` (a dotted path; default RQ["WORKER_CLASS"])."""
     from django_rq import get_worker
 
     connections.close_all()  # a forked work horse must not share the test's database socket
+    close_stray_connections()
     return get_worker("default", worker_class=worker_class)
 
 
