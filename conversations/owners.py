@@ -82,6 +82,22 @@ def owned_by(user_id, token, prefix=""):
     return condition
 
 
+def owned_by_sql(user_id, token, user_column, token_column):
+    """``owned_by`` in SQL, for a raw statement (``engine.statements``): ``(condition, params)`` over
+    the conversation's ``user_column`` and ``token_column`` (quoted, with their table's alias),
+    ``user_id`` and ``token`` already prepared for the database by their fields; None when the
+    visitor owns nothing (``has_owner``). The same rule as ``owned_by``, kept beside it so that a
+    change to one is made to both (tests/engine/test_statements.py compares them)."""
+    conditions, params = [], []
+    if user_id is not None:
+        conditions.append(f"{user_column} = %s")
+        params.append(user_id)
+    if token:
+        conditions.append(f"({user_column} IS NULL AND {token_column} = %s)")
+        params.append(token)
+    return (f"({' OR '.join(conditions)})", params) if conditions else None
+
+
 def owned_filter(request, user=None, *, every_assistant=False):
     """A Q selecting the conversations the caller owns (``owned_by``); for a visitor token's
     caller, only those with the token's assistant (``visitor_scope``), unless ``every_assistant``

@@ -83,10 +83,10 @@ def active_turns(conversation, counts=None):
 class TurnCounts:
     """What a new turn is admitted on, counted in one raw statement (``statements.turn_counts``)
     where ``lifecycle.ensure_idle`` and the cost checks each made their own: the conversation's
-    turns (``here``), those of them queued or running (``here_active``), the owner's turns queued or running (``owners_active``) and their
-    tokens since midnight (``tokens_today``). Only what the site's limits ask for is counted (0
-    for the rest), and only the turns that can count are read: the conversation's, and the
-    owner's that are active or of today.
+    turns (``here``), those of them queued or running (``here_active``), the owner's turns queued
+    or running (``owners_active``) and their tokens since midnight (``tokens_today``). Only what
+    the site's limits ask for is counted (0 for the rest), and only the turns that can count are
+    read: the conversation's, and the owner's that are active or of today.
 
     Read it with the owner locked (``start()``'s ``lock``), once the lock is held: a
     statement's snapshot is taken when it starts, so counts folded into the locking statement

@@ -41,6 +41,7 @@ from django.db.models import Model, Q, signals
 
 from ..infra import dbconn
 from ..models import Conversation, Message, Turn
+from ..owners import owned_by_sql
 
 _SQL = {}  # (connection alias, kind, model, shape) -> the statement's text, built once
 ACTIVE = sorted(Turn.ACTIVE_STATUSES)  # a turn's active statuses, in one order: one statement's text
@@ -259,24 +260,28 @@ def turn_counts(conversation_id, *, here=False, owner=None, owners_active=False,
     counted them: the turns of conversation ``conversation_id`` queued or running, all of them
     (``here``), the owner's queued or running (``owners_active``) and the tokens of the owner's
     turns enqueued since ``since`` (not None); what was not asked for is 0. ``owner``: the
-    ``(user_id, token)`` the owner is known by (``owners.owned_by``), or None; the owner's turns
+    ``(user_id, token)`` the owner is known by (``owners.owned_by_sql``), or None; the owner's turns
     are read only when it is given and a count of them is asked for, and then only those that can
-    count (this conversation's, the active ones, today's). The ORM spent about 2.7 ms of CPU
-    building this one aggregate for each POST, the database 15 µs running it (docs/benchmarks.md)."""
+    count (this conversation's, the active ones, today's). The ORM spent about 3 ms of CPU
+    building this one aggregate for each POST, the database 15–50 µs running it (docs/benchmarks.md)."""
     connection = connections[router.db_for_read(Turn)]
-    by_user, by_token = owner is not None and owner[0] is not None, owner is not None and bool(owner[1])
-    owned = (by_user or by_token) and (owners_active or since is not None)
-    key = (connection.alias, "turn counts", here, owners_active, since is not None, owned and by_user,
-           owned and by_token)
-    sql = _SQL.get(key)
     turn, conversation = Turn._meta, Conversation._meta
+    quote = connection.ops.quote_name
+    t, c = quote("T0"), quote("T1")
+
+    def column(alias, meta, name):
+        return f"{alias}.{quote(_field(meta, name).column)}"
+
+    owned = None
+    if owner is not None and (owners_active or since is not None):
+        user_id, token = owner
+        owned = owned_by_sql(conversation.get_field("user").target_field.get_db_prep_value(user_id, connection),
+                             conversation.get_field("owner_token").get_db_prep_value(token, connection),
+                             column(c, conversation, "user"), column(c, conversation, "owner_token"))
+    owner_sql, owner_params = owned or (None, [])
+    key = (connection.alias, "turn counts", here, owners_active, since is not None, owner_sql)
+    sql = _SQL.get(key)
     if sql is None:
-        quote = connection.ops.quote_name
-        t, c = quote("T0"), quote("T1")
-
-        def column(alias, meta, name):
-            return f"{alias}.{quote(_field(meta, name).column)}"
-
         this = f"{column(t, turn, 'conversation')} = %s"
         active = f"{column(t, turn, 'status')} IN ({', '.join(['%s'] * len(ACTIVE))})"
         today = f"{column(t, turn, 'enqueued_at')} >= %s"
@@ -288,28 +293,21 @@ def turn_counts(conversation_id, *, here=False, owner=None, owners_active=False,
         if since is not None:
             counted.append(" + ".join(f"COALESCE(SUM(CASE WHEN {today} THEN {column(t, turn, name)} END), 0)"
                                       for name in ("input_tokens", "output_tokens")))
-        where, read = this, [this]
-        if owned:
-            names = ([f"{column(c, conversation, 'user')} = %s"] if by_user else []) + (
-                [f"({column(c, conversation, 'user')} IS NULL AND {column(c, conversation, 'owner_token')} = %s)"]
-                if by_token else [])
-            read += [active] if owners_active else []
-            read += [today] if since is not None else []
-            where = f"({' OR '.join(names)}) AND ({' OR '.join(read)})"
-        join = (f" INNER JOIN {quote(conversation.db_table)} {c} ON {column(t, turn, 'conversation')} = "
-                f"{c}.{quote(conversation.pk.column)}") if owned else ""
+        where, join = this, ""
+        if owner_sql is not None:
+            read = [this] + ([active] if owners_active else []) + ([today] if since is not None else [])
+            where = f"{owner_sql} AND ({' OR '.join(read)})"
+            join = (f" INNER JOIN {quote(conversation.db_table)} {c} ON {column(t, turn, 'conversation')} = "
+                    f"{c}.{quote(conversation.pk.column)}")
         sql = _SQL[key] = f"SELECT {', '.join(counted)} FROM {quote(turn.db_table)} {t}{join} WHERE {where}"
-    this = conversation.pk.get_db_prep_value(conversation.pk.to_python(conversation_id), connection)
+    pk = conversation.pk.get_db_prep_value(conversation.pk.to_python(conversation_id), connection)
     day = None if since is None else turn.get_field("enqueued_at").get_db_prep_value(since, connection)
-    params = [this, *ACTIVE] + ([this] if here else []) + (list(ACTIVE) if owners_active else []) + (
+    params = [pk, *ACTIVE] + ([pk] if here else []) + (list(ACTIVE) if owners_active else []) + (
         [day, day] if since is not None else [])
-    if owned:
-        user_field = conversation.get_field("user").target_field
-        params += [user_field.get_db_prep_value(owner[0], connection)] if by_user else []
-        params += [conversation.get_field("owner_token").get_db_prep_value(owner[1], connection)] if by_token else []
-        params += [this] + (list(ACTIVE) if owners_active else []) + ([day] if since is not None else [])
+    if owner_sql is not None:
+        params += owner_params + [pk] + (list(ACTIVE) if owners_active else []) + ([day] if since is not None else [])
     else:
-        params.append(this)
+        params.append(pk)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         values = iter(cursor.fetchone())
