@@ -17,6 +17,13 @@ are not counted), so that drift in the machine's load hits all:
   ``bench.bare.bare_job`` → job reads the conversation's messages → the same three POSTs with
   the same growing message lists through one ``requests`` session → saves the answer as a row →
   writes a state to the cache, then ``time.time()`` to Redis.
+- ``seed loop``: the floor, run by the same worker class: the loop of the design this app comes
+  from, written as plainly as the naive job but doing what the design and the project's standards
+  require of any implementation (``bench.bare.seed_job``): a POST with the visitor's session and
+  CSRF token to a view that counts a rate in the cache, checks the conversation is the visitor's,
+  saves the message and enqueues; a job that keeps the deadline, runs the site's tools, and saves
+  and publishes after each of the five model and tool round trips. What a turn costs beyond it is
+  this app's own (stop, call records, fallbacks, resume, the watchdog, limits, the dead-job net).
 - ``naive job, bare RQ``: the same POST and job, served by RQ's own non-forking worker
   (``manage.py rqworker simple --worker-class rq.SimpleWorker``): what the job costs with none of
   this app's worker around it.
@@ -133,6 +140,36 @@ def run_bare(queue, provider, number, base, on, meter):
             "answered": answered - started, "job start": job_started(queue, job_id) - started}
 
 
+def run_seed(base, provider, queue, number, meter):
+    """One turn of the design's loop written plainly (``bench.bare.seed_job``): a POST with the
+    visitor's session and CSRF token to ``seed_enqueue``, which enqueues it on the turns' queue of
+    that gunicorn. Its visitor's session, conversation and turn row are made first, untimed."""
+    from conversations.models import Message, Turn
+
+    session = visitor(base)
+    conversation = session.post(base + "/api/conversations/", json={}).json()["id"]
+    turn = Turn.objects.create(conversation_id=conversation, status=Turn.Status.COMPLETED)
+    key = RESULT_KEY.format(number)
+    meter.start()
+    started = time.time()
+    response = session.post(base + "/bench/seed-job/", json={
+        "url": provider.url, "key": key, "conversation": conversation, "turn": str(turn.pk),
+        "content": "What time is it in Tokyo, and how do refunds work?"})
+    assert response.status_code == 202, response.text
+    job_id = response.json()["job"]
+    answered = time.time()
+    deadline = time.monotonic() + 60
+    while (value := queue.connection.get(key)) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError("seed loop's job not done after 60s")
+        time.sleep(0.002)
+    ended = float(value)
+    assert list(Message.objects.filter(turn=turn).values_list("role", flat=True)) == [
+        "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    return {"total": ended - started, "provider": provider.time_between(started, ended),
+            "answered": answered - started, "job start": job_started(queue, job_id) - started}
+
+
 # The app's worker classes, each with its own queue (and gunicorn enqueueing its turns there).
 CLASSES = {"ConcurrentWorker": ("conversations.worker.ConcurrentWorker", "default"),
            "Worker": ("conversations.worker.Worker", "forking")}
@@ -198,6 +235,8 @@ def main():
                 kinds[f"naive job, {name}"] = (
                     lambda number, meter, base=base, on=queue_name: run_bare(queue, provider, number, base, on, meter),
                     web, worker)
+                kinds[f"seed loop, {name}"] = (
+                    lambda number, meter, base=base: run_seed(base, provider, queue, number, meter), web, worker)
                 if args.telemetry:
                     traced = {**env, "CONVERSATIONS_QUEUE": f"{queue_name}-traced", "CONVERSATIONS_TELEMETRY": "otlp",
                               "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "bench"}
@@ -264,13 +303,16 @@ def report(args, stack, results):
         worker_class = name.rsplit(", ", 1)[-1]
         same = (f"{median(overhead[name]) / median(overhead[f'naive job, {worker_class}']):.2f}"
                 if worker_class in CLASSES else "-")
+        seed = (f"{median(overhead[name]) / median(overhead[f'seed loop, {worker_class}']):.2f}"
+                if worker_class in CLASSES else "-")
         rows.append([name, ms(runs, "total"), ms(runs, "job start"), ms(runs, "after job start"),
                      f"{median([r['provider'] for r in runs]) * 1000:.2f}", f"{median(overhead[name]) * 1000:.1f}",
-                     f"{percentile(overhead[name], 0.9) / median(overhead[name]):.2f}", same,
+                     f"{percentile(overhead[name], 0.9) / median(overhead[name]):.2f}", same, seed,
                      f"{median(overhead[name]) / bare:.2f}", mean_ms(runs, "cpu web"), mean_ms(runs, "cpu worker"),
                      mean_ms(runs, "cpu")])
     table(["path", "start to done", "until RQ starts the job", "job start to done", "in provider",
-           "overhead (median)", "overhead p90/p50", "vs naive job, same worker class", "vs naive job, bare RQ",
+           "overhead (median)", "overhead p90/p50", "vs naive job, same worker class",
+           "vs seed loop, same worker class", "vs naive job, bare RQ",
            "CPU web", "CPU worker", "CPU total"], rows)
 
     print("\nWhat a turn costs beyond the naive job in the same worker class (medians of each kind, in ms): "
@@ -286,6 +328,17 @@ def report(args, stack, results):
                      f"{median(overhead[f'turn, {name}']) / median(overhead[f'naive job, {name}']):.2f}"])
     table(["worker class", "naive job's overhead", "turn's overhead", "turn - naive job",
            "of which until RQ starts the job (the POST, the enqueue)", "of which after", "turn / naive job"], rows)
+
+    print("\nThe floor: the design's loop written plainly (the seed loop: session, CSRF, a rate, ownership; "
+          "the deadline; a save and a publish after each of the 5 round trips) against the naive job, and the "
+          "turn against it, in the same worker class (medians of overhead, in ms)\n")
+    rows = []
+    for name in CLASSES:
+        naive, seed, turn = (median(overhead[f"{kind}, {name}"]) for kind in ("naive job", "seed loop", "turn"))
+        rows.append([name, f"{naive * 1000:.1f}", f"{seed * 1000:.1f}", f"{turn * 1000:.1f}", f"{seed / naive:.2f}",
+                     f"{turn / seed:.2f}", f"{turn / naive:.2f}"])
+    table(["worker class", "naive job", "seed loop", "turn", "seed loop / naive job", "turn / seed loop",
+           "turn / naive job"], rows)
 
     print("\nWhere a turn's time goes, from the start of the POST (medians in ms; from its row and call records)\n")
     phases, labels = [], [label for label in results if label.startswith("turn, ")]

@@ -5,7 +5,8 @@ else: no DRF, no session, no ownership check, no ETag. Whatever the poll view co
 is the price of those.
 
 ``bare_enqueue`` (in ``bench.bare``) is the turn-overhead benchmark's baseline for the POST
-that starts a turn: it only enqueues the bare job.
+that starts a turn: it only enqueues the bare job. ``seed_enqueue`` is the design's own view,
+plainly written: the floor a turn's POST is measured against.
 """
 
 import json
@@ -13,7 +14,7 @@ import json
 from django.http import HttpResponse
 from django.urls import path
 
-from bench.bare import bare_enqueue
+from bench.bare import bare_enqueue, seed_enqueue
 from chatproject.urls import urlpatterns as site_urlpatterns
 from conversations.infra import state
 from conversations.api.base import public_state
@@ -41,5 +42,6 @@ urlpatterns = [
     path("bench/bare/<uuid:turn_id>/", bare_poll),
     path("bench/bare-session/<uuid:turn_id>/", bare_poll_with_session),
     path("bench/bare-job/", bare_enqueue),
+    path("bench/seed-job/", seed_enqueue),
     *site_urlpatterns,
 ]
