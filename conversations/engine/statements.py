@@ -99,6 +99,37 @@ def send(*statements):
     return results
 
 
+def one_string(statements):
+    """Whether ``send()`` sends ``statements`` as one string: each is SQL (no ORM save in its
+    place), all on one connection whose driver binds on the client."""
+    connection = statements[0].connection
+    return dbconn.binds_on_client(connection) and all(
+        statement.sql is not None and statement.connection is connection for statement in statements)
+
+
+# PostgreSQL's SQLSTATE for a division by zero: how ``or_fail``'s statement fails.
+_FENCE_FAILED = "22012"
+
+
+def _first_value(cursor):
+    return cursor.fetchone()[0]
+
+
+def or_fail(statement):
+    """``statement``, an ``UPDATE`` (``update_statement``), made to fail when it matches no row, so
+    that the statements sent with it as one string (``dbconn.one_string_transaction``) roll back
+    with it (``failed_fence`` tells that failure); its result is how many rows it matched. PostgreSQL
+    only: the ``UPDATE`` runs inside a ``WITH``, whose rows are then counted and divided into one."""
+    return statement._replace(sql=f"WITH fenced AS ({statement.sql} RETURNING 1) SELECT 1 / COUNT(*) FROM fenced",
+                              read=_first_value)
+
+
+def failed_fence(error):
+    """Whether the database ``error`` a string of statements raised is ``or_fail``'s: its ``UPDATE``
+    matched no row, and nothing of the string was written."""
+    return getattr(error.__cause__, "sqlstate", None) == _FENCE_FAILED
+
+
 def update(model, values, **where):
     """``UPDATE`` the rows of ``model`` matching ``where`` with ``values`` (field name -> value);
     returns how many rows matched. ``where``: ``name=value`` or ``name__in=[values]`` (``pk`` names

@@ -169,9 +169,11 @@ def lone_step():
     string (``folded``), which PostgreSQL runs as one implicit transaction, its commit not waiting
     for the disk as a step's; on SQLite the statement is its own transaction, holding the write
     lock only while it runs. Elsewhere (inside the caller's transaction, another driver or
-    database) it is ``step()``. The body sends exactly one statement, through ``statements``."""
+    database) it is ``step()``. The body sends exactly one statement, through ``statements``, or
+    several sent as one string where that string is a transaction of its own
+    (``one_string_transaction``: a round trip's save, ``runner.TurnRunner.commit_mine``)."""
     connection = transaction.get_connection()
-    alone = not connection.in_atomic_block and (connection.vendor == "sqlite" or binds_on_client(connection))
+    alone = (connection.vendor == "sqlite" and not connection.in_atomic_block) or one_string_transaction(connection)
     if not alone:
         with step():
             yield
@@ -191,6 +193,16 @@ def folded(connection, sql):
         return sql
     _unsent.set(None)
     return f"{sql}; {ASYNC_COMMIT}"
+
+
+def one_string_transaction(connection):
+    """Whether statements sent together on ``connection`` as one string (``statements.send``) run
+    as one transaction of their own, committed at the string's end and rolled back whole by an
+    error in any of them: PostgreSQL runs a string of several statements so (its implicit
+    transaction), which it gets as one where the driver binds on the client, outside any
+    transaction. A step sent so needs no ``BEGIN`` and no ``COMMIT``, two of its three round trips;
+    its ``SET LOCAL`` (``lone_step``) applies to that transaction as to an explicit one."""
+    return binds_on_client(connection) and not connection.in_atomic_block and connection.get_autocommit()
 
 
 def binds_on_client(connection):

@@ -238,10 +238,11 @@ def test_each_round_trip_is_one_transaction_of_its_own_rows_and_nothing_is_read_
     """What a running turn asks of the database, pinned so that a regression shows: its claim is one
     UPDATE that commits alone, with no BEGIN and COMMIT of its own; each round trip one transaction
     with its new row and the turn's counters (and the tool's call record; a model called over HTTP
-    has one too); the final write one more. On PostgreSQL each transaction's statements go to the
-    server as one string (one network round trip between its BEGIN and COMMIT). Nothing is read
-    that the runner already holds, and nothing else is written outside those transactions. Counted
-    on the runner's own connection (a tool runs on another)."""
+    has one too); the final write one more. On PostgreSQL each of those transactions is one string
+    sent alone, which the server runs as a transaction of its own: one network round trip, no BEGIN
+    and COMMIT (the turn's fenced UPDATE inside a WITH that fails when it matches no row). Nothing
+    is read that the runner already holds, and nothing else is written outside those transactions.
+    Counted on the runner's own connection (a tool runs on another)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -256,7 +257,7 @@ def test_each_round_trip_is_one_transaction_of_its_own_rows_and_nothing_is_read_
         verb = query["sql"].split()[0].upper()
         # Several statements sent as one string (PostgreSQL): each one's verb, in order, but for
         # the SET LOCAL synchronous_commit of a round trip's transaction.
-        verbs = [v for v in re.findall(r"(?:^|; )(INSERT|UPDATE|SET|SELECT|DELETE) ", query["sql"]) if v != "SET"]
+        verbs = [v for v in re.findall(r"(?:^|; )(INSERT|UPDATE|SET|SELECT|DELETE|WITH) ", query["sql"]) if v != "SET"]
         if verb == "BEGIN":
             current = []
             sends.append(0)
@@ -268,14 +269,19 @@ def test_each_round_trip_is_one_transaction_of_its_own_rows_and_nothing_is_read_
         else:
             sends[-1] += 1
             current += verbs
-    assert alone == [(0, ["UPDATE"])], alone  # the claim, before any transaction
-    assert transactions == [
+    steps = [
         ["INSERT", "UPDATE"],  # the reply asking for the tool: its row, counters
         ["INSERT", "INSERT", "UPDATE"],  # the tool's result: its call record, its row, counters
         ["INSERT", "UPDATE"],  # the final write: the answer, the turn's end
     ]
-    if dbconn.binds_on_client(connection):  # PostgreSQL (psycopg 3): each transaction's statements in one send
-        assert sends == [1, 1, 1], sends
+    if dbconn.binds_on_client(connection):  # PostgreSQL (psycopg 3): each one string, a transaction of its own
+        assert transactions == [], transactions
+        fenced = [[verb.replace("WITH", "UPDATE") for verb in verbs] for _, verbs in alone[1:]]
+        assert alone[0] == (0, ["UPDATE"]) and fenced == steps, alone
+        assert all(verbs[-1] == "WITH" for _, verbs in alone[1:]), alone
+    else:
+        assert alone == [(0, ["UPDATE"])], alone  # the claim, before any transaction
+        assert transactions == steps, transactions
     assert state.read(turn.id)["status"] == "completed"
 
 
@@ -551,3 +557,30 @@ def test_a_turns_model_calls_prepare_their_request_and_read_the_providers_signat
     assert [len(request["json"]["messages"]) for request in fake.requests] == [2, 4, 6]
     assert prepared == [fake.url + "/chat/completions"]
     assert len(signatures) <= 1, signatures
+
+
+@pytest.mark.django_db(transaction=True)  # no transaction around it, as in a worker (not inside a test's)
+def test_a_round_trip_of_a_turn_another_job_took_saves_nothing_at_all(conversations_settings):
+    """Each round trip's rows are saved only while the turn is still this job's: when another job
+    continued it meanwhile (this one was frozen, or taken for dead), this job's reply row, its call
+    record and its counters are all left unwritten, the other job's state is kept, and this job ends
+    without a final write. On PostgreSQL the round trip is one string with no transaction around it,
+    whose fence must then roll back the statements sent before it in that string."""
+    from conversations.models import CallRecord
+
+    turn, model, runner = run_turn(conversations_settings)
+    complete = model.complete
+
+    def taken_meanwhile(messages, tools):  # another job continues the turn while this one's call runs
+        Turn.objects.filter(pk=turn.pk).update(job_id="the-other-job")
+        return complete(messages, tools)
+
+    model.complete = taken_meanwhile
+    runner.run()
+
+    turn.refresh_from_db()
+    assert (turn.job_id, turn.status, turn.model_calls, turn.tool_calls) == ("the-other-job", "running", 0, 0)
+    assert list(Message.objects.filter(turn=turn).values_list("role", flat=True)) == ["user"]
+    assert not CallRecord.objects.filter(turn=turn).exists()
+    assert model.calls == 1
+    assert state.read(turn.id)["done"] is False
