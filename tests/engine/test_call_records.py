@@ -107,9 +107,10 @@ def test_a_turn_writes_its_row_once_per_round_trip(conversations_settings):
         with CaptureQueriesContext(connection) as queries:
             perform_turn(str(turn.pk))
 
-    # Each statement (on PostgreSQL a round trip's statements are sent as one string, ``statements.send``).
-    writes = [sql for q in queries.captured_queries for sql in re.findall(r'(?:^|; )(UPDATE "conversations_turn")',
-                                                                           q["sql"])]
+    # Each statement (on PostgreSQL a round trip's statements are sent as one string, ``statements.send``,
+    # the turn's UPDATE inside the WITH that fails when it matches no row, ``statements.or_fail``).
+    writes = [sql for q in queries.captured_queries
+              for sql in re.findall(r'(?:^|; )(?:WITH fenced AS \()?(UPDATE "conversations_turn")', q["sql"])]
     assert len(writes) == 4, queries.captured_queries
     turn.refresh_from_db()
     assert turn.status == "completed" and turn.model_calls == 2 and turn.tool_calls == 1
