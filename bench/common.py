@@ -99,12 +99,26 @@ class Stack:
                 raise SystemExit("No PostgreSQL on 127.0.0.1:5432: pass --database sqlite or a DATABASE_URL.")
             self.pg_name = f"conversations_bench_{os.getpid()}"
             psql(f"CREATE DATABASE {self.pg_name}")
-            return f"postgres://postgres@127.0.0.1:5432/{self.pg_name}"
+            return f"postgres://postgres@127.0.0.1:{self.database_port()}/{self.pg_name}"
         return self.database
+
+    def database_port(self):
+        """5432, or with ``BENCH_DB_LATENCY_MS`` set the port of a ``bench.latency_proxy`` in front of
+        it, which delays each chunk by that many milliseconds each way: a database on another host."""
+        delay = os.environ.get("BENCH_DB_LATENCY_MS")
+        if not delay:
+            return 5432
+        proxy = subprocess.Popen([PYTHON, "-m", "bench.latency_proxy", "--to", "127.0.0.1:5432", "--delay-ms", delay],
+                                 cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self.processes.append(proxy)
+        return int(proxy.stdout.readline())
 
     @property
     def database_label(self):
-        return "PostgreSQL" if self.env["DATABASE_URL"].startswith("postgres") else "SQLite"
+        if not self.env["DATABASE_URL"].startswith("postgres"):
+            return "SQLite"
+        delay = os.environ.get("BENCH_DB_LATENCY_MS")
+        return f"PostgreSQL through a proxy adding {delay} ms each way" if delay else "PostgreSQL"
 
     def spawn(self, *args, env=None, cwd=ROOT, **kwargs):
         """Start a process with the stack's environment (updated with ``env``) in a session of its own."""
