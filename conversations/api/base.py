@@ -16,6 +16,7 @@ from rest_framework.exceptions import APIException, NotFound, PermissionDenied
 from rest_framework.views import APIView
 
 from ..core.sentences import unavailable_message
+from ..infra import dbconn
 from ..infra.network import describe_redis_error
 from ..models import Conversation
 from ..owners import owned_filter, owner_token, request_visitor, visitor_owner_token
@@ -113,7 +114,8 @@ def _lock_owned(request, user, conversation_id):
       (the demo's ``BEGIN IMMEDIATE``), so only the posted conversation is read;
     - on PostgreSQL one transaction-level advisory lock per owner (``_lock_owner``), then only the
       posted conversation's row is locked and read, by a statement of its own: it starts once the
-      owner's lock is held, so it reads what the request that held it committed;
+      owner's lock is held, so it reads what the request that held it committed (both statements
+      in one round trip where the driver binds on the client);
     - elsewhere (MySQL, MariaDB: not tested here) every conversation the limits count is locked, in
       one order, as before: a token's user has conversations with other assistants too."""
     alias = router.db_for_write(Conversation)  # where a locking read goes, whatever the site's router
@@ -121,8 +123,7 @@ def _lock_owned(request, user, conversation_id):
     mine = Conversation.objects.using(alias).filter(owned_filter(request, user), pk=conversation_id).order_by()
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        _lock_owner(connection, request, user)
-        return next(iter(mine.select_for_update()), None)
+        return _lock_owner(connection, request, user, mine.select_for_update())
     if not connection.features.has_select_for_update:
         return next(iter(mine), None)
     everything = Conversation.objects.filter(owned_filter(request, user, every_assistant=True))
@@ -140,7 +141,7 @@ def _lock_owned(request, user, conversation_id):
     return None if found is None else Conversation.from_db(rows.db, names, found)
 
 
-def _lock_owner(connection, request, user):
+def _lock_owner(connection, request, user, rows):
     """Take PostgreSQL's transaction-level advisory lock, on ``connection``, of each name the caller
     owns by: their user (whose conversations span every assistant, also for a visitor token naming
     them) and their owner token (a session's, or a visitor token's). The limits per owner count exactly those
@@ -148,14 +149,35 @@ def _lock_owner(connection, request, user):
     whether or not it owns any row yet. Both are taken in one statement, the user's first
     (PostgreSQL evaluates a select list in order), so that no two requests each hold a lock the
     other waits for. Two names may hash alike: their owners then wait for each other, which costs
-    a wait, never a wrong count."""
+    a wait, never a wrong count.
+
+    Then returns the first conversation of ``rows`` (a queryset), read once the locks are held. Where
+    the driver binds on the client (``dbconn.binds_on_client``) its statement goes in the same
+    string as the locks', in one round trip, not two: PostgreSQL starts each statement of a string
+    once the one before it has ended, with a snapshot of its own (READ COMMITTED), so the read
+    still sees what the lock's last holder committed, as a statement sent after it would."""
     user = user if user is not None else getattr(request, "user", None)
     names = ([f"user:{user.pk}"] if user is not None and user.is_authenticated else []) + \
         ([f"token:{token}"] if (token := owner_token(request)) else [])
-    if names:
-        locks = ", ".join(["pg_advisory_xact_lock(hashtext(%s), hashtext(%s))"] * len(names))
+    if not names:
+        return next(iter(rows), None)
+    locks = f"SELECT {', '.join(['pg_advisory_xact_lock(hashtext(%s), hashtext(%s))'] * len(names))}"
+    params = [value for name in names for value in (OWNER_LOCK, name)]
+    if not dbconn.binds_on_client(connection):
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT {locks}", [value for name in names for value in (OWNER_LOCK, name)])
+            cursor.execute(locks, params)
+        return next(iter(rows), None)
+    fields = [field.attname for field in Conversation._meta.concrete_fields]
+    compiler = rows.values_list(*fields).query.get_compiler(connection=connection)
+    sql, read_params = compiler.as_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(f"{locks}; {sql}", [*params, *read_params])
+        cursor.nextset()
+        found = cursor.fetchone()
+    if found is None:
+        return None
+    values = next(compiler.results_iter(results=[[found]]))  # each value through its field's converters
+    return Conversation.from_db(connection.alias, fields, values)
 
 
 def with_another_assistant(request, user, conversation_id):
