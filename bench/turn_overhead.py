@@ -38,7 +38,9 @@ the last table compares each with the same class untraced, in the same rounds.
 Overhead = end - start - the time the provider spent answering (measured in the server). CPU per
 run = the user + system time the web (that gunicorn, master and workers) and the worker process
 (its work horses included) used from the start of the run until every worker was idle again
-(the mean over the runs: the kernel counts in 10 ms ticks per process).
+(the mean over the runs: the kernel counts in 10 ms ticks per process). Page faults per run: the
+worker process's minor faults over the same span, its horses included: in a forking worker,
+mostly the copies on write of pages a horse shares with its parent.
 """
 
 import argparse
@@ -309,11 +311,11 @@ def report(args, stack, results):
                      f"{median([r['provider'] for r in runs]) * 1000:.2f}", f"{median(overhead[name]) * 1000:.1f}",
                      f"{percentile(overhead[name], 0.9) / median(overhead[name]):.2f}", same, seed,
                      f"{median(overhead[name]) / bare:.2f}", mean_ms(runs, "cpu web"), mean_ms(runs, "cpu worker"),
-                     mean_ms(runs, "cpu")])
+                     mean_ms(runs, "cpu"), f"{median([r['faults worker'] for r in runs]):.0f}"])
     table(["path", "start to done", "until RQ starts the job", "job start to done", "in provider",
            "overhead (median)", "overhead p90/p50", "vs naive job, same worker class",
            "vs seed loop, same worker class", "vs naive job, bare RQ",
-           "CPU web", "CPU worker", "CPU total"], rows)
+           "CPU web", "CPU worker", "CPU total", "worker's page faults (median)"], rows)
 
     print("\nWhat a turn costs beyond the naive job in the same worker class (medians of each kind, in ms): "
           "the ratio is this extra over the naive job's overhead\n")
