@@ -114,6 +114,25 @@ def run_turn(base, provider, queue, meter):
             "rows and states": ended - running - model - tools}
 
 
+def run_job(queue, provider, key, meter, post):
+    """One baseline job (``bench.bare``), timed from ``post()`` (its POST, returning the response)
+    to the end time the job wrote to ``key``; returns its timings in seconds."""
+    meter.start()
+    started = time.time()
+    response = post()
+    assert response.status_code == 202, response.text
+    job_id = response.json()["job"]
+    answered = time.time()
+    deadline = time.monotonic() + 60
+    while (value := queue.connection.get(key)) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"job {job_id} not done after 60s")
+        time.sleep(0.002)
+    ended = float(value)
+    return {"total": ended - started, "provider": provider.time_between(started, ended),
+            "answered": answered - started, "job start": job_started(queue, job_id) - started}
+
+
 def run_bare(queue, provider, number, base, on, meter):
     """One naive job (``bench.bare``): a POST to the naive view, which enqueues it on the queue
     named ``on``. Its conversation and turn rows are made first, untimed, as the turn's
@@ -123,23 +142,11 @@ def run_bare(queue, provider, number, base, on, meter):
     conversation = Conversation.objects.create()
     turn = Turn.objects.create(conversation=conversation, status=Turn.Status.COMPLETED)
     key = RESULT_KEY.format(number)
-    meter.start()
-    started = time.time()
-    response = requests.post(base + "/bench/bare-job/", json={
+    result = run_job(queue, provider, key, meter, lambda: requests.post(base + "/bench/bare-job/", json={
         "url": provider.url, "key": key, "conversation": str(conversation.pk), "turn": str(turn.pk),
-        "content": "What time is it in Tokyo, and how do refunds work?", "queue": on})
-    assert response.status_code == 202, response.text
-    job_id = response.json()["job"]
-    answered = time.time()
-    deadline = time.monotonic() + 60
-    while (value := queue.connection.get(key)) is None:
-        if time.monotonic() > deadline:
-            raise RuntimeError("naive job not done after 60s")
-        time.sleep(0.002)
-    ended = float(value)
+        "content": "What time is it in Tokyo, and how do refunds work?", "queue": on}))
     assert Message.objects.filter(turn=turn, role=Message.Role.ASSISTANT).exists()
-    return {"total": ended - started, "provider": provider.time_between(started, ended),
-            "answered": answered - started, "job start": job_started(queue, job_id) - started}
+    return result
 
 
 def run_seed(base, provider, queue, number, meter):
@@ -152,24 +159,12 @@ def run_seed(base, provider, queue, number, meter):
     conversation = session.post(base + "/api/conversations/", json={}).json()["id"]
     turn = Turn.objects.create(conversation_id=conversation, status=Turn.Status.COMPLETED)
     key = RESULT_KEY.format(number)
-    meter.start()
-    started = time.time()
-    response = session.post(base + "/bench/seed-job/", json={
+    result = run_job(queue, provider, key, meter, lambda: session.post(base + "/bench/seed-job/", json={
         "url": provider.url, "key": key, "conversation": conversation, "turn": str(turn.pk),
-        "content": "What time is it in Tokyo, and how do refunds work?"})
-    assert response.status_code == 202, response.text
-    job_id = response.json()["job"]
-    answered = time.time()
-    deadline = time.monotonic() + 60
-    while (value := queue.connection.get(key)) is None:
-        if time.monotonic() > deadline:
-            raise RuntimeError("seed loop's job not done after 60s")
-        time.sleep(0.002)
-    ended = float(value)
+        "content": "What time is it in Tokyo, and how do refunds work?"}))
     assert list(Message.objects.filter(turn=turn).values_list("role", flat=True)) == [
         "user", "assistant", "tool", "assistant", "tool", "assistant"]
-    return {"total": ended - started, "provider": provider.time_between(started, ended),
-            "answered": answered - started, "job start": job_started(queue, job_id) - started}
+    return result
 
 
 # The app's worker classes, each with its own queue (and gunicorn enqueueing its turns there).
