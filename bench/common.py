@@ -108,10 +108,11 @@ class Stack:
         delay = os.environ.get("BENCH_DB_LATENCY_MS")
         if not delay:
             return 5432
-        proxy = subprocess.Popen([PYTHON, "-m", "bench.latency_proxy", "--to", "127.0.0.1:5432", "--delay-ms", delay],
-                                 cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        from bench import latency_proxy
+
+        proxy, port = latency_proxy.start(delay)
         self.processes.append(proxy)
-        return int(proxy.stdout.readline())
+        return port
 
     @property
     def database_label(self):

@@ -13,6 +13,7 @@ where asyncio's epoll waits round up to whole milliseconds. ``bench.common.Stack
 import argparse
 import queue
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -45,6 +46,15 @@ def pump(source, target, delay):
         pass
     chunks.put(None)
     writer.join()
+
+
+def start(delay_ms, to="127.0.0.1:5432"):
+    """Start this proxy in a process of its own in front of ``to``; returns ``(process, port)``."""
+    from bench.common import PYTHON, ROOT
+
+    process = subprocess.Popen([PYTHON, "-m", "bench.latency_proxy", "--to", to, "--delay-ms", str(delay_ms)],
+                               cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    return process, int(process.stdout.readline())
 
 
 def serve(listener, host, port, delay):

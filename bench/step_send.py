@@ -14,10 +14,10 @@ much each way: a database on another host. Prints the median and mean millisecon
 
 import argparse
 import statistics
-import subprocess
 import time
 
-from bench.common import PYTHON, ROOT, machine
+from bench import latency_proxy
+from bench.common import machine
 
 INSERT = "INSERT INTO bench_step_message (content) VALUES (%s) RETURNING id"
 UPDATE = "UPDATE bench_step_turn SET model_calls = model_calls + 1 WHERE id = 1 AND job_id = %s"
@@ -68,9 +68,8 @@ def main():
     try:
         targets = [("local", 5432)]
         if args.delay_ms is not None:
-            proxy = subprocess.Popen([PYTHON, "-m", "bench.latency_proxy", "--to", "127.0.0.1:5432",
-                                      "--delay-ms", str(args.delay_ms)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-            targets.append((f"{args.delay_ms} ms each way", int(proxy.stdout.readline())))
+            proxy, port = latency_proxy.start(args.delay_ms)
+            targets.append((f"{args.delay_ms} ms each way", port))
         print("\n| database | in a transaction (3 round trips): median / mean ms | one string: median / mean ms |")
         print("|---|---|---|")
         for label, port in targets:

@@ -16,7 +16,7 @@ from rest_framework.exceptions import APIException, NotFound, PermissionDenied
 from rest_framework.views import APIView
 
 from ..core.sentences import unavailable_message
-from ..infra import dbconn
+from ..engine import statements
 from ..infra.network import describe_redis_error
 from ..models import Conversation
 from ..owners import owned_filter, owner_token, request_visitor, visitor_owner_token
@@ -151,9 +151,9 @@ def _lock_owner(connection, request, user, rows):
     other waits for. Two names may hash alike: their owners then wait for each other, which costs
     a wait, never a wrong count.
 
-    Then returns the first conversation of ``rows`` (a queryset), read once the locks are held. Where
-    the driver binds on the client (``dbconn.binds_on_client``) its statement goes in the same
-    string as the locks', in one round trip, not two: PostgreSQL starts each statement of a string
+    Then returns the first conversation of ``rows`` (a queryset), read once the locks are held. Both
+    statements go through ``statements.send``, which sends them as one string, in one round trip
+    not two, where the driver binds on the client: PostgreSQL starts each statement of a string
     once the one before it has ended, with a snapshot of its own (READ COMMITTED), so the read
     still sees what the lock's last holder committed, as a statement sent after it would."""
     user = user if user is not None else getattr(request, "user", None)
@@ -163,21 +163,8 @@ def _lock_owner(connection, request, user, rows):
         return next(iter(rows), None)
     locks = f"SELECT {', '.join(['pg_advisory_xact_lock(hashtext(%s), hashtext(%s))'] * len(names))}"
     params = [value for name in names for value in (OWNER_LOCK, name)]
-    if not dbconn.binds_on_client(connection):
-        with connection.cursor() as cursor:
-            cursor.execute(locks, params)
-        return next(iter(rows), None)
-    fields = [field.attname for field in Conversation._meta.concrete_fields]
-    compiler = rows.values_list(*fields).query.get_compiler(connection=connection)
-    sql, read_params = compiler.as_sql()
-    with connection.cursor() as cursor:
-        cursor.execute(f"{locks}; {sql}", [*params, *read_params])
-        cursor.nextset()
-        found = cursor.fetchone()
-    if found is None:
-        return None
-    values = next(compiler.results_iter(results=[[found]]))  # each value through its field's converters
-    return Conversation.from_db(connection.alias, fields, values)
+    lock = statements.Statement(connection, locks, params, lambda _cursor: None)
+    return statements.send(lock, statements.first_statement(rows))[1]
 
 
 def with_another_assistant(request, user, conversation_id):

@@ -90,7 +90,7 @@ def send(*statements):
         if statement.sql is None:
             flush()
             results.append(statement.read(None))
-        elif batch and statement.connection is batch[0].connection and dbconn.binds_on_client(statement.connection):
+        elif batch and _same_string(batch[0], statement):
             batch.append(statement)
         else:
             flush()
@@ -99,12 +99,16 @@ def send(*statements):
     return results
 
 
+def _same_string(first, statement):
+    """Whether ``send()`` sends ``statement`` in the same string as ``first``: both SQL, on one
+    connection whose driver binds on the client."""
+    return first.sql is not None and statement.sql is not None and statement.connection is first.connection \
+        and dbconn.binds_on_client(first.connection)
+
+
 def one_string(statements):
-    """Whether ``send()`` sends ``statements`` as one string: each is SQL (no ORM save in its
-    place), all on one connection whose driver binds on the client."""
-    connection = statements[0].connection
-    return dbconn.binds_on_client(connection) and all(
-        statement.sql is not None and statement.connection is connection for statement in statements)
+    """Whether ``send()`` sends all of ``statements`` as one string."""
+    return all(_same_string(statements[0], statement) for statement in statements)
 
 
 # PostgreSQL's SQLSTATE for a division by zero: how ``or_fail``'s statement fails.
@@ -116,10 +120,10 @@ def _first_value(cursor):
 
 
 def or_fail(statement):
-    """``statement``, an ``UPDATE`` (``update_statement``), made to fail when it matches no row, so
-    that the statements sent with it as one string (``dbconn.one_string_transaction``) roll back
-    with it (``failed_fence`` tells that failure); its result is how many rows it matched. PostgreSQL
-    only: the ``UPDATE`` runs inside a ``WITH``, whose rows are then counted and divided into one."""
+    """``statement``, an ``UPDATE`` of one row (``update_statement``), made to fail when it matches
+    none, so that the statements sent with it as one string (``dbconn.one_string_transaction``) roll
+    back with it (``failed_fence`` tells that failure); its result is 1. PostgreSQL only: the
+    ``UPDATE`` runs inside a ``WITH``, whose rows are then counted and divided into one."""
     return statement._replace(sql=f"WITH fenced AS ({statement.sql} RETURNING 1) SELECT 1 / COUNT(*) FROM fenced",
                               read=_first_value)
 
@@ -345,6 +349,23 @@ def turn_counts(conversation_id, *, here=False, owner=None, owners_active=False,
     here_active = next(values)
     return (here_active, next(values) if here else 0, next(values) if owners_active else 0,
             int(next(values)) if since is not None else 0)
+
+
+def first_statement(queryset):
+    """The first row of ``queryset`` (its instance, or None), as a statement to ``send()`` with
+    others: the ORM's own SQL for it, and its values through the ORM's own converters."""
+    connection = connections[queryset.db]
+    names = [field.attname for field in queryset.model._meta.concrete_fields]
+    compiler = queryset.values_list(*names).query.get_compiler(connection=connection)
+    sql, params = compiler.as_sql()
+
+    def read(cursor):
+        found = cursor.fetchone()
+        if found is None:
+            return None
+        return queryset.model.from_db(connection.alias, names, next(compiler.results_iter(results=[[found]])))
+
+    return Statement(connection, sql, list(params), read)
 
 
 # -- reads: a job's first two queries ------------------------------------------------------

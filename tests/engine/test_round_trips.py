@@ -19,13 +19,16 @@ pytestmark = pytest.mark.django_db
 
 
 STOP_DURING_TOOL = []  # the turn whose visitor presses Stop while the tool runs
+TAKEN_DURING_TOOL = []  # the turn another job continues while the tool runs
 
 
 @tool
 def look_up(query: str) -> str:
-    """Looks ``query`` up; the visitor of a turn in ``STOP_DURING_TOOL`` presses Stop meanwhile."""
+    """Looks ``query`` up; the visitor of a turn in ``STOP_DURING_TOOL`` presses Stop meanwhile,
+    and a turn in ``TAKEN_DURING_TOOL`` is continued by another job."""
     for turn_id in STOP_DURING_TOOL:
         state.request_cancel(turn_id)
+    Turn.objects.filter(pk__in=TAKEN_DURING_TOOL).update(job_id="the-other-job")
     return f"found {query}"
 
 
@@ -563,25 +566,23 @@ def test_a_turns_model_calls_prepare_their_request_and_read_the_providers_signat
 @pytest.mark.django_db(transaction=True)  # no transaction around it, as in a worker (not inside a test's)
 def test_a_round_trip_of_a_turn_another_job_took_saves_nothing_at_all(conversations_settings):
     """Each round trip's rows are saved only while the turn is still this job's: when another job
-    continued it meanwhile (this one was frozen, or taken for dead), this job's reply row, its call
-    record and its counters are all left unwritten, the other job's state is kept, and this job ends
-    without a final write. On PostgreSQL the round trip is one string with no transaction around it,
-    whose fence must then roll back the statements sent before it in that string."""
+    continued it meanwhile (this one was frozen, or taken for dead), this job's tool result, the
+    tool's call record and its counter are all left unwritten, the other job's state is kept, and
+    this job ends without a final write. On PostgreSQL the round trip is one string with no
+    transaction around it, whose fence must then roll back the statements sent before it in that
+    string."""
     from conversations.models import CallRecord
 
     turn, model, runner = run_turn(conversations_settings)
-    complete = model.complete
-
-    def taken_meanwhile(messages, tools):  # another job continues the turn while this one's call runs
-        Turn.objects.filter(pk=turn.pk).update(job_id="the-other-job")
-        return complete(messages, tools)
-
-    model.complete = taken_meanwhile
-    runner.run()
+    TAKEN_DURING_TOOL.append(turn.pk)
+    try:
+        runner.run()
+    finally:
+        TAKEN_DURING_TOOL.clear()
 
     turn.refresh_from_db()
-    assert (turn.job_id, turn.status, turn.model_calls, turn.tool_calls) == ("the-other-job", "running", 0, 0)
-    assert list(Message.objects.filter(turn=turn).values_list("role", flat=True)) == ["user"]
+    assert (turn.job_id, turn.status, turn.model_calls, turn.tool_calls) == ("the-other-job", "running", 1, 0)
+    assert list(Message.objects.filter(turn=turn).values_list("role", flat=True)) == ["user", "assistant"]
     assert not CallRecord.objects.filter(turn=turn).exists()
     assert model.calls == 1
     assert state.read(turn.id)["done"] is False
