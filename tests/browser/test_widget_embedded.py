@@ -215,9 +215,10 @@ def test_the_sources_of_an_embedded_answer_link_to_the_articles_on_the_chat_site
 
 def test_past_the_max_age_an_anonymous_visitors_widget_starts_a_new_chain_and_keeps_the_conversation(
         blocking_profile, host_site, live_server, worker_process, conversations_settings):
-    # Renewed after 6 s (two thirds of 9, 3 s before it expires, room for a slow request on a loaded
-    # machine), and again after 12 s: past the max age of 10 s.
-    conversations_settings.update(ALLOWED_ORIGINS=[host_site.origin], WIDGET_TOKEN_TTL=9, WIDGET_TOKEN_MAX_AGE=10)
+    # Renewed after 10 s (two thirds of 15), and again after 20 s: past the max age of 15 s. The first
+    # renewal has 5 s to arrive before the token expires, less up to 1 s of each whole-second stamp:
+    # with a lifetime of 9 s (2 s to spare) a loaded CI machine once had it refused.
+    conversations_settings.update(ALLOWED_ORIGINS=[host_site.origin], WIDGET_TOKEN_TTL=15, WIDGET_TOKEN_MAX_AGE=15)
     worker_process(DEMO_DELAY=0.05)
     host_site.pages["/"] = embedding_page(live_server.url, probe=False)
     chat = Chat(blocking_profile.new_page(), live_server.url)
@@ -230,7 +231,7 @@ def test_past_the_max_age_an_anonymous_visitors_widget_starts_a_new_chain_and_ke
     chat.send("First question")
     expect(chat.locator(".cvw-msg-assistant")).to_have_count(1)
 
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 45
     while not ((True, 401) in minted and minted[-1] == (False, 200)):  # the page's events come while it waits
         assert time.monotonic() < deadline, f"no new chain after a refused renewal: {minted}"
         chat.page.wait_for_timeout(100)
