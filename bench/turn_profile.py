@@ -155,22 +155,22 @@ def make_turn():
     return turn.pk
 
 
-def naive_job(url):
-    """``bench.bare``'s naive job run once in this thread, for a turn made as ``make_turn`` makes it,
-    with the RQ job it reads its connection from stood in for; returns its thread CPU seconds."""
+def baseline_job(url, function):
+    """One of ``bench.bare``'s jobs (``bare_job``, the naive job; ``seed_job``, the seed loop) run once
+    in this thread, for a turn made as ``make_turn`` makes it, with the RQ job it reads its connection
+    from stood in for; returns its thread CPU seconds."""
     import types
     from unittest import mock
 
     import django_rq
 
-    from bench.bare import bare_job
     from conversations.models import Turn
 
     turn = Turn.objects.get(pk=make_turn())
     job = types.SimpleNamespace(connection=django_rq.get_connection())
     with mock.patch("rq.get_current_job", return_value=job):
         started = time.thread_time()
-        bare_job(url, f"bench:profile-naive:{turn.pk}", turn.conversation_id, turn.pk)
+        function(url, f"bench:profile-baseline:{turn.pk}", turn.conversation_id, turn.pk)
         return time.thread_time() - started
 
 
@@ -218,11 +218,12 @@ def main():
     with ScriptedProvider(calls=3) as provider:
         conversations = {"PROVIDER": "openai", "BASE_URL": provider.url, "API_KEY": "bench", "MODEL": "bench"}
         with Stack(database=args.database, conversations=conversations) as stack:
+            from bench import bare
             from conversations.engine.job import perform_turn, warm_up
             from conversations.infra import state
 
             profile = cProfile.Profile(time.thread_time)
-            wall, dumps, spent, whole, naive = [], [], {}, [], []
+            wall, dumps, spent, whole, naive, seed = [], [], {}, [], [], []
             if args.unprofiled and not args.post:
                 timed(spent)
             if args.fork:
@@ -245,7 +246,8 @@ def main():
                     started = time.thread_time()
                     perform_turn(turn_id)
                     whole.append(time.thread_time() - started)
-                    naive.append(naive_job(provider.url))
+                    naive.append(baseline_job(provider.url, bare.bare_job))
+                    seed.append(baseline_job(provider.url, bare.seed_job))
                 else:
                     started = time.perf_counter()
                     if number >= 5:
@@ -264,7 +266,7 @@ def main():
               f"wall median {took[len(took) // 2] * 1000:.3f}")
         return
     if args.unprofiled:
-        whole, naive = whole[5:], naive[5:]
+        whole, naive, seed = whole[5:], naive[5:], seed[5:]
         print(f"\n{args.turns} turns in process, {label}; unprofiled thread CPU ms per turn (calls per turn)\n")
         print(f"  {'whole job':<55} {sum(whole) * 1000 / args.turns:7.2f}  "
               f"(median {sorted(whole)[len(whole) // 2] * 1000:.2f})")
@@ -273,6 +275,8 @@ def main():
             print(f"  {name:<55} {seconds * 1000 / args.turns:7.2f}  ({calls / args.turns:.1f})")
         print(f"  {'the naive job (bench.bare), whole':<55} {sum(naive) * 1000 / args.turns:7.2f}  "
               f"(median {sorted(naive)[len(naive) // 2] * 1000:.2f})")
+        print(f"  {'the seed loop (bench.bare), whole':<55} {sum(seed) * 1000 / args.turns:7.2f}  "
+              f"(median {sorted(seed)[len(seed) // 2] * 1000:.2f})")
         return
     stats = pstats.Stats(*dumps, stream=io.StringIO()) if args.fork else pstats.Stats(profile)
     for dump in dumps:
