@@ -21,7 +21,7 @@ state with its ``done`` flag to the cache (five saves and five publishes for thr
 tools, against the naive job's one and one). No stop flag, no call records, no fallbacks, no
 resume, no watchdog: whatever a turn costs beyond this is this app's own. With
 ``BENCH_SEED_ASYNC=1`` on PostgreSQL its commits but the last do not wait for the disk, as a turn's
-round trips do not (``synchronous_commit`` off for the job's session until its last call).
+round trips do not (``synchronous_commit`` off for the job's session until its answer's save).
 """
 
 import json
@@ -112,35 +112,44 @@ def seed_job(url, key, conversation_id, turn_id):
                                      **fields)
         history.append({"id": row.id, "role": row.role, "content": row.content})
 
+    def wait_for_disk(wait):  # BENCH_SEED_ASYNC: whether this session's commits wait for the disk
+        with connection.cursor() as cursor:
+            cursor.execute("RESET synchronous_commit" if wait else "SET synchronous_commit = off")
+
     asynchronous = os.environ.get("BENCH_SEED_ASYNC") == "1" and connection.vendor == "postgresql"
     if asynchronous:
-        with connection.cursor() as cursor:
-            cursor.execute("SET synchronous_commit = off")
-    for number in range(3):
-        if asynchronous and number == 2:  # the answer's save, the last, waits for the disk
-            with connection.cursor() as cursor:
-                cursor.execute("RESET synchronous_commit")
-        remaining = deadline - time.monotonic()
-        if remaining < 5:
-            break
-        reply = session.post(url + "/chat/completions", data=json.dumps({"model": "bench", "messages": messages}),
-                             headers={"Content-Type": "application/json", "Authorization": "Bearer bench"},
-                             timeout=(10, min(60, remaining)))
-        message = reply.json()["choices"][0]["message"]
-        messages.append(message)
-        calls = message.get("tool_calls") or []
-        save(Message.Role.ASSISTANT, message.get("content") or "", tool_calls=[
-            {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls])
-        publish(done=not calls)
-        if not calls:
-            break
-        for call in calls:
-            function = getattr(tools, call["function"]["name"]).function
-            result = function(**json.loads(call["function"]["arguments"]))
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
-            save(Message.Role.TOOL, result, tool_call_id=call["id"], tool_name=call["function"]["name"])
-        publish(done=False)
-    get_current_job().connection.set(key, repr(time.time()), ex=600)
+        wait_for_disk(False)
+    try:
+        for _ in range(3):
+            remaining = deadline - time.monotonic()
+            if remaining < 5:
+                break
+            reply = session.post(url + "/chat/completions",
+                                 data=json.dumps({"model": "bench", "messages": messages}),
+                                 headers={"Content-Type": "application/json", "Authorization": "Bearer bench"},
+                                 timeout=(10, min(60, remaining)))
+            message = reply.json()["choices"][0]["message"]
+            messages.append(message)
+            calls = message.get("tool_calls") or []
+            if asynchronous and not calls:  # the answer's save, the last, waits for the disk
+                wait_for_disk(True)
+                asynchronous = False
+            save(Message.Role.ASSISTANT, message.get("content") or "", tool_calls=[
+                {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                for c in calls])
+            publish(done=not calls)
+            if not calls:
+                break
+            for call in calls:
+                function = getattr(tools, call["function"]["name"]).function
+                result = function(**json.loads(call["function"]["arguments"]))
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+                save(Message.Role.TOOL, result, tool_call_id=call["id"], tool_name=call["function"]["name"])
+            publish(done=False)
+        get_current_job().connection.set(key, repr(time.time()), ex=600)
+    finally:
+        if asynchronous:  # ended before its answer: the pooled connection given back as it was lent
+            wait_for_disk(True)
 
 
 @require_POST

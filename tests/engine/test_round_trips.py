@@ -28,7 +28,8 @@ def look_up(query: str) -> str:
     and a turn in ``TAKEN_DURING_TOOL`` is continued by another job."""
     for turn_id in STOP_DURING_TOOL:
         state.request_cancel(turn_id)
-    Turn.objects.filter(pk__in=TAKEN_DURING_TOOL).update(job_id="the-other-job")
+    if TAKEN_DURING_TOOL:
+        Turn.objects.filter(pk__in=TAKEN_DURING_TOOL).update(job_id="the-other-job")
     return f"found {query}"
 
 
